@@ -1,0 +1,52 @@
+#include "tests/support/test_support.h"
+
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <random>
+#include <sstream>
+#include <stdexcept>
+
+namespace kvb::test {
+
+static std::string env_or(const char* name, const std::string& fallback) {
+  const char* v = std::getenv(name);
+  return (v && *v) ? std::string(v) : fallback;
+}
+
+std::string models_dir() { return env_or("KVBENCH_MODELS", "../shared/models"); }
+std::string data_dir() { return env_or("KVBENCH_DATA", "../shared/data"); }
+std::string fixtures_dir() { return KVB_TEST_FIXTURES; }
+std::string kvbench_binary() { return env_or("KVB_BINARY", "./kvbench"); }
+
+std::string make_temp_dir(const std::string& tag) {
+  std::string templ = "/tmp/kvb_" + tag + "_XXXXXX";
+  char* p = mkdtemp(templ.data());
+  if (!p) throw std::runtime_error("mkdtemp failed for " + templ);
+  return templ;
+}
+
+static std::string slurp(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+CommandResult run_kvbench(const std::string& args) {
+  std::string dir = make_temp_dir("cli");
+  std::string out = dir + "/out.txt", err = dir + "/err.txt";
+  std::string cmd = kvbench_binary() + " " + args + " >" + out + " 2>" + err + " </dev/null";
+  int status = std::system(cmd.c_str());
+  CommandResult r;
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  r.out = slurp(out);
+  r.err = slurp(err);
+  std::remove(out.c_str());
+  std::remove(err.c_str());
+  return r;
+}
+
+}  // namespace kvb::test

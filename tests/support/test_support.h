@@ -1,0 +1,24 @@
+#pragma once
+// Shared helpers for the LibTorch-side tests: where the real models and data are, running the CLI.
+
+#include <string>
+
+namespace kvb::test {
+
+std::string models_dir();   // $KVBENCH_MODELS (set by ctest), else ../shared/models
+std::string data_dir();     // $KVBENCH_DATA, else ../shared/data
+std::string fixtures_dir(); // tests/fixtures in the source tree
+std::string kvbench_binary();  // $KVB_BINARY (set by ctest)
+
+// A fresh empty directory under the system temp dir, removed by the OS eventually.
+std::string make_temp_dir(const std::string& tag);
+
+struct CommandResult {
+  int exit_code = -1;
+  std::string out;  // stdout
+  std::string err;  // stderr
+};
+// Runs `kvbench <args>` through /bin/sh (args are passed as given: quote them yourself).
+CommandResult run_kvbench(const std::string& args);
+
+}  // namespace kvb::test
