@@ -1,0 +1,34 @@
+#pragma once
+// Options every model-using subcommand shares, and the helpers that turn them into a loaded model.
+
+#include <CLI/CLI.hpp>
+
+#include <memory>
+#include <string>
+
+#include "harness/model/model.h"
+#include "harness/formats/tokenizer.h"
+
+namespace kvb::cli {
+
+struct ModelArgs {
+  std::string model = "stories260K";
+  std::string models_dir;
+  std::string device = "cpu";
+  std::string dtype = "fp32";
+  int threads = 0;  // 0: LibTorch's default
+  uint64_t synthetic_seed = 0;
+};
+
+void add_model_options(CLI::App* app, ModelArgs* a);
+// Applies --threads and loads the model (logging to stderr).
+std::shared_ptr<Model> load_model_from_args(const ModelArgs& a);
+// The model's tokenizer; throws naming the model when it has none.
+std::unique_ptr<Tokenizer> load_tokenizer(const Model& m);
+
+// Registration of each subcommand (one file each).
+void register_generate(CLI::App& app);
+void register_score(CLI::App& app);
+void register_inspect(CLI::App& app);
+
+}  // namespace kvb::cli

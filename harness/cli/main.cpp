@@ -1,0 +1,30 @@
+// kvbench: the command-line entry point. Results go to stdout, logs to stderr; a user error prints one
+// line and exits 2, an internal error exits 1.
+
+#include <CLI/CLI.hpp>
+
+#include <iostream>
+
+#include "harness/cli/cli_common.h"
+#include "harness/common/error.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"kvbench: a benchmark and evaluation harness for KV-cache compression methods"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", std::string("kvbench ") + KVB_VERSION_STRING);
+  kvb::cli::register_generate(app);
+  kvb::cli::register_score(app);
+  kvb::cli::register_inspect(app);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;
+  } catch (const kvb::Error& e) {
+    std::cerr << "kvbench: error: " << e.what() << "\n";
+    return 2;
+  } catch (const std::exception& e) {
+    std::cerr << "kvbench: internal error: " << e.what() << "\n";
+    return 1;
+  }
+  return 0;
+}

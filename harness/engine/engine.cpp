@@ -1,0 +1,194 @@
+#include "harness/engine/engine.h"
+
+#include <ATen/ATen.h>
+
+#include <chrono>
+#include <cmath>
+
+#include "harness/common/error.h"
+#include "harness/engine/transformer.h"
+#include "harness/kv/paged_kv_cache.h"
+
+namespace kvb {
+
+double ScoreResult::ppl() const { return token_nll.empty() ? 0.0 : std::exp(nll_sum / n()); }
+
+std::unique_ptr<KvCache> make_default_kv(const Model& model, int64_t block_size) {
+  PagedKvCache::Options o;
+  o.block_size = block_size;
+  return std::make_unique<PagedKvCache>(model.config, model.device, model.dtype, o);
+}
+
+Engine::Engine(std::shared_ptr<Model> model, std::unique_ptr<KvCache> kv, EngineOptions opts)
+    : model_(std::move(model)), kv_(std::move(kv)), opts_(opts) {
+  KVB_CHECK(opts_.prefill_chunk >= 1, "prefill_chunk must be >= 1 (got ", opts_.prefill_chunk, ")");
+}
+
+int64_t Engine::new_sequence() {
+  const int64_t id = next_id_++;
+  pos_[id] = 0;
+  return id;
+}
+
+void Engine::release(int64_t seq) {
+  kv_->release(seq);
+  pos_.erase(seq);
+}
+
+int64_t Engine::fork(int64_t src) {
+  const int64_t id = next_id_++;
+  kv_->fork(src, id);
+  pos_[id] = position(src);
+  return id;
+}
+
+int64_t Engine::position(int64_t seq) const {
+  auto it = pos_.find(seq);
+  KVB_CHECK(it != pos_.end(), "engine: unknown sequence ", seq);
+  return it->second;
+}
+
+at::Tensor Engine::step(const std::vector<int64_t>& seqs,
+                        const std::vector<std::vector<int64_t>>& chunks, Phase phase,
+                        bool all_logits) {
+  StepBatch batch;
+  batch.phase = phase;
+  batch.q_indptr.push_back(0);
+  std::vector<int64_t> tokens, rows;
+  for (size_t b = 0; b < seqs.size(); ++b) {
+    const auto& c = chunks[b];
+    KVB_CHECK(!c.empty(), "engine: empty chunk for sequence ", seqs[b]);
+    int64_t& p = pos_.at(seqs[b]);
+    batch.seq_ids.push_back(seqs[b]);
+    batch.past_lens.push_back(kv_->seq_len(seqs[b]));
+    for (int64_t t : c) {
+      KVB_CHECK(t >= 0 && t < model_->config.vocab_size, "token id ", t,
+                " is outside the vocabulary [0, ", model_->config.vocab_size, ")");
+      tokens.push_back(t);
+      batch.positions.push_back(p++);
+    }
+    batch.q_indptr.push_back(static_cast<int64_t>(tokens.size()));
+    if (!all_logits) rows.push_back(batch.q_indptr.back() - 1);
+  }
+  return transformer_forward(*model_, *kv_, tokens, batch, rows);
+}
+
+at::Tensor Engine::prefill(const std::vector<int64_t>& seqs,
+                           const std::vector<std::vector<int64_t>>& tokens,
+                           const LogitsCallback& cb, bool call_end_prefill) {
+  KVB_CHECK(seqs.size() == tokens.size() && !seqs.empty(), "engine: prefill needs one token list per sequence");
+  const int64_t B = static_cast<int64_t>(seqs.size());
+  std::vector<size_t> done(B, 0);
+  std::vector<at::Tensor> last(B);
+  const bool all = static_cast<bool>(cb);
+  KVB_CHECK(!all || B == 1, "engine: per-position logits are supported for one sequence at a time");
+  for (;;) {
+    std::vector<int64_t> step_seqs, idx;
+    std::vector<std::vector<int64_t>> chunks;
+    for (int64_t b = 0; b < B; ++b) {
+      if (done[b] >= tokens[b].size()) continue;
+      const size_t n = std::min<size_t>(opts_.prefill_chunk, tokens[b].size() - done[b]);
+      step_seqs.push_back(seqs[b]);
+      idx.push_back(b);
+      chunks.emplace_back(tokens[b].begin() + done[b], tokens[b].begin() + done[b] + n);
+    }
+    if (step_seqs.empty()) break;
+    at::Tensor logits = step(step_seqs, chunks, Phase::kPrefill, all);
+    if (all) {
+      cb(logits, static_cast<int64_t>(done[0]));
+      last[0] = logits[logits.size(0) - 1];
+    }
+    for (size_t i = 0; i < idx.size(); ++i) {
+      const int64_t b = idx[i];
+      done[b] += chunks[i].size();
+      if (!all) last[b] = logits[static_cast<int64_t>(i)];
+      if (done[b] == tokens[b].size() && call_end_prefill) kv_->end_prefill(seqs[b]);
+    }
+  }
+  for (int64_t b = 0; b < B; ++b)
+    KVB_CHECK(last[b].defined(), "engine: prefill of sequence ", seqs[b], " got no tokens");
+  return at::stack(last);
+}
+
+at::Tensor Engine::decode(const std::vector<int64_t>& seqs, const std::vector<int64_t>& tokens) {
+  std::vector<std::vector<int64_t>> chunks;
+  for (int64_t t : tokens) chunks.push_back({t});
+  return step(seqs, chunks, Phase::kDecode, false);
+}
+
+GenerateResult Engine::generate(const std::vector<std::vector<int64_t>>& prompts,
+                                const GenerateOptions& opts) {
+  using clock = std::chrono::steady_clock;
+  const int64_t B = static_cast<int64_t>(prompts.size());
+  GenerateResult r;
+  r.tokens.resize(B);
+  r.stopped.assign(B, false);
+  if (B == 0) return r;
+  const std::vector<int64_t> stop = opts.stop_ids.empty() ? model_->config.eos_ids : opts.stop_ids;
+  std::vector<int64_t> seqs;
+  std::vector<Sampler> samplers;
+  for (int64_t b = 0; b < B; ++b) {
+    seqs.push_back(new_sequence());
+    samplers.emplace_back(opts.sampling, b);
+    r.prefill_tokens += static_cast<int64_t>(prompts[b].size());
+  }
+  const int64_t V = model_->config.vocab_size;
+  auto t0 = clock::now();
+  at::Tensor logits = prefill(seqs, prompts).contiguous().to(at::kCPU);
+  auto t1 = clock::now();
+  r.prefill_s = std::chrono::duration<double>(t1 - t0).count();
+
+  std::vector<int64_t> active(B), next(B);
+  for (int64_t b = 0; b < B; ++b) active[b] = b;
+  while (!active.empty()) {
+    std::vector<int64_t> still, step_seqs, step_tokens;
+    const float* lp = logits.data_ptr<float>();
+    for (size_t i = 0; i < active.size(); ++i) {
+      const int64_t b = active[i];
+      const int64_t tok = samplers[b].next(lp + static_cast<int64_t>(i) * V, V);
+      if (std::find(stop.begin(), stop.end(), tok) != stop.end()) {
+        r.stopped[b] = true;
+        continue;
+      }
+      r.tokens[b].push_back(tok);
+      if (static_cast<int64_t>(r.tokens[b].size()) >= opts.max_new_tokens) continue;
+      still.push_back(b);
+      step_seqs.push_back(seqs[b]);
+      step_tokens.push_back(tok);
+    }
+    active = still;
+    if (active.empty()) break;
+    logits = decode(step_seqs, step_tokens).contiguous().to(at::kCPU);
+    r.decode_steps++;
+    r.decode_tokens += static_cast<int64_t>(step_seqs.size());
+  }
+  r.decode_s = std::chrono::duration<double>(clock::now() - t1).count();
+  for (int64_t s : seqs) release(s);
+  return r;
+}
+
+ScoreResult Engine::score(const std::vector<int64_t>& tokens) {
+  ScoreResult r;
+  r.tokens = tokens;
+  KVB_CHECK(tokens.size() >= 2, "score: need at least two tokens (got ", tokens.size(), ")");
+  const int64_t seq = new_sequence();
+  // Rows 0..n-2 predict tokens 1..n-1; the last row predicts nothing.
+  std::vector<int64_t> input(tokens.begin(), tokens.end() - 1);
+  prefill({seq}, {input}, [&](const at::Tensor& logits, int64_t first) {
+    const int64_t n = logits.size(0);
+    at::Tensor lp = at::log_softmax(logits.to(at::kDouble), -1);
+    at::Tensor target = at::tensor(std::vector<int64_t>(tokens.begin() + first + 1,
+                                                        tokens.begin() + first + 1 + n),
+                                   at::kLong)
+                            .to(lp.device());
+    at::Tensor nll = -lp.gather(1, target.unsqueeze(1)).squeeze(1).to(at::kCPU);
+    for (int64_t i = 0; i < n; ++i) {
+      r.token_nll.push_back(nll[i].item<double>());
+      r.nll_sum += r.token_nll.back();
+    }
+  });
+  release(seq);
+  return r;
+}
+
+}  // namespace kvb

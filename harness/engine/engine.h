@@ -1,0 +1,86 @@
+#pragma once
+// The engine: sequences, chunked prefill, batched decode, generation and teacher-forced scoring on top
+// of transformer_forward and a KvCache. It owns positions (the KV store may hold fewer tokens than a
+// sequence has seen, once methods evict) and hands the store every step.
+
+#include <ATen/core/Tensor.h>
+
+#include <functional>
+#include <memory>
+#include <unordered_map>
+#include <vector>
+
+#include "harness/engine/sampler.h"
+#include "harness/kv/kv_cache.h"
+#include "harness/model/model.h"
+
+namespace kvb {
+
+struct EngineOptions {
+  int64_t prefill_chunk = 512;  // tokens per sequence per prefill step
+};
+
+struct GenerateOptions {
+  int64_t max_new_tokens = 128;
+  SamplingOptions sampling;
+  std::vector<int64_t> stop_ids;  // empty: the model's EOS ids
+};
+
+struct GenerateResult {
+  std::vector<std::vector<int64_t>> tokens;  // new tokens per prompt (stop token not included)
+  std::vector<bool> stopped;                 // ended on a stop token (else on max_new_tokens)
+  double prefill_s = 0, decode_s = 0;
+  int64_t prefill_tokens = 0, decode_tokens = 0, decode_steps = 0;
+};
+
+struct ScoreResult {
+  std::vector<int64_t> tokens;
+  std::vector<double> token_nll;  // [tokens.size() - 1]: -log p(tokens[i+1] | tokens[..i])
+  double nll_sum = 0;
+  int64_t n() const { return static_cast<int64_t>(token_nll.size()); }
+  double ppl() const;
+};
+
+// Receives logits of consecutive positions: [n, vocab] fp32, rows first_index .. first_index + n - 1.
+using LogitsCallback = std::function<void(const at::Tensor& logits, int64_t first_index)>;
+
+class Engine {
+ public:
+  Engine(std::shared_ptr<Model> model, std::unique_ptr<KvCache> kv, EngineOptions opts = {});
+
+  Model& model() { return *model_; }
+  KvCache& kv() { return *kv_; }
+  const EngineOptions& options() const { return opts_; }
+
+  int64_t new_sequence();
+  void release(int64_t seq);
+  int64_t fork(int64_t src);  // returns the new sequence's id
+  int64_t position(int64_t seq) const;  // next RoPE position
+
+  // Feeds `tokens` to each sequence (chunked, all sequences together). Returns the last token's
+  // logits per sequence: [batch, vocab] fp32. With `all_logits`, every position's logits go to cb.
+  at::Tensor prefill(const std::vector<int64_t>& seqs,
+                     const std::vector<std::vector<int64_t>>& tokens,
+                     const LogitsCallback& cb = nullptr, bool call_end_prefill = true);
+  // One token per sequence: [batch, vocab] fp32.
+  at::Tensor decode(const std::vector<int64_t>& seqs, const std::vector<int64_t>& tokens);
+
+  GenerateResult generate(const std::vector<std::vector<int64_t>>& prompts,
+                          const GenerateOptions& opts);
+  ScoreResult score(const std::vector<int64_t>& tokens);
+
+ private:
+  at::Tensor step(const std::vector<int64_t>& seqs, const std::vector<std::vector<int64_t>>& chunks,
+                  Phase phase, bool all_logits);
+
+  std::shared_ptr<Model> model_;
+  std::unique_ptr<KvCache> kv_;
+  EngineOptions opts_;
+  int64_t next_id_ = 0;
+  std::unordered_map<int64_t, int64_t> pos_;  // seq -> next position
+};
+
+// The engine's default store: the paged cache at the model's dtype and device.
+std::unique_ptr<KvCache> make_default_kv(const Model& model, int64_t block_size = 16);
+
+}  // namespace kvb

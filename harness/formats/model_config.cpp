@@ -1,0 +1,209 @@
+#include "harness/formats/model_config.h"
+
+#include <nlohmann/json.hpp>
+
+#include "harness/common/error.h"
+#include "harness/common/mapped_file.h"
+
+namespace kvb {
+
+const char* rope_style_name(RopeStyle s) {
+  switch (s) {
+    case RopeStyle::kInterleaved:
+      return "interleaved";
+    case RopeStyle::kHalf:
+      return "half";
+  }
+  return "?";
+}
+
+int64_t ModelConfig::parameter_count() const {
+  int64_t per_layer = 2 * dim                                   // norms
+                      + dim * (q_dim() + 2 * kv_dim())          // q, k, v
+                      + q_dim() * dim                           // o
+                      + 3 * dim * hidden_dim;                   // gate, up, down
+  if (qkv_bias) per_layer += q_dim() + 2 * kv_dim();
+  int64_t total = n_layers * per_layer + vocab_size * dim + dim;
+  if (!tied_embeddings) total += vocab_size * dim;
+  return total;
+}
+
+void ModelConfig::validate(const std::string& source) const {
+  auto positive = [&](int64_t v, const char* key) {
+    KVB_CHECK(v > 0, source, ": '", key, "' must be positive (got ", v, ")");
+  };
+  positive(dim, "hidden_size");
+  positive(hidden_dim, "intermediate_size");
+  positive(n_layers, "num_hidden_layers");
+  positive(n_heads, "num_attention_heads");
+  positive(n_kv_heads, "num_key_value_heads");
+  positive(head_dim, "head_dim");
+  positive(vocab_size, "vocab_size");
+  positive(max_seq_len, "max_position_embeddings");
+  KVB_CHECK(n_heads % n_kv_heads == 0, source, ": num_attention_heads (", n_heads,
+            ") must be a multiple of num_key_value_heads (", n_kv_heads, ")");
+  KVB_CHECK(head_dim % 2 == 0, source, ": head_dim (", head_dim, ") must be even for RoPE");
+  KVB_CHECK(rope_theta > 0, source, ": 'rope_theta' must be positive");
+  KVB_CHECK(norm_eps > 0 && norm_eps < 1, source, ": 'rms_norm_eps' must be in (0, 1)");
+  KVB_CHECK(bos_id >= 0 && bos_id < vocab_size, source, ": 'bos_token_id' ", bos_id,
+            " is outside the vocabulary [0, ", vocab_size, ")");
+  for (int64_t e : eos_ids)
+    KVB_CHECK(e >= 0 && e < vocab_size, source, ": 'eos_token_id' ", e,
+              " is outside the vocabulary [0, ", vocab_size, ")");
+  if (rope_scaling.type == "llama3") {
+    KVB_CHECK(rope_scaling.factor >= 1 && rope_scaling.high_freq_factor > rope_scaling.low_freq_factor &&
+                  rope_scaling.original_max_position_embeddings > 0,
+              source, ": 'rope_scaling' (llama3) needs factor >= 1, high_freq_factor > "
+              "low_freq_factor and original_max_position_embeddings > 0");
+  } else if (rope_scaling.type == "linear") {
+    KVB_CHECK(rope_scaling.factor > 0, source, ": 'rope_scaling.factor' must be positive");
+  }
+}
+
+nlohmann::json ModelConfig::to_json() const {
+  nlohmann::json rs = {{"type", rope_scaling.type}};
+  if (rope_scaling.type != "none") rs["factor"] = rope_scaling.factor;
+  if (rope_scaling.type == "llama3") {
+    rs["low_freq_factor"] = rope_scaling.low_freq_factor;
+    rs["high_freq_factor"] = rope_scaling.high_freq_factor;
+    rs["original_max_position_embeddings"] = rope_scaling.original_max_position_embeddings;
+  }
+  return {{"name", name},
+          {"format", format},
+          {"hidden_size", dim},
+          {"intermediate_size", hidden_dim},
+          {"num_hidden_layers", n_layers},
+          {"num_attention_heads", n_heads},
+          {"num_key_value_heads", n_kv_heads},
+          {"head_dim", head_dim},
+          {"vocab_size", vocab_size},
+          {"max_position_embeddings", max_seq_len},
+          {"rope_theta", rope_theta},
+          {"rope_scaling", rs},
+          {"rope_style", rope_style_name(rope_style)},
+          {"rms_norm_eps", norm_eps},
+          {"tie_word_embeddings", tied_embeddings},
+          {"qkv_bias", qkv_bias},
+          {"bos_token_id", bos_id},
+          {"eos_token_id", eos_ids},
+          {"weights_dtype", weights_dtype}};
+}
+
+namespace {
+
+// Typed accessors that name the file and key in every error.
+struct Reader {
+  const nlohmann::json& j;
+  const std::string& src;
+
+  bool has(const char* key) const { return j.contains(key) && !j[key].is_null(); }
+  int64_t int_req(const char* key) const {
+    KVB_CHECK(has(key), src, ": missing required field '", key, "'");
+    return int_at(key);
+  }
+  int64_t int_at(const char* key) const {
+    KVB_CHECK(j[key].is_number_integer(), src, ": field '", key, "' must be an integer (got ",
+              j[key].dump(), ")");
+    return j[key].get<int64_t>();
+  }
+  int64_t int_opt(const char* key, int64_t def) const { return has(key) ? int_at(key) : def; }
+  double num_opt(const char* key, double def) const {
+    if (!has(key)) return def;
+    KVB_CHECK(j[key].is_number(), src, ": field '", key, "' must be a number (got ", j[key].dump(),
+              ")");
+    return j[key].get<double>();
+  }
+  bool bool_opt(const char* key, bool def) const {
+    if (!has(key)) return def;
+    KVB_CHECK(j[key].is_boolean(), src, ": field '", key, "' must be true or false (got ",
+              j[key].dump(), ")");
+    return j[key].get<bool>();
+  }
+  std::string str_opt(const char* key, const std::string& def) const {
+    if (!has(key)) return def;
+    KVB_CHECK(j[key].is_string(), src, ": field '", key, "' must be a string (got ", j[key].dump(),
+              ")");
+    return j[key].get<std::string>();
+  }
+};
+
+}  // namespace
+
+ModelConfig parse_hf_config(const std::string& json_text, const std::string& source) {
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(json_text);
+  } catch (const nlohmann::json::exception& e) {
+    KVB_FAIL(source, ": not valid JSON: ", e.what());
+  }
+  KVB_CHECK(j.is_object(), source, ": expected a JSON object");
+  Reader r{j, source};
+
+  const std::string model_type = r.str_opt("model_type", "llama");
+  KVB_CHECK(model_type == "llama" || model_type == "mistral" || model_type == "qwen2", source,
+            ": model_type '", model_type, "' is not supported (llama, mistral, qwen2)");
+  const std::string act = r.str_opt("hidden_act", "silu");
+  KVB_CHECK(act == "silu", source, ": hidden_act '", act, "' is not supported (silu)");
+
+  ModelConfig c;
+  c.format = "hf";
+  c.dim = r.int_req("hidden_size");
+  c.hidden_dim = r.int_req("intermediate_size");
+  c.n_layers = r.int_req("num_hidden_layers");
+  c.n_heads = r.int_req("num_attention_heads");
+  c.vocab_size = r.int_req("vocab_size");
+  c.n_kv_heads = r.int_opt("num_key_value_heads", c.n_heads);
+  KVB_CHECK(c.n_heads > 0, source, ": 'num_attention_heads' must be positive");
+  c.head_dim = r.int_opt("head_dim", c.n_heads > 0 ? c.dim / c.n_heads : 0);
+  c.max_seq_len = r.int_opt("max_position_embeddings", 2048);
+  c.rope_theta = r.num_opt("rope_theta", 10000.0);
+  c.norm_eps = r.num_opt("rms_norm_eps", 1e-6);
+  c.tied_embeddings = r.bool_opt("tie_word_embeddings", false);
+  c.qkv_bias = model_type == "qwen2" ? true : r.bool_opt("attention_bias", false);
+  c.rope_style = RopeStyle::kHalf;
+  c.bos_id = r.int_opt("bos_token_id", 1);
+  if (r.has("eos_token_id")) {
+    const auto& e = j["eos_token_id"];
+    c.eos_ids.clear();
+    if (e.is_array()) {
+      for (const auto& x : e) {
+        KVB_CHECK(x.is_number_integer(), source, ": 'eos_token_id' entries must be integers");
+        c.eos_ids.push_back(x.get<int64_t>());
+      }
+    } else {
+      c.eos_ids.push_back(r.int_at("eos_token_id"));
+    }
+  }
+  const std::string dt = r.str_opt("torch_dtype", "float32");
+  c.weights_dtype = dt == "bfloat16" ? "BF16" : dt == "float16" ? "F16" : "F32";
+
+  if (r.has("rope_scaling")) {
+    const auto& s = j["rope_scaling"];
+    KVB_CHECK(s.is_object(), source, ": 'rope_scaling' must be an object or null");
+    Reader rs{s, source};
+    std::string type = rs.str_opt("rope_type", rs.str_opt("type", "default"));
+    if (type == "default") {
+      c.rope_scaling.type = "none";
+    } else if (type == "linear" || type == "llama3") {
+      c.rope_scaling.type = type;
+      c.rope_scaling.factor = rs.num_opt("factor", 1.0);
+      if (type == "llama3") {
+        c.rope_scaling.low_freq_factor = rs.num_opt("low_freq_factor", 1.0);
+        c.rope_scaling.high_freq_factor = rs.num_opt("high_freq_factor", 4.0);
+        c.rope_scaling.original_max_position_embeddings =
+            rs.int_opt("original_max_position_embeddings", 8192);
+      }
+    } else {
+      KVB_FAIL(source, ": rope_scaling type '", type, "' is not supported (linear, llama3)");
+    }
+  }
+  c.validate(source);
+  return c;
+}
+
+ModelConfig load_hf_config(const std::string& path) {
+  KVB_CHECK(file_exists(path), path, ": config.json not found");
+  return parse_hf_config(read_text_file(path), path);
+}
+
+}  // namespace kvb

@@ -1,0 +1,348 @@
+#include "harness/formats/tokenizer.h"
+
+#include <algorithm>
+#include <cstring>
+#include <queue>
+
+#include "harness/common/error.h"
+#include "harness/common/mapped_file.h"
+
+namespace kvb {
+
+namespace {
+
+// Minimal protobuf wire-format reader: enough for sentencepiece_model.proto.
+struct Wire {
+  const uint8_t* p;
+  const uint8_t* end;
+  const std::string& src;
+
+  bool done() const { return p >= end; }
+  uint64_t varint() {
+    uint64_t v = 0;
+    for (int shift = 0; shift < 64; shift += 7) {
+      KVB_CHECK(p < end, src, ": not a valid SentencePiece model (truncated varint)");
+      const uint8_t b = *p++;
+      v |= static_cast<uint64_t>(b & 0x7f) << shift;
+      if (b < 0x80) return v;
+    }
+    KVB_FAIL(src, ": not a valid SentencePiece model (varint too long)");
+  }
+  // Reads a field key; the value is then read by one of the accessors below or skipped.
+  void key(uint32_t* field, uint32_t* wire) {
+    const uint64_t k = varint();
+    *field = static_cast<uint32_t>(k >> 3);
+    *wire = static_cast<uint32_t>(k & 7);
+  }
+  Wire sub() {
+    const uint64_t n = varint();
+    KVB_CHECK(n <= static_cast<uint64_t>(end - p), src,
+              ": not a valid SentencePiece model (length-delimited field runs past the end)");
+    Wire w{p, p + n, src};
+    p += n;
+    return w;
+  }
+  std::string bytes() {
+    Wire w = sub();
+    return std::string(reinterpret_cast<const char*>(w.p), w.end - w.p);
+  }
+  float fixed32_float() {
+    KVB_CHECK(end - p >= 4, src, ": not a valid SentencePiece model (truncated fixed32)");
+    float f;
+    std::memcpy(&f, p, 4);
+    p += 4;
+    return f;
+  }
+  void skip(uint32_t wire) {
+    switch (wire) {
+      case 0:
+        varint();
+        return;
+      case 1:
+        KVB_CHECK(end - p >= 8, src, ": not a valid SentencePiece model (truncated fixed64)");
+        p += 8;
+        return;
+      case 2:
+        sub();
+        return;
+      case 5:
+        KVB_CHECK(end - p >= 4, src, ": not a valid SentencePiece model (truncated fixed32)");
+        p += 4;
+        return;
+      default:
+        KVB_FAIL(src, ": not a valid SentencePiece model (unknown wire type ", wire, ")");
+    }
+  }
+};
+
+constexpr const char* kSpace = "\xE2\x96\x81";  // U+2581, SentencePiece's visible space
+
+size_t utf8_len(uint8_t c) {
+  if (c < 0x80) return 1;
+  if ((c & 0xE0) == 0xC0) return 2;
+  if ((c & 0xF0) == 0xE0) return 3;
+  if ((c & 0xF8) == 0xF0) return 4;
+  return 1;  // a stray continuation byte stands alone (and falls back to bytes)
+}
+
+}  // namespace
+
+Tokenizer::Tokenizer(const std::string& model_path) : path_(model_path) {
+  KVB_CHECK(file_exists(model_path), model_path, ": tokenizer file not found");
+  parse(read_text_file(model_path));
+}
+
+Tokenizer::Tokenizer(const std::string& bytes, const std::string& source) : path_(source) {
+  parse(bytes);
+}
+
+void Tokenizer::parse(const std::string& bytes) {
+  std::fill(std::begin(byte_ids_), std::end(byte_ids_), -1);
+  Wire w{reinterpret_cast<const uint8_t*>(bytes.data()),
+         reinterpret_cast<const uint8_t*>(bytes.data()) + bytes.size(), path_};
+  int model_type = 1;  // proto default: UNIGRAM
+  std::string normalizer = "nmt_nfkc";
+  bool saw_trainer = false;
+  while (!w.done()) {
+    uint32_t f, wt;
+    w.key(&f, &wt);
+    if (f == 1 && wt == 2) {  // SentencePiece
+      Wire s = w.sub();
+      Piece piece;
+      while (!s.done()) {
+        uint32_t sf, swt;
+        s.key(&sf, &swt);
+        if (sf == 1 && swt == 2) piece.text = s.bytes();
+        else if (sf == 2 && swt == 5) piece.score = s.fixed32_float();
+        else if (sf == 3 && swt == 0) {
+          const uint64_t t = s.varint();
+          KVB_CHECK(t >= 1 && t <= 6, path_, ": piece ", pieces_.size(), " has unknown type ", t);
+          piece.type = static_cast<PieceType>(t);
+        } else s.skip(swt);
+      }
+      pieces_.push_back(std::move(piece));
+    } else if (f == 2 && wt == 2) {  // TrainerSpec
+      saw_trainer = true;
+      Wire s = w.sub();
+      while (!s.done()) {
+        uint32_t sf, swt;
+        s.key(&sf, &swt);
+        if (sf == 3 && swt == 0) model_type = static_cast<int>(s.varint());
+        else if (sf == 35 && swt == 0) byte_fallback_ = s.varint() != 0;
+        else if (sf == 44 && swt == 2) unk_surface_ = s.bytes();
+        else s.skip(swt);
+      }
+    } else if (f == 3 && wt == 2) {  // NormalizerSpec
+      Wire s = w.sub();
+      while (!s.done()) {
+        uint32_t sf, swt;
+        s.key(&sf, &swt);
+        if (sf == 1 && swt == 2) normalizer = s.bytes();
+        else if (sf == 3 && swt == 0) add_dummy_prefix_ = s.varint() != 0;
+        else if (sf == 4 && swt == 0) remove_extra_whitespaces_ = s.varint() != 0;
+        else if (sf == 5 && swt == 0) escape_whitespaces_ = s.varint() != 0;
+        else s.skip(swt);
+      }
+    } else {
+      w.skip(wt);
+    }
+  }
+  KVB_CHECK(!pieces_.empty() && saw_trainer, path_,
+            ": not a valid SentencePiece model (no pieces or no trainer spec)");
+  KVB_CHECK(model_type == 2, path_, ": SentencePiece model type ", model_type,
+            " is not supported (only BPE, type 2)");
+  KVB_CHECK(normalizer == "identity", path_, ": SentencePiece normalizer '", normalizer,
+            "' is not supported (only 'identity')");
+  bool have_unk = false;
+  for (size_t i = 0; i < pieces_.size(); ++i) {
+    const Piece& p = pieces_[i];
+    const int32_t id = static_cast<int32_t>(i);
+    switch (p.type) {
+      case PieceType::kNormal:
+        mergeable_.emplace(p.text, id);
+        break;
+      case PieceType::kUserDefined:
+        mergeable_.emplace(p.text, id);
+        user_defined_.push_back(p.text);
+        break;
+      case PieceType::kUnknown:
+        unk_id_ = id;
+        have_unk = true;
+        break;
+      case PieceType::kControl:
+        if (p.text == "<s>") bos_id_ = id;
+        if (p.text == "</s>") eos_id_ = id;
+        break;
+      case PieceType::kByte: {
+        unsigned v = 0;
+        KVB_CHECK(p.text.size() == 6 && std::sscanf(p.text.c_str(), "<0x%2X>", &v) == 1, path_,
+                  ": byte piece '", p.text, "' is malformed");
+        byte_ids_[v] = id;
+        break;
+      }
+      case PieceType::kUnused:
+        break;
+    }
+  }
+  KVB_CHECK(have_unk, path_, ": SentencePiece model has no <unk> piece");
+  if (byte_fallback_) {
+    for (int b = 0; b < 256; ++b)
+      KVB_CHECK(byte_ids_[b] >= 0, path_, ": byte_fallback is on but piece <0x", std::hex, b,
+                "> is missing");
+  }
+  std::sort(user_defined_.begin(), user_defined_.end(),
+            [](const std::string& a, const std::string& b) { return a.size() > b.size(); });
+}
+
+std::string Tokenizer::normalize(const std::string& text) const {
+  std::string s = text;
+  if (remove_extra_whitespaces_) {
+    std::string out;
+    bool prev_space = true;  // drops leading spaces
+    for (char c : s) {
+      if (c == ' ') {
+        if (!prev_space) out += c;
+        prev_space = true;
+      } else {
+        out += c;
+        prev_space = false;
+      }
+    }
+    while (!out.empty() && out.back() == ' ') out.pop_back();
+    s = out;
+  }
+  if (s.empty()) return s;
+  if (add_dummy_prefix_) s = " " + s;
+  if (!escape_whitespaces_) return s;
+  std::string out;
+  for (char c : s) {
+    if (c == ' ') out += kSpace;
+    else out += c;
+  }
+  return out;
+}
+
+std::vector<int64_t> Tokenizer::encode(const std::string& text) const {
+  const std::string norm = normalize(text);
+  // Initial symbols: user-defined pieces (longest match) and single UTF-8 characters.
+  struct Sym {
+    size_t begin, len;
+    int prev, next;
+  };
+  std::vector<Sym> syms;
+  for (size_t i = 0; i < norm.size();) {
+    size_t len = 0;
+    for (const auto& u : user_defined_) {
+      if (norm.compare(i, u.size(), u) == 0) {
+        len = u.size();
+        break;
+      }
+    }
+    if (len == 0) len = std::min(utf8_len(static_cast<uint8_t>(norm[i])), norm.size() - i);
+    const int n = static_cast<int>(syms.size());
+    syms.push_back({i, len, n - 1, n + 1});
+    i += len;
+  }
+  if (syms.empty()) return {};
+  syms.back().next = -1;
+
+  // Greedy BPE: repeatedly merge the adjacent pair whose concatenation is the highest-scoring piece
+  // (leftmost on ties), as sentencepiece's bpe_model does.
+  struct Cand {
+    float score;
+    int left, right;
+    size_t size;  // merged length, to detect stale candidates
+  };
+  auto worse = [](const Cand& a, const Cand& b) {
+    return a.score != b.score ? a.score < b.score : a.left > b.left;
+  };
+  std::priority_queue<Cand, std::vector<Cand>, decltype(worse)> agenda(worse);
+  auto maybe_add = [&](int l, int r) {
+    if (l < 0 || r < 0) return;
+    auto it = mergeable_.find(norm.substr(syms[l].begin, syms[l].len + syms[r].len));
+    if (it == mergeable_.end()) return;
+    agenda.push({pieces_[it->second].score, l, r, syms[l].len + syms[r].len});
+  };
+  for (size_t i = 1; i < syms.size(); ++i) maybe_add(static_cast<int>(i) - 1, static_cast<int>(i));
+  while (!agenda.empty()) {
+    const Cand c = agenda.top();
+    agenda.pop();
+    Sym& l = syms[c.left];
+    Sym& r = syms[c.right];
+    if (l.len == 0 || r.len == 0 || l.len + r.len != c.size || l.next != c.right) continue;
+    l.len += r.len;
+    r.len = 0;
+    l.next = r.next;
+    if (r.next >= 0) syms[r.next].prev = c.left;
+    maybe_add(l.prev, c.left);
+    maybe_add(c.left, l.next);
+  }
+
+  std::vector<int64_t> ids;
+  for (int i = 0; i >= 0; i = syms[i].next) {
+    const std::string s = norm.substr(syms[i].begin, syms[i].len);
+    auto it = mergeable_.find(s);
+    if (it != mergeable_.end()) {
+      ids.push_back(it->second);
+    } else if (byte_fallback_) {
+      for (unsigned char b : s) ids.push_back(byte_ids_[b]);
+    } else {
+      ids.push_back(unk_id_);
+    }
+  }
+  return ids;
+}
+
+const std::string& Tokenizer::piece(int64_t id) const {
+  KVB_CHECK(id >= 0 && id < vocab_size(), path_, ": token id ", id, " is outside the vocabulary [0, ",
+            vocab_size(), ")");
+  return pieces_[id].text;
+}
+
+int64_t Tokenizer::piece_id(const std::string& p) const {
+  for (size_t i = 0; i < pieces_.size(); ++i)
+    if (pieces_[i].text == p) return static_cast<int64_t>(i);
+  return -1;
+}
+
+std::string Tokenizer::decode(const std::vector<int64_t>& ids) const {
+  std::string out;
+  bool first = true;
+  for (int64_t id : ids) {
+    const Piece& p = pieces_[static_cast<size_t>(id < 0 || id >= vocab_size() ? -1 : id)];
+    (void)piece(id);  // range check with a clear error
+    std::string s;
+    switch (p.type) {
+      case PieceType::kControl:
+      case PieceType::kUnused:
+        continue;
+      case PieceType::kUnknown:
+        s = unk_surface_;
+        break;
+      case PieceType::kByte: {
+        unsigned v = 0;
+        std::sscanf(p.text.c_str(), "<0x%2X>", &v);
+        s = std::string(1, static_cast<char>(v));
+        break;
+      }
+      case PieceType::kNormal:
+      case PieceType::kUserDefined:
+        for (size_t i = 0; i < p.text.size();) {
+          if (p.text.compare(i, 3, kSpace) == 0) {
+            s += ' ';
+            i += 3;
+          } else {
+            s += p.text[i++];
+          }
+        }
+        break;
+    }
+    // The dummy prefix: the text's first piece starts with the space the encoder added.
+    if (first && add_dummy_prefix_ && !s.empty() && s[0] == ' ') s.erase(0, 1);
+    first = false;
+    out += s;
+  }
+  return out;
+}
+
+}  // namespace kvb

@@ -1,0 +1,243 @@
+#include "harness/kv/paged_kv_cache.h"
+
+#include <ATen/ATen.h>
+
+#include <limits>
+
+#include "harness/common/error.h"
+#include "kvb/kernels/paged_attention.h"
+
+namespace kvb {
+
+PagedKvCache::PagedKvCache(const ModelConfig& config, c10::Device device, c10::ScalarType dtype,
+                           Options opts)
+    : config_(config), device_(device), dtype_(dtype), block_size_(opts.block_size) {
+  KVB_CHECK(block_size_ >= 1 && block_size_ <= 4096, "paged KV: block_size ", block_size_,
+            " is outside [1, 4096]");
+  k_pool_.resize(config_.n_layers);
+  v_pool_.resize(config_.n_layers);
+  grow(std::max<int64_t>(1, opts.initial_blocks));
+}
+
+void PagedKvCache::grow(int64_t min_capacity) {
+  int64_t cap = std::max<int64_t>(min_capacity, capacity_ * 2);
+  auto opts = at::TensorOptions().dtype(dtype_).device(device_);
+  for (int64_t l = 0; l < config_.n_layers; ++l) {
+    at::Tensor k = at::empty({cap, block_size_, config_.n_kv_heads, config_.head_dim}, opts);
+    at::Tensor v = at::empty_like(k);
+    if (capacity_ > 0) {
+      k.narrow(0, 0, capacity_).copy_(k_pool_[l]);
+      v.narrow(0, 0, capacity_).copy_(v_pool_[l]);
+    }
+    k_pool_[l] = k;
+    v_pool_[l] = v;
+  }
+  refcount_.resize(cap, 0);
+  for (int64_t b = cap - 1; b >= capacity_; --b) free_.push_back(static_cast<int32_t>(b));
+  capacity_ = cap;
+}
+
+int32_t PagedKvCache::alloc_block() {
+  if (free_.empty()) grow(capacity_ + 1);
+  int32_t b = free_.back();
+  free_.pop_back();
+  refcount_[b] = 1;
+  return b;
+}
+
+void PagedKvCache::unref_block(int32_t b) {
+  if (--refcount_[b] == 0) free_.push_back(b);
+}
+
+void PagedKvCache::copy_block(int32_t src, int32_t dst) {
+  for (int64_t l = 0; l < config_.n_layers; ++l) {
+    k_pool_[l][dst].copy_(k_pool_[l][src]);
+    v_pool_[l][dst].copy_(v_pool_[l][src]);
+  }
+}
+
+PagedKvCache::Seq& PagedKvCache::seq(int64_t id) {
+  auto it = seqs_.find(id);
+  KVB_CHECK(it != seqs_.end(), "paged KV: unknown sequence ", id);
+  return it->second;
+}
+
+const PagedKvCache::Seq& PagedKvCache::seq(int64_t id) const {
+  auto it = seqs_.find(id);
+  KVB_CHECK(it != seqs_.end(), "paged KV: unknown sequence ", id);
+  return it->second;
+}
+
+const std::vector<int32_t>& PagedKvCache::block_table(int64_t seq_id) const {
+  return seq(seq_id).blocks;
+}
+
+void PagedKvCache::begin_step(const StepBatch& batch) {
+  const int64_t B = batch.batch_size();
+  std::vector<int64_t> slots;
+  slots.reserve(batch.num_tokens());
+  step_gather_.clear();
+  step_page_indptr_.assign(1, 0);
+  step_page_indices_.clear();
+  const bool want_gather = !(device_.is_cpu() && dtype_ == at::kFloat);
+  for (int64_t b = 0; b < B; ++b) {
+    Seq& s = seqs_[batch.seq_ids[b]];  // a new id starts an empty sequence
+    KVB_CHECK(s.len == batch.past_lens[b], "paged KV: sequence ", batch.seq_ids[b], " holds ",
+              s.len, " tokens but the step says ", batch.past_lens[b]);
+    const int64_t n_new = batch.new_tokens(b);
+    // Copy-on-write: the partial last block is shared with another branch; write into a copy.
+    if (s.len % block_size_ != 0 && n_new > 0) {
+      int32_t& last = s.blocks.back();
+      if (refcount_[last] > 1) {
+        int32_t fresh = alloc_block();
+        copy_block(last, fresh);
+        unref_block(last);
+        last = fresh;
+      }
+    }
+    const int64_t need = (s.len + n_new + block_size_ - 1) / block_size_;
+    while (static_cast<int64_t>(s.blocks.size()) < need) s.blocks.push_back(alloc_block());
+    for (int64_t i = 0; i < n_new; ++i) {
+      const int64_t pos = s.len + i;
+      slots.push_back(s.blocks[pos / block_size_] * block_size_ + pos % block_size_);
+    }
+    for (int32_t blk : s.blocks) step_page_indices_.push_back(blk);
+    step_page_indptr_.push_back(static_cast<int32_t>(step_page_indices_.size()));
+    if (want_gather) {
+      const int64_t len = s.len + n_new;
+      std::vector<int64_t> g(len);
+      for (int64_t j = 0; j < len; ++j) g[j] = s.blocks[j / block_size_] * block_size_ + j % block_size_;
+      step_gather_.push_back(at::tensor(g, at::kLong).to(device_));
+    }
+  }
+  step_slots_ = at::tensor(slots, at::kLong).to(device_);
+}
+
+at::Tensor PagedKvCache::attend(const LayerInput& in) {
+  const int l = in.layer;
+  const int64_t H = config_.n_kv_heads, D = config_.head_dim;
+  at::Tensor kf = k_pool_[l].view({-1, H, D});
+  at::Tensor vf = v_pool_[l].view({-1, H, D});
+  kf.index_copy_(0, step_slots_, *in.k);
+  vf.index_copy_(0, step_slots_, *in.v);
+  if (device_.is_cpu() && dtype_ == at::kFloat) return attend_cpu_kernel(in);
+  return attend_torch(in);
+}
+
+at::Tensor PagedKvCache::attend_cpu_kernel(const LayerInput& in) {
+  const StepBatch& batch = *in.batch;
+  at::Tensor q = in.q->contiguous();
+  at::Tensor o = at::empty_like(q);
+  kernels::PagedAttentionParams p;
+  p.q = q.data_ptr<float>();
+  p.o = o.data_ptr<float>();
+  p.k_pages = k_pool_[in.layer].data_ptr<float>();
+  p.v_pages = v_pool_[in.layer].data_ptr<float>();
+  p.page_indptr = step_page_indptr_.data();
+  p.page_indices = step_page_indices_.data();
+  p.q_indptr = batch.q_indptr.data();
+  p.past_lens = batch.past_lens.data();
+  p.batch_size = static_cast<int32_t>(batch.batch_size());
+  p.num_qo_heads = static_cast<int32_t>(config_.n_heads);
+  p.num_kv_heads = static_cast<int32_t>(config_.n_kv_heads);
+  p.head_dim = static_cast<int32_t>(config_.head_dim);
+  p.page_size = static_cast<int32_t>(block_size_);
+  p.sm_scale = in.sm_scale;
+  kernels::paged_attention_cpu(p);
+  return o;
+}
+
+at::Tensor PagedKvCache::attend_torch(const LayerInput& in) {
+  const StepBatch& batch = *in.batch;
+  const int l = in.layer;
+  const int64_t Hk = config_.n_kv_heads, H = config_.n_heads, D = config_.head_dim;
+  const int64_t G = H / Hk;
+  at::Tensor kf = k_pool_[l].view({-1, Hk, D});
+  at::Tensor vf = v_pool_[l].view({-1, Hk, D});
+  std::vector<at::Tensor> outs;
+  for (int64_t b = 0; b < batch.batch_size(); ++b) {
+    const int64_t n = batch.new_tokens(b);
+    const int64_t past = batch.past_lens[b];
+    const int64_t L = past + n;
+    at::Tensor K = kf.index_select(0, step_gather_[b]).permute({1, 0, 2});  // [Hk, L, D]
+    at::Tensor V = vf.index_select(0, step_gather_[b]).permute({1, 0, 2});
+    at::Tensor qb = in.q->narrow(0, batch.q_indptr[b], n);                   // [n, H, D]
+    at::Tensor qh = qb.view({n, Hk, G, D}).permute({1, 2, 0, 3}).reshape({Hk, G * n, D});
+    at::Tensor s = at::bmm(qh, K.transpose(1, 2)).to(at::kFloat).mul_(in.sm_scale);  // [Hk, G*n, L]
+    if (n > 1) {
+      // Query i sits at cache index past + i and sees keys j <= past + i.
+      at::Tensor j = at::arange(L, at::TensorOptions().dtype(at::kLong).device(device_));
+      at::Tensor i = at::arange(n, at::TensorOptions().dtype(at::kLong).device(device_)) + past;
+      at::Tensor mask = j.unsqueeze(0) > i.unsqueeze(1);  // [n, L]
+      s.view({Hk, G, n, L}).masked_fill_(mask, -std::numeric_limits<float>::infinity());
+    }
+    at::Tensor pr = at::softmax(s, -1).to(dtype_);
+    at::Tensor o = at::bmm(pr, V);  // [Hk, G*n, D]
+    outs.push_back(o.view({Hk, G, n, D}).permute({2, 0, 1, 3}).reshape({n, H, D}));
+  }
+  return outs.size() == 1 ? outs[0] : at::cat(outs, 0);
+}
+
+void PagedKvCache::end_step(const StepBatch& batch) {
+  for (int64_t b = 0; b < batch.batch_size(); ++b) seq(batch.seq_ids[b]).len += batch.new_tokens(b);
+}
+
+void PagedKvCache::release(int64_t seq_id) {
+  auto it = seqs_.find(seq_id);
+  if (it == seqs_.end()) return;
+  for (int32_t b : it->second.blocks) unref_block(b);
+  seqs_.erase(it);
+}
+
+void PagedKvCache::fork(int64_t src_id, int64_t dst_id) {
+  KVB_CHECK(seqs_.count(dst_id) == 0, "paged KV: fork target ", dst_id, " already exists");
+  Seq copy = seq(src_id);
+  for (int32_t b : copy.blocks) ++refcount_[b];
+  seqs_[dst_id] = std::move(copy);
+}
+
+void PagedKvCache::truncate(int64_t seq_id, int64_t new_len) {
+  Seq& s = seq(seq_id);
+  KVB_CHECK(new_len >= 0 && new_len <= s.len, "paged KV: cannot truncate sequence ", seq_id,
+            " of ", s.len, " tokens to ", new_len);
+  const int64_t need = (new_len + block_size_ - 1) / block_size_;
+  while (static_cast<int64_t>(s.blocks.size()) > need) {
+    unref_block(s.blocks.back());
+    s.blocks.pop_back();
+  }
+  s.len = new_len;
+}
+
+int64_t PagedKvCache::seq_len(int64_t seq_id) const {
+  auto it = seqs_.find(seq_id);
+  return it == seqs_.end() ? 0 : it->second.len;
+}
+
+int64_t PagedKvCache::blocks_in_use() const {
+  return capacity_ - static_cast<int64_t>(free_.size());
+}
+
+Footprint PagedKvCache::footprint() const {
+  Footprint f;
+  const int64_t elem = static_cast<int64_t>(c10::elementSize(dtype_));
+  const int64_t block_bytes = block_size_ * config_.n_layers * 2 * config_.kv_dim() * elem;
+  f.device_payload_bytes = blocks_in_use() * block_bytes;
+  f.device_reserved_bytes = static_cast<int64_t>(free_.size()) * block_bytes;
+  for (const auto& [id, s] : seqs_) {
+    f.device_index_bytes += static_cast<int64_t>(s.blocks.size() * sizeof(int32_t));
+    f.tokens_held += s.len;
+  }
+  f.logical_bytes = f.tokens_held * config_.kv_bytes_per_token(elem);
+  return f;
+}
+
+at::Tensor PagedKvCache::gather(int layer, int64_t seq_id, bool keys) const {
+  const Seq& s = seq(seq_id);
+  std::vector<int64_t> g(s.len);
+  for (int64_t j = 0; j < s.len; ++j) g[j] = s.blocks[j / block_size_] * block_size_ + j % block_size_;
+  const at::Tensor& pool = keys ? k_pool_[layer] : v_pool_[layer];
+  return pool.view({-1, config_.n_kv_heads, config_.head_dim})
+      .index_select(0, at::tensor(g, at::kLong).to(device_));
+}
+
+}  // namespace kvb

@@ -1,0 +1,367 @@
+#include "harness/model/model.h"
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <dirent.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+
+#include "harness/common/error.h"
+#include "harness/common/mapped_file.h"
+#include "harness/common/strings.h"
+#include "harness/formats/llama2c_format.h"
+#include "harness/formats/safetensors.h"
+#include "harness/model/synthetic_presets.h"
+
+namespace kvb {
+
+c10::Device parse_device(const std::string& s) {
+  if (s == "cpu") return c10::Device(c10::kCPU);
+  if (s == "cuda" || starts_with(s, "cuda:")) {
+    KVB_CHECK(at::hasCUDA(), "--device ", s,
+              ": this LibTorch build has no CUDA (build against a CUDA LibTorch, see README)");
+    int index = 0;
+    if (s.size() > 5) {
+      char* end = nullptr;
+      long v = std::strtol(s.c_str() + 5, &end, 10);
+      KVB_CHECK(end && *end == '\0' && v >= 0, "--device ", s, ": bad device index");
+      index = static_cast<int>(v);
+    }
+    return c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(index));
+  }
+  KVB_FAIL("--device '", s, "' is not one of cpu, cuda, cuda:N");
+}
+
+c10::ScalarType parse_dtype(const std::string& s) {
+  if (s == "fp32" || s == "float32") return c10::kFloat;
+  if (s == "bf16" || s == "bfloat16") return c10::kBFloat16;
+  if (s == "fp16" || s == "float16") return c10::kHalf;
+  KVB_FAIL("--dtype '", s, "' is not one of fp32, bf16, fp16");
+}
+
+std::string dtype_name(c10::ScalarType t) {
+  switch (t) {
+    case c10::kFloat:
+      return "fp32";
+    case c10::kBFloat16:
+      return "bf16";
+    case c10::kHalf:
+      return "fp16";
+    default:
+      return c10::toString(t);
+  }
+}
+
+int64_t dtype_bytes(c10::ScalarType t) { return static_cast<int64_t>(c10::elementSize(t)); }
+
+std::vector<std::string> model_search_dirs(const std::string& models_dir) {
+  std::vector<std::string> dirs;
+  if (!models_dir.empty()) dirs.push_back(models_dir);
+  if (const char* env = std::getenv("KVBENCH_MODELS"); env && *env) dirs.push_back(env);
+  dirs.push_back("./models");
+  dirs.push_back("../shared/models");
+  return dirs;
+}
+
+std::string resolve_model_path(const std::string& spec, const std::string& models_dir) {
+  if (starts_with(spec, "synthetic:")) return spec;
+  if (file_exists(spec) || dir_exists(spec)) return spec;
+  const bool looks_like_path = spec.find('/') != std::string::npos;
+  std::vector<std::string> dirs = model_search_dirs(models_dir);
+  if (!looks_like_path) {
+    for (const auto& d : dirs) {
+      std::string p = d + "/" + spec;
+      if (file_exists(p) || dir_exists(p)) return p;
+    }
+  }
+  KVB_FAIL("model '", spec, "' not found", looks_like_path ? "" : " (searched " + join(dirs, ", ") + ")");
+}
+
+namespace {
+
+std::vector<std::string> list_dir(const std::string& dir, const std::string& suffix) {
+  std::vector<std::string> out;
+  if (DIR* d = opendir(dir.c_str())) {
+    while (dirent* e = readdir(d)) {
+      std::string n = e->d_name;
+      if (ends_with(n, suffix)) out.push_back(n);
+    }
+    closedir(d);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+std::string dir_of(const std::string& path) {
+  auto pos = path.find_last_of('/');
+  return pos == std::string::npos ? "." : path.substr(0, pos);
+}
+
+std::string base_name(const std::string& path) {
+  std::string p = path;
+  while (p.size() > 1 && p.back() == '/') p.pop_back();
+  auto pos = p.find_last_of('/');
+  return pos == std::string::npos ? p : p.substr(pos + 1);
+}
+
+std::string shape_str(at::IntArrayRef s) {
+  std::string out = "[";
+  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
+  return out + "]";
+}
+
+// A view of one safetensors tensor as an at::Tensor in `dtype` on `device` (a copy).
+at::Tensor st_to_tensor(const StTensor& t, const std::string& file, at::IntArrayRef want,
+                        c10::ScalarType dtype, c10::Device device) {
+  c10::ScalarType src;
+  switch (t.dtype) {
+    case StDtype::kF32:
+      src = c10::kFloat;
+      break;
+    case StDtype::kF16:
+      src = c10::kHalf;
+      break;
+    case StDtype::kBF16:
+      src = c10::kBFloat16;
+      break;
+    default:
+      KVB_FAIL(file, ": tensor '", t.name, "' has dtype ", st_dtype_name(t.dtype),
+               "; weights must be F32, F16 or BF16");
+  }
+  KVB_CHECK(at::IntArrayRef(t.shape) == want, file, ": tensor '", t.name, "' has shape ",
+            shape_str(t.shape), " but config.json implies ", shape_str(want));
+  at::Tensor view = at::from_blob(const_cast<uint8_t*>(t.data), t.shape,
+                                  at::TensorOptions().dtype(src).device(c10::kCPU));
+  return view.to(device, dtype, /*non_blocking=*/false, /*copy=*/true);
+}
+
+void finish_weights(Model& m) {
+  // Norm weights stay fp32: RMSNorm runs in fp32 whatever the model dtype.
+  auto& w = m.weights;
+  w.final_norm = w.final_norm.to(at::kFloat);
+  for (auto& L : w.layers) {
+    L.attn_norm = L.attn_norm.to(at::kFloat);
+    L.ffn_norm = L.ffn_norm.to(at::kFloat);
+  }
+  m.ensure_rope_len(std::max<int64_t>(m.config.max_seq_len, 8192));
+}
+
+std::string find_tokenizer(const std::string& dir, int64_t vocab) {
+  std::string p = dir + "/tokenizer.model";
+  if (file_exists(p)) return p;
+  p = dir + "/tok" + std::to_string(vocab) + ".model";
+  if (file_exists(p)) return p;
+  auto models = list_dir(dir, ".model");
+  if (models.size() == 1) return dir + "/" + models[0];
+  return "";
+}
+
+void load_hf(Model& m, const std::string& dir, const LoadOptions& opts) {
+  m.config = load_hf_config(dir + "/config.json");
+  m.config.name = base_name(dir);
+  const ModelConfig& c = m.config;
+  SafetensorsSet st(dir);
+  const auto dt = m.dtype;
+  const auto dev = m.device;
+  auto get = [&](const std::string& name, std::vector<int64_t> shape) {
+    return st_to_tensor(st.get(name), st.file_of(name), shape, dt, dev);
+  };
+  const int64_t D = c.dim, F = c.hidden_dim, Q = c.q_dim(), KV = c.kv_dim(), V = c.vocab_size;
+  m.weights.embedding = get("model.embed_tokens.weight", {V, D});
+  m.weights.final_norm = get("model.norm.weight", {D});
+  if (c.tied_embeddings) {
+    m.weights.lm_head = m.weights.embedding;
+  } else {
+    m.weights.lm_head = get("lm_head.weight", {V, D});
+  }
+  for (int64_t l = 0; l < c.n_layers; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    LayerWeights L;
+    L.attn_norm = get(p + "input_layernorm.weight", {D});
+    L.wqkv = at::cat({get(p + "self_attn.q_proj.weight", {Q, D}),
+                      get(p + "self_attn.k_proj.weight", {KV, D}),
+                      get(p + "self_attn.v_proj.weight", {KV, D})});
+    if (c.qkv_bias) {
+      L.bqkv = at::cat({get(p + "self_attn.q_proj.bias", {Q}), get(p + "self_attn.k_proj.bias", {KV}),
+                        get(p + "self_attn.v_proj.bias", {KV})});
+    }
+    L.wo = get(p + "self_attn.o_proj.weight", {D, Q});
+    L.ffn_norm = get(p + "post_attention_layernorm.weight", {D});
+    L.w13 = at::cat({get(p + "mlp.gate_proj.weight", {F, D}), get(p + "mlp.up_proj.weight", {F, D})});
+    L.w2 = get(p + "mlp.down_proj.weight", {D, F});
+    m.weights.layers.push_back(std::move(L));
+  }
+  m.tokenizer_path = find_tokenizer(dir, c.vocab_size);
+}
+
+void load_llama2c(Model& m, const std::string& path) {
+  MappedFile file(path);
+  Llama2cLayout L = parse_llama2c_header(file.data(), file.size(), path);
+  m.config = L.config;
+  std::string stem = base_name(path);
+  if (ends_with(stem, ".bin")) stem = stem.substr(0, stem.size() - 4);
+  m.config.name = stem;
+  const float* base = reinterpret_cast<const float*>(file.data() + 28);
+  auto arr = [&](const std::string& name) -> at::Tensor {
+    for (const auto& a : L.arrays) {
+      if (a.name == name) {
+        at::Tensor v = at::from_blob(const_cast<float*>(base + a.offset_floats), a.shape,
+                                     at::TensorOptions().dtype(at::kFloat));
+        return v.to(m.device, m.dtype, false, /*copy=*/true);
+      }
+    }
+    KVB_FAIL(path, ": internal: no array '", name, "'");
+  };
+  auto& w = m.weights;
+  w.embedding = arr("token_embedding");
+  w.final_norm = arr("rms_final");
+  w.lm_head = L.shared_classifier ? w.embedding : arr("wcls");
+  at::Tensor rms_att = arr("rms_att"), wq = arr("wq"), wk = arr("wk"), wv = arr("wv"),
+             wo = arr("wo"), rms_ffn = arr("rms_ffn"), w1 = arr("w1"), w2 = arr("w2"),
+             w3 = arr("w3");
+  for (int64_t l = 0; l < m.config.n_layers; ++l) {
+    LayerWeights lw;
+    lw.attn_norm = rms_att[l].clone();
+    lw.wqkv = at::cat({wq[l], wk[l], wv[l]});
+    lw.wo = wo[l].clone();
+    lw.ffn_norm = rms_ffn[l].clone();
+    lw.w13 = at::cat({w1[l], w3[l]});
+    lw.w2 = w2[l].clone();
+    w.layers.push_back(std::move(lw));
+  }
+  m.tokenizer_path = find_tokenizer(dir_of(path), m.config.vocab_size);
+}
+
+void load_synthetic(Model& m, const std::string& preset, const LoadOptions& opts) {
+  m.config = synthetic_preset(preset);
+  const ModelConfig& c = m.config;
+  // Weights come from one CPU generator whatever the device, so a preset + seed gives the same
+  // weights on every machine. Init keeps activations O(1): N(0, 1/fan_in) for inputs, and the two
+  // residual-writing projections scaled down by sqrt(2 * n_layers) so the stream grows slowly.
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(opts.synthetic_seed ^ 0x6b76626e63680001ull);
+  auto randn = [&](std::vector<int64_t> shape, double std) {
+    at::Tensor t = at::normal(0.0, std, shape, gen, at::TensorOptions().dtype(at::kFloat));
+    return t.to(m.device, m.dtype);
+  };
+  const int64_t D = c.dim, F = c.hidden_dim, Q = c.q_dim(), KV = c.kv_dim(), V = c.vocab_size;
+  const double in_std = 1.0 / std::sqrt(static_cast<double>(D));
+  const double res_scale = 1.0 / std::sqrt(2.0 * static_cast<double>(c.n_layers));
+  auto& w = m.weights;
+  w.embedding = randn({V, D}, 1.0);
+  w.final_norm = at::ones({D}, at::TensorOptions().dtype(at::kFloat).device(m.device));
+  w.lm_head = c.tied_embeddings ? w.embedding : randn({V, D}, in_std);
+  for (int64_t l = 0; l < c.n_layers; ++l) {
+    LayerWeights L;
+    L.attn_norm = at::ones({D}, at::TensorOptions().dtype(at::kFloat).device(m.device));
+    L.ffn_norm = L.attn_norm.clone();
+    L.wqkv = randn({Q + 2 * KV, D}, in_std);
+    if (c.qkv_bias) L.bqkv = randn({Q + 2 * KV}, 0.02);
+    L.wo = randn({D, Q}, res_scale / std::sqrt(static_cast<double>(Q)));
+    L.w13 = randn({2 * F, D}, in_std);
+    L.w2 = randn({D, F}, res_scale / std::sqrt(static_cast<double>(F)));
+    w.layers.push_back(std::move(L));
+  }
+}
+
+}  // namespace
+
+void compute_rope_tables(const ModelConfig& c, int64_t n_pos, at::Tensor* cos, at::Tensor* sin) {
+  const int64_t half = c.head_dim / 2;
+  std::vector<double> inv_freq(half);
+  for (int64_t i = 0; i < half; ++i) {
+    inv_freq[i] = std::pow(c.rope_theta, -2.0 * static_cast<double>(i) / c.head_dim);
+  }
+  const auto& rs = c.rope_scaling;
+  if (rs.type == "llama3") {
+    // Llama 3.1: long wavelengths slowed by `factor`, short ones kept, a smooth blend between.
+    const double old_len = static_cast<double>(rs.original_max_position_embeddings);
+    const double low_wavelen = old_len / rs.low_freq_factor;
+    const double high_wavelen = old_len / rs.high_freq_factor;
+    for (auto& f : inv_freq) {
+      const double wavelen = 2.0 * M_PI / f;
+      if (wavelen < high_wavelen) continue;
+      if (wavelen > low_wavelen) {
+        f = f / rs.factor;
+      } else {
+        const double smooth =
+            (old_len / wavelen - rs.low_freq_factor) / (rs.high_freq_factor - rs.low_freq_factor);
+        f = (1.0 - smooth) * f / rs.factor + smooth * f;
+      }
+    }
+  } else if (rs.type == "linear") {
+    for (auto& f : inv_freq) f /= rs.factor;
+  }
+  at::Tensor cs = at::empty({n_pos, half}, at::kFloat), sn = at::empty({n_pos, half}, at::kFloat);
+  float* pc = cs.data_ptr<float>();
+  float* ps = sn.data_ptr<float>();
+  for (int64_t p = 0; p < n_pos; ++p) {
+    for (int64_t i = 0; i < half; ++i) {
+      const double a = static_cast<double>(p) * inv_freq[i];
+      pc[p * half + i] = static_cast<float>(std::cos(a));
+      ps[p * half + i] = static_cast<float>(std::sin(a));
+    }
+  }
+  *cos = cs;
+  *sin = sn;
+}
+
+void Model::ensure_rope_len(int64_t n) {
+  if (weights.rope_cos.defined() && weights.rope_cos.size(0) >= n) return;
+  int64_t len = weights.rope_cos.defined() ? weights.rope_cos.size(0) : 0;
+  len = std::max<int64_t>(n, std::max<int64_t>(2 * len, 1024));
+  at::Tensor c, s;
+  compute_rope_tables(config, len, &c, &s);
+  weights.rope_cos = c.to(device);
+  weights.rope_sin = s.to(device);
+}
+
+int64_t Model::weight_bytes() const {
+  int64_t b = 0;
+  auto add = [&](const at::Tensor& t) {
+    if (t.defined()) b += t.numel() * static_cast<int64_t>(t.element_size());
+  };
+  add(weights.embedding);
+  add(weights.final_norm);
+  if (!config.tied_embeddings) add(weights.lm_head);
+  for (const auto& L : weights.layers) {
+    add(L.attn_norm);
+    add(L.wqkv);
+    add(L.bqkv);
+    add(L.wo);
+    add(L.ffn_norm);
+    add(L.w13);
+    add(L.w2);
+  }
+  return b;
+}
+
+std::shared_ptr<Model> load_model(const std::string& spec, const LoadOptions& opts) {
+  auto m = std::make_shared<Model>();
+  m->device = parse_device(opts.device);
+  m->dtype = parse_dtype(opts.dtype);
+  const std::string path = resolve_model_path(spec, opts.models_dir);
+  m->source = path;
+  if (starts_with(path, "synthetic:")) {
+    load_synthetic(*m, path.substr(10), opts);
+  } else if (dir_exists(path) && file_exists(path + "/config.json")) {
+    load_hf(*m, path, opts);
+  } else if (file_exists(path)) {
+    load_llama2c(*m, path);
+  } else if (dir_exists(path)) {
+    // A llama2.c model directory also holds tokenizer exports (tok512.bin, tokenizer.bin): skip them.
+    std::vector<std::string> bins;
+    for (const auto& b : list_dir(path, ".bin"))
+      if (!starts_with(b, "tok")) bins.push_back(b);
+    KVB_CHECK(bins.size() == 1, path, ": no config.json, and ",
+              bins.empty() ? "no llama2.c .bin file" : "several .bin files (name one)");
+    m->source = path + "/" + bins[0];
+    load_llama2c(*m, m->source);
+  }
+  if (opts.rope_table_len > 0) m->ensure_rope_len(opts.rope_table_len);
+  finish_weights(*m);
+  return m;
+}
+
+}  // namespace kvb

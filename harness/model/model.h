@@ -1,0 +1,77 @@
+#pragma once
+// A loaded Llama-family model: its config, its weights on one device in one dtype, and where its
+// tokenizer is. Weights come from a Hugging Face directory, a llama2.c checkpoint or a synthetic preset.
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
+#include <c10/core/ScalarType.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "harness/formats/model_config.h"
+
+namespace kvb {
+
+// Per-layer weights in the layout the engine wants: q/k/v fused into one matrix and gate/up into one,
+// so a layer needs two fewer matmuls (per-op overhead dominates small models).
+struct LayerWeights {
+  at::Tensor attn_norm;  // [dim], fp32
+  at::Tensor wqkv;       // [q_dim + 2 * kv_dim, dim], model dtype; rows q | k | v
+  at::Tensor bqkv;       // [q_dim + 2 * kv_dim] or undefined (Qwen2-style bias)
+  at::Tensor wo;         // [dim, q_dim]
+  at::Tensor ffn_norm;   // [dim], fp32
+  at::Tensor w13;        // [2 * hidden_dim, dim]; rows gate (w1) | up (w3)
+  at::Tensor w2;         // [dim, hidden_dim]
+};
+
+struct ModelWeights {
+  at::Tensor embedding;   // [vocab, dim]
+  at::Tensor final_norm;  // [dim], fp32
+  at::Tensor lm_head;     // [vocab, dim]; the same storage as embedding when tied
+  std::vector<LayerWeights> layers;
+  at::Tensor rope_cos;    // [max_pos, head_dim / 2], fp32
+  at::Tensor rope_sin;    // [max_pos, head_dim / 2], fp32
+};
+
+struct LoadOptions {
+  std::string device = "cpu";   // cpu | cuda | cuda:N
+  std::string dtype = "fp32";   // fp32 | bf16 | fp16
+  std::string models_dir;       // extra search directory (from --models-dir)
+  uint64_t synthetic_seed = 0;  // weights seed for synthetic:<preset>
+  int64_t rope_table_len = 0;   // positions to precompute (0: max(config, 8192)); grows on demand
+};
+
+class Model {
+ public:
+  ModelConfig config;
+  ModelWeights weights;
+  c10::Device device = c10::Device(c10::kCPU);
+  c10::ScalarType dtype = c10::kFloat;
+  std::string source;          // the resolved path or synthetic:<preset>
+  std::string tokenizer_path;  // "" when the model has none (synthetic)
+
+  // Makes sure the RoPE tables cover positions [0, n). Not thread-safe.
+  void ensure_rope_len(int64_t n);
+  int64_t weight_bytes() const;
+};
+
+// Loads a model from a spec: a path (HF directory, llama2.c .bin, or a directory holding one), a name
+// looked up in the models path (--models-dir, $KVBENCH_MODELS, ./models, ../shared/models), or
+// synthetic:<preset>. Throws kvb::Error naming the file (and tensor or key) on any defect.
+std::shared_ptr<Model> load_model(const std::string& spec, const LoadOptions& opts = {});
+
+// Where a model spec resolves to, without loading it (for error messages and `inspect`).
+std::string resolve_model_path(const std::string& spec, const std::string& models_dir);
+std::vector<std::string> model_search_dirs(const std::string& models_dir);
+
+c10::Device parse_device(const std::string& s);
+c10::ScalarType parse_dtype(const std::string& s);
+std::string dtype_name(c10::ScalarType t);
+int64_t dtype_bytes(c10::ScalarType t);
+
+// RoPE tables for a config: cos/sin of pos * inv_freq[i], with linear or Llama-3 frequency scaling.
+void compute_rope_tables(const ModelConfig& c, int64_t n_pos, at::Tensor* cos, at::Tensor* sin);
+
+}  // namespace kvb
