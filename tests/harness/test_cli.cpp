@@ -1,0 +1,241 @@
+// The kvbench binary end to end: outputs of generate/score/inspect, and every loader error path giving
+// one clear line that names the file (and tensor or key), exit code 2, and no crash.
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "tests/support/test_support.h"
+
+namespace kvb {
+namespace {
+
+using test::run_kvbench;
+
+std::string hf_dir() { return test::models_dir() + "/stories260K-hf"; }
+
+std::string slurp(const std::string& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+void write(const std::string& p, const std::string& bytes) {
+  std::ofstream out(p, std::ios::binary);
+  out << bytes;
+}
+
+// A copy of stories260K-hf whose files the test then damages.
+struct HfCopy {
+  std::string dir = test::make_temp_dir("hf");
+  std::string config = slurp(hf_dir() + "/config.json");
+  std::string weights = slurp(hf_dir() + "/model.safetensors");
+  std::string tokenizer = slurp(hf_dir() + "/tokenizer.model");
+
+  nlohmann::json header() const {
+    uint64_t n = 0;
+    for (int i = 7; i >= 0; --i) n = (n << 8) | static_cast<uint8_t>(weights[i]);
+    return nlohmann::json::parse(weights.substr(8, n));
+  }
+  // Rewrites the header (padding with spaces keeps the data offsets valid when it shrinks).
+  void set_header(const nlohmann::json& h) {
+    uint64_t old_n = 0;
+    for (int i = 7; i >= 0; --i) old_n = (old_n << 8) | static_cast<uint8_t>(weights[i]);
+    std::string s = h.dump();
+    ASSERT_LE(s.size(), old_n) << "test header grew; pick a smaller edit";
+    s.resize(old_n, ' ');
+    weights = weights.substr(0, 8) + s + weights.substr(8 + old_n);
+  }
+  void save() {
+    write(dir + "/config.json", config);
+    write(dir + "/model.safetensors", weights);
+    write(dir + "/tokenizer.model", tokenizer);
+  }
+};
+
+void expect_one_line_error(const test::CommandResult& r, const std::vector<std::string>& needles) {
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_TRUE(r.out.empty()) << r.out;
+  // The error is one line, "kvbench: error: ...\n", and the last thing on stderr (logs may precede it).
+  const size_t at = r.err.find("kvbench: error: ");
+  ASSERT_NE(at, std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find('\n', at), r.err.size() - 1) << r.err;
+  EXPECT_EQ(r.err.find("internal error"), std::string::npos) << r.err;
+  for (const auto& n : needles) EXPECT_NE(r.err.find(n), std::string::npos) << "missing '" << n << "' in: " << r.err;
+}
+
+TEST(Cli, ScorePrintsReferenceJson) {
+  auto r = run_kvbench("score --model " + hf_dir() +
+                       " --text 'One day, a clever fox found a shiny key under the old oak tree.'");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["n"], 34);
+  EXPECT_NEAR(j["nll"].get<double>(), 54.4041, 5e-4);
+  EXPECT_NEAR(j["ppl"].get<double>(), 4.95364, 1e-4);
+  EXPECT_EQ(j["tokens"][0], 1);
+  EXPECT_EQ(j["tokens"].size(), 35u);
+}
+
+TEST(Cli, GeneratePrintsPromptAndContinuation) {
+  auto r = run_kvbench("generate --model stories260K --models-dir " + test::models_dir() +
+                       " --prompt 'Once upon a time' -n 12");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out.rfind("Once upon a time", 0), 0u) << r.out;
+  EXPECT_GT(r.out.size(), std::string("Once upon a time\n").size() + 10);
+}
+
+TEST(Cli, InspectReportsArchitectureAndKvBytes) {
+  auto r = run_kvbench("inspect --model " + hf_dir());
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["num_hidden_layers"], 5);
+  EXPECT_EQ(j["parameter_count"], 260032);
+  EXPECT_EQ(j["kv_bytes_per_token"], 2 * 5 * 32 * 4);  // K and V, 5 layers, kv_dim 32, fp32
+  EXPECT_EQ(j["rope_style"], "half");
+}
+
+TEST(Cli, InspectSyntheticPreset) {
+  auto r = run_kvbench("inspect --model synthetic:tiny");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["format"], "synthetic");
+  EXPECT_EQ(j["head_dim"], 8);
+}
+
+TEST(CliErrors, UnknownModelAndPreset) {
+  expect_one_line_error(run_kvbench("inspect --model no-such-model"), {"no-such-model", "not found"});
+  expect_one_line_error(run_kvbench("inspect --model synthetic:llama-3-8c"),
+                        {"llama-3-8c", "did you mean 'llama-3-8b'"});
+}
+
+TEST(CliErrors, BadDeviceAndDtype) {
+  expect_one_line_error(run_kvbench("inspect --model synthetic:tiny --dtype fp64"), {"--dtype", "fp64"});
+  expect_one_line_error(run_kvbench("inspect --model synthetic:tiny --device tpu"), {"--device", "tpu"});
+}
+
+TEST(CliErrors, TruncatedSafetensors) {
+  HfCopy c;
+  c.weights.resize(c.weights.size() / 2);
+  c.save();
+  expect_one_line_error(run_kvbench("inspect --model " + c.dir),
+                        {c.dir + "/model.safetensors", "out of range"});
+}
+
+TEST(CliErrors, HeaderLengthBeyondFile) {
+  HfCopy c;
+  c.weights = std::string("\xff\xff\xff\x00\x00\x00\x00\x00", 8) + c.weights.substr(8);
+  c.save();
+  expect_one_line_error(run_kvbench("inspect --model " + c.dir),
+                        {"model.safetensors", "header length", "beyond the end"});
+}
+
+TEST(CliErrors, OverlappingOffsets) {
+  HfCopy c;
+  auto h = c.header();
+  auto& e = h["model.layers.0.input_layernorm.weight"]["data_offsets"];
+  e = {0, 256};  // same bytes as the start of embed_tokens
+  c.set_header(h);
+  c.save();
+  expect_one_line_error(run_kvbench("inspect --model " + c.dir), {"model.safetensors", "overlap"});
+}
+
+TEST(CliErrors, UnknownDtype) {
+  HfCopy c;
+  auto h = c.header();
+  h["model.norm.weight"]["dtype"] = "F9";
+  c.set_header(h);
+  c.save();
+  expect_one_line_error(run_kvbench("inspect --model " + c.dir),
+                        {"model.safetensors", "model.norm.weight", "unknown dtype 'F9'"});
+}
+
+TEST(CliErrors, DtypeTimesShapeIsNotTheByteSpan) {
+  HfCopy c;
+  auto h = c.header();
+  h["model.norm.weight"]["dtype"] = "F16";  // 64 x 2 bytes != the 256-byte span
+  c.set_header(h);
+  c.save();
+  expect_one_line_error(run_kvbench("inspect --model " + c.dir),
+                        {"model.norm.weight", "needs 128 bytes", "span 256"});
+}
+
+TEST(CliErrors, MissingTensor) {
+  HfCopy c;
+  auto h = c.header();
+  h.erase("model.layers.3.mlp.up_proj.weight");
+  c.set_header(h);
+  c.save();
+  expect_one_line_error(run_kvbench("inspect --model " + c.dir),
+                        {c.dir, "missing tensor 'model.layers.3.mlp.up_proj.weight'"});
+}
+
+TEST(CliErrors, ShapeContradictsConfig) {
+  HfCopy c;
+  auto j = nlohmann::json::parse(c.config);
+  j["intermediate_size"] = 171;
+  c.config = j.dump();
+  c.save();
+  expect_one_line_error(run_kvbench("inspect --model " + c.dir),
+                        {"model.safetensors", "gate_proj", "[172, 64]", "implies [171, 64]"});
+}
+
+TEST(CliErrors, ConfigMissingFieldOrMalformed) {
+  {
+    HfCopy c;
+    auto j = nlohmann::json::parse(c.config);
+    j.erase("num_hidden_layers");
+    c.config = j.dump();
+    c.save();
+    expect_one_line_error(run_kvbench("inspect --model " + c.dir),
+                          {c.dir + "/config.json", "missing required field 'num_hidden_layers'"});
+  }
+  {
+    HfCopy c;
+    c.config = "{\"hidden_size\": 64,";
+    c.save();
+    expect_one_line_error(run_kvbench("inspect --model " + c.dir), {"config.json", "not valid JSON"});
+  }
+  {
+    HfCopy c;
+    auto j = nlohmann::json::parse(c.config);
+    j["num_attention_heads"] = "eight";
+    c.config = j.dump();
+    c.save();
+    expect_one_line_error(run_kvbench("inspect --model " + c.dir),
+                          {"config.json", "'num_attention_heads' must be an integer"});
+  }
+}
+
+TEST(CliErrors, TokenizerMissingOrCorrupt) {
+  {
+    HfCopy c;
+    c.save();
+    std::remove((c.dir + "/tokenizer.model").c_str());
+    expect_one_line_error(run_kvbench("score --model " + c.dir + " --text hello"),
+                          {c.dir, "no tokenizer.model"});
+  }
+  {
+    HfCopy c;
+    c.tokenizer = c.tokenizer.substr(0, c.tokenizer.size() / 3);
+    c.save();
+    expect_one_line_error(run_kvbench("score --model " + c.dir + " --text hello"),
+                          {c.dir + "/tokenizer.model", "SentencePiece"});
+  }
+}
+
+TEST(CliErrors, TruncatedLlama2cCheckpoint) {
+  std::string dir = test::make_temp_dir("l2c");
+  std::string bin = slurp(test::models_dir() + "/stories260K/stories260K.bin");
+  write(dir + "/m.bin", bin.substr(0, bin.size() - 4));
+  expect_one_line_error(run_kvbench("inspect --model " + dir + "/m.bin"),
+                        {dir + "/m.bin", "does not match its header"});
+  write(dir + "/h.bin", bin.substr(0, 20));
+  expect_one_line_error(run_kvbench("inspect --model " + dir + "/h.bin"), {dir + "/h.bin", "truncated"});
+}
+
+}  // namespace
+}  // namespace kvb
