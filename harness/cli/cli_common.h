@@ -30,5 +30,6 @@ std::unique_ptr<Tokenizer> load_tokenizer(const Model& m);
 void register_generate(CLI::App& app);
 void register_score(CLI::App& app);
 void register_inspect(CLI::App& app);
+void register_bench(CLI::App& app);
 
 }  // namespace kvb::cli

@@ -15,6 +15,7 @@ int main(int argc, char** argv) {
   kvb::cli::register_generate(app);
   kvb::cli::register_score(app);
   kvb::cli::register_inspect(app);
+  kvb::cli::register_bench(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

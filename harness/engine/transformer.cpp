@@ -4,7 +4,95 @@
 
 #include <cmath>
 
+#include "kvb/kernels/cpu_ops.h"
+
 namespace kvb {
+
+namespace {
+
+// The CPU fp32 forward: the same computation as the generic path below, on raw pointers with BLAS
+// matmuls and fused row loops, so that a decode step of a small model costs microseconds, not the
+// ~30 LibTorch dispatches per layer of the generic path. The KV seam is unchanged: the cache gets the
+// same tensors (views of this step's buffers) and returns the attention output.
+at::Tensor forward_cpu_f32(Model& model, KvCache& kv, const std::vector<int64_t>& tokens,
+                           const StepBatch& batch, const std::vector<int64_t>& logit_rows) {
+  namespace k = kernels;
+  const ModelConfig& c = model.config;
+  const ModelWeights& w = model.weights;
+  const int64_t T = static_cast<int64_t>(tokens.size());
+  const int64_t D = c.dim, Q = c.q_dim(), KV = c.kv_dim(), F = c.hidden_dim, HD = c.head_dim;
+  const int64_t QKV = Q + 2 * KV;
+  const float eps = static_cast<float>(c.norm_eps);
+  const auto f32 = at::TensorOptions().dtype(at::kFloat);
+  // One allocation for the step's activations: x | h | qkv | k_pre | v | act(2F) | ffn(F).
+  at::Tensor buf = at::empty({T * (2 * D + QKV + 2 * KV + 3 * F)}, f32);
+  float* x = buf.data_ptr<float>();
+  float* h = x + T * D;
+  float* qkv = h + T * D;
+  float* k_pre = qkv + T * QKV;
+  float* v = k_pre + T * KV;
+  float* gu = v + T * KV;
+  float* act = gu + T * 2 * F;
+  const float* emb = w.embedding.data_ptr<float>();
+  for (int64_t t = 0; t < T; ++t) std::copy(emb + tokens[t] * D, emb + (tokens[t] + 1) * D, x + t * D);
+  at::Tensor q_t = at::empty({T, c.n_heads, HD}, f32);
+  at::Tensor k_t = at::empty({T, c.n_kv_heads, HD}, f32);
+  at::Tensor kpre_t = at::from_blob(k_pre, {T, c.n_kv_heads, HD}, f32);
+  at::Tensor v_t = at::from_blob(v, {T, c.n_kv_heads, HD}, f32);
+  const float* cos = w.rope_cos.data_ptr<float>();
+  const float* sin = w.rope_sin.data_ptr<float>();
+  const bool inter = c.rope_style == RopeStyle::kInterleaved;
+  const float sm_scale = 1.0f / std::sqrt(static_cast<float>(HD));
+
+  kv.begin_step(batch);
+  for (int64_t l = 0; l < c.n_layers; ++l) {
+    const LayerWeights& L = w.layers[l];
+    k::rms_norm_f32(x, L.attn_norm.data_ptr<float>(), h, T, D, eps);
+    k::linear_f32(h, L.wqkv.data_ptr<float>(), L.bqkv.defined() ? L.bqkv.data_ptr<float>() : nullptr,
+                  qkv, T, D, QKV, false);
+    float* q = q_t.data_ptr<float>();
+    float* kr = k_t.data_ptr<float>();
+    for (int64_t t = 0; t < T; ++t) {
+      const float* row = qkv + t * QKV;
+      std::copy(row, row + Q, q + t * Q);
+      std::copy(row + Q, row + Q + KV, kr + t * KV);
+      std::copy(row + Q, row + Q + KV, k_pre + t * KV);
+      std::copy(row + Q + KV, row + QKV, v + t * KV);
+    }
+    k::rope_f32(q, T, c.n_heads, HD, Q, cos, sin, batch.positions.data(), inter);
+    k::rope_f32(kr, T, c.n_kv_heads, HD, KV, cos, sin, batch.positions.data(), inter);
+    LayerInput in;
+    in.layer = static_cast<int>(l);
+    in.q = &q_t;
+    in.k = &k_t;
+    in.k_pre_rope = &kpre_t;
+    in.v = &v_t;
+    in.batch = &batch;
+    in.sm_scale = sm_scale;
+    at::Tensor attn = kv.attend(in).contiguous();  // [T, n_heads, head_dim]
+    k::linear_f32(attn.data_ptr<float>(), L.wo.data_ptr<float>(), nullptr, x, T, Q, D, true);
+    k::rms_norm_f32(x, L.ffn_norm.data_ptr<float>(), h, T, D, eps);
+    k::linear_f32(h, L.w13.data_ptr<float>(), nullptr, gu, T, D, 2 * F, false);
+    k::silu_mul_f32(gu, act, T, F);
+    k::linear_f32(act, L.w2.data_ptr<float>(), nullptr, x, T, F, D, true);
+  }
+  kv.end_step(batch);
+
+  std::vector<int64_t> rows = logit_rows;
+  if (rows.empty())
+    for (int64_t t = 0; t < T; ++t) rows.push_back(t);
+  const int64_t R = static_cast<int64_t>(rows.size());
+  at::Tensor normed = at::empty({R, D}, f32);
+  for (int64_t r = 0; r < R; ++r)
+    k::rms_norm_f32(x + rows[r] * D, w.final_norm.data_ptr<float>(), normed.data_ptr<float>() + r * D,
+                    1, D, eps);
+  at::Tensor logits = at::empty({R, c.vocab_size}, f32);
+  k::linear_f32(normed.data_ptr<float>(), w.lm_head.data_ptr<float>(), nullptr,
+                logits.data_ptr<float>(), R, D, c.vocab_size, false);
+  return logits;
+}
+
+}  // namespace
 
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
   at::Tensor xf = x.to(at::kFloat);
@@ -40,6 +128,9 @@ at::Tensor transformer_forward(Model& model, KvCache& kv, const std::vector<int6
   int64_t max_pos = 0;
   for (int64_t p : batch.positions) max_pos = std::max(max_pos, p);
   model.ensure_rope_len(max_pos + 1);
+  if (dev.is_cpu() && model.dtype == at::kFloat) {
+    return forward_cpu_f32(model, kv, tokens, batch, logit_rows);
+  }
 
   at::Tensor ids = at::tensor(tokens, at::kLong).to(dev);
   at::Tensor pos = at::tensor(batch.positions, at::kLong).to(dev);

@@ -110,17 +110,31 @@ void PagedKvCache::begin_step(const StepBatch& batch) {
       step_gather_.push_back(at::tensor(g, at::kLong).to(device_));
     }
   }
-  step_slots_ = at::tensor(slots, at::kLong).to(device_);
+  if (want_gather) step_slots_ = at::tensor(slots, at::kLong).to(device_);
+  step_slots_host_ = std::move(slots);
 }
 
 at::Tensor PagedKvCache::attend(const LayerInput& in) {
   const int l = in.layer;
   const int64_t H = config_.n_kv_heads, D = config_.head_dim;
+  if (device_.is_cpu() && dtype_ == at::kFloat) {
+    // Plain row copies: two index_copy_ dispatches would cost more than the copy on small models.
+    const int64_t row = H * D;
+    at::Tensor kc = in.k->contiguous(), vc = in.v->contiguous();
+    const float* ks = kc.data_ptr<float>();
+    const float* vs = vc.data_ptr<float>();
+    float* kd = k_pool_[l].data_ptr<float>();
+    float* vd = v_pool_[l].data_ptr<float>();
+    for (size_t t = 0; t < step_slots_host_.size(); ++t) {
+      std::copy(ks + t * row, ks + (t + 1) * row, kd + step_slots_host_[t] * row);
+      std::copy(vs + t * row, vs + (t + 1) * row, vd + step_slots_host_[t] * row);
+    }
+    return attend_cpu_kernel(in);
+  }
   at::Tensor kf = k_pool_[l].view({-1, H, D});
   at::Tensor vf = v_pool_[l].view({-1, H, D});
   kf.index_copy_(0, step_slots_, *in.k);
   vf.index_copy_(0, step_slots_, *in.v);
-  if (device_.is_cpu() && dtype_ == at::kFloat) return attend_cpu_kernel(in);
   return attend_torch(in);
 }
 

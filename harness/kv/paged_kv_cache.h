@@ -69,6 +69,7 @@ class PagedKvCache : public KvCache {
 
   // Per-step state built by begin_step and used by every layer.
   at::Tensor step_slots_;                  // [T] int64 flat slot of each new token, device
+  std::vector<int64_t> step_slots_host_;   // the same, host (CPU fp32 path: no tensor ops)
   std::vector<at::Tensor> step_gather_;    // per batch entry: [len_after] int64 slots, device
   std::vector<int32_t> step_page_indptr_;  // [batch + 1] (CPU kernel)
   std::vector<int32_t> step_page_indices_;
