@@ -1,0 +1,110 @@
+#include "harness/metrics/metric_table.h"
+
+#include <string>
+
+#include "harness/common/error.h"
+#include "harness/common/strings.h"
+
+namespace kvb {
+
+namespace {
+
+constexpr std::string_view kHigher = "higher";
+constexpr std::string_view kLower = "lower";
+
+// Text metrics are per-sample scores in [0, 1] averaged over samples; RULER and LongBench print
+// them x100. The numeric metrics below are what the stream, perf and qa protocols record (DESIGN.md
+// §7). A function-local static, so that other static initializers may already look metrics up.
+const std::vector<MetricInfo>& table() {
+  static const std::vector<MetricInfo> kMetrics = {
+      // ---- task metrics (harness/metrics/text_metrics.h) ----
+      {"exact_match", "fraction", kHigher,
+       "1 when the SQuAD-normalized answer equals a reference answer, averaged over samples"},
+      {"string_match_all", "fraction", kHigher,
+       "RULER: fraction of the reference strings contained (case-insensitive) in the answer, "
+       "averaged"},
+      {"string_match_part", "fraction", kHigher,
+       "RULER: 1 when any reference string is contained (case-insensitive) in the answer, "
+       "averaged"},
+      {"qa_f1", "fraction", kHigher,
+       "LongBench qa_f1_score: token F1 of the normalized answer vs the best reference, averaged"},
+      {"rouge_l", "fraction", kHigher,
+       "LongBench rouge_score: ROUGE-L F of the `rouge` package (summary-level, distinct words), "
+       "averaged"},
+      {"classification", "fraction", kHigher,
+       "LongBench classification_score: 1/len(matched classes) when the true class is matched, "
+       "averaged"},
+      {"retrieval", "fraction", kHigher,
+       "LongBench retrieval_score: fraction of numbers in the answer equal to the true paragraph "
+       "number"},
+      {"count", "fraction", kHigher,
+       "LongBench count_score: fraction of numbers in the answer equal to the true count, "
+       "averaged"},
+      {"code_sim", "fraction", kHigher,
+       "LongBench code_sim_score: fuzz.ratio/100 of the first code line of the answer vs the "
+       "reference"},
+      // ---- teacher-forced scoring (stream protocol) ----
+      {"nll", "nats/token", kLower,
+       "mean negative log-likelihood of the reference tokens under teacher forcing"},
+      {"ppl", "", kLower, "perplexity: exp(nll)"},
+      {"kl_mean", "nats", kLower,
+       "mean over scored tokens of KL(full-cache next-token distribution || method's)"},
+      {"kl_p50", "nats", kLower, "median over scored tokens of the per-token KL to the full cache"},
+      {"kl_p90", "nats", kLower, "90th percentile over scored tokens of the per-token KL"},
+      {"kl_p99", "nats", kLower, "99th percentile over scored tokens of the per-token KL"},
+      {"kl_max", "nats", kLower, "largest per-token KL to the full cache"},
+      {"top1_agreement", "fraction", kHigher,
+       "fraction of scored tokens whose argmax next token equals the full cache's"},
+      {"mean_abs_dprob", "probability", kLower,
+       "mean |p_method - p_full| of the reference token's probability over scored tokens"},
+      // ---- speed (perf protocol; medians over repeats) ----
+      {"prefill_tok_s", "tokens/s", kHigher, "prompt tokens processed per second during prefill"},
+      {"decode_tok_s", "tokens/s", kHigher,
+       "generated tokens per second during decode, whole batch"},
+      {"ttft_ms", "ms", kLower, "time to first token: request start to the first generated token"},
+      {"tpot_ms", "ms", kLower, "time per output token after the first"},
+      // ---- memory ----
+      {"physical_bytes", "bytes", kLower,
+       "bytes really allocated behind the KV cache (what a method actually saves)"},
+      {"logical_bytes", "bytes", kLower,
+       "bytes the compressed cache contents need (payload + metadata), ignoring allocation slack"},
+      {"baseline_bytes", "bytes", kLower,
+       "bytes the uncompressed cache would take for the same tokens (the reference point)"},
+      {"compression_ratio", "x", kHigher, "baseline_bytes / physical_bytes"},
+      {"bytes_per_token", "bytes/token", kLower, "physical_bytes / number of cached tokens"},
+      {"peak_memory_bytes", "bytes", kLower, "peak device memory allocated during the run"},
+  };
+  return kMetrics;
+}
+
+std::vector<std::string> metric_names() {
+  std::vector<std::string> names;
+  for (const auto& m : table()) names.emplace_back(m.name);
+  return names;
+}
+
+}  // namespace
+
+const std::vector<MetricInfo>& all_metrics() { return table(); }
+
+const MetricInfo& metric_info(std::string_view name) {
+  for (const auto& m : table()) {
+    if (m.name == name) return m;
+  }
+  // The full list too: a missing unit suffix ("ttft" for "ttft_ms") is too far for the typo hint.
+  KVB_FAIL("unknown metric '", name, "'", did_you_mean(name, metric_names()),
+           "; known: ", join(metric_names(), ", "));
+}
+
+bool is_known_metric(std::string_view name) {
+  for (const auto& m : table()) {
+    if (m.name == name) return true;
+  }
+  return false;
+}
+
+bool is_better(const MetricInfo& info, double a, double b) {
+  return info.direction == kHigher ? a > b : a < b;
+}
+
+}  // namespace kvb
