@@ -1,6 +1,7 @@
 #include "harness/formats/tokenizer.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <queue>
 
@@ -76,6 +77,30 @@ struct Wire {
 };
 
 constexpr const char* kSpace = "\xE2\x96\x81";  // U+2581, SentencePiece's visible space
+
+// SentencePiece's string_util::DecodeUTF8 validity rule: the length of the valid UTF-8 character at
+// s[i] (shortest form, no surrogates, <= U+10FFFF), or 0 when the byte starts no valid character.
+size_t valid_utf8_len(const std::string& s, size_t i) {
+  const size_t n = s.size() - i;
+  auto b = [&](size_t k) { return static_cast<uint8_t>(s[i + k]); };
+  auto trail = [&](size_t k) { return (b(k) & 0xC0) == 0x80; };
+  auto valid_cp = [](uint32_t c) { return c < 0xD800 || (c >= 0xE000 && c <= 0x10FFFF); };
+  if (b(0) < 0x80) return 1;
+  if (n >= 2 && (b(0) & 0xE0) == 0xC0) {
+    const uint32_t c = ((b(0) & 0x1Fu) << 6) | (b(1) & 0x3Fu);
+    return trail(1) && c >= 0x80 && valid_cp(c) ? 2 : 0;
+  }
+  if (n >= 3 && (b(0) & 0xF0) == 0xE0) {
+    const uint32_t c = ((b(0) & 0x0Fu) << 12) | ((b(1) & 0x3Fu) << 6) | (b(2) & 0x3Fu);
+    return trail(1) && trail(2) && c >= 0x800 && valid_cp(c) ? 3 : 0;
+  }
+  if (n >= 4 && (b(0) & 0xF8) == 0xF0) {
+    const uint32_t c =
+        ((b(0) & 0x07u) << 18) | ((b(1) & 0x3Fu) << 12) | ((b(2) & 0x3Fu) << 6) | (b(3) & 0x3Fu);
+    return trail(1) && trail(2) && trail(3) && c >= 0x10000 && valid_cp(c) ? 4 : 0;
+  }
+  return 0;
+}
 
 size_t utf8_len(uint8_t c) {
   if (c < 0x80) return 1;
@@ -174,9 +199,14 @@ void Tokenizer::parse(const std::string& bytes) {
         if (p.text == "</s>") eos_id_ = id;
         break;
       case PieceType::kByte: {
+        // Exactly "<0xXX>" with two upper-case hex digits, as SentencePiece requires. (sscanf alone
+        // accepts "<0x-1>", giving v = 0xFFFFFFFF and a write outside byte_ids_.)
         unsigned v = 0;
-        KVB_CHECK(p.text.size() == 6 && std::sscanf(p.text.c_str(), "<0x%2X>", &v) == 1, path_,
-                  ": byte piece '", p.text, "' is malformed");
+        char canon[8];
+        const bool ok = p.text.size() == 6 && std::sscanf(p.text.c_str(), "<0x%2X>", &v) == 1 &&
+                        v < 256 && std::snprintf(canon, sizeof(canon), "<0x%02X>", v) == 6 &&
+                        p.text == canon;
+        KVB_CHECK(ok, path_, ": byte piece '", p.text, "' is malformed");
         byte_ids_[v] = id;
         break;
       }
@@ -195,7 +225,20 @@ void Tokenizer::parse(const std::string& bytes) {
 }
 
 std::string Tokenizer::normalize(const std::string& text) const {
-  std::string s = text;
+  // Like SentencePiece's normalizer, every byte that does not start a valid UTF-8 character becomes
+  // U+FFFD (checked against spm_encode in tests/base/test_tokenizer.cpp).
+  std::string s;
+  s.reserve(text.size());
+  for (size_t i = 0; i < text.size();) {
+    const size_t len = valid_utf8_len(text, i);
+    if (len == 0) {
+      s += "\xEF\xBF\xBD";
+      ++i;
+    } else {
+      s.append(text, i, len);
+      i += len;
+    }
+  }
   if (remove_extra_whitespaces_) {
     std::string out;
     bool prev_space = true;  // drops leading spaces
@@ -208,16 +251,26 @@ std::string Tokenizer::normalize(const std::string& text) const {
         prev_space = false;
       }
     }
-    while (!out.empty() && out.back() == ' ') out.pop_back();
     s = out;
   }
   if (s.empty()) return s;
   if (add_dummy_prefix_) s = " " + s;
-  if (!escape_whitespaces_) return s;
   std::string out;
-  for (char c : s) {
-    if (c == ' ') out += kSpace;
-    else out += c;
+  if (escape_whitespaces_) {
+    for (char c : s) {
+      if (c == ' ') out += kSpace;
+      else out += c;
+    }
+  } else {
+    out = s;
+  }
+  // Trailing whitespace goes after escaping, as in SentencePiece: a literal U+2581 at the end of the
+  // input is removed like a space.
+  if (remove_extra_whitespaces_) {
+    const std::string space = escape_whitespaces_ ? kSpace : " ";
+    while (out.size() >= space.size() &&
+           out.compare(out.size() - space.size(), space.size(), space) == 0)
+      out.resize(out.size() - space.size());
   }
   return out;
 }
@@ -228,19 +281,22 @@ std::vector<int64_t> Tokenizer::encode(const std::string& text) const {
   struct Sym {
     size_t begin, len;
     int prev, next;
+    bool frozen;  // a user-defined piece: SentencePiece never merges it with a neighbour
   };
   std::vector<Sym> syms;
   for (size_t i = 0; i < norm.size();) {
     size_t len = 0;
+    bool frozen = false;
     for (const auto& u : user_defined_) {
       if (norm.compare(i, u.size(), u) == 0) {
         len = u.size();
+        frozen = !u.empty();
         break;
       }
     }
     if (len == 0) len = std::min(utf8_len(static_cast<uint8_t>(norm[i])), norm.size() - i);
     const int n = static_cast<int>(syms.size());
-    syms.push_back({i, len, n - 1, n + 1});
+    syms.push_back({i, len, n - 1, n + 1, frozen});
     i += len;
   }
   if (syms.empty()) return {};
@@ -258,7 +314,7 @@ std::vector<int64_t> Tokenizer::encode(const std::string& text) const {
   };
   std::priority_queue<Cand, std::vector<Cand>, decltype(worse)> agenda(worse);
   auto maybe_add = [&](int l, int r) {
-    if (l < 0 || r < 0) return;
+    if (l < 0 || r < 0 || syms[l].frozen || syms[r].frozen) return;
     auto it = mergeable_.find(norm.substr(syms[l].begin, syms[l].len + syms[r].len));
     if (it == mergeable_.end()) return;
     agenda.push({pieces_[it->second].score, l, r, syms[l].len + syms[r].len});
@@ -279,16 +335,19 @@ std::vector<int64_t> Tokenizer::encode(const std::string& text) const {
   }
 
   std::vector<int64_t> ids;
+  bool prev_unk = false;
   for (int i = 0; i >= 0; i = syms[i].next) {
     const std::string s = norm.substr(syms[i].begin, syms[i].len);
     auto it = mergeable_.find(s);
-    if (it != mergeable_.end()) {
+    const bool unk = it == mergeable_.end();
+    if (!unk) {
       ids.push_back(it->second);
     } else if (byte_fallback_) {
       for (unsigned char b : s) ids.push_back(byte_ids_[b]);
-    } else {
+    } else if (!prev_unk) {  // SentencePiece merges a run of unknown symbols into one <unk>
       ids.push_back(unk_id_);
     }
+    prev_unk = unk;
   }
   return ids;
 }
@@ -306,42 +365,61 @@ int64_t Tokenizer::piece_id(const std::string& p) const {
 }
 
 std::string Tokenizer::decode(const std::vector<int64_t>& ids) const {
+  // Follows SentencePieceProcessor::Decode (checked against spm_decode in
+  // tests/base/test_tokenizer.cpp): runs of byte pieces become UTF-8 with U+FFFD for each byte that
+  // starts no valid character; control pieces are invisible; while nothing has been output yet a
+  // piece's leading U+2581 is the dummy prefix and is dropped (for every such piece when
+  // remove_extra_whitespaces is on, else only the first); <unk> shows as the unk surface.
   std::string out;
-  bool first = true;
-  for (int64_t id : ids) {
-    const Piece& p = pieces_[static_cast<size_t>(id < 0 || id >= vocab_size() ? -1 : id)];
-    (void)piece(id);  // range check with a clear error
-    std::string s;
-    switch (p.type) {
-      case PieceType::kControl:
-      case PieceType::kUnused:
-        continue;
-      case PieceType::kUnknown:
-        s = unk_surface_;
-        break;
-      case PieceType::kByte: {
-        unsigned v = 0;
-        std::sscanf(p.text.c_str(), "<0x%2X>", &v);
-        s = std::string(1, static_cast<char>(v));
-        break;
+  std::string bytes;  // pending byte pieces
+  auto flush_bytes = [&] {
+    for (size_t i = 0; i < bytes.size();) {
+      const size_t len = valid_utf8_len(bytes, i);
+      if (len == 0) {
+        out += "\xEF\xBF\xBD";
+        ++i;
+      } else {
+        out.append(bytes, i, len);
+        i += len;
       }
-      case PieceType::kNormal:
-      case PieceType::kUserDefined:
-        for (size_t i = 0; i < p.text.size();) {
-          if (p.text.compare(i, 3, kSpace) == 0) {
-            s += ' ';
-            i += 3;
-          } else {
-            s += p.text[i++];
-          }
-        }
-        break;
     }
-    // The dummy prefix: the text's first piece starts with the space the encoder added.
-    if (first && add_dummy_prefix_ && !s.empty() && s[0] == ' ') s.erase(0, 1);
-    first = false;
-    out += s;
+    bytes.clear();
+  };
+  bool is_bos_ws = true;
+  bool bos_ws_seen = false;
+  for (int64_t id : ids) {
+    (void)piece(id);  // range check with a clear error, before indexing
+    const Piece& p = pieces_[static_cast<size_t>(id)];
+    if (p.type == PieceType::kByte) {
+      unsigned v = 0;
+      std::sscanf(p.text.c_str(), "<0x%2X>", &v);
+      bytes += static_cast<char>(v);
+      continue;
+    }
+    flush_bytes();
+    if (bos_ws_seen || !out.empty()) is_bos_ws = false;
+    bos_ws_seen = false;
+    if (p.type == PieceType::kControl) continue;
+    if (p.type == PieceType::kUnknown) {
+      out += unk_surface_;
+      continue;
+    }
+    size_t i = 0;
+    if (is_bos_ws && (add_dummy_prefix_ || remove_extra_whitespaces_) &&
+        p.text.compare(0, 3, kSpace) == 0) {
+      i = 3;
+      bos_ws_seen = !remove_extra_whitespaces_;
+    }
+    while (i < p.text.size()) {
+      if (p.text.compare(i, 3, kSpace) == 0) {
+        out += ' ';
+        i += 3;
+      } else {
+        out += p.text[i++];
+      }
+    }
   }
+  flush_bytes();
   return out;
 }
 
