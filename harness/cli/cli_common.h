@@ -31,5 +31,7 @@ void register_generate(CLI::App& app);
 void register_score(CLI::App& app);
 void register_inspect(CLI::App& app);
 void register_bench(CLI::App& app);
+void register_methods(CLI::App& app);
+void register_run(CLI::App& app);
 
 }  // namespace kvb::cli

@@ -7,6 +7,7 @@
 
 #include "harness/cli/cli_common.h"
 #include "harness/common/error.h"
+#include "harness/kv/plugin.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"kvbench: a benchmark and evaluation harness for KV-cache compression methods"};
@@ -16,6 +17,11 @@ int main(int argc, char** argv) {
   kvb::cli::register_score(app);
   kvb::cli::register_inspect(app);
   kvb::cli::register_bench(app);
+  kvb::cli::register_methods(app);
+  kvb::cli::register_run(app);
+  std::vector<std::string> plugins;
+  app.add_option("--plugin", plugins, "load KV methods from a plugin shared library (repeatable)")
+      ->each([](const std::string& p) { kvb::load_plugin(p); });
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -7,6 +7,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -47,10 +48,13 @@ struct Footprint {
   int64_t remote_bytes = 0;
   int64_t logical_bytes = 0;          // tokens held x uncompressed bytes per token
   int64_t tokens_held = 0;            // summed over sequences (a shared prefix counts per sequence)
+  // Bytes holding live KV state (payload incl. padding of partly filled blocks, metadata, indices).
   int64_t physical_bytes() const {
     return device_payload_bytes + device_metadata_bytes + device_index_bytes + host_bytes +
            remote_bytes;
   }
+  // Everything the store has allocated, reserved-but-unused included.
+  int64_t allocated_bytes() const { return physical_bytes() + device_reserved_bytes; }
 };
 
 class KvCache {
@@ -75,6 +79,8 @@ class KvCache {
   virtual void truncate(int64_t seq_id, int64_t new_len) = 0;
   virtual int64_t seq_len(int64_t seq_id) const = 0;
   virtual Footprint footprint() const = 0;
+  // Method-specific figures for the results store (tokens evicted, hit rates, realized ratio...).
+  virtual std::map<std::string, double> counters() const { return {}; }
 };
 
 }  // namespace kvb

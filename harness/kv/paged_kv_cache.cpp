@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "harness/common/error.h"
+#include "harness/kv/attention.h"
 #include "kvb/kernels/paged_attention.h"
 
 namespace kvb {
@@ -163,31 +164,14 @@ at::Tensor PagedKvCache::attend_cpu_kernel(const LayerInput& in) {
 
 at::Tensor PagedKvCache::attend_torch(const LayerInput& in) {
   const StepBatch& batch = *in.batch;
-  const int l = in.layer;
-  const int64_t Hk = config_.n_kv_heads, H = config_.n_heads, D = config_.head_dim;
-  const int64_t G = H / Hk;
-  at::Tensor kf = k_pool_[l].view({-1, Hk, D});
-  at::Tensor vf = v_pool_[l].view({-1, Hk, D});
+  const int64_t Hk = config_.n_kv_heads, D = config_.head_dim;
+  at::Tensor kf = k_pool_[in.layer].view({-1, Hk, D});
+  at::Tensor vf = v_pool_[in.layer].view({-1, Hk, D});
   std::vector<at::Tensor> outs;
   for (int64_t b = 0; b < batch.batch_size(); ++b) {
-    const int64_t n = batch.new_tokens(b);
-    const int64_t past = batch.past_lens[b];
-    const int64_t L = past + n;
-    at::Tensor K = kf.index_select(0, step_gather_[b]).permute({1, 0, 2});  // [Hk, L, D]
-    at::Tensor V = vf.index_select(0, step_gather_[b]).permute({1, 0, 2});
-    at::Tensor qb = in.q->narrow(0, batch.q_indptr[b], n);                   // [n, H, D]
-    at::Tensor qh = qb.view({n, Hk, G, D}).permute({1, 2, 0, 3}).reshape({Hk, G * n, D});
-    at::Tensor s = at::bmm(qh, K.transpose(1, 2)).to(at::kFloat).mul_(in.sm_scale);  // [Hk, G*n, L]
-    if (n > 1) {
-      // Query i sits at cache index past + i and sees keys j <= past + i.
-      at::Tensor j = at::arange(L, at::TensorOptions().dtype(at::kLong).device(device_));
-      at::Tensor i = at::arange(n, at::TensorOptions().dtype(at::kLong).device(device_)) + past;
-      at::Tensor mask = j.unsqueeze(0) > i.unsqueeze(1);  // [n, L]
-      s.view({Hk, G, n, L}).masked_fill_(mask, -std::numeric_limits<float>::infinity());
-    }
-    at::Tensor pr = at::softmax(s, -1).to(dtype_);
-    at::Tensor o = at::bmm(pr, V);  // [Hk, G*n, D]
-    outs.push_back(o.view({Hk, G, n, D}).permute({2, 0, 1, 3}).reshape({n, H, D}));
+    at::Tensor qb = in.q->narrow(0, batch.q_indptr[b], batch.new_tokens(b));
+    outs.push_back(attend_dense(qb, kf.index_select(0, step_gather_[b]),
+                                vf.index_select(0, step_gather_[b]), in.sm_scale));
   }
   return outs.size() == 1 ? outs[0] : at::cat(outs, 0);
 }

@@ -1,0 +1,60 @@
+#include "harness/eval/ledger.h"
+
+#include <sys/resource.h>
+
+namespace kvb {
+
+int64_t peak_rss_bytes() {
+  struct rusage u {};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<int64_t>(u.ru_maxrss) * 1024;  // Linux reports KiB
+}
+
+bool looks_simulated(const LedgerEntry& e) {
+  if (e.baseline_bytes <= 0) return false;
+  const double logical = static_cast<double>(e.fp.logical_bytes) / e.baseline_bytes;
+  const double physical = static_cast<double>(e.fp.physical_bytes()) / e.baseline_bytes;
+  return logical < 0.9 && physical > 0.9;
+}
+
+std::vector<Metric> ledger_metrics(const std::vector<LedgerEntry>& entries, bool declared_simulated) {
+  if (entries.empty()) return {};
+  double phys = 0, logical = 0, base = 0, payload = 0, meta = 0, index = 0, reserved = 0, host = 0,
+         remote = 0, held = 0, seen = 0;
+  bool simulated = declared_simulated;
+  for (const auto& e : entries) {
+    phys += e.fp.physical_bytes();
+    logical += e.fp.logical_bytes;
+    base += e.baseline_bytes;
+    payload += e.fp.device_payload_bytes;
+    meta += e.fp.device_metadata_bytes;
+    index += e.fp.device_index_bytes;
+    reserved += e.fp.device_reserved_bytes;
+    host += e.fp.host_bytes;
+    remote += e.fp.remote_bytes;
+    held += e.fp.tokens_held;
+    seen += e.tokens_seen;
+    simulated = simulated || looks_simulated(e);
+  }
+  const double n = static_cast<double>(entries.size());
+  using D = Direction;
+  std::vector<Metric> m = {
+      {"physical_bytes", phys / n, "bytes", D::kLower},
+      {"logical_bytes", logical / n, "bytes", D::kNone},
+      {"baseline_bytes", base / n, "bytes", D::kNone},
+      {"device_payload_bytes", payload / n, "bytes", D::kLower},
+      {"device_metadata_bytes", meta / n, "bytes", D::kLower},
+      {"device_index_bytes", index / n, "bytes", D::kLower},
+      {"device_reserved_bytes", reserved / n, "bytes", D::kLower},
+      {"host_bytes", host / n, "bytes", D::kNone},
+      {"remote_bytes", remote / n, "bytes", D::kNone},
+      {"tokens_held", held / n, "tokens", D::kNone},
+      {"compression_ratio", phys > 0 ? base / phys : 0.0, "x", D::kHigher},
+      {"bytes_per_token", seen > 0 ? phys / seen : 0.0, "bytes", D::kLower},
+      {"simulated", simulated ? 1.0 : 0.0, "", D::kNone},
+      {"peak_memory_bytes", static_cast<double>(peak_rss_bytes()), "bytes", D::kLower},
+  };
+  return m;
+}
+
+}  // namespace kvb

@@ -1,0 +1,29 @@
+#pragma once
+// The memory ledger of a run: what the method's KV state really occupies (by tier and kind) next to its
+// nominal size and the uncompressed baseline, plus process-level peaks.
+
+#include <cstdint>
+#include <vector>
+
+#include "harness/kv/kv_cache.h"
+#include "harness/store/results_db.h"
+
+namespace kvb {
+
+struct LedgerEntry {
+  Footprint fp;
+  int64_t tokens_seen = 0;         // positions the sequences have processed (what full would hold)
+  int64_t baseline_bytes = 0;      // tokens_seen x uncompressed bytes per token (model dtype)
+};
+
+// Resident-set high-water mark of this process (CPU), bytes.
+int64_t peak_rss_bytes();
+
+// A method is flagged simulated when it claims to hold much less than it allocates: its logical
+// bytes are well below the baseline while its physical bytes stay near the baseline.
+bool looks_simulated(const LedgerEntry& e);
+
+// Run-level ledger metrics (means over the entries, e.g. over a run's samples at their peak).
+std::vector<Metric> ledger_metrics(const std::vector<LedgerEntry>& entries, bool declared_simulated);
+
+}  // namespace kvb

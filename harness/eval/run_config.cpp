@@ -1,0 +1,152 @@
+#include "harness/eval/run_config.h"
+
+#include "harness/common/error.h"
+#include "harness/common/mapped_file.h"
+#include "harness/common/strings.h"
+#include "harness/kv/method_registry.h"
+#include "harness/store/config_hash.h"
+
+namespace kvb {
+
+const std::vector<ProtocolSpec>& protocol_specs() {
+  static const std::vector<ProtocolSpec> specs = {
+      {"stream",
+       "teacher-forced text windows with the method active while decoding; NLL, perplexity and KL / "
+       "top-1 against the full cache",
+       {string_param("dataset", "tinystories-valid-sample", {},
+                     "corpus name in the data path, or a path to a .txt file"),
+        int_param("window", 256, 2, 1 << 20, "tokens per window (BOS included)"),
+        int_param("stride", 0, 0, 1 << 20, "tokens between window starts; 0: window (no overlap)"),
+        int_param("max_windows", 4, 1, 1 << 20, "windows scored (samples)"),
+        int_param("prefill_tokens", 1, 1, 1 << 20,
+                  "tokens prefilled before token-by-token decoding (1: only BOS)"),
+        int_param("prefill_chunk", 512, 1, 1 << 20, "tokens per prefill step")}},
+      {"perf",
+       "throughput: prefill tok/s, decode tok/s, time to first token and per output token",
+       {int_param("context", 512, 2, 1 << 22, "prompt tokens per sequence"),
+        int_param("decode_tokens", 64, 1, 1 << 20, "tokens generated per sequence"),
+        string_param("batch_sizes", "1", {}, "comma-separated batch sizes, e.g. \"1,16\""),
+        int_param("repeats", 3, 1, 1000, "timed repeats after one warm-up"),
+        int_param("prefill_chunk", 512, 1, 1 << 22, "tokens per prefill step")}},
+  };
+  return specs;
+}
+
+const ProtocolSpec& protocol_spec(const std::string& name) {
+  std::vector<std::string> names;
+  for (const auto& p : protocol_specs()) {
+    if (p.name == name) return p;
+    names.push_back(p.name);
+  }
+  KVB_FAIL("protocol.name: unknown protocol '", name, "'", did_you_mean(name, names), "; known: ",
+           join(names, ", "));
+}
+
+nlohmann::json load_config_file(const std::string& path) {
+  KVB_CHECK(file_exists(path), path, ": config file not found");
+  try {
+    return nlohmann::json::parse(read_text_file(path));
+  } catch (const nlohmann::json::parse_error& e) {
+    KVB_FAIL(path, ": not valid JSON: ", e.what());
+  }
+}
+
+void apply_overrides(nlohmann::json& config, const std::vector<std::string>& sets) {
+  for (const auto& s : sets) {
+    const auto eq = s.find('=');
+    KVB_CHECK(eq != std::string::npos && eq > 0, "--set '", s, "': expected key=value");
+    const std::string key = s.substr(0, eq), text = s.substr(eq + 1);
+    nlohmann::json value;
+    try {
+      value = nlohmann::json::parse(text);
+    } catch (const nlohmann::json::parse_error&) {
+      value = text;  // bare words are strings: --set method.name=paged
+    }
+    nlohmann::json* node = &config;
+    size_t start = 0;
+    for (;;) {
+      const size_t dot = key.find('.', start);
+      const std::string part = key.substr(start, dot - start);
+      KVB_CHECK(!part.empty(), "--set '", s, "': empty key component");
+      if (!node->is_object()) *node = nlohmann::json::object();
+      if (dot == std::string::npos) {
+        (*node)[part] = value;
+        break;
+      }
+      // "method.params.x" on a config whose method is the string shorthand: expand it first.
+      if (part == "method" && node == &config && config.contains("method") &&
+          config["method"].is_string())
+        config["method"] = {{"name", config["method"]}};
+      node = &(*node)[part];
+      start = dot + 1;
+    }
+  }
+}
+
+namespace {
+
+void check_keys(const nlohmann::json& obj, const std::vector<std::string>& allowed,
+                const std::string& where) {
+  for (auto it = obj.begin(); it != obj.end(); ++it) {
+    bool ok = std::find(allowed.begin(), allowed.end(), it.key()) != allowed.end();
+    KVB_CHECK(ok, where, "unknown key '", it.key(), "'", did_you_mean(it.key(), allowed),
+              "; allowed: ", join(allowed, ", "));
+  }
+}
+
+}  // namespace
+
+nlohmann::json resolve_run_config(const nlohmann::json& raw) {
+  KVB_CHECK(raw.is_object(), "config: expected a JSON object at the top level");
+  check_keys(raw, {"model", "device", "dtype", "threads", "seed", "method", "protocol", "label"},
+             "config: ");
+  static const std::vector<ParamSpec> top = {
+      string_param("model", "stories260K", {}, "model spec"),
+      string_param("device", "cpu", {}, "cpu | cuda | cuda:N"),
+      string_param("dtype", "fp32", {"fp32", "bf16", "fp16"}, "compute dtype"),
+      int_param("threads", 0, 0, 1024, "CPU threads (0: default)"),
+      int_param("seed", 0, 0, 1e15, "seed for anything random"),
+      string_param("label", "", {}, "free text, not hashed"),
+  };
+  nlohmann::json flat = nlohmann::json::object();
+  for (const auto& p : top)
+    if (raw.contains(p.name)) flat[p.name] = raw[p.name];
+  nlohmann::json out = resolve_params(top, flat, "config");
+  const std::string dev = out["device"];
+  KVB_CHECK(dev == "cpu" || starts_with(dev, "cuda"), "config.device: '", dev,
+            "' is not one of cpu, cuda, cuda:N");
+
+  // method: "name" or {"name": ..., "params": {...}}
+  KVB_CHECK(raw.contains("method"), "config: missing required key 'method'");
+  nlohmann::json m = raw["method"];
+  if (m.is_string()) m = {{"name", m}};
+  KVB_CHECK(m.is_object(), "config.method: expected a name or {\"name\": ..., \"params\": {...}}");
+  check_keys(m, {"name", "params"}, "config.method: ");
+  KVB_CHECK(m.contains("name") && m["name"].is_string(), "config.method.name: expected a string");
+  const std::string mname = m["name"];
+  MethodRegistry::instance().info(mname);  // unknown -> error with hint
+  out["method"] = {{"name", mname},
+                   {"params", MethodRegistry::instance().resolve(mname, m.value("params", nlohmann::json::object()))}};
+
+  // protocol: {"name": ..., <params>}
+  KVB_CHECK(raw.contains("protocol"), "config: missing required key 'protocol'");
+  nlohmann::json p = raw["protocol"];
+  if (p.is_string()) p = {{"name", p}};
+  KVB_CHECK(p.is_object() && p.contains("name") && p["name"].is_string(),
+            "config.protocol: expected {\"name\": ..., <parameters>}");
+  const ProtocolSpec& spec = protocol_spec(p["name"]);
+  nlohmann::json pp = p;
+  pp.erase("name");
+  nlohmann::json resolved = resolve_params(spec.params, pp, "config.protocol");
+  resolved["name"] = spec.name;
+  out["protocol"] = resolved;
+  return out;
+}
+
+std::string run_config_hash(const nlohmann::json& resolved) {
+  nlohmann::json h = resolved;
+  h.erase("label");
+  return config_hash(h);
+}
+
+}  // namespace kvb

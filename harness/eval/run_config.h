@@ -1,0 +1,44 @@
+#pragma once
+// A run's configuration: JSON in, strictly validated, defaults filled in, canonical form hashed. The
+// resolved config is what the results store records and what identifies a run.
+//
+//   {
+//     "model": "stories260K", "device": "cpu", "dtype": "fp32", "threads": 0, "seed": 0,
+//     "method": {"name": "paged", "params": {"block_size": 16}},   // or just "paged"
+//     "protocol": {"name": "stream", "dataset": "tinystories-valid-sample", "window": 256, ...},
+//     "label": "optional free text (not hashed)"
+//   }
+
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "harness/common/params.h"
+
+namespace kvb {
+
+struct ProtocolSpec {
+  std::string name;
+  std::string summary;
+  std::vector<ParamSpec> params;
+};
+
+// The protocols `kvbench run` knows, with their parameter schemas.
+const std::vector<ProtocolSpec>& protocol_specs();
+const ProtocolSpec& protocol_spec(const std::string& name);  // throws with a hint
+
+// Parses a config file. Throws kvb::Error naming the file (and line/column for bad JSON).
+nlohmann::json load_config_file(const std::string& path);
+
+// Applies "a.b.c=value" overrides (value parsed as JSON when it parses, else taken as a string).
+void apply_overrides(nlohmann::json& config, const std::vector<std::string>& sets);
+
+// Validates every key (unknown keys are errors with a nearest-name hint), the method (against the
+// registry and its schema) and the protocol; returns the config with all defaults filled in.
+nlohmann::json resolve_run_config(const nlohmann::json& raw);
+
+// Hash of the resolved config minus fields that do not change results ("label").
+std::string run_config_hash(const nlohmann::json& resolved);
+
+}  // namespace kvb

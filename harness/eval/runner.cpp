@@ -1,0 +1,172 @@
+#include "harness/eval/runner.h"
+
+#include <ATen/Parallel.h>
+#include <torch/csrc/api/include/torch/version.h>
+
+#include <chrono>
+
+#include "harness/common/error.h"
+#include "harness/eval/perf.h"
+#include "harness/eval/run_config.h"
+#include "harness/eval/stream.h"
+#include "harness/kv/method_registry.h"
+#include "harness/model/model.h"
+#include "harness/store/config_hash.h"
+#include "harness/store/provenance.h"
+
+#ifndef KVB_SOURCE_DIR
+#define KVB_SOURCE_DIR "."
+#endif
+
+namespace kvb {
+
+namespace {
+
+std::vector<int64_t> parse_batches(const std::string& s) {
+  std::vector<int64_t> out;
+  size_t start = 0;
+  while (start <= s.size()) {
+    const size_t comma = s.find(',', start);
+    const std::string item = s.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    char* end = nullptr;
+    const long long v = std::strtoll(item.c_str(), &end, 10);
+    KVB_CHECK(!item.empty() && end && *end == '\0' && v > 0 && v <= 4096,
+              "config.protocol.batch_sizes: '", item, "' is not a batch size in [1, 4096]");
+    out.push_back(v);
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  return out;
+}
+
+std::string provenance_json(const RunEnv& env, const Model& m) {
+  Provenance p = collect_provenance(env.source_dir.empty() ? KVB_SOURCE_DIR : env.source_dir);
+  nlohmann::json j = p.to_json();
+  j["libtorch_version"] = std::to_string(TORCH_VERSION_MAJOR) + "." + std::to_string(TORCH_VERSION_MINOR) + "." + std::to_string(TORCH_VERSION_PATCH);
+  j["device_name"] = m.device.str();
+  j["model_source"] = m.source;
+  j["threads"] = at::get_num_threads();
+  return j.dump();
+}
+
+}  // namespace
+
+RunOutcome execute_run(const nlohmann::json& resolved, ResultsDb& db, const RunEnv& env) {
+  auto log = [&](const std::string& s) {
+    if (env.log) env.log(s);
+  };
+  RunOutcome out;
+  out.config_hash = run_config_hash(resolved);
+  const std::string method = resolved["method"]["name"];
+  const nlohmann::json method_params = resolved["method"]["params"];
+  const nlohmann::json& proto = resolved["protocol"];
+  const std::string protocol = proto["name"];
+  const bool declared_simulated = MethodRegistry::instance().info(method).caps.simulated;
+
+  // Cheap checks first, so a bad model name fails before anything is written.
+  resolve_model_path(resolved["model"], env.models_dir);
+
+  RunSpec spec;
+  spec.config_hash = out.config_hash;
+  spec.config_json = canonical_json(resolved);
+  spec.method = method;
+  spec.model = resolved["model"];
+  spec.protocol = protocol;
+  spec.dataset = proto.contains("dataset") ? proto["dataset"].get<std::string>() : "synthetic";
+  spec.grid = env.grid;
+  spec.simulated = declared_simulated;
+
+  if (auto existing = db.find_run_by_hash(out.config_hash); existing && existing->status == RunStatus::kDone) {
+    out.run_id = existing->id;
+    out.skipped = true;
+    out.metrics = db.metrics(existing->id);
+    log("run " + out.config_hash.substr(0, 12) + " already done (id " + std::to_string(existing->id) + "): skipped");
+    return out;
+  }
+
+  const auto t0 = std::chrono::steady_clock::now();
+  int64_t run_id = 0;
+  try {
+    if (resolved["threads"].get<int64_t>() > 0) at::set_num_threads(resolved["threads"].get<int>());
+    LoadOptions lo;
+    lo.device = resolved["device"];
+    lo.dtype = resolved["dtype"];
+    lo.models_dir = env.models_dir;
+    lo.synthetic_seed = resolved["seed"].get<uint64_t>();
+    auto model = load_model(resolved["model"], lo);
+    spec.provenance_json = provenance_json(env, *model);
+    RunInfo info = db.begin_run(spec);
+    run_id = info.id;
+    out.run_id = run_id;
+    if (info.already_done) {  // another process finished it meanwhile
+      out.skipped = true;
+      out.metrics = db.metrics(run_id);
+      return out;
+    }
+    if (info.resumed) log("resuming run " + std::to_string(run_id) + " with " + std::to_string(info.done_samples) + " samples done");
+    const std::set<int64_t> done = db.done_sample_indices(run_id);
+
+    if (protocol == "stream") {
+      KVB_CHECK(!model->tokenizer_path.empty(), model->source, ": the stream protocol needs a tokenizer");
+      std::string dataset_hash;
+      auto windows = stream_windows(model->tokenizer_path, proto, env.data_dir, &dataset_hash);
+      out.samples_total = static_cast<int64_t>(windows.size());
+      StreamOptions so;
+      so.prefill_tokens = proto["prefill_tokens"];
+      so.prefill_chunk = proto["prefill_chunk"];
+      so.cache_dir = env.cache_dir;
+      const auto keys = db.done_sample_keys(run_id);
+      for (size_t i = 0; i < windows.size(); ++i) {
+        const int64_t idx = static_cast<int64_t>(i);
+        if (done.count(idx)) {
+          KVB_CHECK(keys.at(idx) == windows[i].key, "run ", run_id, ": stored sample ", idx,
+                    " was computed on different data (key mismatch); delete the run to redo it");
+          continue;
+        }
+        StreamSampleResult r = run_stream_sample(model, method, method_params, windows[i].tokens, so);
+        nlohmann::json j = r.to_json();
+        j["dataset_hash"] = dataset_hash;
+        db.add_sample(run_id, idx, windows[i].key, j.dump());
+        out.samples_computed++;
+        log("sample " + std::to_string(i + 1) + "/" + std::to_string(windows.size()) + ": nll " +
+            std::to_string(r.nll_sum / std::max<int64_t>(1, r.tokens)) + " kl_mean " +
+            std::to_string(r.tokens ? [&] { double s = 0; for (float k : r.kl) s += k; return s / r.tokens; }() : 0.0));
+      }
+      std::vector<StreamSampleResult> all;
+      for (const auto& s : db.samples(run_id)) all.push_back(StreamSampleResult::from_json(nlohmann::json::parse(s.output_json)));
+      out.metrics = stream_metrics(all, declared_simulated);
+    } else if (protocol == "perf") {
+      const auto batches = parse_batches(proto["batch_sizes"]);
+      out.samples_total = static_cast<int64_t>(batches.size());
+      for (size_t i = 0; i < batches.size(); ++i) {
+        const int64_t idx = static_cast<int64_t>(i);
+        if (done.count(idx)) continue;
+        PerfCell c = run_perf_cell(model, method, method_params, batches[i], proto["context"],
+                                   proto["decode_tokens"], proto["repeats"], proto["prefill_chunk"],
+                                   resolved["seed"].get<uint64_t>());
+        db.add_sample(run_id, idx, "batch=" + std::to_string(batches[i]), c.to_json().dump());
+        out.samples_computed++;
+        log("batch " + std::to_string(batches[i]) + ": decode " + std::to_string(c.decode_tok_s) + " tok/s");
+      }
+      std::vector<PerfCell> cells;
+      for (const auto& s : db.samples(run_id)) cells.push_back(PerfCell::from_json(nlohmann::json::parse(s.output_json)));
+      out.metrics = perf_metrics(cells, declared_simulated);
+    } else {
+      KVB_FAIL("protocol '", protocol, "' has no runner");
+    }
+    const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    db.finish_run(run_id, out.metrics, wall);
+    return out;
+  } catch (const std::exception& e) {
+    if (run_id > 0) {
+      const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      try {
+        db.fail_run(run_id, e.what(), wall);
+      } catch (...) {
+      }
+    }
+    throw;
+  }
+}
+
+}  // namespace kvb

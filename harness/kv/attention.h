@@ -1,0 +1,15 @@
+#pragma once
+// Exact attention of one sequence's new queries over keys/values a store has gathered for it. Stores
+// that keep a sequence contiguously (or gather it) call this; paged stores use the paged kernels.
+
+#include <ATen/core/Tensor.h>
+
+namespace kvb {
+
+// q: [n, num_qo_heads, head_dim] (the sequence's new tokens, post-RoPE); k, v: [L, num_kv_heads,
+// head_dim] with L >= n. Query i sits at cache index past + i (past = L - n) and sees keys
+// j <= past + i. Returns [n, num_qo_heads, head_dim] in q's dtype. Softmax in fp32.
+at::Tensor attend_dense(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                        float sm_scale);
+
+}  // namespace kvb

@@ -1,0 +1,60 @@
+#pragma once
+// The method contract. A KV method is a name, a summary, its paper, a typed parameter schema and
+// capability flags, plus a factory that builds the method's KvCache (kv_cache.h) for one run: the cache
+// owns the per-layer state and serves every sequence of a batch. A method registers itself with one line
+// at the end of its .cpp:
+//
+//   KVB_REGISTER_METHOD(paged, paged_info, make_paged);
+//
+// Out-of-tree methods live in shared libraries loaded with `kvbench --plugin lib.so` (plugin.h).
+
+#include <c10/core/Device.h>
+#include <c10/core/ScalarType.h>
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "harness/common/params.h"
+#include "harness/formats/model_config.h"
+#include "harness/kv/kv_cache.h"
+
+namespace kvb {
+
+struct MethodCaps {
+  bool evicts = false;             // drops tokens (policy)
+  bool quantizes = false;          // stores fewer bits per kept element (codec)
+  bool tiers = false;              // moves KV between device/host/remote
+  bool needs_calibration = false;  // calibrate() must run first (artifact by content hash)
+  bool query_aware = false;        // uses the question/observation window to compress
+  bool simulated = false;          // declares that it saves nothing physically (masks only)
+  bool supports_fork = true;
+};
+
+struct MethodInfo {
+  std::string name;     // unique, [a-z0-9_]+
+  std::string summary;  // one line
+  std::string paper;    // citation or arXiv id; "" for engineering baselines
+  std::vector<ParamSpec> params;
+  MethodCaps caps;
+  std::string origin = "builtin";  // builtin | plugin:<path>
+};
+
+// What a cache is built for: the model's shapes, where compute happens and in which dtype.
+struct CacheContext {
+  ModelConfig config;
+  c10::Device device = c10::Device(c10::kCPU);
+  c10::ScalarType dtype = c10::kFloat;  // the model's compute dtype (the uncompressed baseline)
+};
+
+// params: the method's parameters, already validated and resolved against its schema.
+using CacheFactory =
+    std::function<std::unique_ptr<KvCache>(const CacheContext& ctx, const nlohmann::json& params)>;
+
+
+nlohmann::json method_info_json(const MethodInfo& info);
+
+}  // namespace kvb

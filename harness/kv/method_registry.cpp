@@ -1,0 +1,73 @@
+#include "harness/kv/method_registry.h"
+
+#include "harness/common/error.h"
+#include "harness/common/strings.h"
+
+namespace kvb {
+
+MethodRegistry& MethodRegistry::instance() {
+  static MethodRegistry* r = new MethodRegistry();  // outlives every static destructor
+  return *r;
+}
+
+void MethodRegistry::add(MethodInfo info, CacheFactory factory) {
+  KVB_CHECK(!info.name.empty(), "method registration: empty name");
+  for (char c : info.name)
+    KVB_CHECK((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_', "method name '",
+              info.name, "' must match [a-z0-9_]+");
+  auto it = methods_.find(info.name);
+  KVB_CHECK(it == methods_.end(), "method '", info.name, "' is registered twice (",
+            it == methods_.end() ? "" : it->second.info.origin, " and ", info.origin, ")");
+  // Every default must satisfy its own schema: a broken schema fails at registration, not in a grid.
+  resolve_params(info.params, nlohmann::json::object(), "method " + info.name);
+  const std::string name = info.name;
+  methods_.emplace(name, Entry{std::move(info), std::move(factory)});
+}
+
+const MethodInfo& MethodRegistry::info(const std::string& name) const {
+  auto it = methods_.find(name);
+  KVB_CHECK(it != methods_.end(), "unknown method '", name, "'", did_you_mean(name, names()),
+            "; known: ", join(names(), ", "));
+  return it->second.info;
+}
+
+std::vector<std::string> MethodRegistry::names() const {
+  std::vector<std::string> out;
+  for (const auto& kv : methods_) out.push_back(kv.first);
+  return out;
+}
+
+nlohmann::json MethodRegistry::resolve(const std::string& name, const nlohmann::json& params) const {
+  return resolve_params(info(name).params, params, "method " + name);
+}
+
+std::unique_ptr<KvCache> MethodRegistry::create(const std::string& name, const CacheContext& ctx,
+                                                const nlohmann::json& params) const {
+  const nlohmann::json resolved = resolve(name, params);
+  return methods_.at(name).factory(ctx, resolved);
+}
+
+detail::MethodRegistration::MethodRegistration(MethodInfo (*info)(), CacheFactory factory) {
+  MethodRegistry::instance().add(info(), std::move(factory));
+}
+
+nlohmann::json method_info_json(const MethodInfo& info) {
+  nlohmann::json params = nlohmann::json::array();
+  for (const auto& p : info.params) params.push_back(param_spec_json(p));
+  const auto& c = info.caps;
+  return {{"name", info.name},
+          {"summary", info.summary},
+          {"paper", info.paper},
+          {"origin", info.origin},
+          {"params", params},
+          {"caps",
+           {{"evicts", c.evicts},
+            {"quantizes", c.quantizes},
+            {"tiers", c.tiers},
+            {"needs_calibration", c.needs_calibration},
+            {"query_aware", c.query_aware},
+            {"simulated", c.simulated},
+            {"supports_fork", c.supports_fork}}}};
+}
+
+}  // namespace kvb

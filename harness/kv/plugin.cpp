@@ -1,0 +1,34 @@
+#include "harness/kv/plugin.h"
+
+#include <dlfcn.h>
+
+#include "harness/common/error.h"
+#include "harness/common/mapped_file.h"
+
+namespace kvb {
+
+void load_plugin(const std::string& path) {
+  KVB_CHECK(file_exists(path), "--plugin ", path, ": file not found");
+  void* h = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  KVB_CHECK(h != nullptr, "--plugin ", path, ": cannot load: ", dlerror());
+  auto abi = reinterpret_cast<int (*)()>(dlsym(h, "kvb_plugin_abi_version"));
+  auto reg = reinterpret_cast<const char* (*)(MethodRegistry*)>(dlsym(h, "kvb_plugin_register"));
+  KVB_CHECK(abi && reg, "--plugin ", path,
+            ": not a kvbench plugin (kvb_plugin_abi_version / kvb_plugin_register missing)");
+  const int v = abi();
+  KVB_CHECK(v == KVB_PLUGIN_ABI_VERSION, "--plugin ", path, ": built for plugin ABI version ", v,
+            " but this kvbench has ABI version ", KVB_PLUGIN_ABI_VERSION,
+            "; rebuild it against this kvbench's installed headers");
+  // Methods registered by the plugin are tagged with their origin.
+  MethodRegistry& r = MethodRegistry::instance();
+  auto before = r.names();
+  const char* err = reg(&r);
+  KVB_CHECK(err == nullptr, "--plugin ", path, ": registration failed: ", err ? err : "");
+  for (const auto& n : r.names()) {
+    if (std::find(before.begin(), before.end(), n) == before.end())
+      const_cast<MethodInfo&>(r.info(n)).origin = "plugin:" + path;
+  }
+  // The library stays loaded for the life of the process (its factories are in the registry).
+}
+
+}  // namespace kvb

@@ -1,0 +1,102 @@
+#include "methods/common/contiguous_kv_cache.h"
+
+#include <ATen/ATen.h>
+
+#include "harness/common/error.h"
+#include "harness/kv/attention.h"
+
+namespace kvb {
+
+ContiguousKvCache::ContiguousKvCache(const CacheContext& ctx, Mode mode, int64_t reserve_tokens,
+                                     std::string name)
+    : ctx_(ctx), mode_(mode), reserve_tokens_(reserve_tokens), name_(std::move(name)) {}
+
+void ContiguousKvCache::reallocate(Seq& s, int64_t capacity) {
+  const auto& c = ctx_.config;
+  auto opts = at::TensorOptions().dtype(ctx_.dtype).device(ctx_.device);
+  s.k.resize(c.n_layers);
+  s.v.resize(c.n_layers);
+  for (int64_t l = 0; l < c.n_layers; ++l) {
+    for (auto* t : {&s.k[l], &s.v[l]}) {
+      at::Tensor fresh = at::empty({capacity, c.n_kv_heads, c.head_dim}, opts);
+      if (s.len > 0) fresh.narrow(0, 0, s.len).copy_(t->narrow(0, 0, s.len));
+      *t = fresh;
+    }
+  }
+  s.capacity = capacity;
+}
+
+void ContiguousKvCache::begin_step(const StepBatch& batch) {
+  for (int64_t b = 0; b < batch.batch_size(); ++b) {
+    const int64_t id = batch.seq_ids[b];
+    auto [it, fresh] = seqs_.try_emplace(id);
+    Seq& s = it->second;
+    KVB_CHECK(s.len == batch.past_lens[b], name_, ": sequence ", id, " holds ", s.len,
+              " tokens but the step says ", batch.past_lens[b]);
+    const int64_t need = s.len + batch.new_tokens(b);
+    if (mode_ == Mode::kReserve) {
+      KVB_CHECK(need <= reserve_tokens_, name_, ": sequence ", id, " needs ", need,
+                " tokens but max_seq_len reserves ", reserve_tokens_);
+      if (s.capacity == 0) reallocate(s, reserve_tokens_);
+    } else if (need > s.capacity) {
+      reallocate(s, std::max<int64_t>(need, std::max<int64_t>(16, 2 * s.capacity)));
+    }
+  }
+}
+
+at::Tensor ContiguousKvCache::attend(const LayerInput& in) {
+  const StepBatch& batch = *in.batch;
+  std::vector<at::Tensor> outs;
+  for (int64_t b = 0; b < batch.batch_size(); ++b) {
+    Seq& s = seqs_.at(batch.seq_ids[b]);
+    const int64_t n = batch.new_tokens(b), start = batch.q_indptr[b];
+    s.k[in.layer].narrow(0, s.len, n).copy_(in.k->narrow(0, start, n));
+    s.v[in.layer].narrow(0, s.len, n).copy_(in.v->narrow(0, start, n));
+    outs.push_back(attend_dense(in.q->narrow(0, start, n), s.k[in.layer].narrow(0, 0, s.len + n),
+                                s.v[in.layer].narrow(0, 0, s.len + n), in.sm_scale));
+  }
+  return outs.size() == 1 ? outs[0] : at::cat(outs, 0);
+}
+
+void ContiguousKvCache::end_step(const StepBatch& batch) {
+  for (int64_t b = 0; b < batch.batch_size(); ++b) seqs_.at(batch.seq_ids[b]).len += batch.new_tokens(b);
+}
+
+void ContiguousKvCache::fork(int64_t src_id, int64_t dst_id) {
+  KVB_CHECK(seqs_.count(dst_id) == 0, name_, ": fork target ", dst_id, " already exists");
+  auto it = seqs_.find(src_id);
+  KVB_CHECK(it != seqs_.end(), name_, ": unknown sequence ", src_id);
+  Seq copy;
+  copy.len = it->second.len;
+  copy.capacity = it->second.capacity;
+  for (const auto& t : it->second.k) copy.k.push_back(t.clone());  // dense: no sharing
+  for (const auto& t : it->second.v) copy.v.push_back(t.clone());
+  seqs_[dst_id] = std::move(copy);
+}
+
+void ContiguousKvCache::truncate(int64_t seq_id, int64_t new_len) {
+  auto it = seqs_.find(seq_id);
+  KVB_CHECK(it != seqs_.end(), name_, ": unknown sequence ", seq_id);
+  KVB_CHECK(new_len >= 0 && new_len <= it->second.len, name_, ": cannot truncate sequence ",
+            seq_id, " of ", it->second.len, " tokens to ", new_len);
+  it->second.len = new_len;
+}
+
+int64_t ContiguousKvCache::seq_len(int64_t seq_id) const {
+  auto it = seqs_.find(seq_id);
+  return it == seqs_.end() ? 0 : it->second.len;
+}
+
+Footprint ContiguousKvCache::footprint() const {
+  Footprint f;
+  const int64_t per_token = ctx_.config.kv_bytes_per_token(static_cast<int64_t>(c10::elementSize(ctx_.dtype)));
+  for (const auto& [id, s] : seqs_) {
+    f.device_payload_bytes += s.len * per_token;
+    f.device_reserved_bytes += (s.capacity - s.len) * per_token;
+    f.tokens_held += s.len;
+  }
+  f.logical_bytes = f.tokens_held * per_token;
+  return f;
+}
+
+}  // namespace kvb

@@ -1,0 +1,24 @@
+// full: the dense per-sequence KV cache, nothing compressed — the reference every method is measured
+// against.
+
+#include "methods/common/contiguous_kv_cache.h"
+#include "harness/kv/method_registry.h"
+
+namespace kvb {
+namespace {
+
+MethodInfo full_info() {
+  MethodInfo m;
+  m.name = "full";
+  m.summary = "dense per-sequence KV cache (contiguous, grows by doubling); the uncompressed baseline";
+  return m;
+}
+
+std::unique_ptr<KvCache> make_full(const CacheContext& ctx, const nlohmann::json&) {
+  return std::make_unique<ContiguousKvCache>(ctx, ContiguousKvCache::Mode::kGrow, 0, "full");
+}
+
+}  // namespace
+}  // namespace kvb
+
+KVB_REGISTER_METHOD(full, kvb::full_info, kvb::make_full);

@@ -1,0 +1,30 @@
+// paged: vLLM-style fixed-size blocks with block tables and copy-on-write fork. The store itself is the
+// engine's own (harness/kv/paged_kv_cache.h); this registers it as a method.
+
+#include "harness/kv/method_registry.h"
+#include "harness/kv/paged_kv_cache.h"
+
+namespace kvb {
+namespace {
+
+MethodInfo paged_info() {
+  MethodInfo m;
+  m.name = "paged";
+  m.summary = "vLLM-style paged KV: fixed-size blocks, block tables, copy-on-write fork";
+  m.paper = "Kwon et al., Efficient Memory Management for LLM Serving with PagedAttention, SOSP 2023";
+  m.params = {int_param("block_size", 16, 1, 4096, "tokens per block"),
+              int_param("initial_blocks", 64, 1, 1 << 24, "blocks allocated up front (the pool doubles when full)")};
+  return m;
+}
+
+std::unique_ptr<KvCache> make_paged(const CacheContext& ctx, const nlohmann::json& p) {
+  PagedKvCache::Options o;
+  o.block_size = p["block_size"].get<int64_t>();
+  o.initial_blocks = p["initial_blocks"].get<int64_t>();
+  return std::make_unique<PagedKvCache>(ctx.config, ctx.device, ctx.dtype, o);
+}
+
+}  // namespace
+}  // namespace kvb
+
+KVB_REGISTER_METHOD(paged, kvb::paged_info, kvb::make_paged);
