@@ -7,6 +7,8 @@
 
 namespace kvb {
 
+int host_plugin_abi_version() { return KVB_PLUGIN_ABI_VERSION; }
+
 void load_plugin(const std::string& path) {
   KVB_CHECK(file_exists(path), "--plugin ", path, ": file not found");
   void* h = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);

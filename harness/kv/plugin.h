@@ -12,7 +12,11 @@
 
 #include "harness/kv/method_registry.h"
 
+// The ABI version this header describes. (Defining it differently when building a plugin is how the
+// tests make a plugin "built for another ABI version"; kvbench itself always uses this value.)
+#ifndef KVB_PLUGIN_ABI_VERSION
 #define KVB_PLUGIN_ABI_VERSION 1
+#endif
 
 #define KVB_PLUGIN_ENTRY(registry_var)                                                  \
   static void kvb_plugin_register_impl(::kvb::MethodRegistry* registry_var);              \
@@ -38,5 +42,6 @@ namespace kvb {
 // Throws kvb::Error naming the path on a missing file, a missing entry point, an ABI mismatch or a
 // registration error.
 void load_plugin(const std::string& path);
+int host_plugin_abi_version();
 
 }  // namespace kvb

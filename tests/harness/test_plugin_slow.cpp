@@ -1,0 +1,61 @@
+// The out-of-tree plugin path: install kvbench, build methods/example_plugin against the installed
+// package, load it with --plugin, run it into a database; a plugin built for another ABI is refused.
+
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "tests/support/test_support.h"
+
+namespace kvb {
+namespace {
+
+int sh(const std::string& cmd) {
+  int rc = std::system((cmd + " >/tmp/kvb_plugin_build.log 2>&1").c_str());
+  if (rc != 0) {
+    std::ifstream in("/tmp/kvb_plugin_build.log");
+    std::cerr << in.rdbuf();
+  }
+  return rc;
+}
+
+TEST(Plugin, BuildsOutOfTreeLoadsRunsAndRejectsOtherAbi) {
+  const char* build = std::getenv("KVB_BUILD_DIR");
+  ASSERT_TRUE(build) << "KVB_BUILD_DIR not set (ctest sets it)";
+  const std::string src = std::getenv("KVB_SOURCE_DIR");
+  const std::string dir = test::make_temp_dir("plugin");
+  ASSERT_EQ(sh("cmake --install " + std::string(build) + " --prefix " + dir + "/prefix"), 0);
+  const std::string cfg = "cmake -S " + src + "/methods/example_plugin -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH=" + dir + "/prefix";
+  ASSERT_EQ(sh(cfg + " -B " + dir + "/good && cmake --build " + dir + "/good"), 0);
+  const std::string so = dir + "/good/libkvb_example_window.so";
+
+  auto listed = test::run_kvbench("--plugin " + so + " methods --json");
+  ASSERT_EQ(listed.exit_code, 0) << listed.err;
+  bool found = false;
+  for (const auto& m : nlohmann::json::parse(listed.out))
+    if (m["name"] == "example_window") {
+      found = true;
+      EXPECT_EQ(m["origin"], "plugin:" + so);
+    }
+  EXPECT_TRUE(found) << listed.out;
+
+  std::ofstream(dir + "/c.json") << "{\"model\": \"" << test::models_dir()
+                                  << "/stories260K\", \"method\": {\"name\": \"example_window\", \"params\": {\"window\": 32}}, "
+                                     "\"protocol\": {\"name\": \"stream\", \"window\": 128, \"max_windows\": 2}}";
+  auto run = test::run_kvbench("--plugin " + so + " run -q -c " + dir + "/c.json --db " + dir + "/db.sqlite --data-dir " + test::data_dir());
+  ASSERT_EQ(run.exit_code, 0) << run.err;
+  auto j = nlohmann::json::parse(run.out);
+  EXPECT_EQ(j["method"], "example_window");
+  EXPECT_GT(j["metrics"]["kl_mean"].get<double>(), 0.0);  // it really evicts
+  EXPECT_GT(j["metrics"]["compression_ratio"].get<double>(), 2.0);
+
+  ASSERT_EQ(sh(cfg + " -B " + dir + "/bad -DCMAKE_CXX_FLAGS=-DKVB_PLUGIN_ABI_VERSION=99 && cmake --build " + dir + "/bad"), 0);
+  auto refused = test::run_kvbench("--plugin " + dir + "/bad/libkvb_example_window.so methods");
+  EXPECT_EQ(refused.exit_code, 2);
+  EXPECT_NE(refused.err.find("ABI version 99 but this kvbench has ABI version 1"), std::string::npos) << refused.err;
+}
+
+}  // namespace
+}  // namespace kvb
