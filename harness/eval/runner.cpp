@@ -7,6 +7,8 @@
 
 #include "harness/common/error.h"
 #include "harness/eval/perf.h"
+#include "harness/eval/qa.h"
+#include "harness/formats/tokenizer.h"
 #include "harness/eval/run_config.h"
 #include "harness/eval/stream.h"
 #include "harness/kv/method_registry.h"
@@ -72,7 +74,14 @@ RunOutcome execute_run(const nlohmann::json& resolved, ResultsDb& db, const RunE
   spec.method = method;
   spec.model = resolved["model"];
   spec.protocol = protocol;
-  spec.dataset = proto.contains("dataset") ? proto["dataset"].get<std::string>() : "synthetic";
+  if (protocol == "qa") {
+    const std::string src = proto["source"];
+    spec.dataset = src == "synthetic" ? proto["task"].get<std::string>() + "@" + std::to_string(proto["length"].get<int64_t>())
+                 : src == "recall" ? "recall:" + proto["dataset"].get<std::string>()
+                                   : "longbench:" + proto["path"].get<std::string>();
+  } else {
+    spec.dataset = proto.contains("dataset") ? proto["dataset"].get<std::string>() : "synthetic";
+  }
   spec.grid = env.grid;
   spec.simulated = declared_simulated;
 
@@ -135,6 +144,41 @@ RunOutcome execute_run(const nlohmann::json& resolved, ResultsDb& db, const RunE
       std::vector<StreamSampleResult> all;
       for (const auto& s : db.samples(run_id)) all.push_back(StreamSampleResult::from_json(nlohmann::json::parse(s.output_json)));
       out.metrics = stream_metrics(all, declared_simulated);
+    } else if (protocol == "qa") {
+      KVB_CHECK(!model->tokenizer_path.empty(), model->source, ": the qa protocol needs a tokenizer");
+      Tokenizer tok(model->tokenizer_path);
+      nlohmann::json p = proto;
+      p["seed"] = resolved["seed"];
+      std::string dataset_hash;
+      auto samples = qa_samples(tok, p, env.data_dir, env.cache_dir, &dataset_hash);
+      out.samples_total = static_cast<int64_t>(samples.size());
+      QaOptions qo;
+      qo.mode = proto["mode"];
+      qo.prefill_chunk = proto["prefill_chunk"];
+      qo.cache_dir = env.cache_dir;
+      const auto keys = db.done_sample_keys(run_id);
+      for (size_t i = 0; i < samples.size(); ++i) {
+        const int64_t idx = static_cast<int64_t>(i);
+        if (done.count(idx)) {
+          KVB_CHECK(keys.at(idx) == samples[i].key, "run ", run_id, ": stored sample ", idx,
+                    " was computed on different data (key mismatch); delete the run to redo it");
+          continue;
+        }
+        QaSampleResult r = run_qa_sample(model, tok, method, method_params, samples[i], qo);
+        nlohmann::json j = r.to_json();
+        j["meta"] = samples[i].meta;
+        j["dataset_hash"] = dataset_hash;
+        db.add_sample(run_id, idx, samples[i].key, j.dump());
+        out.samples_computed++;
+        double sc = 0;
+        for (const auto& it : r.items) sc += it.score;
+        log("sample " + std::to_string(i + 1) + "/" + std::to_string(samples.size()) + ": score " +
+            std::to_string(sc / std::max<size_t>(1, r.items.size())) + " (" +
+            std::to_string(r.context_tokens) + " context tokens)");
+      }
+      std::vector<QaSampleResult> all;
+      for (const auto& s : db.samples(run_id)) all.push_back(QaSampleResult::from_json(nlohmann::json::parse(s.output_json)));
+      out.metrics = qa_metrics(all, declared_simulated);
     } else if (protocol == "perf") {
       const auto batches = parse_batches(proto["batch_sizes"]);
       out.samples_total = static_cast<int64_t>(batches.size());

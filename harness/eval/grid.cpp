@@ -1,0 +1,640 @@
+#include "harness/eval/grid.h"
+
+#include <sys/ioctl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <iomanip>
+#include <map>
+#include <set>
+#include <sstream>
+
+#include "datasets/corpus.h"
+#include "harness/common/error.h"
+#include "harness/common/strings.h"
+#include "harness/eval/run_config.h"
+#include "harness/kv/method_registry.h"
+#include "harness/model/model.h"
+#include "harness/store/config_hash.h"
+
+namespace kvb {
+
+namespace {
+
+using json = nlohmann::json;
+
+const std::vector<std::string>& run_config_roots() {
+  static const std::vector<std::string> roots = {"model",  "device", "dtype",   "threads",
+                                                 "seed",   "method", "protocol"};
+  return roots;
+}
+
+std::vector<std::string> split_path(const std::string& key, const std::string& where) {
+  std::vector<std::string> parts;
+  size_t start = 0;
+  for (;;) {
+    const size_t dot = key.find('.', start);
+    parts.push_back(key.substr(start, dot == std::string::npos ? std::string::npos : dot - start));
+    KVB_CHECK(!parts.back().empty(), where, ": '", key, "' has an empty component");
+    if (dot == std::string::npos) break;
+    start = dot + 1;
+  }
+  const auto& roots = run_config_roots();
+  KVB_CHECK(std::find(roots.begin(), roots.end(), parts[0]) != roots.end(), where, ": '", key,
+            "' is not a run config key", did_you_mean(parts[0], roots), "; a key is a dotted path "
+            "starting with one of ", join(roots, ", "));
+  return parts;
+}
+
+// "method": "x" and "protocol": "x" are shorthands for {"name": "x"}.
+void normalize_named(json& cfg) {
+  for (const char* k : {"method", "protocol"})
+    if (cfg.contains(k) && cfg[k].is_string()) cfg[k] = json{{"name", cfg[k]}};
+}
+
+void set_path(json& root, const std::vector<std::string>& parts, const json& value) {
+  json* node = &root;
+  for (size_t i = 0; i + 1 < parts.size(); ++i) {
+    if (!node->is_object()) *node = json::object();
+    json& child = (*node)[parts[i]];
+    if (i == 0 && child.is_string() && (parts[i] == "method" || parts[i] == "protocol"))
+      child = json{{"name", child}};
+    node = &child;
+  }
+  if (!node->is_object()) *node = json::object();
+  (*node)[parts.back()] = value;
+}
+
+const json* get_path(const json& root, const std::vector<std::string>& parts) {
+  const json* node = &root;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    if (i == 1 && node->is_string() && parts[i] == "name" && (parts[0] == "method" || parts[0] == "protocol"))
+      return node;  // shorthand "method": "x" read as method.name
+    if (!node->is_object() || !node->contains(parts[i])) return nullptr;
+    node = &(*node)[parts[i]];
+  }
+  return node;
+}
+
+bool value_matches(const json& node, const json& want) {
+  if (want.is_array()) {
+    for (const auto& w : want)
+      if (value_matches(node, w)) return true;
+    return false;
+  }
+  if (want.is_object()) {
+    if (node.is_string() && want.size() == 1 && want.contains("name")) return value_matches(node, want["name"]);
+    if (!node.is_object()) return false;
+    for (auto it = want.begin(); it != want.end(); ++it)
+      if (!node.contains(it.key()) || !value_matches(node[it.key()], it.value())) return false;
+    return true;
+  }
+  if (want.is_string() && node.is_object() && node.contains("name")) return node["name"] == want;
+  if (want.is_number() && node.is_number()) return node.get<double>() == want.get<double>();
+  return node == want;
+}
+
+struct ExcludeEntry {
+  json entry;
+  std::vector<std::pair<std::vector<std::string>, json>> conditions;
+  size_t hits = 0;
+};
+
+bool entry_matches(const ExcludeEntry& e, const json& cfg) {
+  for (const auto& [path, want] : e.conditions) {
+    const json* node = get_path(cfg, path);
+    if (!node || !value_matches(*node, want)) return false;
+  }
+  return true;
+}
+
+std::string scalar_text(const json& v) {
+  if (v.is_string()) return v.get<std::string>();
+  return v.dump();
+}
+
+// {"name": n, "params": {k: [a, b], j: c}} -> one object per combination of the list values.
+std::vector<json> expand_method_value(const json& v, const std::string& where) {
+  if (v.is_string()) return {json{{"name", v}}};
+  KVB_CHECK(v.is_object(), where, ": a method is a name or {\"name\": ..., \"params\": {...}}, got ",
+            v.dump());
+  for (auto it = v.begin(); it != v.end(); ++it)
+    KVB_CHECK(it.key() == "name" || it.key() == "params", where, ": unknown key '", it.key(), "'",
+              did_you_mean(it.key(), {"name", "params"}), "; allowed: name, params");
+  KVB_CHECK(v.contains("name") && v["name"].is_string(), where, ": missing \"name\" (a string)");
+  json params = v.value("params", json::object());
+  KVB_CHECK(params.is_object(), where, ".params: expected an object");
+  std::vector<json> out = {json{{"name", v["name"]}, {"params", json::object()}}};
+  for (auto it = params.begin(); it != params.end(); ++it) {  // sorted keys: the first varies slowest
+    std::vector<json> values;
+    if (it.value().is_array()) {
+      KVB_CHECK(!it.value().empty(), where, ".params.", it.key(), ": an empty list expands to nothing");
+      for (const auto& x : it.value()) {
+        KVB_CHECK(!x.is_array() && !x.is_object(), where, ".params.", it.key(),
+                  ": list items must be plain values, got ", x.dump());
+        values.push_back(x);
+      }
+    } else {
+      values.push_back(it.value());
+    }
+    std::vector<json> next;
+    for (const auto& m : out)
+      for (const auto& x : values) {
+        json c = m;
+        c["params"][it.key()] = x;
+        next.push_back(std::move(c));
+      }
+    out = std::move(next);
+  }
+  for (auto& m : out)
+    if (m["params"].empty()) m.erase("params");
+  return out;
+}
+
+std::string value_label(const std::string& key, const json& v) {
+  if (key == "method" && v.is_object()) return method_label(v);
+  if (key == "protocol" && v.is_object()) {
+    std::vector<std::string> parts;
+    for (auto it = v.begin(); it != v.end(); ++it)
+      if (it.key() != "name") parts.push_back(it.key() + "=" + scalar_text(it.value()));
+    return v.value("name", std::string("?")) + (parts.empty() ? "" : "(" + join(parts, ", ") + ")");
+  }
+  if (v.is_object() || v.is_array()) return v.dump();
+  return scalar_text(v);
+}
+
+int64_t count_batches(const std::string& s, const std::string& where) {
+  int64_t n = 0;
+  size_t start = 0;
+  for (;;) {
+    const size_t comma = s.find(',', start);
+    const std::string item = s.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    char* end = nullptr;
+    const long long v = std::strtoll(item.c_str(), &end, 10);
+    KVB_CHECK(!item.empty() && end && *end == '\0' && v > 0 && v <= 4096, where,
+              ": config.protocol.batch_sizes: '", item, "' is not a batch size in [1, 4096]");
+    ++n;
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  return n;
+}
+
+std::string format_duration(double s) {
+  if (!std::isfinite(s) || s < 0) return "?";
+  const int64_t t = static_cast<int64_t>(std::llround(s));
+  std::ostringstream os;
+  if (t >= 3600) os << t / 3600 << "h" << std::setw(2) << std::setfill('0') << (t % 3600) / 60 << "m";
+  else if (t >= 60) os << t / 60 << "m" << std::setw(2) << std::setfill('0') << t % 60 << "s";
+  else os << t << "s";
+  return os.str();
+}
+
+struct GridInterrupted : std::runtime_error {
+  GridInterrupted() : std::runtime_error("interrupted (stop requested); the next grid run resumes this run") {}
+};
+
+// Progress output: a redrawn bar with ETA on a terminal, plain lines otherwise.
+class Progress {
+ public:
+  Progress(const GridRunOptions& o, size_t cells, int64_t work) : o_(o), cells_(cells), work_(work) {
+    t0_ = std::chrono::steady_clock::now();
+  }
+  void begin_cell(size_t pos, const GridCell& c) {
+    pos_ = pos;
+    label_ = "#" + std::to_string(c.index) + " " + c.label;
+    samples_in_cell_ = 0;
+    expected_in_cell_ = c.expected_samples;
+    draw();
+  }
+  void sample_done() {
+    ++done_units_;
+    ++samples_in_cell_;
+    draw();
+  }
+  void line(const std::string& s) {
+    if (!o_.progress) return;
+    clear();
+    *o_.progress << s << "\n";
+    draw();
+  }
+  void end_cell(const CellResult& r) {
+    if (!o_.progress) return;
+    std::ostringstream os;
+    os << "grid: [" << pos_ + 1 << "/" << cells_ << "] ";
+    if (r.status == "failed") os << "FAILED ";
+    else if (r.status == "interrupted") os << "interrupted ";
+    else if (r.status == "skipped") os << "done before ";
+    else os << "done ";
+    os << std::fixed << std::setprecision(1) << r.wall_s << "s  #" << r.index << " " << r.label;
+    if (r.status == "failed") os << "\n      error: " << r.error;
+    if (o_.progress_bar) {
+      // On a terminal only failures and interruptions get a permanent line; the bar shows the rest.
+      if (r.status == "failed" || r.status == "interrupted") line(os.str());
+      else draw();
+    } else {
+      *o_.progress << os.str() << "\n" << std::flush;
+    }
+  }
+  void finish() { clear(); }
+
+ private:
+  int width() const {
+    struct winsize w {};
+    if (ioctl(STDERR_FILENO, TIOCGWINSZ, &w) == 0 && w.ws_col >= 40) return w.ws_col;
+    return 100;
+  }
+  void clear() {
+    if (o_.progress && o_.progress_bar && drawn_) {
+      *o_.progress << "\r\033[K" << std::flush;
+      drawn_ = false;
+    }
+  }
+  void draw() {
+    if (!o_.progress || !o_.progress_bar) return;
+    const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
+    const double frac = work_ > 0 ? std::min(1.0, static_cast<double>(done_units_) / work_) : 1.0;
+    std::string eta = "ETA ?";
+    if (done_units_ > 0 && work_ > 0)
+      eta = "ETA " + format_duration(elapsed / done_units_ * std::max<int64_t>(0, work_ - done_units_));
+    const int bar_w = 24;
+    const int fill = static_cast<int>(std::lround(frac * bar_w));
+    std::ostringstream os;
+    os << "[" << std::string(fill, '#') << std::string(bar_w - fill, '.') << "] " << std::setw(3)
+       << static_cast<int>(std::lround(frac * 100)) << "%  cell " << pos_ + 1 << "/" << cells_ << "  "
+       << eta << "  " << format_duration(elapsed) << " elapsed  " << label_ << " (sample "
+       << samples_in_cell_ << "/" << expected_in_cell_ << ")";
+    std::string s = os.str();
+    const size_t w = static_cast<size_t>(width() - 1);
+    if (s.size() > w) s = s.substr(0, w - 3) + "...";
+    *o_.progress << "\r\033[K" << s << std::flush;
+    drawn_ = true;
+  }
+
+  const GridRunOptions& o_;
+  size_t cells_ = 0;
+  int64_t work_ = 0, done_units_ = 0;
+  size_t pos_ = 0;
+  std::string label_;
+  int64_t samples_in_cell_ = 0, expected_in_cell_ = 0;
+  bool drawn_ = false;
+  std::chrono::steady_clock::time_point t0_;
+};
+
+RunSpec spec_for(const GridCell& c, const std::string& grid) {
+  RunSpec spec;
+  spec.config_hash = c.config_hash;
+  spec.config_json = canonical_json(c.resolved);
+  spec.method = c.resolved["method"]["name"];
+  spec.model = c.resolved["model"];
+  spec.protocol = c.resolved["protocol"]["name"];
+  spec.dataset = c.resolved["protocol"].contains("dataset")
+                     ? c.resolved["protocol"]["dataset"].get<std::string>()
+                     : "synthetic";
+  spec.grid = grid;
+  spec.simulated = MethodRegistry::instance().info(spec.method).caps.simulated;
+  return spec;
+}
+
+}  // namespace
+
+std::string method_label(const json& method, const json& show) {
+  if (method.is_string()) return method.get<std::string>();
+  std::string name = method.value("name", std::string("?"));
+  std::vector<std::string> parts;
+  if (method.contains("params") && method["params"].is_object())
+    for (auto it = method["params"].begin(); it != method["params"].end(); ++it) {
+      if (!show.is_null() && !(show.is_array() && std::find(show.begin(), show.end(), it.key()) != show.end()))
+        continue;
+      parts.push_back(it.key() + "=" + scalar_text(it.value()));
+    }
+  return parts.empty() ? name : name + "(" + join(parts, ", ") + ")";
+}
+
+GridPlan expand_grid(const json& grid, const GridOptions& options) {
+  KVB_CHECK(grid.is_object(), "grid: expected a JSON object with \"base\" and \"axes\"");
+  const std::vector<std::string> top = {"name", "description", "base", "axes", "exclude"};
+  for (auto it = grid.begin(); it != grid.end(); ++it)
+    KVB_CHECK(std::find(top.begin(), top.end(), it.key()) != top.end(), "grid: unknown key '",
+              it.key(), "'", did_you_mean(it.key(), top), "; allowed: ", join(top, ", "));
+  GridPlan plan;
+  plan.name = options.default_name;
+  if (grid.contains("name")) {
+    KVB_CHECK(grid["name"].is_string() && !grid["name"].get<std::string>().empty(),
+              "grid.name: expected a non-empty string");
+    plan.name = grid["name"];
+  }
+  if (grid.contains("description")) {
+    KVB_CHECK(grid["description"].is_string(), "grid.description: expected a string");
+    plan.description = grid["description"];
+  }
+  KVB_CHECK(grid.contains("base") && grid["base"].is_object(),
+            "grid.base: missing or not an object (the run config every cell starts from)");
+  json base = grid["base"];
+  normalize_named(base);
+
+  // Axes: key -> list of values (method values expanded).
+  std::map<std::string, std::vector<json>> axes;
+  std::map<std::string, std::vector<std::string>> axis_paths;
+  if (grid.contains("axes")) {
+    KVB_CHECK(grid["axes"].is_object(), "grid.axes: expected an object {\"dotted.key\": [values...]}");
+    for (auto it = grid["axes"].begin(); it != grid["axes"].end(); ++it) {
+      const std::string where = "grid.axes." + it.key();
+      auto parts = split_path(it.key(), "grid.axes");
+      KVB_CHECK(it.key() != "label", where, ": label is not a run setting");
+      KVB_CHECK(it.value().is_array() && !it.value().empty(), where,
+                ": expected a non-empty list of values");
+      std::vector<json> values;
+      for (size_t i = 0; i < it.value().size(); ++i) {
+        const json& v = it.value()[i];
+        if (it.key() == "method") {
+          auto ex = expand_method_value(v, where + "[" + std::to_string(i) + "]");
+          values.insert(values.end(), ex.begin(), ex.end());
+        } else {
+          KVB_CHECK(!v.is_array(), where, "[", i, "]: a value cannot be a list (lists are axes)");
+          values.push_back(v);
+        }
+      }
+      axes[it.key()] = std::move(values);
+      axis_paths[it.key()] = std::move(parts);
+    }
+  }
+  // List-valued params in the base method form an implicit method axis.
+  if (!axes.count("method") && base.contains("method") && base["method"].is_object() &&
+      base["method"].contains("params") && base["method"]["params"].is_object()) {
+    bool lists = false;
+    for (const auto& p : base["method"]["params"]) lists = lists || p.is_array();
+    if (lists) {
+      axes["method"] = expand_method_value(base["method"], "grid.base.method");
+      axis_paths["method"] = {"method"};
+    }
+  }
+  for (const auto& [k, v] : axes) plan.axis_keys.push_back(k);
+
+  std::vector<ExcludeEntry> excludes;
+  if (grid.contains("exclude")) {
+    KVB_CHECK(grid["exclude"].is_array(), "grid.exclude: expected a list of {\"key\": value} objects");
+    for (size_t i = 0; i < grid["exclude"].size(); ++i) {
+      const json& e = grid["exclude"][i];
+      const std::string where = "grid.exclude[" + std::to_string(i) + "]";
+      KVB_CHECK(e.is_object() && !e.empty(), where, ": expected a non-empty object {\"key\": value}");
+      ExcludeEntry x;
+      x.entry = e;
+      for (auto it = e.begin(); it != e.end(); ++it)
+        x.conditions.emplace_back(split_path(it.key(), where), it.value());
+      excludes.push_back(std::move(x));
+    }
+  }
+
+  // Cartesian product size (guarded).
+  size_t total = 1;
+  for (const auto& [k, v] : axes) {
+    total *= v.size();
+    KVB_CHECK(total <= 1000000, "grid: the axes expand to more than 1,000,000 cells");
+  }
+  plan.expanded = total;
+
+  struct Bad {
+    size_t expanded_index;
+    std::string label, error;
+  };
+  std::vector<Bad> bad;
+  std::set<std::string> seen;
+  std::vector<std::string> keys = plan.axis_keys;
+  for (size_t t = 0; t < total; ++t) {
+    // Mixed radix, the last key fastest.
+    std::vector<size_t> digit(keys.size());
+    size_t rem = t;
+    for (size_t k = keys.size(); k-- > 0;) {
+      digit[k] = rem % axes[keys[k]].size();
+      rem /= axes[keys[k]].size();
+    }
+    json raw = base;
+    json assignment = json::object();
+    std::vector<std::string> label_parts;
+    for (size_t k = 0; k < keys.size(); ++k) {  // sorted: an ancestor key is applied before its children
+      const json& v = axes[keys[k]][digit[k]];
+      if (keys[k] == "method" || keys[k] == "protocol") raw[keys[k]] = v.is_string() ? json{{"name", v}} : v;
+      else set_path(raw, axis_paths[keys[k]], v);
+      assignment[keys[k]] = v;
+      label_parts.push_back(keys[k] + "=" + value_label(keys[k], v));
+    }
+    const std::string label = label_parts.empty() ? "(base)" : join(label_parts, " ");
+    apply_overrides(raw, options.sets);
+    bool excluded = false;
+    for (auto& x : excludes)
+      if (entry_matches(x, raw)) {
+        x.hits++;
+        excluded = true;
+      }
+    if (excluded) {
+      plan.excluded++;
+      continue;
+    }
+    json resolved;
+    try {
+      resolved = resolve_run_config(raw);
+    } catch (const Error& e) {
+      bad.push_back({t, label, e.what()});
+      continue;
+    }
+    for (auto& x : excludes)
+      if (entry_matches(x, resolved)) {
+        x.hits++;
+        excluded = true;
+      }
+    if (excluded) {
+      plan.excluded++;
+      continue;
+    }
+    GridCell c;
+    c.label = label;
+    c.assignment = assignment;
+    c.resolved = resolved;
+    c.config_hash = run_config_hash(resolved);
+    if (!seen.insert(c.config_hash).second) {
+      plan.duplicates++;
+      continue;
+    }
+    const json& proto = resolved["protocol"];
+    if (proto["name"] == "stream") c.expected_samples = proto["max_windows"].get<int64_t>();
+    else if (proto["name"] == "perf")
+      c.expected_samples = count_batches(proto["batch_sizes"], "grid cell '" + label + "'");
+    c.index = plan.cells.size();
+    plan.cells.push_back(std::move(c));
+  }
+  if (!bad.empty()) {
+    const Bad& b = bad.front();
+    KVB_FAIL("grid", plan.name.empty() ? "" : " '" + plan.name + "'", ": cell ", b.expanded_index + 1,
+             " of ", total, " (", b.label, ") is invalid: ", b.error,
+             bad.size() > 1 ? " (and " + std::to_string(bad.size() - 1) + " more invalid cells)" : "",
+             b.error.find("method") != std::string::npos && b.error.find("unknown key") != std::string::npos
+                 ? "; give per-method parameter lists in the method axis, e.g. {\"name\": \"m\", "
+                   "\"params\": {\"p\": [1, 2]}}, or exclude the combination"
+                 : "");
+  }
+  KVB_CHECK(!plan.cells.empty(), "grid", plan.name.empty() ? "" : " '" + plan.name + "'",
+            ": no cells left after exclude (", plan.expanded, " expanded, ", plan.excluded, " excluded)");
+  for (size_t i = 0; i < excludes.size(); ++i)
+    if (excludes[i].hits == 0)
+      plan.warnings.push_back("grid.exclude[" + std::to_string(i) + "] " + excludes[i].entry.dump() +
+                              " matches no cell");
+
+  if (options.check_inputs) {
+    std::map<std::string, std::string> checked;  // what -> error ("" ok)
+    auto check = [&](const GridCell& c, const std::string& what, const std::function<void()>& fn) {
+      auto it = checked.find(what);
+      if (it == checked.end()) {
+        std::string err;
+        try {
+          fn();
+        } catch (const Error& e) {
+          err = e.what();
+        }
+        it = checked.emplace(what, err).first;
+      }
+      KVB_CHECK(it->second.empty(), "grid", plan.name.empty() ? "" : " '" + plan.name + "'", ": cell #",
+                c.index, " (", c.label, "): ", it->second);
+    };
+    for (const auto& c : plan.cells) {
+      const std::string model = c.resolved["model"];
+      if (model.rfind("synthetic:", 0) != 0)
+        check(c, "model:" + model, [&] { resolve_model_path(model, options.models_dir); });
+      const json& proto = c.resolved["protocol"];
+      if (proto["name"] == "stream") {
+        const std::string ds = proto["dataset"];
+        check(c, "dataset:" + ds, [&] { load_corpus(ds, resolve_data_dir(options.data_dir)); });
+      }
+    }
+  }
+  return plan;
+}
+
+GridPlan load_grid(const std::string& path, GridOptions options) {
+  if (options.default_name.empty()) {
+    std::string stem = path.substr(path.find_last_of('/') == std::string::npos ? 0 : path.find_last_of('/') + 1);
+    if (ends_with(stem, ".json")) stem = stem.substr(0, stem.size() - 5);
+    options.default_name = stem;
+  }
+  json g = load_config_file(path);
+  try {
+    return expand_grid(g, options);
+  } catch (const Error& e) {
+    KVB_FAIL(path, ": ", e.what());
+  }
+}
+
+Shard parse_shard(const std::string& text) {
+  const auto slash = text.find('/');
+  auto num = [&](const std::string& s, int64_t* out) {
+    if (s.empty() || s.size() > 9) return false;
+    for (char ch : s)
+      if (ch < '0' || ch > '9') return false;
+    *out = std::stoll(s);
+    return true;
+  };
+  Shard sh;
+  KVB_CHECK(slash != std::string::npos && num(text.substr(0, slash), &sh.index) &&
+                num(text.substr(slash + 1), &sh.count) && sh.count >= 1 && sh.index < sh.count,
+            "--shard '", text, "': expected i/n with 0 <= i < n, e.g. 0/4");
+  return sh;
+}
+
+std::vector<GridCell> shard_cells(const std::vector<GridCell>& cells, const Shard& shard) {
+  std::vector<GridCell> out;
+  for (const auto& c : cells)
+    if (static_cast<int64_t>(c.index % static_cast<size_t>(shard.count)) == shard.index) out.push_back(c);
+  return out;
+}
+
+CellState cell_state(ResultsDb& db, const GridCell& cell) {
+  CellState s;
+  auto run = db.find_run_by_hash(cell.config_hash);
+  if (!run) {
+    s.status = "new";
+    return s;
+  }
+  s.status = to_string(run->status);
+  s.samples = db.sample_count(run->id);
+  s.error = run->error;
+  return s;
+}
+
+GridSummary run_grid(const std::string& grid_name, const std::vector<GridCell>& cells, ResultsDb& db,
+                     const GridRunOptions& options) {
+  GridSummary summary;
+  const auto t0 = std::chrono::steady_clock::now();
+  int64_t work = 0;
+  for (const auto& c : cells) {
+    CellState s = cell_state(db, c);
+    if (s.status != "done") work += std::max<int64_t>(0, c.expected_samples - s.samples);
+  }
+  Progress progress(options, cells.size(), work);
+  auto stop_requested = [&] { return options.stop && options.stop->load() != 0; };
+  for (size_t pos = 0; pos < cells.size(); ++pos) {
+    const GridCell& c = cells[pos];
+    if (stop_requested()) {
+      summary.interrupted = true;
+      summary.not_reached = cells.size() - pos;
+      break;
+    }
+    progress.begin_cell(pos, c);
+    CellResult r;
+    r.index = c.index;
+    r.label = c.label;
+    r.config_hash = c.config_hash;
+    RunEnv env = options.env;
+    env.grid = grid_name;
+    env.log = [&](const std::string& s) {
+      if (s.rfind("sample ", 0) == 0 || s.rfind("batch ", 0) == 0) progress.sample_done();
+      if (options.verbose) progress.line("kvbench: " + s);
+      if (stop_requested()) throw GridInterrupted();
+    };
+    const auto c0 = std::chrono::steady_clock::now();
+    try {
+      RunOutcome o = execute_run(c.resolved, db, env);
+      r.run_id = o.run_id;
+      r.samples_computed = o.samples_computed;
+      r.status = o.skipped ? "skipped" : "ran";
+    } catch (const GridInterrupted& e) {
+      r.status = "interrupted";
+      r.error = e.what();
+    } catch (const std::exception& e) {
+      r.status = "failed";
+      r.error = e.what();
+      // execute_run records failures once the run has begun; record earlier ones (e.g. a model that
+      // does not load) too, so the database shows every cell's fate.
+      try {
+        auto existing = db.find_run_by_hash(c.config_hash);
+        if (!existing || existing->status == RunStatus::kRunning) {
+          RunInfo info = db.begin_run(spec_for(c, grid_name));
+          if (!info.already_done) db.fail_run(info.id, r.error);
+          r.run_id = info.id;
+        } else {
+          r.run_id = existing->id;
+        }
+      } catch (const std::exception& e2) {
+        r.error += std::string(" (and recording the failure failed: ") + e2.what() + ")";
+      }
+    }
+    r.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - c0).count();
+    summary.cells.push_back(r);
+    progress.end_cell(r);
+    if (r.status == "ran") summary.ran++;
+    else if (r.status == "skipped") summary.skipped++;
+    else if (r.status == "failed") summary.failed++;
+    if (r.status == "interrupted") {
+      summary.interrupted = true;
+      summary.not_reached = cells.size() - pos - 1;
+      break;
+    }
+  }
+  progress.finish();
+  summary.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return summary;
+}
+
+}  // namespace kvb

@@ -1,0 +1,322 @@
+#include "harness/eval/qa.h"
+
+#include <ATen/ATen.h>
+#include <sys/stat.h>
+
+#include <fstream>
+
+#include "datasets/corpus.h"
+#include "datasets/recall_task.h"
+#include "datasets/synthetic_tasks.h"
+#include "harness/common/error.h"
+#include "harness/common/mapped_file.h"
+#include "harness/common/sha256.h"
+#include "harness/common/strings.h"
+#include "harness/engine/engine.h"
+#include "harness/formats/longbench_jsonl.h"
+#include "harness/formats/tokenizer.h"
+#include "harness/kv/method_registry.h"
+#include "harness/metrics/text_metrics.h"
+
+namespace kvb {
+
+namespace {
+
+std::vector<int64_t> concat(std::vector<int64_t> a, const std::vector<int64_t>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+// Greedy continuation of `seq` from `logits` ([1, vocab]); stops at EOS/BOS, max tokens, or a stop
+// string. Returns the prediction text cut before the first stop string.
+std::string greedy_answer(Engine& e, const Tokenizer& tok, int64_t seq, at::Tensor logits,
+                          int64_t max_new, const std::vector<std::string>& stop) {
+  const auto& c = e.model().config;
+  std::vector<int64_t> out;
+  std::string text;
+  for (int64_t i = 0; i < max_new; ++i) {
+    const int64_t t = logits.to(at::kCPU)[0].argmax().item<int64_t>();
+    if (t == c.bos_id || std::find(c.eos_ids.begin(), c.eos_ids.end(), t) != c.eos_ids.end()) break;
+    out.push_back(t);
+    text = tok.decode(out);
+    bool stopped = false;
+    for (const auto& s : stop) {
+      const size_t at = s.empty() ? std::string::npos : text.find(s);
+      if (at != std::string::npos) {
+        text = text.substr(0, at);
+        stopped = true;
+      }
+    }
+    if (stopped) return text;
+    if (i + 1 < max_new) logits = e.decode({seq}, {t});
+  }
+  return text;
+}
+
+struct Answers {
+  std::vector<std::string> predictions;
+  LedgerEntry ledger;
+  int64_t context_tokens = 0;
+};
+
+Answers answer_all(std::shared_ptr<Model> model, const Tokenizer& tok, const std::string& method,
+                   const nlohmann::json& params, const QaSample& s, const QaOptions& opts) {
+  CacheContext ctx{model->config, model->device, model->dtype};
+  EngineOptions eo;
+  eo.prefill_chunk = opts.prefill_chunk;
+  Engine e(model, MethodRegistry::instance().create(method, ctx, params), eo);
+  std::vector<int64_t> ctx_ids = tok.encode(s.context);
+  if (s.max_context_tokens > 0 && static_cast<int64_t>(ctx_ids.size()) > s.max_context_tokens - 1)
+    ctx_ids = truncate_middle(ctx_ids, static_cast<size_t>(s.max_context_tokens - 1));
+  ctx_ids.insert(ctx_ids.begin(), model->config.bos_id);
+  Answers a;
+  a.context_tokens = static_cast<int64_t>(ctx_ids.size());
+  const int64_t per_token = model->config.kv_bytes_per_token(dtype_bytes(model->dtype));
+  if (opts.mode == "query_agnostic") {
+    const int64_t seq = e.new_sequence();
+    e.prefill({seq}, {ctx_ids});  // end_prefill: the method compresses the context here
+    a.ledger.fp = e.kv().footprint();
+    a.ledger.tokens_seen = a.context_tokens;
+    a.ledger.baseline_bytes = a.context_tokens * per_token;
+    for (const auto& item : s.items) {
+      const int64_t f = e.fork(seq);
+      at::Tensor logits = e.prefill({f}, {tok.encode(item.question)}, nullptr, /*call_end_prefill=*/false);
+      a.predictions.push_back(greedy_answer(e, tok, f, logits, s.max_new_tokens, s.stop));
+      e.release(f);
+    }
+  } else {
+    for (const auto& item : s.items) {
+      const int64_t seq = e.new_sequence();
+      const auto ids = concat(ctx_ids, tok.encode(item.question));
+      at::Tensor logits = e.prefill({seq}, {ids});
+      if (a.predictions.empty()) {
+        a.ledger.fp = e.kv().footprint();
+        a.ledger.tokens_seen = static_cast<int64_t>(ids.size());
+        a.ledger.baseline_bytes = a.ledger.tokens_seen * per_token;
+      }
+      a.predictions.push_back(greedy_answer(e, tok, seq, logits, s.max_new_tokens, s.stop));
+      e.release(seq);
+    }
+  }
+  return a;
+}
+
+std::vector<std::string> full_answers(std::shared_ptr<Model> model, const Tokenizer& tok,
+                                      const QaSample& s, const QaOptions& opts) {
+  nlohmann::json key = {{"v", 1},          {"model", model->config.to_json()},
+                        {"source", model->source}, {"weights_bytes", model->weight_bytes()},
+                        {"device", model->device.str()}, {"dtype", dtype_name(model->dtype)},
+                        {"mode", opts.mode}, {"chunk", opts.prefill_chunk},
+                        {"sample", s.key},  {"max_new", s.max_new_tokens},
+                        {"stop", s.stop},   {"max_ctx", s.max_context_tokens}};
+  std::string path;
+  if (!opts.cache_dir.empty()) {
+    path = opts.cache_dir + "/qa-" + sha256_hex(key.dump()) + ".json";
+    if (file_exists(path)) {
+      try {
+        return nlohmann::json::parse(read_text_file(path)).get<std::vector<std::string>>();
+      } catch (const std::exception&) {
+        // A damaged cache entry is recomputed below.
+      }
+    }
+  }
+  auto a = answer_all(model, tok, "full", nlohmann::json::object(), s, opts);
+  if (!path.empty()) {
+    ::mkdir(opts.cache_dir.c_str(), 0755);
+    const std::string tmp = path + ".tmp" + std::to_string(::getpid());
+    std::ofstream(tmp) << nlohmann::json(a.predictions).dump();
+    std::rename(tmp.c_str(), path.c_str());
+  }
+  return a.predictions;
+}
+
+}  // namespace
+
+QaSampleResult run_qa_sample(std::shared_ptr<Model> model, const Tokenizer& tok,
+                             const std::string& method, const nlohmann::json& method_params,
+                             const QaSample& s, const QaOptions& opts) {
+  KVB_CHECK(opts.mode == "query_agnostic" || opts.mode == "query_aware", "qa: unknown mode '",
+            opts.mode, "'");
+  QaSampleResult r;
+  Answers mine = answer_all(model, tok, method, method_params, s, opts);
+  std::vector<std::string> full = method == "full" ? mine.predictions : full_answers(model, tok, s, opts);
+  r.context_tokens = mine.context_tokens;
+  r.ledger = mine.ledger;
+  for (size_t i = 0; i < s.items.size(); ++i) {
+    const QaItem& it = s.items[i];
+    QaItemResult x;
+    x.prediction = mine.predictions[i];
+    x.full_prediction = full[i];
+    x.score = score_answer(it.metric, x.prediction, it.answers, it.all_classes);
+    x.full_score = score_answer(it.metric, x.full_prediction, it.answers, it.all_classes);
+    r.items.push_back(x);
+  }
+  return r;
+}
+
+nlohmann::json QaSampleResult::to_json() const {
+  nlohmann::json items_j = nlohmann::json::array();
+  for (const auto& i : items)
+    items_j.push_back({{"prediction", i.prediction},
+                       {"full_prediction", i.full_prediction},
+                       {"score", i.score},
+                       {"full_score", i.full_score}});
+  const Footprint& f = ledger.fp;
+  return {{"items", items_j},
+          {"context_tokens", context_tokens},
+          {"ledger",
+           {{"tokens_seen", ledger.tokens_seen},
+            {"baseline_bytes", ledger.baseline_bytes},
+            {"device_payload_bytes", f.device_payload_bytes},
+            {"device_metadata_bytes", f.device_metadata_bytes},
+            {"device_index_bytes", f.device_index_bytes},
+            {"device_reserved_bytes", f.device_reserved_bytes},
+            {"host_bytes", f.host_bytes},
+            {"remote_bytes", f.remote_bytes},
+            {"logical_bytes", f.logical_bytes},
+            {"tokens_held", f.tokens_held}}}};
+}
+
+QaSampleResult QaSampleResult::from_json(const nlohmann::json& j) {
+  QaSampleResult r;
+  for (const auto& i : j.at("items"))
+    r.items.push_back({i.at("prediction"), i.at("full_prediction"), i.at("score"), i.at("full_score")});
+  r.context_tokens = j.at("context_tokens");
+  const auto& l = j.at("ledger");
+  r.ledger.tokens_seen = l.at("tokens_seen");
+  r.ledger.baseline_bytes = l.at("baseline_bytes");
+  Footprint& f = r.ledger.fp;
+  f.device_payload_bytes = l.at("device_payload_bytes");
+  f.device_metadata_bytes = l.at("device_metadata_bytes");
+  f.device_index_bytes = l.at("device_index_bytes");
+  f.device_reserved_bytes = l.at("device_reserved_bytes");
+  f.host_bytes = l.at("host_bytes");
+  f.remote_bytes = l.at("remote_bytes");
+  f.logical_bytes = l.at("logical_bytes");
+  f.tokens_held = l.at("tokens_held");
+  return r;
+}
+
+std::vector<Metric> qa_metrics(const std::vector<QaSampleResult>& samples, bool declared_simulated) {
+  using D = Direction;
+  double score = 0, full = 0, agree = 0;
+  int64_t n = 0;
+  std::vector<LedgerEntry> ledger;
+  for (const auto& s : samples) {
+    for (const auto& i : s.items) {
+      score += i.score;
+      full += i.full_score;
+      agree += i.prediction == i.full_prediction;
+      ++n;
+    }
+    ledger.push_back(s.ledger);
+  }
+  if (n == 0) return {};
+  std::vector<Metric> m = {{"accuracy", score / n, "", D::kHigher},
+                           {"full_accuracy", full / n, "", D::kHigher},
+                           {"agreement_with_full", agree / n, "", D::kHigher},
+                           {"questions", static_cast<double>(n), "", D::kNone}};
+  for (auto& x : m) x.n = n;
+  auto l = ledger_metrics(ledger, declared_simulated);
+  m.insert(m.end(), l.begin(), l.end());
+  return m;
+}
+
+std::vector<QaSample> qa_samples(const Tokenizer& tok, const nlohmann::json& p,
+                                 const std::string& data_dir, const std::string& cache_dir,
+                                 std::string* dataset_hash) {
+  const std::string source = p["source"];
+  std::vector<QaSample> out;
+  if (source == "recall") {
+    auto corpus = load_corpus(p["dataset"].get<std::string>(), resolve_data_dir(data_dir));
+    auto rs = make_recall_samples(corpus->text, p["num_samples"], p["questions"], 6, p["seed"].get<int64_t>());
+    std::string h;
+    for (const auto& r : rs) {
+      QaSample s;
+      s.key = r.hash;
+      h += r.hash;
+      s.context = r.context;
+      for (const auto& q : r.questions) s.items.push_back({q.question, {q.answer}, "exact_match", {}});
+      s.max_new_tokens = p["max_new_tokens"].get<int64_t>() > 0 ? p["max_new_tokens"].get<int64_t>() : 4;
+      // The answer is one word: stop at the first separator after it.
+      s.stop = {" ", ".", ",", "!", "?", "\n"};
+      s.meta = {{"task", "recall"}, {"story", r.index}};
+      out.push_back(std::move(s));
+    }
+    *dataset_hash = sha256_hex(h);
+  } else if (source == "synthetic") {
+    TaskSpec spec;
+    spec.task = p["task"];
+    spec.target_tokens = p["length"];
+    spec.num_samples = p["num_samples"];
+    spec.seed = p["seed"].get<uint64_t>();
+    const std::string depths = p["depths"];
+    if (!depths.empty()) {
+      size_t start = 0;
+      while (start <= depths.size()) {
+        const size_t comma = depths.find(',', start);
+        const std::string d = depths.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+        char* end = nullptr;
+        const double v = std::strtod(d.c_str(), &end);
+        KVB_CHECK(!d.empty() && end && *end == '\0' && v >= 0 && v <= 1, "config.protocol.depths: '",
+                  d, "' is not a depth in [0, 1]");
+        spec.depths.push_back(v);
+        if (comma == std::string::npos) break;
+        start = comma + 1;
+      }
+    }
+    spec.corpus = p["corpus"];
+    spec.data_dir = data_dir.empty() ? "" : resolve_data_dir(data_dir);
+    SampleSet set = cache_dir.empty() ? generate_task(tok, spec) : generate_task_cached(tok, spec, cache_dir + "/tasks");
+    *dataset_hash = set.hash;
+    for (const auto& t : set.samples) {
+      QaSample s;
+      s.key = t.hash;
+      s.context = t.context_prompt();
+      s.items.push_back({t.query_prompt(), t.answers, t.metric, {}});
+      s.max_new_tokens = p["max_new_tokens"].get<int64_t>() > 0 ? p["max_new_tokens"].get<int64_t>() : t.max_new_tokens;
+      s.stop = {"\n"};
+      s.meta = {{"task", t.task}, {"target_tokens", t.target_tokens}, {"actual_tokens", t.actual_tokens}};
+      if (t.depth) s.meta["depth"] = *t.depth;
+      out.push_back(std::move(s));
+    }
+  } else if (source == "longbench") {
+    const std::string file = p["path"], tasks_file = p["tasks"];
+    KVB_CHECK(!file.empty() && !tasks_file.empty(),
+              "config.protocol: source 'longbench' needs 'path' (JSONL) and 'tasks' (task config JSON)");
+    auto lb = read_longbench_jsonl(file);
+    auto tasks = load_longbench_tasks(tasks_file);
+    std::string h;
+    for (const auto& x : lb.samples) {
+      if (static_cast<int64_t>(out.size()) >= p["num_samples"].get<int64_t>()) break;
+      auto it = tasks.find(x.dataset);
+      KVB_CHECK(it != tasks.end(), file, ":", x.line, ": no task config for dataset '", x.dataset, "' in ", tasks_file);
+      const LongBenchTask& t = it->second;
+      // Query-agnostic needs the prompt split where the context ends: everything through {context}
+      // is the context part, the rest (with {input}) is the question.
+      const std::string& tmpl = t.prompt;
+      const size_t at = tmpl.find("{context}");
+      QaSample s;
+      s.context = format_longbench_prompt(tmpl.substr(0, at + 9), x.context, x.input);
+      QaItem item;
+      item.question = format_longbench_prompt(tmpl.substr(at + 9), "", x.input);
+      item.answers = x.answers;
+      item.metric = t.metric;
+      if (x.all_classes) item.all_classes = *x.all_classes;
+      s.items.push_back(item);
+      s.max_new_tokens = p["max_new_tokens"].get<int64_t>() > 0 ? p["max_new_tokens"].get<int64_t>() : t.max_new_tokens;
+      s.max_context_tokens = p["length"];
+      s.stop = t.first_line_only ? std::vector<std::string>{"\n"} : std::vector<std::string>{};
+      s.key = sha256_hex(s.context + "\x1f" + item.question);
+      h += s.key;
+      s.meta = {{"task", x.dataset}, {"id", x.id}, {"line", x.line}};
+      out.push_back(std::move(s));
+    }
+    *dataset_hash = sha256_hex(h);
+  } else {
+    KVB_FAIL("config.protocol.source: unknown source '", source, "'");
+  }
+  return out;
+}
+
+}  // namespace kvb

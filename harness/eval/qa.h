@@ -1,0 +1,73 @@
+#pragma once
+// The `qa` protocol: a context, then one or more questions, answered greedily.
+//   query_agnostic — the context alone is prefilled (and compressed at end_prefill); each question is
+//                    answered on a copy-on-write fork of that one compressed cache, and the fork is
+//                    released afterwards (the answer is truncated off: decode-time state never leaks
+//                    from one question to the next).
+//   query_aware    — the question is part of the prefix the method compresses; one prefill per question.
+// The full cache answers the same samples under the same schedule (computed once, cached on disk by
+// content hash), so every answer is paired with the uncompressed one.
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "harness/eval/ledger.h"
+#include "harness/model/model.h"
+
+namespace kvb {
+
+class Tokenizer;
+
+struct QaItem {
+  std::string question;              // text after the context (question + answer prefix)
+  std::vector<std::string> answers;  // references
+  std::string metric;                // a text metric (harness/metrics/text_metrics.h)
+  std::vector<std::string> all_classes;
+};
+
+struct QaSample {
+  std::string key;      // content hash
+  std::string context;  // text before the questions (BOS is prepended)
+  std::vector<QaItem> items;
+  int64_t max_new_tokens = 32;
+  std::vector<std::string> stop;  // stop strings (the prediction is cut before them)
+  int64_t max_context_tokens = 0; // > 0: middle-truncate the context tokens (LongBench)
+  nlohmann::json meta;            // task, depth, lengths... (stored with the sample)
+};
+
+struct QaOptions {
+  std::string mode = "query_agnostic";
+  int64_t prefill_chunk = 512;
+  std::string cache_dir;  // full-cache answers; "" disables caching
+};
+
+struct QaItemResult {
+  std::string prediction, full_prediction;
+  double score = 0, full_score = 0;
+};
+
+struct QaSampleResult {
+  std::vector<QaItemResult> items;
+  int64_t context_tokens = 0;
+  LedgerEntry ledger;  // the method's cache right after the context (what every question reads)
+  nlohmann::json to_json() const;
+  static QaSampleResult from_json(const nlohmann::json& j);
+};
+
+QaSampleResult run_qa_sample(std::shared_ptr<Model> model, const Tokenizer& tok,
+                             const std::string& method, const nlohmann::json& method_params,
+                             const QaSample& sample, const QaOptions& opts);
+
+// accuracy, full_accuracy, agreement_with_full (identical predictions), questions, + the ledger.
+std::vector<Metric> qa_metrics(const std::vector<QaSampleResult>& samples, bool declared_simulated);
+
+// The samples a qa run answers, from its protocol parameters (synthetic RULER tasks, story recall,
+// LongBench JSONL). *dataset_hash identifies the set.
+std::vector<QaSample> qa_samples(const Tokenizer& tok, const nlohmann::json& protocol,
+                                 const std::string& data_dir, const std::string& cache_dir,
+                                 std::string* dataset_hash);
+
+}  // namespace kvb

@@ -1,0 +1,88 @@
+// The qa protocol end to end on stories260K: story recall (a task it can do), query-agnostic and
+// query-aware, full answers identically to the baseline, and a RULER-style run lands per-sample rows.
+
+#include <gtest/gtest.h>
+
+#include "datasets/recall_task.h"
+#include "harness/eval/run_config.h"
+#include "harness/eval/runner.h"
+#include "harness/store/results_db.h"
+#include "tests/support/test_support.h"
+
+namespace kvb {
+namespace {
+
+double metric(const std::vector<Metric>& ms, const std::string& name) {
+  for (const auto& m : ms)
+    if (m.name == name && !m.layer) return m.value;
+  ADD_FAILURE() << "no metric " << name;
+  return NAN;
+}
+
+nlohmann::json qa_config(const std::string& method, const std::string& protocol_extra) {
+  return resolve_run_config(nlohmann::json::parse(
+      "{\"model\": \"" + test::models_dir() + "/stories260K\", \"method\": \"" + method +
+      "\", \"protocol\": {\"name\": \"qa\", " + protocol_extra + "}}"));
+}
+
+TEST(RecallTask, SamplesAreDeterministicAndAnswersAreInTheContext) {
+  std::string text =
+      "Tom had a red ball. He liked to play with the ball. One day the ball went up a tree. Tom was "
+      "sad. His dad got the ball down.\n\nshort one.\n\nAnna saw a big dog. The dog was very "
+      "friendly. Anna gave the dog a bone. The dog wagged its tail. They became good friends. Anna "
+      "went home happy.\n";
+  auto a = make_recall_samples(text, 5, 2, 5, 0);
+  auto b = make_recall_samples(text, 5, 2, 5, 0);
+  ASSERT_EQ(a.size(), 2u);
+  EXPECT_EQ(a[0].hash, b[0].hash);
+  EXPECT_EQ(a[0].questions[0].question, "Tom had a red");
+  EXPECT_EQ(a[0].questions[0].answer, "ball");
+  for (const auto& s : a)
+    for (const auto& q : s.questions) EXPECT_NE(s.context.find(q.question + " " + q.answer), std::string::npos);
+}
+
+TEST(Qa, RecallWithFullAnswersLikeTheBaselineAndBeatsChance) {
+  for (const char* mode : {"query_agnostic", "query_aware"}) {
+    std::string dir = test::make_temp_dir("qa");
+    ResultsDb db(dir + "/db.sqlite");
+    RunEnv env;
+    env.data_dir = test::data_dir();
+    env.cache_dir = dir + "/cache";
+    auto cfg = qa_config("paged", std::string("\"source\": \"recall\", \"num_samples\": 6, \"mode\": \"") + mode + "\"");
+    RunOutcome o = execute_run(cfg, db, env);
+    EXPECT_EQ(o.samples_total, 6);
+    EXPECT_EQ(metric(o.metrics, "agreement_with_full"), 1.0) << mode;  // paged == full cache
+    EXPECT_EQ(metric(o.metrics, "accuracy"), metric(o.metrics, "full_accuracy"));
+    EXPECT_GT(metric(o.metrics, "accuracy"), 0.3) << mode << ": stories260K should copy from the story";
+    EXPECT_EQ(metric(o.metrics, "questions"), 12);
+    auto samples = db.samples(o.run_id);
+    ASSERT_EQ(samples.size(), 6u);
+    auto j = nlohmann::json::parse(samples[0].output_json);
+    EXPECT_EQ(j["items"].size(), 2u);
+    EXPECT_GT(j["context_tokens"].get<int64_t>(), 20);
+  }
+}
+
+TEST(Qa, RulerStyleRunLandsPerSampleRows) {
+  std::string dir = test::make_temp_dir("ruler");
+  ResultsDb db(dir + "/db.sqlite");
+  RunEnv env;
+  env.data_dir = test::data_dir();
+  env.cache_dir = dir + "/cache";
+  for (const char* task : {"niah_single_1", "niah_multikey_1", "vt"}) {
+    for (int len : {256, 384}) {  // static reserves the model's 512 positions: prompt + answer must fit
+      for (const char* method : {"paged", "static"}) {
+        auto cfg = qa_config(method, std::string("\"source\": \"synthetic\", \"task\": \"") + task +
+                                         "\", \"length\": " + std::to_string(len) + ", \"num_samples\": 1, \"depths\": \"0.5\"");
+        RunOutcome o = execute_run(cfg, db, env);
+        EXPECT_EQ(o.samples_total, 1) << task;
+        EXPECT_EQ(metric(o.metrics, "agreement_with_full"), 1.0) << task << " " << method;
+        EXPECT_EQ(db.sample_count(o.run_id), 1);
+      }
+    }
+  }
+  EXPECT_EQ(db.list_runs().size(), 12u);
+}
+
+}  // namespace
+}  // namespace kvb
