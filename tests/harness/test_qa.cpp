@@ -69,7 +69,7 @@ TEST(Qa, RulerStyleRunLandsPerSampleRows) {
   RunEnv env;
   env.data_dir = test::data_dir();
   env.cache_dir = dir + "/cache";
-  for (const char* task : {"niah_single_1", "niah_multikey_1", "vt"}) {
+  for (const char* task : {"niah_single_1", "niah_single_2", "passkey"}) {
     for (int len : {256, 384}) {  // static reserves the model's 512 positions: prompt + answer must fit
       for (const char* method : {"paged", "static"}) {
         auto cfg = qa_config(method, std::string("\"source\": \"synthetic\", \"task\": \"") + task +
