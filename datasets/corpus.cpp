@@ -1,0 +1,227 @@
+#include "datasets/corpus.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <map>
+#include <mutex>
+#include <utility>
+
+#include "harness/common/error.h"
+#include "harness/common/mapped_file.h"
+#include "harness/common/sha256.h"
+#include "harness/common/strings.h"
+#include "harness/formats/tokenizer.h"
+
+namespace kvb {
+namespace {
+
+struct BuiltinCorpus {
+  const char* name;
+  std::vector<const char*> files;  // relative to the data directory, concatenated in this order
+};
+
+// The fixed order matters: it decides the text, hence every window and hash.
+const std::vector<BuiltinCorpus>& builtin_corpora() {
+  static const std::vector<BuiltinCorpus> kCorpora = {
+      {"tinystories-valid-sample", {"tinystories-valid-sample/tinystories_val.txt"}},
+      // The word-level "tokens" version (<unk>, @-@): the standard WikiText-2 perplexity setting.
+      {"wikitext-2", {"wikitext-2/test.txt"}},
+      {"wikitext-2/test", {"wikitext-2/test.txt"}},
+      {"wikitext-2/valid", {"wikitext-2/valid.txt"}},
+      {"wikitext-2-raw", {"wikitext-2-raw/wiki.test.raw"}},
+      {"tinyshakespeare", {"tinyshakespeare/input.txt"}},
+      {"gutenberg-long",
+       {"gutenberg-long/moby_dick_pg2701.txt", "gutenberg-long/war_and_peace_pg2600.txt"}},
+      {"gutenberg-long/moby_dick", {"gutenberg-long/moby_dick_pg2701.txt"}},
+      {"gutenberg-long/war_and_peace", {"gutenberg-long/war_and_peace_pg2600.txt"}},
+  };
+  return kCorpora;
+}
+
+std::string normalize_newlines(const std::string& raw) {
+  std::string out;
+  out.reserve(raw.size());
+  for (size_t i = 0; i < raw.size(); ++i) {
+    if (raw[i] == '\r') {
+      out += '\n';
+      if (i + 1 < raw.size() && raw[i + 1] == '\n') ++i;
+    } else {
+      out += raw[i];
+    }
+  }
+  return out;
+}
+
+std::shared_ptr<const Corpus> read_corpus(const std::string& name,
+                                          const std::vector<std::string>& paths) {
+  static std::mutex mu;
+  static std::map<std::pair<std::string, std::vector<std::string>>, std::shared_ptr<const Corpus>>
+      cache;
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = cache.find({name, paths});
+  if (it != cache.end()) return it->second;
+  auto corpus = std::make_shared<Corpus>();
+  corpus->name = name;
+  corpus->paths = paths;
+  for (size_t i = 0; i < paths.size(); ++i) {
+    KVB_CHECK(file_exists(paths[i]), "corpus '", name, "': file ", paths[i], " does not exist");
+    if (i) corpus->text += "\n\n";
+    corpus->text += normalize_newlines(read_text_file(paths[i]));
+  }
+  KVB_CHECK(!corpus->text.empty(), "corpus '", name, "': ", paths.front(), " is empty");
+  corpus->sha256 = sha256_hex(corpus->text);
+  cache[{name, paths}] = corpus;
+  return corpus;
+}
+
+}  // namespace
+
+std::string resolve_data_dir(const std::string& flag) {
+  if (!flag.empty()) {
+    KVB_CHECK(dir_exists(flag), "data directory '", flag, "' (from --data-dir) does not exist");
+    return flag;
+  }
+  std::vector<std::string> tried;
+  if (const char* env = std::getenv("KVBENCH_DATA"); env && *env) {
+    if (dir_exists(env)) return env;
+    tried.push_back(std::string("$KVBENCH_DATA=") + env);
+  } else {
+    tried.push_back("$KVBENCH_DATA (unset)");
+  }
+  for (const char* dir : {"./data", "../shared/data"}) {
+    if (dir_exists(dir)) return dir;
+    tried.push_back(dir);
+  }
+  KVB_FAIL("no data directory found: tried ", join(tried, ", "),
+           "; pass --data-dir or set KVBENCH_DATA");
+}
+
+const std::vector<std::string>& corpus_names() {
+  static const std::vector<std::string> kNames = [] {
+    std::vector<std::string> names;
+    for (const auto& c : builtin_corpora()) names.emplace_back(c.name);
+    std::sort(names.begin(), names.end());
+    return names;
+  }();
+  return kNames;
+}
+
+std::shared_ptr<const Corpus> load_corpus(const std::string& name_or_path,
+                                          const std::string& data_dir) {
+  KVB_CHECK(!name_or_path.empty(),
+            "corpus name is empty; known corpora: ", join(corpus_names(), ", "));
+  for (const auto& c : builtin_corpora()) {
+    if (name_or_path != c.name) continue;
+    std::vector<std::string> paths;
+    for (const char* f : c.files) paths.push_back(data_dir + "/" + f);
+    return read_corpus(c.name, paths);
+  }
+  if (file_exists(name_or_path)) return read_corpus(name_or_path, {name_or_path});
+  if (ends_with(name_or_path, ".txt")) KVB_FAIL("corpus file '", name_or_path, "' does not exist");
+  KVB_FAIL("unknown corpus '", name_or_path, "'", did_you_mean(name_or_path, corpus_names()),
+           "; known corpora: ", join(corpus_names(), ", "), ", or a path to a .txt file");
+}
+
+std::vector<int64_t> encode_long_text(const Tokenizer& tokenizer, const std::string& text,
+                                      int64_t max_tokens) {
+  // ~32 KB chunks: large enough that the per-call overhead vanishes, small enough that a window set
+  // of a few thousand tokens never tokenizes a whole book (and BPE's n log n stays short).
+  constexpr size_t kChunkBytes = 32 * 1024;
+  const std::vector<int64_t> probe = tokenizer.encode("a");
+  std::vector<int64_t> ids;
+  size_t begin = 0;
+  while (begin < text.size()) {
+    if (max_tokens >= 0 && static_cast<int64_t>(ids.size()) >= max_tokens) break;
+    // A cut where no whitespace rule straddles it: right before a '\n' that follows a non-space
+    // character, or right after a '\n' before a space (wikitext's lines end in " \n" and start
+    // with " "). The whole rest when there is none.
+    size_t end = text.size();
+    if (text.size() - begin > 2 * kChunkBytes) {
+      for (size_t p = begin + kChunkBytes; p < text.size(); ++p) {
+        if ((text[p] == '\n' && text[p - 1] != ' ') || (text[p] == ' ' && text[p - 1] == '\n')) {
+          end = p;
+          break;
+        }
+      }
+    }
+    const std::string chunk = text.substr(begin, end - begin);
+    if (begin == 0) {
+      ids = tokenizer.encode(chunk);
+    } else {
+      // The chunk starts with '\n' or ' ': "a" + chunk encodes as encode("a") followed by the
+      // chunk's tokens exactly as they appear inside the whole text (a '\n' gets no dummy-prefix
+      // space of its own; a leading space is the space the whole text has there).
+      std::vector<int64_t> part = tokenizer.encode("a" + chunk);
+      if (part.size() < probe.size() || !std::equal(probe.begin(), probe.end(), part.begin())) {
+        // A tokenizer that merges across '\n': only a whole-text encoding is right.
+        std::vector<int64_t> all = tokenizer.encode(text);
+        return all;
+      }
+      ids.insert(ids.end(), part.begin() + static_cast<std::ptrdiff_t>(probe.size()), part.end());
+    }
+    begin = end;
+  }
+  return ids;
+}
+
+std::string window_ids_hash(const std::vector<int64_t>& ids) {
+  std::string s;
+  s.reserve(ids.size() * 6);
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (i) s += ',';
+    s += std::to_string(ids[i]);
+  }
+  return sha256_hex(s);
+}
+
+TextWindows make_windows(const Tokenizer& tokenizer, const std::string& text,
+                         const WindowOptions& options, const std::string& source) {
+  KVB_CHECK(options.bos == "each" || options.bos == "none", source, ": window bos policy '",
+            options.bos, "' is not one of each, none", did_you_mean(options.bos, {"each", "none"}));
+  const bool bos = options.bos == "each";
+  KVB_CHECK(options.window_tokens >= (bos ? 2 : 1), source, ": window_tokens ",
+            options.window_tokens, " must be at least ", bos ? 2 : 1,
+            bos ? " (BOS plus one text token)" : "");
+  KVB_CHECK(options.stride >= 0, source, ": window stride ", options.stride,
+            " must be >= 0 (0: non-overlapping windows)");
+  KVB_CHECK(options.max_windows >= 0, source, ": max_windows ", options.max_windows,
+            " must be >= 0 (0: all windows)");
+
+  TextWindows out;
+  out.options = options;
+  out.content_tokens = options.window_tokens - (bos ? 1 : 0);
+  if (out.options.stride == 0) out.options.stride = out.content_tokens;
+  const int64_t stride = out.options.stride;
+
+  // Tokenize only what the requested windows need.
+  const int64_t needed =
+      options.max_windows > 0 ? (options.max_windows - 1) * stride + out.content_tokens : -1;
+  const std::vector<int64_t> ids = encode_long_text(tokenizer, text, needed);
+  out.tokens_tokenized = static_cast<int64_t>(ids.size());
+  out.text_exhausted = needed < 0 || out.tokens_tokenized < needed;
+  const int64_t n = out.tokens_tokenized;
+  KVB_CHECK(n >= out.content_tokens, source, ": the text has ", n,
+            " tokens, fewer than one window (", out.content_tokens, " text tokens",
+            bos ? " plus BOS" : "", ")");
+
+  std::string joined = "kvb-windows-v1|window_tokens=" + std::to_string(options.window_tokens) +
+                       "|stride=" + std::to_string(stride) + "|bos=" + options.bos + "|";
+  for (int64_t start = 0; start + out.content_tokens <= n; start += stride) {
+    if (options.max_windows > 0 && static_cast<int64_t>(out.windows.size()) >= options.max_windows)
+      break;
+    TextWindow w;
+    w.index = static_cast<int64_t>(out.windows.size());
+    w.start_token = start;
+    w.ids.reserve(static_cast<size_t>(options.window_tokens));
+    if (bos) w.ids.push_back(tokenizer.bos_id());
+    w.ids.insert(w.ids.end(), ids.begin() + start, ids.begin() + start + out.content_tokens);
+    w.hash = window_ids_hash(w.ids);
+    joined += w.hash;
+    joined += ',';
+    out.windows.push_back(std::move(w));
+  }
+  out.hash = sha256_hex(joined);
+  return out;
+}
+
+}  // namespace kvb
