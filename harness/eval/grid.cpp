@@ -471,7 +471,8 @@ GridPlan expand_grid(const json& grid, const GridOptions& options) {
     KVB_FAIL("grid", plan.name.empty() ? "" : " '" + plan.name + "'", ": cell ", b.expanded_index + 1,
              " of ", total, " (", b.label, ") is invalid: ", b.error,
              bad.size() > 1 ? " (and " + std::to_string(bad.size() - 1) + " more invalid cells)" : "",
-             b.error.find("method") != std::string::npos && b.error.find("unknown key") != std::string::npos
+             b.error.find("method") != std::string::npos &&
+                     b.error.find("unknown parameter") != std::string::npos
                  ? "; give per-method parameter lists in the method axis, e.g. {\"name\": \"m\", "
                    "\"params\": {\"p\": [1, 2]}}, or exclude the combination"
                  : "");
@@ -590,7 +591,7 @@ GridSummary run_grid(const std::string& grid_name, const std::vector<GridCell>& 
     env.grid = grid_name;
     env.log = [&](const std::string& s) {
       if (s.rfind("sample ", 0) == 0 || s.rfind("batch ", 0) == 0) progress.sample_done();
-      if (options.verbose) progress.line("kvbench: " + s);
+      if (options.verbose || s.rfind("resuming", 0) == 0) progress.line("kvbench: " + s);
       if (stop_requested()) throw GridInterrupted();
     };
     const auto c0 = std::chrono::steady_clock::now();

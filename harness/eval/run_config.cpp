@@ -21,6 +21,15 @@ const std::vector<ProtocolSpec>& protocol_specs() {
         int_param("prefill_tokens", 1, 1, 1 << 20,
                   "tokens prefilled before token-by-token decoding (1: only BOS)"),
         int_param("prefill_chunk", 512, 1, 1 << 20, "tokens per prefill step")}},
+      {"probe",
+       "per-layer fidelity against exact attention at sampled decode positions (the method's and an "
+       "exact cache get the same inputs): attention-output, key, value and attention-probability error",
+       {string_param("dataset", "tinystories-valid-sample", {}, "corpus name or .txt path"),
+        int_param("window", 256, 3, 1 << 20, "tokens per window (BOS included)"),
+        int_param("max_windows", 2, 1, 1 << 20, "windows probed (samples)"),
+        int_param("prefill_tokens", 64, 1, 1 << 20, "tokens prefilled (and compressed) first"),
+        int_param("every", 16, 1, 1 << 20, "probe every n-th decode position"),
+        int_param("stride", 0, 0, 1 << 20, "tokens between window starts; 0: window")}},
       {"qa",
        "context then questions, greedy answers scored by the task metric and paired with the full "
        "cache's answers; query-agnostic (one compressed context, many questions) or query-aware",

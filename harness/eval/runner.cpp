@@ -7,6 +7,7 @@
 
 #include "harness/common/error.h"
 #include "harness/eval/perf.h"
+#include "harness/eval/probe.h"
 #include "harness/eval/qa.h"
 #include "harness/formats/tokenizer.h"
 #include "harness/eval/run_config.h"
@@ -144,6 +145,24 @@ RunOutcome execute_run(const nlohmann::json& resolved, ResultsDb& db, const RunE
       std::vector<StreamSampleResult> all;
       for (const auto& s : db.samples(run_id)) all.push_back(StreamSampleResult::from_json(nlohmann::json::parse(s.output_json)));
       out.metrics = stream_metrics(all, declared_simulated);
+    } else if (protocol == "probe") {
+      KVB_CHECK(!model->tokenizer_path.empty(), model->source, ": the probe protocol needs a tokenizer");
+      std::string dataset_hash;
+      auto windows = stream_windows(model->tokenizer_path, proto, env.data_dir, &dataset_hash);
+      out.samples_total = static_cast<int64_t>(windows.size());
+      ProbeOptions po;
+      po.prefill_tokens = proto["prefill_tokens"];
+      po.every = proto["every"];
+      for (size_t i = 0; i < windows.size(); ++i) {
+        const int64_t idx = static_cast<int64_t>(i);
+        if (done.count(idx)) continue;
+        auto r = run_probe_sample(model, method, method_params, windows[i].tokens, po);
+        db.add_sample(run_id, idx, windows[i].key, r.to_json().dump());
+        out.samples_computed++;
+      }
+      std::vector<ProbeSampleResult> all;
+      for (const auto& s : db.samples(run_id)) all.push_back(ProbeSampleResult::from_json(nlohmann::json::parse(s.output_json)));
+      out.metrics = probe_metrics(all);
     } else if (protocol == "qa") {
       KVB_CHECK(!model->tokenizer_path.empty(), model->source, ": the qa protocol needs a tokenizer");
       Tokenizer tok(model->tokenizer_path);

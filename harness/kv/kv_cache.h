@@ -57,6 +57,15 @@ struct Footprint {
   int64_t allocated_bytes() const { return physical_bytes() + device_reserved_bytes; }
 };
 
+// What a store holds for one sequence, layer and KV head, as attention reads it (reconstructed or
+// dequantized keys post-RoPE, values, and which cache index each kept token came from). For the probe
+// protocol; stores that do not implement probe_view are probed on their attention output only.
+struct HeadSnapshot {
+  at::Tensor k;      // [n_kept, head_dim], fp32
+  at::Tensor v;      // [n_kept, head_dim], fp32
+  at::Tensor index;  // [n_kept], int64: the token's index in the sequence (0 = first token)
+};
+
 class KvCache {
  public:
   virtual ~KvCache() = default;
@@ -81,6 +90,8 @@ class KvCache {
   virtual Footprint footprint() const = 0;
   // Method-specific figures for the results store (tokens evicted, hit rates, realized ratio...).
   virtual std::map<std::string, double> counters() const { return {}; }
+  // Per KV head, what this store holds for `seq_id` at `layer` (see HeadSnapshot); empty: not supported.
+  virtual std::vector<HeadSnapshot> probe_view(int layer, int64_t seq_id) const { return {}; }
 };
 
 }  // namespace kvb

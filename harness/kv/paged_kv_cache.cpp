@@ -239,3 +239,17 @@ at::Tensor PagedKvCache::gather(int layer, int64_t seq_id, bool keys) const {
 }
 
 }  // namespace kvb
+
+namespace kvb {
+
+std::vector<HeadSnapshot> PagedKvCache::probe_view(int layer, int64_t seq_id) const {
+  at::Tensor k = gather(layer, seq_id, true).to(at::kFloat);   // [len, Hk, D]
+  at::Tensor v = gather(layer, seq_id, false).to(at::kFloat);
+  at::Tensor idx = at::arange(k.size(0), at::TensorOptions().dtype(at::kLong).device(k.device()));
+  std::vector<HeadSnapshot> out;
+  for (int64_t h = 0; h < config_.n_kv_heads; ++h)
+    out.push_back({k.select(1, h).contiguous(), v.select(1, h).contiguous(), idx});
+  return out;
+}
+
+}  // namespace kvb

@@ -33,6 +33,7 @@ class PagedKvCache : public KvCache {
   void truncate(int64_t seq_id, int64_t new_len) override;
   int64_t seq_len(int64_t seq_id) const override;
   Footprint footprint() const override;
+  std::vector<HeadSnapshot> probe_view(int layer, int64_t seq_id) const override;
 
   int64_t block_size() const { return block_size_; }
   int64_t blocks_in_use() const;

@@ -99,4 +99,17 @@ Footprint ContiguousKvCache::footprint() const {
   return f;
 }
 
+std::vector<HeadSnapshot> ContiguousKvCache::probe_view(int layer, int64_t seq_id) const {
+  auto it = seqs_.find(seq_id);
+  if (it == seqs_.end()) return {};
+  const Seq& s = it->second;
+  at::Tensor k = s.k[layer].narrow(0, 0, s.len).to(at::kFloat);
+  at::Tensor v = s.v[layer].narrow(0, 0, s.len).to(at::kFloat);
+  at::Tensor idx = at::arange(s.len, at::TensorOptions().dtype(at::kLong).device(k.device()));
+  std::vector<HeadSnapshot> out;
+  for (int64_t h = 0; h < ctx_.config.n_kv_heads; ++h)
+    out.push_back({k.select(1, h).contiguous(), v.select(1, h).contiguous(), idx});
+  return out;
+}
+
 }  // namespace kvb

@@ -28,6 +28,7 @@ class ContiguousKvCache : public KvCache {
   void truncate(int64_t seq_id, int64_t new_len) override;
   int64_t seq_len(int64_t seq_id) const override;
   Footprint footprint() const override;
+  std::vector<HeadSnapshot> probe_view(int layer, int64_t seq_id) const override;
 
  private:
   struct Seq {

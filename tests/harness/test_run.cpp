@@ -195,3 +195,28 @@ TEST(Run, PerfProtocolRecordsThroughputAndLedger) {
 
 }  // namespace
 }  // namespace kvb
+
+namespace kvb {
+namespace {
+
+TEST(Probe, ExactStoresHaveZeroErrorAndEveryLayerIsReported) {
+  std::string dir = test::make_temp_dir("probe");
+  ResultsDb db(dir + "/db.sqlite");
+  RunEnv env;
+  env.data_dir = test::data_dir();
+  for (const char* method : {"paged", "static"}) {
+    nlohmann::json cfg = resolve_run_config(nlohmann::json::parse(
+        "{\"model\": \"" + test::models_dir() + "/stories260K\", \"method\": \"" + method +
+        "\", \"protocol\": {\"name\": \"probe\", \"window\": 96, \"max_windows\": 1, \"prefill_tokens\": 16, \"every\": 8}}"));
+    RunOutcome o = execute_run(cfg, db, env);
+    int per_layer = 0;
+    for (const auto& m : o.metrics) {
+      if (m.layer) ++per_layer;
+      EXPECT_LT(m.value, 1e-5) << method << " " << m.name;
+    }
+    EXPECT_EQ(per_layer, 4 * 5) << method;  // 4 measures x 5 layers
+  }
+}
+
+}  // namespace
+}  // namespace kvb
