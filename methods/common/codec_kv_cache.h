@@ -1,0 +1,69 @@
+#pragma once
+// A keep-everything KV store whose rows are held by a codec (kv_codec.h): one CodecStream per
+// (sequence, layer, K|V), rows = tokens, width = num_kv_heads * head_dim. KIVI, per-token
+// quantization and KVTuner are this store with different codecs.
+//
+// attend(): the stored rows are decoded into a scratch buffer (fp32), the step's new rows are put
+// after them at full precision, attend_dense runs, and only then are the new rows appended to the
+// streams (which encode what has become due). So a step always attends its own tokens at full
+// precision, as KIVI does (prefill attends the whole prompt exactly; a decode step's key/value sit
+// in the residual when they are attended). The scratch is transient (one sequence and layer at a
+// time); its high-water mark is reported as the counter scratch_bytes_peak, not in the footprint.
+//
+// CPU only for now: the streams live in host memory and the kernels are the CPU ones.
+
+#include <map>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "harness/kv/kv_cache.h"
+#include "harness/kv/method.h"
+#include "methods/common/kv_codec.h"
+
+namespace kvb {
+
+class CodecKvCache : public KvCache {
+ public:
+  // extra_counters join the codec's describe() and the measured figures in counters().
+  CodecKvCache(const CacheContext& ctx, std::shared_ptr<const KvCodec> codec, std::string name,
+               std::map<std::string, double> extra_counters = {});
+
+  std::string name() const override { return name_; }
+  void begin_step(const StepBatch& batch) override;
+  at::Tensor attend(const LayerInput& in) override;
+  void end_step(const StepBatch& batch) override;
+  void release(int64_t seq_id) override { seqs_.erase(seq_id); }
+  void fork(int64_t src_id, int64_t dst_id) override;
+  void truncate(int64_t seq_id, int64_t new_len) override;
+  int64_t seq_len(int64_t seq_id) const override;
+  Footprint footprint() const override;
+  // The codec's figures plus measured ones: effective_bits_per_element (all physical bytes per live
+  // element), encoded_bits_per_element (codes + metadata per encoded element), k_/v_ variants,
+  // full_precision_fraction, scratch_bytes_peak.
+  std::map<std::string, double> counters() const override;
+
+  const KvCodec& codec() const { return *codec_; }
+  // For tests and tools: the stream of one sequence, layer and tensor.
+  const CodecStream& stream(int64_t seq_id, int layer, KvKind kind) const;
+  // Bytes summed over all sequences and layers, per tensor kind.
+  CodecBytes bytes(KvKind kind) const;
+
+ private:
+  struct Seq {
+    std::vector<std::unique_ptr<CodecStream>> k, v;  // per layer
+    int64_t len = 0;
+  };
+  Seq new_seq() const;
+
+  CacheContext ctx_;
+  std::shared_ptr<const KvCodec> codec_;
+  std::string name_;
+  std::map<std::string, double> extra_counters_;
+  std::unordered_map<int64_t, Seq> seqs_;
+  std::vector<float> k_scratch_, v_scratch_;
+  int64_t scratch_peak_bytes_ = 0;
+};
+
+}  // namespace kvb

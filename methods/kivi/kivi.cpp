@@ -1,0 +1,82 @@
+// kivi: KIVI (Liu et al., ICML 2024): keys quantized per channel in groups of G tokens, values per
+// token in groups of G channels, asymmetric b-bit with fp16 scale and min, and a full-precision
+// residual of the R most recent tokens (keys: chunked, quantized R at a time; values: a sliding
+// window). Only completed groups are quantized, never the whole cache again. Physical storage:
+// packed codes + metadata + residual (methods/common/kv_codec.h) in a keep-everything store
+// (codec_kv_cache.h).
+
+#include "harness/common/error.h"
+#include "harness/kv/method_registry.h"
+#include "methods/common/codec_kv_cache.h"
+#include "methods/common/kv_codec.h"
+
+namespace kvb {
+namespace {
+
+MethodInfo kivi_info() {
+  MethodInfo m;
+  m.name = "kivi";
+  m.summary =
+      "KIVI: per-channel keys / per-token values, asymmetric 2-8 bit groups, full-precision "
+      "residual";
+  m.paper =
+      "Liu et al., KIVI: A Tuning-Free Asymmetric 2bit Quantization for KV Cache, ICML 2024 (arXiv "
+      "2402.02750)";
+  m.params = {
+      string_param(
+          "preset", "none", {"none", "kivi-2", "kivi-4"},
+          "official settings (G=32, R=128; 2 or 4 bits for K and V); leave k_bits, v_bits, "
+          "group_size, residual_length at their defaults when using one"),
+      int_param("k_bits", 2, 2, 8, "key bits: 2, 3, 4 or 8"),
+      int_param("v_bits", 2, 2, 8, "value bits: 2, 3, 4 or 8"),
+      int_param("group_size", 32, 1, 4096,
+                "G: tokens per key group (per channel); channels per value group, reduced to the "
+                "largest divisor of head_dim <= G (groups never straddle heads)"),
+      int_param(
+          "residual_length", 128, 0, 1 << 20,
+          "R: most recent tokens kept at full precision (a multiple of G for per-channel keys)"),
+      string_param("key_mode", "per_channel", {"per_channel", "per_token"},
+                   "per_channel: KIVI keys; per_token: keys like values (the ablation)"),
+      string_param("residual_dtype", "fp16", {"fp16", "bf16", "fp32"},
+                   "storage of the full-precision residual (KIVI: fp16)")};
+  m.caps.quantizes = true;
+  return m;
+}
+
+std::unique_ptr<KvCache> make_kivi(const CacheContext& ctx, const nlohmann::json& p) {
+  int32_t kb = p["k_bits"].get<int32_t>(), vb = p["v_bits"].get<int32_t>();
+  int64_t G = p["group_size"].get<int64_t>(), R = p["residual_length"].get<int64_t>();
+  const std::string preset = p["preset"];
+  if (preset != "none") {
+    KVB_CHECK(kb == 2 && vb == 2 && G == 32 && R == 128, "method kivi: preset '", preset,
+              "' sets k_bits, v_bits, group_size and residual_length; leave them at their defaults "
+              "(got k_bits ",
+              kb, ", v_bits ", vb, ", group_size ", G, ", residual_length ", R, ")");
+    kb = vb = preset == "kivi-4" ? 4 : 2;
+  }
+  for (auto [name, bits] : {std::pair<const char*, int32_t>{"k_bits", kb}, {"v_bits", vb}})
+    KVB_CHECK(kernels::quant_bits_supported(bits), "method kivi.", name, ": ", bits,
+              " is not a supported width (allowed: 2, 3, 4, 8)");
+  const bool per_channel = p["key_mode"] == "per_channel";
+  if (per_channel)
+    KVB_CHECK(R % G == 0, "method kivi.residual_length: ", R, " is not a multiple of group_size ",
+              G, " (keys are quantized per channel when the residual fills)");
+  const RowDtype rd = parse_row_dtype(p["residual_dtype"]);
+  const int64_t hd = ctx.config.head_dim;
+  const int64_t channel_group = adapt_channel_group(G, hd);
+  QuantSpec ks = per_channel ? QuantCodec::kivi_key(kb, G, R, rd)
+                             : QuantCodec::per_token(kb, channel_group, R, rd);
+  QuantSpec vs = QuantCodec::kivi_value(vb, channel_group, R, rd);
+  const std::string name = "kivi-k" + std::to_string(kb) + "v" + std::to_string(vb) + "-g" +
+                           std::to_string(G) + "-r" + std::to_string(R);
+  auto codec = std::make_shared<QuantCodec>(name, ks, vs);
+  return std::make_unique<CodecKvCache>(
+      ctx, codec, "kivi",
+      std::map<std::string, double>{{"group_size_requested", static_cast<double>(G)},
+                                    {"channel_group_adapted", channel_group != G ? 1.0 : 0.0}});
+}
+
+}  // namespace
+}  // namespace kvb
+
+KVB_REGISTER_METHOD(kivi, kvb::kivi_info, kvb::make_kivi);
