@@ -1,0 +1,749 @@
+#include "methods/common/evicting_kv_cache.h"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "harness/common/error.h"
+#include "harness/model/model.h"
+#include "kvb/kernels/cpu_ops.h"
+
+namespace kvb {
+
+const char* budget_unit_name(BudgetUnit u) {
+  switch (u) {
+    case BudgetUnit::kRatio:
+      return "ratio";
+    case BudgetUnit::kTokensPerLayer:
+      return "tokens_per_layer";
+    default:
+      return "tokens_per_head";
+  }
+}
+
+BudgetUnit parse_budget_unit(const std::string& s) {
+  if (s == "ratio") return BudgetUnit::kRatio;
+  if (s == "tokens_per_layer") return BudgetUnit::kTokensPerLayer;
+  if (s == "tokens_per_head") return BudgetUnit::kTokensPerHead;
+  KVB_FAIL("unknown budget_unit '", s, "' (ratio | tokens_per_layer | tokens_per_head)");
+}
+
+PositionMode parse_position_mode(const std::string& s) {
+  if (s == "absolute") return PositionMode::kAbsolute;
+  if (s == "rerotated") return PositionMode::kRerotated;
+  KVB_FAIL("unknown position_mode '", s, "' (absolute | rerotated)");
+}
+
+namespace {
+
+// floor(r * n) without 0.29 * 100 = 28.999... surprises.
+int64_t floor_ratio(double r, int64_t n) {
+  return static_cast<int64_t>(std::floor(r * static_cast<double>(n) + 1e-9));
+}
+
+int64_t round_up(int64_t x, int64_t g) { return (x + g - 1) / g * g; }
+
+// Exact attention of one KV head's query group, fp32, raw pointers.
+//   q: query row i, group head g at q + i * q_stride + g * D (n rows, G heads)
+//   k, v: [rows, D] (v may be null when o is null); row i sees keys [0, vis[i])
+//   o: like q (o_stride) or null; acc: += probabilities summed over rows (and over g when
+//   acc_g_stride == 0, else head g adds into acc + g * acc_g_stride); last: += row n - 1's
+//   probabilities summed over g. p: scratch of at least max(vis) floats.
+void head_attention_f32(const float* q, int64_t q_stride, int64_t n, int64_t G, int64_t D,
+                        const float* k, const float* v, const int64_t* vis, float scale, float* o,
+                        int64_t o_stride, float* acc, int64_t acc_g_stride, float* last, float* p) {
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t m = vis[i];
+    for (int64_t g = 0; g < G; ++g) {
+      const float* qi = q + i * q_stride + g * D;
+      float* oi = o ? o + i * o_stride + g * D : nullptr;
+      if (m <= 0) {
+        if (oi) std::fill(oi, oi + D, 0.f);
+        continue;
+      }
+      float mx = -std::numeric_limits<float>::infinity();
+      for (int64_t j = 0; j < m; ++j) {
+        const float* kj = k + j * D;
+        float s = 0.f;
+        for (int64_t d = 0; d < D; ++d) s += qi[d] * kj[d];
+        s *= scale;
+        p[j] = s;
+        mx = std::max(mx, s);
+      }
+      float sum = 0.f;
+      for (int64_t j = 0; j < m; ++j) {
+        p[j] = std::exp(p[j] - mx);
+        sum += p[j];
+      }
+      const float inv = 1.f / sum;
+      if (oi) {
+        std::fill(oi, oi + D, 0.f);
+        for (int64_t j = 0; j < m; ++j) {
+          const float w = p[j];
+          const float* vj = v + j * D;
+          for (int64_t d = 0; d < D; ++d) oi[d] += w * vj[d];
+        }
+        for (int64_t d = 0; d < D; ++d) oi[d] *= inv;
+      }
+      if (acc) {
+        float* a = acc + g * acc_g_stride;
+        for (int64_t j = 0; j < m; ++j) a[j] += p[j] * inv;
+      }
+      if (last && i == n - 1) {
+        for (int64_t j = 0; j < m; ++j) last[j] += p[j] * inv;
+      }
+    }
+  }
+}
+
+// Rotates rows [rows, D] (fp32, any device) by the per-row tables cos/sin [rows, D / 2].
+at::Tensor rotate_rows(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                       bool interleaved) {
+  const int64_t rows = x.size(0), D = x.size(1), half = D / 2;
+  at::Tensor xf = x.to(at::kFloat).contiguous();
+  if (interleaved) {
+    at::Tensor pairs = xf.view({rows, half, 2});
+    at::Tensor a = pairs.select(2, 0), b = pairs.select(2, 1);
+    return at::stack({a * cos - b * sin, a * sin + b * cos}, 2).view({rows, D});
+  }
+  at::Tensor a = xf.narrow(1, 0, half), b = xf.narrow(1, half, half);
+  return at::cat({a * cos - b * sin, b * cos + a * sin}, 1);
+}
+
+}  // namespace
+
+int64_t Budget::per_head(int64_t seen, int64_t n_kv_heads) const {
+  if (seen <= 0) return 0;
+  int64_t b = 0;
+  switch (unit) {
+    case BudgetUnit::kRatio:
+      b = floor_ratio(value, seen);
+      break;
+    case BudgetUnit::kTokensPerHead:
+      b = static_cast<int64_t>(value);
+      break;
+    case BudgetUnit::kTokensPerLayer:
+      b = static_cast<int64_t>(value) / n_kv_heads;
+      break;
+  }
+  return std::max<int64_t>(1, b);
+}
+
+int64_t Budget::per_layer(int64_t seen, int64_t n_kv_heads) const {
+  if (seen <= 0) return 0;
+  int64_t b = 0;
+  switch (unit) {
+    case BudgetUnit::kRatio:
+      b = n_kv_heads * floor_ratio(value, seen);
+      break;
+    case BudgetUnit::kTokensPerHead:
+      b = n_kv_heads * static_cast<int64_t>(value);
+      break;
+    case BudgetUnit::kTokensPerLayer:
+      b = static_cast<int64_t>(value);
+      break;
+  }
+  return std::max<int64_t>(1, b);
+}
+
+EvictingKvCache::EvictingKvCache(const CacheContext& ctx, Options opts,
+                                 std::unique_ptr<EvictionPolicy> policy)
+    : ctx_(ctx), opts_(std::move(opts)), policy_(std::move(policy)) {
+  KVB_CHECK(policy_ != nullptr, opts_.name, ": no eviction policy");
+  KVB_CHECK(opts_.granule >= 1, opts_.name, ": granule must be >= 1");
+  const ModelConfig& c = ctx_.config;
+  needs_ = policy_->needs();
+  sched_ = policy_->schedule();
+  L_ = c.n_layers;
+  Hkv_ = c.n_kv_heads;
+  Hq_ = c.n_heads;
+  G_ = c.group_size();
+  D_ = c.head_dim;
+  elem_ = static_cast<int64_t>(c10::elementSize(ctx_.dtype));
+  KVB_CHECK(Hkv_ >= 1 && Hq_ % Hkv_ == 0, opts_.name, ": ", Hq_, " query heads do not group over ",
+            Hkv_, " KV heads");
+  fast_ = ctx_.device.is_cpu() && ctx_.dtype == at::kFloat && !opts_.force_generic;
+  host_is_device_ = ctx_.device.is_cpu();
+  sm_scale_ = 1.0f / std::sqrt(static_cast<float>(D_));
+}
+
+EvictingKvCache::~EvictingKvCache() = default;
+
+EvictingKvCache::Seq& EvictingKvCache::seq(int64_t id) {
+  auto it = seqs_.find(id);
+  KVB_CHECK(it != seqs_.end(), opts_.name, ": unknown sequence ", id);
+  return it->second;
+}
+
+const EvictingKvCache::Seq& EvictingKvCache::seq(int64_t id) const {
+  auto it = seqs_.find(id);
+  KVB_CHECK(it != seqs_.end(), opts_.name, ": unknown sequence ", id);
+  return it->second;
+}
+
+bool EvictingKvCache::collecting_window(const Seq& s) const {
+  return needs_.window > 0 && (!s.decoding || sched_.every_decode_steps > 0);
+}
+
+void EvictingKvCache::reallocate(Head& h, int64_t cap) {
+  at::Tensor fresh =
+      at::empty({2, cap, D_}, at::TensorOptions().dtype(ctx_.dtype).device(ctx_.device));
+  if (h.len > 0) {
+    if (fast_) {
+      const float* src = h.kv.data_ptr<float>();
+      float* dst = fresh.data_ptr<float>();
+      std::memcpy(dst, src, sizeof(float) * h.len * D_);
+      std::memcpy(dst + cap * D_, src + h.cap * D_, sizeof(float) * h.len * D_);
+    } else {
+      fresh.narrow(1, 0, h.len).copy_(h.kv.narrow(1, 0, h.len));
+    }
+  }
+  h.kv = fresh;
+  // Fresh vectors so that the capacity really is `cap` (shrinking frees).
+  std::vector<int32_t> idx(static_cast<size_t>(cap), 0);
+  std::copy(h.idx.begin(), h.idx.begin() + h.len, idx.begin());
+  h.idx.swap(idx);
+  if (needs_.accumulate) {
+    std::vector<float> acc(static_cast<size_t>(cap), 0.f);
+    std::copy(h.acc.begin(), h.acc.begin() + h.len, acc.begin());
+    h.acc.swap(acc);
+  }
+  h.cap = cap;
+  reallocations_++;
+}
+
+void EvictingKvCache::reserve(Head& h, int64_t need) {
+  if (need <= h.cap) return;
+  // A head that has evicted before stays near its budget: grow by a granule past the need. A head
+  // that never evicted (a long prompt, a keep-everything budget) grows geometrically.
+  reallocate(h, h.evicted ? round_up(need, opts_.granule) + opts_.granule
+                          : round_up(std::max(need, h.cap + h.cap / 2), opts_.granule));
+}
+
+void EvictingKvCache::compact(Head& h, const std::vector<int64_t>& keep) {
+  const int64_t k = static_cast<int64_t>(keep.size());
+  int64_t prev = -1;
+  for (int64_t s : keep) {
+    KVB_CHECK(s > prev && s < h.len, opts_.name, ": the policy returned slot ", s,
+              " out of order or outside 0..", h.len - 1);
+    prev = s;
+  }
+  if (fast_) {
+    float* K = h.kv.data_ptr<float>();
+    float* V = K + h.cap * D_;
+    for (int64_t r = 0; r < k; ++r) {
+      const int64_t s = keep[r];
+      if (s == r) continue;  // keep is ascending, so s > r: forward copies never clobber
+      std::memcpy(K + r * D_, K + s * D_, sizeof(float) * D_);
+      std::memcpy(V + r * D_, V + s * D_, sizeof(float) * D_);
+    }
+  } else if (k > 0) {
+    at::Tensor index = at::tensor(keep, at::kLong).to(ctx_.device);
+    at::Tensor sel = h.kv.narrow(1, 0, h.len).index_select(1, index);
+    h.kv.narrow(1, 0, k).copy_(sel);
+  }
+  for (int64_t r = 0; r < k; ++r) {
+    h.idx[r] = h.idx[keep[r]];
+    if (needs_.accumulate) h.acc[r] = h.acc[keep[r]];
+  }
+  if (k < h.len) h.evicted = true;
+  h.len = k;
+  const int64_t target = round_up(k + 1, opts_.granule);
+  if (h.cap > target + opts_.granule) reallocate(h, target);
+}
+
+void EvictingKvCache::ensure_rope(int64_t n_pos) {
+  if (n_pos <= rope_len_) return;
+  const int64_t len = std::max<int64_t>({n_pos, 2 * rope_len_, 1024});
+  compute_rope_tables(ctx_.config, len, &rope_cos_, &rope_sin_);
+  if (!ctx_.device.is_cpu()) {
+    rope_cos_dev_ = rope_cos_.to(ctx_.device);
+    rope_sin_dev_ = rope_sin_.to(ctx_.device);
+  } else {
+    rope_cos_dev_ = rope_cos_;
+    rope_sin_dev_ = rope_sin_;
+  }
+  rope_len_ = len;
+}
+
+const float* EvictingKvCache::keys_f32(const Head& h, int64_t rows, int64_t base,
+                                       std::vector<float>* scratch) {
+  const float* K = h.kv.data_ptr<float>();
+  if (opts_.position_mode == PositionMode::kAbsolute) return K;
+  KVB_CHECK(base >= 0, opts_.name, ": re-rotation would place kept keys at negative positions");
+  ensure_rope(base + rows);
+  scratch->assign(K, K + rows * D_);
+  scratch_pos_.resize(static_cast<size_t>(rows));
+  for (int64_t j = 0; j < rows; ++j) scratch_pos_[j] = base + j;
+  kernels::rope_f32(scratch->data(), rows, 1, D_, D_, rope_cos_.data_ptr<float>(),
+                    rope_sin_.data_ptr<float>(), scratch_pos_.data(),
+                    ctx_.config.rope_style == RopeStyle::kInterleaved);
+  return scratch->data();
+}
+
+at::Tensor EvictingKvCache::keys_generic(const Head& h, int64_t rows, int64_t base) {
+  at::Tensor K = h.kv.select(0, 0).narrow(0, 0, rows);
+  if (opts_.position_mode == PositionMode::kAbsolute) return K;
+  KVB_CHECK(base >= 0, opts_.name, ": re-rotation would place kept keys at negative positions");
+  ensure_rope(base + rows);
+  return rotate_rows(K, rope_cos_dev_.narrow(0, base, rows), rope_sin_dev_.narrow(0, base, rows),
+                     ctx_.config.rope_style == RopeStyle::kInterleaved)
+      .to(K.scalar_type());
+}
+
+void EvictingKvCache::begin_step(const StepBatch& batch) {
+  for (int64_t b = 0; b < batch.batch_size(); ++b) {
+    const int64_t id = batch.seq_ids[b];
+    auto [it, fresh] = seqs_.try_emplace(id);
+    Seq& s = it->second;
+    if (fresh) {
+      s.heads.assign(static_cast<size_t>(L_), std::vector<Head>(static_cast<size_t>(Hkv_)));
+      s.window_q.resize(static_cast<size_t>(L_));
+      s.window_len.assign(static_cast<size_t>(L_), 0);
+    }
+    KVB_CHECK(s.seen == batch.past_lens[b], opts_.name, ": sequence ", id, " has seen ", s.seen,
+              " tokens but the step says ", batch.past_lens[b]);
+    s.step_tokens = batch.new_tokens(b);
+    s.step_pos0 = batch.positions[batch.q_indptr[b]];
+    s.decoding = batch.phase == Phase::kDecode;
+    if (sched_.before_step && s.seen > 0) compress(s, Trigger::kBeforeStep, s.step_tokens);
+    for (auto& layer : s.heads)
+      for (auto& h : layer) reserve(h, h.len + s.step_tokens);
+    if (!collecting_window(s)) free_windows(s);
+  }
+}
+
+void EvictingKvCache::push_window(Seq& s, int layer, const at::Tensor& q, int64_t start,
+                                  int64_t n) {
+  const int64_t w = needs_.window;
+  at::Tensor& buf = s.window_q[layer];
+  int64_t& wl = s.window_len[layer];
+  if (!buf.defined()) {
+    buf = at::empty({w, Hq_, D_}, q.options());
+    wl = 0;
+  }
+  at::Tensor src = q.narrow(0, start, n);
+  if (n >= w) {
+    buf.copy_(src.narrow(0, n - w, w));
+    wl = w;
+    return;
+  }
+  const int64_t keep = std::min(wl, w - n);
+  if (keep > 0 && wl > keep) {
+    if (fast_) {
+      float* p = buf.data_ptr<float>();
+      std::memmove(p, p + (wl - keep) * Hq_ * D_, sizeof(float) * keep * Hq_ * D_);
+    } else {
+      buf.narrow(0, 0, keep).copy_(buf.narrow(0, wl - keep, keep).clone());
+    }
+  }
+  buf.narrow(0, keep, n).copy_(src);
+  wl = keep + n;
+}
+
+void EvictingKvCache::free_windows(Seq& s) {
+  for (size_t l = 0; l < s.window_q.size(); ++l) {
+    s.window_q[l] = at::Tensor();
+    s.window_len[l] = 0;
+  }
+}
+
+at::Tensor EvictingKvCache::attend(const LayerInput& in) {
+  const StepBatch& batch = *in.batch;
+  const int64_t T = batch.num_tokens();
+  sm_scale_ = in.sm_scale;
+  KVB_CHECK(opts_.position_mode == PositionMode::kAbsolute || in.k_pre_rope != nullptr, opts_.name,
+            ": position_mode=rerotated needs the engine's pre-RoPE keys");
+  at::Tensor out = at::empty({T, Hq_, D_}, in.q->options());
+  if (fast_) {
+    at::Tensor q = in.q->contiguous();
+    at::Tensor k =
+        (opts_.position_mode == PositionMode::kRerotated ? *in.k_pre_rope : *in.k).contiguous();
+    at::Tensor v = in.v->contiguous();
+    for (int64_t b = 0; b < batch.batch_size(); ++b) {
+      Seq& s = seq(batch.seq_ids[b]);
+      attend_seq_fast(s, in.layer, q, k, v, batch.q_indptr[b], batch.new_tokens(b), out);
+      if (collecting_window(s)) push_window(s, in.layer, q, batch.q_indptr[b], batch.new_tokens(b));
+    }
+  } else {
+    const at::Tensor& k = opts_.position_mode == PositionMode::kRerotated ? *in.k_pre_rope : *in.k;
+    for (int64_t b = 0; b < batch.batch_size(); ++b) {
+      Seq& s = seq(batch.seq_ids[b]);
+      attend_seq_generic(s, in.layer, *in.q, k, *in.v, batch.q_indptr[b], batch.new_tokens(b), out);
+      if (collecting_window(s))
+        push_window(s, in.layer, *in.q, batch.q_indptr[b], batch.new_tokens(b));
+    }
+  }
+  return out;
+}
+
+void EvictingKvCache::attend_seq_fast(Seq& s, int layer, const at::Tensor& q, const at::Tensor& k,
+                                      const at::Tensor& v, int64_t start, int64_t n,
+                                      at::Tensor& out) {
+  const float* qp = q.data_ptr<float>() + start * Hq_ * D_;
+  const float* kp = k.data_ptr<float>();
+  const float* vp = v.data_ptr<float>();
+  float* op = out.data_ptr<float>() + start * Hq_ * D_;
+  for (int64_t h = 0; h < Hkv_; ++h) {
+    Head& hd = s.heads[layer][h];
+    const int64_t past = hd.len, rows = past + n;
+    KVB_CHECK(rows <= hd.cap, opts_.name, ": attend before begin_step reserved room");
+    float* K = hd.kv.data_ptr<float>();
+    float* V = K + hd.cap * D_;
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t src = ((start + i) * Hkv_ + h) * D_;
+      std::memcpy(K + (past + i) * D_, kp + src, sizeof(float) * D_);
+      std::memcpy(V + (past + i) * D_, vp + src, sizeof(float) * D_);
+      hd.idx[past + i] = static_cast<int32_t>(s.seen + i);
+      if (needs_.accumulate) hd.acc[past + i] = 0.f;
+    }
+    const float* keys = keys_f32(hd, rows, s.step_pos0 - past, &scratch_k_);
+    scratch_vis_.resize(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) scratch_vis_[i] = past + i + 1;
+    scratch_p_.resize(static_cast<size_t>(rows));
+    float* last = nullptr;
+    if (needs_.last_row) {
+      hd.last.assign(static_cast<size_t>(rows), 0.f);
+      last = hd.last.data();
+    }
+    head_attention_f32(qp + h * G_ * D_, Hq_ * D_, n, G_, D_, keys, V, scratch_vis_.data(),
+                       sm_scale_, op + h * G_ * D_, Hq_ * D_,
+                       needs_.accumulate ? hd.acc.data() : nullptr, 0, last, scratch_p_.data());
+    hd.len = rows;
+  }
+}
+
+void EvictingKvCache::attend_seq_generic(Seq& s, int layer, const at::Tensor& q,
+                                         const at::Tensor& k, const at::Tensor& v, int64_t start,
+                                         int64_t n, at::Tensor& out) {
+  at::Tensor qs = q.narrow(0, start, n);
+  at::Tensor ks = k.narrow(0, start, n);
+  at::Tensor vs = v.narrow(0, start, n);
+  at::Tensor os = out.narrow(0, start, n);
+  for (int64_t h = 0; h < Hkv_; ++h) {
+    Head& hd = s.heads[layer][h];
+    const int64_t past = hd.len, rows = past + n;
+    KVB_CHECK(rows <= hd.cap, opts_.name, ": attend before begin_step reserved room");
+    hd.kv.select(0, 0).narrow(0, past, n).copy_(ks.select(1, h));
+    hd.kv.select(0, 1).narrow(0, past, n).copy_(vs.select(1, h));
+    for (int64_t i = 0; i < n; ++i) {
+      hd.idx[past + i] = static_cast<int32_t>(s.seen + i);
+      if (needs_.accumulate) hd.acc[past + i] = 0.f;
+    }
+    at::Tensor K = keys_generic(hd, rows, s.step_pos0 - past).to(at::kFloat);
+    at::Tensor V = hd.kv.select(0, 1).narrow(0, 0, rows);
+    at::Tensor qg = qs.narrow(1, h * G_, G_).transpose(0, 1).to(at::kFloat);  // [G, n, D]
+    at::Tensor sc = at::matmul(qg, K.t()).mul_(sm_scale_);                    // [G, n, rows]
+    if (n > 1) {
+      auto lopts = at::TensorOptions().dtype(at::kLong).device(ctx_.device);
+      at::Tensor j = at::arange(rows, lopts);
+      at::Tensor i = at::arange(n, lopts) + past;
+      sc.masked_fill_(j.unsqueeze(0) > i.unsqueeze(1), -std::numeric_limits<float>::infinity());
+    }
+    at::Tensor p = at::softmax(sc, -1);
+    os.narrow(1, h * G_, G_).copy_(at::matmul(p.to(V.scalar_type()), V).transpose(0, 1));
+    if (needs_.accumulate) {
+      at::Tensor colsum = p.sum(at::IntArrayRef{0, 1}).to(at::kCPU).contiguous();
+      const float* c = colsum.data_ptr<float>();
+      for (int64_t j = 0; j < rows; ++j) hd.acc[j] += c[j];
+    }
+    if (needs_.last_row) {
+      at::Tensor lr = p.select(1, n - 1).sum(0).to(at::kCPU).contiguous();
+      hd.last.assign(lr.data_ptr<float>(), lr.data_ptr<float>() + rows);
+    }
+    hd.len = rows;
+  }
+}
+
+void EvictingKvCache::end_step(const StepBatch& batch) {
+  for (int64_t b = 0; b < batch.batch_size(); ++b) {
+    Seq& s = seq(batch.seq_ids[b]);
+    s.seen += s.step_tokens;
+    s.next_pos = s.step_pos0 + s.step_tokens;
+    if (s.decoding) s.since_compress++;
+    if (sched_.after_step) {
+      compress(s, Trigger::kAfterStep, 0);
+    } else if (s.decoding && sched_.every_decode_steps > 0 &&
+               s.since_compress >= sched_.every_decode_steps) {
+      compress(s, Trigger::kPeriodic, 0);
+      s.since_compress = 0;
+    }
+    if (needs_.last_row)
+      for (auto& layer : s.heads)
+        for (auto& h : layer) std::vector<float>().swap(h.last);
+    s.step_tokens = 0;
+  }
+}
+
+void EvictingKvCache::end_prefill(int64_t seq_id) {
+  auto it = seqs_.find(seq_id);
+  if (it == seqs_.end()) return;
+  Seq& s = it->second;
+  if (sched_.end_prefill) compress(s, Trigger::kEndPrefill, 0);
+  s.since_compress = 0;
+  if (sched_.every_decode_steps == 0) free_windows(s);
+}
+
+void EvictingKvCache::compress(Seq& s, Trigger trigger, int64_t incoming) {
+  for (int l = 0; l < L_; ++l) compress_layer(s, l, trigger, incoming);
+}
+
+void EvictingKvCache::compress_layer(Seq& s, int layer, Trigger trigger, int64_t incoming) {
+  LayerView v;
+  v.trigger = trigger;
+  v.layer = layer;
+  v.n_layers = static_cast<int>(L_);
+  v.n_kv_heads = Hkv_;
+  v.group = G_;
+  v.seen = s.seen;
+  v.incoming = incoming;
+  v.window = needs_.window > 0 ? s.window_len[layer] : 0;
+  v.heads.resize(static_cast<size_t>(Hkv_));
+  std::vector<std::vector<float>> win(static_cast<size_t>(Hkv_)), norms(static_cast<size_t>(Hkv_));
+  for (int64_t h = 0; h < Hkv_; ++h) {
+    Head& hd = s.heads[layer][h];
+    HeadView& hv = v.heads[h];
+    hv.len = hd.len;
+    hv.idx = hd.idx.data();
+    if (needs_.accumulate) hv.acc = hd.acc.data();
+    if (needs_.last_row && static_cast<int64_t>(hd.last.size()) == hd.len) hv.last = hd.last.data();
+    if (needs_.window > 0 && v.window > 0) {
+      win[h] = window_scores(s, layer, h);
+      hv.window = win[h].data();
+    }
+    if (needs_.key_norm) {
+      norms[h] = key_norms(hd);
+      hv.key_norm = norms[h].data();
+    }
+  }
+  std::vector<std::vector<int64_t>> keep(static_cast<size_t>(Hkv_));
+  if (!policy_->select(v, &keep)) return;
+  compressions_++;
+  for (int64_t h = 0; h < Hkv_; ++h) {
+    Head& hd = s.heads[layer][h];
+    KVB_CHECK(static_cast<int64_t>(keep[h].size()) <= hd.len, opts_.name,
+              ": the policy kept more than held");
+    evicted_entries_ += hd.len - static_cast<int64_t>(keep[h].size());
+    if (static_cast<int64_t>(keep[h].size()) == hd.len) continue;
+    compact(hd, keep[h]);
+  }
+}
+
+std::vector<float> EvictingKvCache::window_scores(Seq& s, int layer, int64_t head) {
+  Head& hd = s.heads[layer][head];
+  const int64_t wl = s.window_len[layer], len = hd.len;
+  std::vector<float> out(static_cast<size_t>(G_ * len), 0.f);
+  if (wl == 0 || len == 0) return out;
+  const int64_t base = s.next_pos - len;
+  if (fast_) {
+    const float* keys = keys_f32(hd, len, base, &scratch_k_);
+    const float* Q = s.window_q[layer].data_ptr<float>();
+    scratch_vis_.resize(static_cast<size_t>(wl));
+    for (int64_t i = 0; i < wl; ++i) {
+      const int32_t qidx = static_cast<int32_t>(s.seen - wl + i);
+      scratch_vis_[i] =
+          std::upper_bound(hd.idx.begin(), hd.idx.begin() + len, qidx) - hd.idx.begin();
+    }
+    scratch_p_.resize(static_cast<size_t>(len));
+    head_attention_f32(Q + head * G_ * D_, Hq_ * D_, wl, G_, D_, keys, nullptr, scratch_vis_.data(),
+                       sm_scale_, nullptr, 0, out.data(), len, nullptr, scratch_p_.data());
+    return out;
+  }
+  at::Tensor K = keys_generic(hd, len, base).to(at::kFloat);  // [len, D]
+  at::Tensor Q =
+      s.window_q[layer].narrow(0, 0, wl).narrow(1, head * G_, G_).transpose(0, 1).to(at::kFloat);
+  at::Tensor sc = at::matmul(Q, K.t()).mul_(sm_scale_);  // [G, wl, len]
+  std::vector<int64_t> kidx(hd.idx.begin(), hd.idx.begin() + len);
+  auto lopts = at::TensorOptions().dtype(at::kLong).device(ctx_.device);
+  at::Tensor ki = at::tensor(kidx, at::kLong).to(ctx_.device);
+  at::Tensor qi = at::arange(wl, lopts) + (s.seen - wl);
+  sc.masked_fill_(ki.unsqueeze(0) > qi.unsqueeze(1), -std::numeric_limits<float>::infinity());
+  at::Tensor p =
+      at::nan_to_num(at::softmax(sc, -1), 0.0).sum(1).to(at::kCPU).contiguous();  // [G, len]
+  std::copy(p.data_ptr<float>(), p.data_ptr<float>() + G_ * len, out.begin());
+  return out;
+}
+
+std::vector<float> EvictingKvCache::key_norms(const Head& h) {
+  std::vector<float> out(static_cast<size_t>(h.len), 0.f);
+  if (h.len == 0) return out;
+  if (fast_) {
+    const float* K = h.kv.data_ptr<float>();
+    for (int64_t j = 0; j < h.len; ++j) {
+      double s = 0;
+      for (int64_t d = 0; d < D_; ++d) s += static_cast<double>(K[j * D_ + d]) * K[j * D_ + d];
+      out[j] = static_cast<float>(std::sqrt(s));
+    }
+    return out;
+  }
+  at::Tensor n = h.kv.select(0, 0)
+                     .narrow(0, 0, h.len)
+                     .to(at::kFloat)
+                     .pow(2)
+                     .sum(-1)
+                     .sqrt()
+                     .to(at::kCPU)
+                     .contiguous();
+  std::copy(n.data_ptr<float>(), n.data_ptr<float>() + h.len, out.begin());
+  return out;
+}
+
+void EvictingKvCache::release(int64_t seq_id) { seqs_.erase(seq_id); }
+
+void EvictingKvCache::fork(int64_t src_id, int64_t dst_id) {
+  KVB_CHECK(seqs_.count(dst_id) == 0, opts_.name, ": fork target ", dst_id, " already exists");
+  Seq copy = seq(src_id);
+  for (auto& layer : copy.heads)
+    for (auto& h : layer)
+      if (h.kv.defined()) h.kv = h.kv.clone();
+  for (auto& w : copy.window_q)
+    if (w.defined()) w = w.clone();
+  seqs_[dst_id] = std::move(copy);
+}
+
+void EvictingKvCache::truncate(int64_t seq_id, int64_t new_len) {
+  Seq& s = seq(seq_id);
+  KVB_CHECK(new_len >= 0 && new_len <= s.seen, opts_.name, ": cannot truncate sequence ", seq_id,
+            " of ", s.seen, " tokens to ", new_len);
+  const int64_t drop = s.seen - new_len;
+  for (auto& layer : s.heads) {
+    for (auto& h : layer) {
+      const int64_t keep =
+          std::lower_bound(h.idx.begin(), h.idx.begin() + h.len, static_cast<int32_t>(new_len)) -
+          h.idx.begin();
+      std::vector<int64_t> slots(static_cast<size_t>(keep));
+      for (int64_t j = 0; j < keep; ++j) slots[j] = j;
+      compact(h, slots);
+    }
+  }
+  for (auto& wl : s.window_len) wl = std::max<int64_t>(0, wl - drop);
+  s.seen = new_len;
+  s.next_pos -= drop;
+}
+
+int64_t EvictingKvCache::seq_len(int64_t seq_id) const {
+  auto it = seqs_.find(seq_id);
+  return it == seqs_.end() ? 0 : it->second.seen;
+}
+
+Footprint EvictingKvCache::footprint() const {
+  Footprint f;
+  const int64_t entry_bytes = 2 * D_ * elem_;
+  const int64_t per_entry_host = 4 + (needs_.accumulate ? 4 : 0);
+  int64_t host_index = 0, host_meta = 0, window_bytes = 0, entries_all = 0;
+  for (const auto& [id, s] : seqs_) {
+    int64_t entries = 0;
+    for (const auto& layer : s.heads) {
+      for (const auto& h : layer) {
+        entries += h.len;
+        f.device_payload_bytes += h.len * entry_bytes;
+        f.device_reserved_bytes += (h.cap - h.len) * (entry_bytes + per_entry_host);
+        host_index += h.len * 4;
+        if (needs_.accumulate) host_meta += h.len * 4;
+      }
+    }
+    for (const auto& w : s.window_q)
+      if (w.defined()) window_bytes += w.numel() * elem_;
+    entries_all += entries;
+    f.tokens_held += entries / (L_ * Hkv_);
+  }
+  f.device_metadata_bytes = window_bytes;
+  if (host_is_device_) {
+    f.device_index_bytes = host_index;
+    f.device_metadata_bytes += host_meta;
+  } else {
+    f.host_bytes = host_index + host_meta;
+  }
+  f.logical_bytes = entries_all * entry_bytes;
+  return f;
+}
+
+std::map<std::string, double> EvictingKvCache::counters() const {
+  std::map<std::string, double> c = policy_->settings();
+  c["evicted_entries"] = static_cast<double>(evicted_entries_);
+  c["evicted_tokens"] = static_cast<double>(evicted_entries_) / static_cast<double>(L_ * Hkv_);
+  c["compressions"] = static_cast<double>(compressions_);
+  c["reallocations"] = static_cast<double>(reallocations_);
+  double all_num = 0, all_den = 0;
+  for (int64_t l = 0; l < L_; ++l) {
+    std::vector<double> num(static_cast<size_t>(Hkv_), 0.0);
+    double den = 0;
+    for (const auto& [id, s] : seqs_) {
+      den += static_cast<double>(s.seen);
+      for (int64_t h = 0; h < Hkv_; ++h) num[h] += static_cast<double>(s.heads[l][h].len);
+    }
+    if (den <= 0) continue;
+    double sum = 0, mn = 1e300, mx = 0;
+    for (double x : num) {
+      sum += x;
+      mn = std::min(mn, x / den);
+      mx = std::max(mx, x / den);
+    }
+    const std::string key = "kept_ratio.layer" + std::to_string(l);
+    c[key] = sum / (den * static_cast<double>(Hkv_));
+    c[key + ".head_min"] = mn;
+    c[key + ".head_max"] = mx;
+    all_num += sum;
+    all_den += den * static_cast<double>(Hkv_);
+  }
+  if (all_den > 0) c["kept_ratio"] = all_num / all_den;
+  return c;
+}
+
+std::vector<HeadSnapshot> EvictingKvCache::probe_view(int layer, int64_t seq_id) const {
+  std::vector<HeadSnapshot> out;
+  auto it = seqs_.find(seq_id);
+  if (it == seqs_.end() || layer < 0 || layer >= L_) return out;
+  const Seq& s = it->second;
+  for (int64_t h = 0; h < Hkv_; ++h) {
+    const Head& hd = s.heads[layer][h];
+    HeadSnapshot snap;
+    snap.index =
+        at::tensor(std::vector<int64_t>(hd.idx.begin(), hd.idx.begin() + hd.len), at::kLong);
+    if (hd.len == 0) {
+      snap.k = at::empty({0, D_}, at::kFloat);
+      snap.v = at::empty({0, D_}, at::kFloat);
+    } else {
+      at::Tensor K = hd.kv.select(0, 0).narrow(0, 0, hd.len);
+      if (opts_.position_mode == PositionMode::kRerotated) {
+        const int64_t base = s.next_pos - hd.len;
+        at::Tensor cos, sin;
+        compute_rope_tables(ctx_.config, base + hd.len, &cos, &sin);
+        K = rotate_rows(K.to(at::kCPU), cos.narrow(0, base, hd.len), sin.narrow(0, base, hd.len),
+                        ctx_.config.rope_style == RopeStyle::kInterleaved);
+      }
+      snap.k = K.to(at::kCPU).to(at::kFloat).contiguous();
+      snap.v = hd.kv.select(0, 1).narrow(0, 0, hd.len).to(at::kCPU).to(at::kFloat).contiguous();
+    }
+    out.push_back(std::move(snap));
+  }
+  return out;
+}
+
+std::vector<int32_t> EvictingKvCache::kept_indices(int64_t seq_id, int layer, int64_t head) const {
+  const Head& h = seq(seq_id).heads.at(layer).at(head);
+  return std::vector<int32_t>(h.idx.begin(), h.idx.begin() + h.len);
+}
+
+int64_t EvictingKvCache::capacity(int64_t seq_id, int layer, int64_t head) const {
+  return seq(seq_id).heads.at(layer).at(head).cap;
+}
+
+at::Tensor EvictingKvCache::kept_keys(int64_t seq_id, int layer, int64_t head) const {
+  const Head& h = seq(seq_id).heads.at(layer).at(head);
+  if (!h.kv.defined())
+    return at::empty({0, D_}, at::TensorOptions().dtype(ctx_.dtype).device(ctx_.device));
+  return h.kv.select(0, 0).narrow(0, 0, h.len).clone();
+}
+
+at::Tensor EvictingKvCache::kept_values(int64_t seq_id, int layer, int64_t head) const {
+  const Head& h = seq(seq_id).heads.at(layer).at(head);
+  if (!h.kv.defined())
+    return at::empty({0, D_}, at::TensorOptions().dtype(ctx_.dtype).device(ctx_.device));
+  return h.kv.select(0, 1).narrow(0, 0, h.len).clone();
+}
+
+}  // namespace kvb

@@ -1,0 +1,234 @@
+#pragma once
+// EvictingKvCache: the physical token-eviction store shared by the eviction / selection methods
+// (StreamingLLM, H2O, TOVA, SnapKV, PyramidKV, Ada-KV, KnormPress). A method is a policy
+// (EvictionPolicy below: signals -> which tokens each KV head keeps); the store does the rest.
+//
+// Storage. Per sequence, per layer, per KV head one capacity-managed buffer
+//   kv:  [2, capacity, head_dim] (model dtype, model device): [0] keys, [1] values
+//   idx: [capacity] int32, the token index (position in the sequence) of each kept entry
+//   acc: [capacity] fp32, accumulated attention (only for policies that ask for it, H2O)
+// Entries 0..len-1 are live, in ascending token order. Heads are independent (ragged: every KV head
+// has its own length and capacity, never expanded to query heads). Keys are post-RoPE (absolute
+// position mode) or pre-RoPE (rerotated mode: re-rotated every step to contiguous positions that
+// end right before the step's first query position, as official StreamingLLM does with cache
+// indices).
+//
+// Eviction compacts the kept entries to the front (order-preserving) and then shrinks the buffer:
+// when the capacity exceeds round_up(len + 1, granule) + granule it is reallocated to
+// round_up(len + 1, granule), so evicted tokens really free memory. A head that never evicted grows
+// by 1.5x (rounded to the granule: keep-everything sequences append in amortised O(1)); a head that
+// has evicted grows to round_up(need, granule) + granule, so it stays near its budget between
+// compressions (slack is reported as reserved).
+//
+// Attention. Each KV head attends its query group (GQA: the g query heads share the head's kept
+// set) over its kept entries plus the step's new tokens, exact softmax in fp32; new tokens attend
+// causally to each other and see every kept entry. CPU fp32 runs raw-pointer loops (no LibTorch
+// dispatch per head; its own two-pass softmax rather than attend_dense's kernel because H2O / TOVA
+// / SnapKV need the probabilities); other devices / dtypes run the same computation with LibTorch
+// ops.
+//
+// Signals the store computes for a policy (EvictionPolicy::Needs): accumulated attention of every
+// query row (H2O), the last query's attention row (TOVA), observation-window attention of the last
+// `window` queries, kept per layer while needed (SnapKV family), key L2 norms (KnormPress).
+//
+// Ledger (footprint()): payload = live K/V bytes; reserved = capacity slack (K/V and the per-entry
+// arrays); index = the int32 token indices; metadata = accumulated scores and observation-window
+// query buffers while held. Host-side arrays count as device_* on a CPU run and as host_bytes on a
+// GPU run. tokens_held = entries / (layers x KV heads) per sequence (token equivalents, floored);
+// logical_bytes = entries x uncompressed bytes per entry (exact).
+//
+// seq_len() is the sequence's logical length (tokens appended), not the entries held; truncate(n)
+// drops every kept entry with token index >= n (evicted entries do not come back). fork()
+// deep-copies (no copy-on-write).
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "harness/kv/kv_cache.h"
+#include "harness/kv/method.h"
+
+namespace kvb {
+
+enum class BudgetUnit { kRatio, kTokensPerLayer, kTokensPerHead };
+enum class PositionMode { kAbsolute, kRerotated };
+
+const char* budget_unit_name(BudgetUnit u);
+BudgetUnit parse_budget_unit(const std::string& s);
+PositionMode parse_position_mode(const std::string& s);
+
+// A kept budget. ratio: floor(value x tokens seen) per KV head; tokens_per_head: value per KV head;
+// tokens_per_layer: value entries per layer over all its KV heads (value / KV heads per head).
+// Budgets include every protected token (sinks, recent window, observation window).
+struct Budget {
+  double value = 1.0;
+  BudgetUnit unit = BudgetUnit::kRatio;
+  // Kept entries per KV head (the average for head-adaptive methods); at least 1 once seen >= 1.
+  int64_t per_head(int64_t seen, int64_t n_kv_heads) const;
+  // Kept entries of a layer over all its KV heads; at least 1 once seen >= 1.
+  int64_t per_layer(int64_t seen, int64_t n_kv_heads) const;
+};
+
+// One KV head of one layer of one sequence as a policy sees it: `len` live entries in storage order
+// (ascending token index). Signal arrays are null unless the policy asked for them.
+struct HeadView {
+  int64_t len = 0;
+  const int32_t* idx = nullptr;  // [len] token index (the token's position in its sequence)
+  const float* acc = nullptr;    // [len] attention received so far, summed over query rows and
+                                 //       the group's query heads (Needs::accumulate)
+  const float* last = nullptr;   // [len] the step's last query's attention, summed over the
+                                 //       group's query heads (Needs::last_row; after-step only)
+  const float* window =
+      nullptr;  // [group, len] per query head of the group: attention of the
+                //       observation-window queries, summed over them (Needs::window)
+  const float* key_norm = nullptr;  // [len] key L2 norms (Needs::key_norm)
+};
+
+enum class Trigger { kBeforeStep, kAfterStep, kEndPrefill, kPeriodic };
+
+struct LayerView {
+  Trigger trigger = Trigger::kAfterStep;
+  int layer = 0;
+  int n_layers = 1;
+  int64_t n_kv_heads = 1;
+  int64_t group = 1;            // query heads per KV head
+  int64_t seen = 0;             // tokens the sequence has appended (before the incoming ones)
+  int64_t incoming = 0;         // kBeforeStep: tokens about to be appended; else 0
+  int64_t window = 0;           // observation-window queries behind HeadView::window (the last
+                                // `window` tokens, token indices seen - window .. seen - 1)
+  std::vector<HeadView> heads;  // [n_kv_heads]
+  int64_t total() const { return seen + incoming; }
+};
+
+class EvictionPolicy {
+ public:
+  struct Needs {
+    bool accumulate = false;  // H2O: running attention sums per entry (kept as metadata)
+    bool last_row = false;    // TOVA: the last query row of each step
+    int64_t window = 0;       // SnapKV family: keep the last `window` queries per layer
+    bool key_norm = false;    // KnormPress
+  };
+  struct Schedule {
+    bool before_step = false;        // make room before a step's tokens are appended
+    bool after_step = false;         // after every step (prefill chunks and decode steps)
+    bool end_prefill = false;        // once the prompt is in
+    int64_t every_decode_steps = 0;  // also every k decode steps (0: never)
+  };
+  virtual ~EvictionPolicy() = default;
+  virtual Needs needs() const = 0;
+  virtual Schedule schedule() const = 0;
+  // Fills keep[h] (h < n_kv_heads) with the storage slots head h keeps, ascending. Returns false
+  // when nothing is evicted (keep is then ignored). Must be deterministic.
+  virtual bool select(const LayerView& layer, std::vector<std::vector<int64_t>>* keep) const = 0;
+  // Effective settings (e.g. a resolved preset) reported with the counters.
+  virtual std::map<std::string, double> settings() const { return {}; }
+};
+
+class EvictingKvCache : public KvCache {
+ public:
+  struct Options {
+    std::string name = "evicting";
+    PositionMode position_mode = PositionMode::kAbsolute;
+    int64_t granule = 16;        // capacity rounding, tokens
+    bool force_generic = false;  // use the LibTorch path even on CPU fp32 (tests)
+  };
+  EvictingKvCache(const CacheContext& ctx, Options opts, std::unique_ptr<EvictionPolicy> policy);
+  ~EvictingKvCache() override;
+
+  std::string name() const override { return opts_.name; }
+  void begin_step(const StepBatch& batch) override;
+  at::Tensor attend(const LayerInput& in) override;
+  void end_step(const StepBatch& batch) override;
+  void end_prefill(int64_t seq_id) override;
+  void release(int64_t seq_id) override;
+  void fork(int64_t src_id, int64_t dst_id) override;
+  void truncate(int64_t seq_id, int64_t new_len) override;
+  int64_t seq_len(int64_t seq_id) const override;
+  Footprint footprint() const override;
+  std::map<std::string, double> counters() const override;
+  // Keys as the next query reads them (rerotated mode: rotated to positions ending right before the
+  // sequence's next position), values, token indices; ragged per KV head.
+  std::vector<HeadSnapshot> probe_view(int layer, int64_t seq_id) const override;
+
+  // Inspection (tests, probes): the token indices a head keeps, its capacity, its kept keys as
+  // stored ([len, head_dim]; pre-RoPE in rerotated mode) and values.
+  std::vector<int32_t> kept_indices(int64_t seq_id, int layer, int64_t head) const;
+  int64_t capacity(int64_t seq_id, int layer, int64_t head) const;
+  at::Tensor kept_keys(int64_t seq_id, int layer, int64_t head) const;
+  at::Tensor kept_values(int64_t seq_id, int layer, int64_t head) const;
+  const EvictionPolicy& policy() const { return *policy_; }
+
+ private:
+  struct Head {
+    at::Tensor kv;  // [2, cap, head_dim]
+    int64_t len = 0, cap = 0;
+    bool evicted = false;      // has lost entries: grows linearly from then on
+    std::vector<int32_t> idx;  // [cap]
+    std::vector<float> acc;    // [cap] or empty
+    std::vector<float> last;   // [len] during a step's end, else empty (scratch)
+  };
+  struct Seq {
+    int64_t seen = 0;
+    int64_t step_tokens = 0;  // tokens of the running step
+    int64_t step_pos0 = 0;    // RoPE position of the running step's first token
+    int64_t next_pos = 0;     // position after the last appended token
+    bool decoding = false;
+    int64_t since_compress = 0;
+    std::vector<std::vector<Head>> heads;  // [layer][kv head]
+    std::vector<at::Tensor> window_q;      // [layer]: [window, n_heads, head_dim] or undefined
+    std::vector<int64_t> window_len;       // [layer]: valid rows (the most recent queries)
+  };
+
+  Seq& seq(int64_t id);
+  const Seq& seq(int64_t id) const;
+  bool fast() const { return fast_; }
+  bool collecting_window(const Seq& s) const;
+  void reserve(Head& h, int64_t need);
+  void reallocate(Head& h, int64_t cap);
+  void compact(Head& h, const std::vector<int64_t>& keep);
+  void compress(Seq& s, Trigger trigger, int64_t incoming);
+  void compress_layer(Seq& s, int layer, Trigger trigger, int64_t incoming);
+  void push_window(Seq& s, int layer, const at::Tensor& q, int64_t start, int64_t n);
+  void free_windows(Seq& s);
+  void ensure_rope(int64_t n_pos);
+  // Keys of head `h` ready for attention at positions base .. base + rows - 1 (rerotated mode), or
+  // the stored post-RoPE keys (absolute mode). CPU fp32 fills `scratch`; generic returns a tensor.
+  const float* keys_f32(const Head& h, int64_t rows, int64_t base, std::vector<float>* scratch);
+  at::Tensor keys_generic(const Head& h, int64_t rows, int64_t base);
+  // q: [T, n_heads, head_dim]; k (post-RoPE, or pre-RoPE in rerotated mode), v: [T, kv_heads,
+  // head_dim]; the sequence's rows are start .. start + n - 1; writes those rows of out.
+  void attend_seq_fast(Seq& s, int layer, const at::Tensor& q, const at::Tensor& k,
+                       const at::Tensor& v, int64_t start, int64_t n, at::Tensor& out);
+  void attend_seq_generic(Seq& s, int layer, const at::Tensor& q, const at::Tensor& k,
+                          const at::Tensor& v, int64_t start, int64_t n, at::Tensor& out);
+  // window[g * len + j] for head `h` of `layer`.
+  std::vector<float> window_scores(Seq& s, int layer, int64_t head);
+  std::vector<float> key_norms(const Head& h);
+
+  CacheContext ctx_;
+  Options opts_;
+  std::unique_ptr<EvictionPolicy> policy_;
+  EvictionPolicy::Needs needs_;
+  EvictionPolicy::Schedule sched_;
+  int64_t L_, Hkv_, Hq_, G_, D_, elem_;
+  bool fast_ = false;
+  bool host_is_device_ = true;
+  float sm_scale_ = 1.0f;
+  std::unordered_map<int64_t, Seq> seqs_;
+  at::Tensor rope_cos_, rope_sin_;  // [n, head_dim / 2] fp32 CPU
+  at::Tensor rope_cos_dev_, rope_sin_dev_;
+  int64_t rope_len_ = 0;
+  std::vector<float> scratch_k_, scratch_p_;
+  std::vector<int64_t> scratch_pos_, scratch_vis_;
+  // Counters.
+  int64_t evicted_entries_ = 0;
+  int64_t compressions_ = 0;
+  int64_t reallocations_ = 0;
+};
+
+}  // namespace kvb
