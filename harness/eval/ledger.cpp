@@ -2,12 +2,33 @@
 
 #include <sys/resource.h>
 
+#if KVB_TORCH_CUDA
+#include <c10/cuda/CUDACachingAllocator.h>
+#endif
+
 namespace kvb {
 
 int64_t peak_rss_bytes() {
   struct rusage u {};
   getrusage(RUSAGE_SELF, &u);
   return static_cast<int64_t>(u.ru_maxrss) * 1024;  // Linux reports KiB
+}
+
+std::vector<Metric> device_allocator_metrics(const std::string& device) {
+#if KVB_TORCH_CUDA
+  if (device.rfind("cuda", 0) != 0) return {};
+  const int index = device.size() > 5 ? std::stoi(device.substr(5)) : 0;
+  const auto st = c10::cuda::CUDACachingAllocator::getDeviceStats(index);
+  const size_t agg = 0;  // StatType::AGGREGATE
+  using D = Direction;
+  return {{"device_peak_allocated_bytes", static_cast<double>(st.allocated_bytes[agg].peak), "bytes", D::kLower},
+          {"device_allocated_bytes", static_cast<double>(st.allocated_bytes[agg].current), "bytes", D::kNone},
+          {"device_peak_reserved_bytes", static_cast<double>(st.reserved_bytes[agg].peak), "bytes", D::kNone},
+          {"device_allocator_reserved_bytes", static_cast<double>(st.reserved_bytes[agg].current), "bytes", D::kNone}};
+#else
+  (void)device;
+  return {};
+#endif
 }
 
 bool looks_simulated(const LedgerEntry& e) {

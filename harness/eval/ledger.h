@@ -19,6 +19,10 @@ struct LedgerEntry {
 // Resident-set high-water mark of this process (CPU), bytes.
 int64_t peak_rss_bytes();
 
+// The device allocator's view (CUDA caching allocator statistics: peak and current allocated, reserved)
+// for a CUDA device; empty on CPU or when this LibTorch has no CUDA.
+std::vector<Metric> device_allocator_metrics(const std::string& device);
+
 // A method is flagged simulated when it claims to hold much less than it allocates: its logical
 // bytes are well below the baseline while its physical bytes stay near the baseline.
 bool looks_simulated(const LedgerEntry& e);

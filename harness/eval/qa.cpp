@@ -284,7 +284,9 @@ std::vector<QaSample> qa_samples(const Tokenizer& tok, const nlohmann::json& p,
     const std::string file = p["path"], tasks_file = p["tasks"];
     KVB_CHECK(!file.empty() && !tasks_file.empty(),
               "config.protocol: source 'longbench' needs 'path' (JSONL) and 'tasks' (task config JSON)");
-    auto lb = read_longbench_jsonl(file);
+    JsonlOptions jo;
+    jo.skip_bad_lines = p["skip_bad_lines"].get<bool>();
+    auto lb = read_longbench_jsonl(file, jo);
     auto tasks = load_longbench_tasks(tasks_file);
     std::string h;
     for (const auto& x : lb.samples) {
@@ -309,7 +311,7 @@ std::vector<QaSample> qa_samples(const Tokenizer& tok, const nlohmann::json& p,
       s.stop = t.first_line_only ? std::vector<std::string>{"\n"} : std::vector<std::string>{};
       s.key = sha256_hex(s.context + "\x1f" + item.question);
       h += s.key;
-      s.meta = {{"task", x.dataset}, {"id", x.id}, {"line", x.line}};
+      s.meta = {{"task", x.dataset}, {"id", x.id}, {"line", x.line}, {"jsonl_bad_lines_skipped", lb.stats.bad_lines}};
       out.push_back(std::move(s));
     }
     *dataset_hash = sha256_hex(h);

@@ -49,6 +49,8 @@ const std::vector<ProtocolSpec>& protocol_specs() {
         int_param("max_new_tokens", 0, 0, 1 << 16, "answer length cap (0: the task's default)"),
         string_param("path", "", {}, "LongBench JSONL file (source longbench)"),
         string_param("tasks", "", {}, "LongBench per-task prompt/metric JSON (source longbench)"),
+        bool_param("skip_bad_lines", false,
+                   "longbench: skip (and count) malformed JSONL lines instead of failing on the first"),
         int_param("prefill_chunk", 512, 1, 1 << 22, "tokens per prefill step")}},
       {"perf",
        "throughput: prefill tok/s, decode tok/s, time to first token and per output token",

@@ -6,6 +6,7 @@
 #include <chrono>
 
 #include "harness/common/error.h"
+#include "harness/eval/ledger.h"
 #include "harness/eval/perf.h"
 #include "harness/eval/probe.h"
 #include "harness/eval/qa.h"
@@ -217,6 +218,7 @@ RunOutcome execute_run(const nlohmann::json& resolved, ResultsDb& db, const RunE
     } else {
       KVB_FAIL("protocol '", protocol, "' has no runner");
     }
+    for (auto& m : device_allocator_metrics(resolved["device"])) out.metrics.push_back(m);
     const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     db.finish_run(run_id, out.metrics, wall);
     return out;

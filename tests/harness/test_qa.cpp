@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "datasets/recall_task.h"
+#include "harness/common/error.h"
 #include "harness/eval/run_config.h"
 #include "harness/eval/runner.h"
 #include "harness/store/results_db.h"
@@ -82,6 +83,37 @@ TEST(Qa, RulerStyleRunLandsPerSampleRows) {
     }
   }
   EXPECT_EQ(db.list_runs().size(), 12u);
+}
+
+}  // namespace
+}  // namespace kvb
+
+namespace kvb {
+namespace {
+
+TEST(Qa, LongBenchFixtureRunsAndBadLinesNameFileAndLine) {
+  std::string dir = test::make_temp_dir("lb");
+  ResultsDb db(dir + "/db.sqlite");
+  RunEnv env;
+  env.data_dir = test::data_dir();
+  const std::string fx = test::fixtures_dir() + "/longbench";
+  auto make = [&](bool skip) {
+    return resolve_run_config(nlohmann::json::parse(
+        "{\"model\": \"" + test::models_dir() + "/stories260K\", \"method\": \"paged\", \"protocol\": "
+        "{\"name\": \"qa\", \"source\": \"longbench\", \"path\": \"" + fx + "/tiny.jsonl\", \"tasks\": \"" + fx +
+        "/tasks.json\", \"length\": 64, \"num_samples\": 10, \"skip_bad_lines\": " + (skip ? "true" : "false") + "}}"));
+  };
+  try {
+    execute_run(make(false), db, env);
+    FAIL() << "a malformed line was accepted";
+  } catch (const kvb::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("tiny.jsonl:3"), std::string::npos) << e.what();
+  }
+  RunOutcome o = execute_run(make(true), db, env);
+  EXPECT_EQ(o.samples_total, 3);  // the bad line skipped and counted
+  auto j = nlohmann::json::parse(db.samples(o.run_id)[0].output_json);
+  EXPECT_EQ(j["meta"]["jsonl_bad_lines_skipped"], 1);
+  EXPECT_EQ(j["items"][0]["prediction"], j["items"][0]["full_prediction"]);
 }
 
 }  // namespace
