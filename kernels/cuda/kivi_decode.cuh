@@ -1,0 +1,236 @@
+#pragma once
+// Decode attention over the KIVI store (kivi_cache.h), dequantizing inside the kernel. Included by
+// kivi_decode_b{2,4,8}.cu, one file per bit width so that nvcc builds them in parallel.
+//
+// Grid (splits, kv heads, sequences); 128 threads; splits are whole pages. Two phases per block:
+//   A  pages whose keys AND values are all quantized (the bulk of a long context). Each token slot
+//      owns one page at a time (NSLOT pages in flight per block step) and walks its rows UNROLL_A
+//      at a time. The page's per-channel key scales fold into q once per page (qs = q * s, bias = q
+//      . min), so a key costs one code-to-float and GT multiply-adds per channel; a value row has
+//      one (scale, min) pair per thread when v_group_size >= CPT.
+//   B  the rest of the split (pages whose values are partly in the residual, and the residual
+//      tokens): one token per slot, keys and values dequantized or read from the rings. At most
+//      R + page_size tokens per sequence, so this path is kept simple.
+
+#include "decode_common.cuh"
+
+namespace kvb::kernels::cuda {
+
+struct KiviArgs {
+  const void* q;                // [batch, hq, HD] T
+  const uint8_t* kc;            // [pages, hkv, ps * HD * BITS / 8]
+  const uint16_t* ks;           // [pages, hkv, HD] fp16
+  const uint16_t* km;           // [pages, hkv, HD] fp16
+  const uint8_t* vc;            // [pages, hkv, ps * HD * BITS / 8]
+  const uint16_t* vs;           // [pages, hkv, ps, HD / vg] fp16
+  const uint16_t* vm;           // [pages, hkv, ps, HD / vg] fp16
+  const void* kres;             // [batch, U, hkv, HD] T
+  const void* vres;             // [batch, U, hkv, HD] T
+  const int32_t* page_indptr;   // [batch + 1]
+  const int32_t* page_indices;  // [nnz pages]
+  const int32_t* kv_lens;       // [batch]
+  int hq, hkv, ps, R, U, vg, vg_shift, vgroups;
+  int chunk;  // positions per split, a multiple of ps
+  float scale_log2;
+  DecodeOut out;
+};
+
+template <typename T, int HD, int GT, int BITS>
+__global__ void __launch_bounds__(kDecodeThreads) kivi_decode_kernel(const KiviArgs a) {
+  using C = DecodeCfg<HD, GT>;
+  constexpr int CPT = C::CPT, NV = C::NV, TPT = C::TPT, NSLOT = C::NSLOT;
+  constexpr int CB = CPT * BITS / 8;   // code bytes per thread row
+  constexpr int ROWB = HD * BITS / 8;  // code bytes per token row
+  constexpr int UNROLL_A = GT >= 8 ? 2 : (BITS == 2 ? 8 : 4);
+  const int split = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
+  const int tid = threadIdx.x, lc = tid % TPT, slot = tid / TPT;
+  const int group = a.hq / a.hkv;
+  const int len = a.kv_lens[b];
+  const int kq = len / a.U * a.U;
+  const int vq = max(0, len - a.R);
+  const int t0 = split * a.chunk;
+  const int t1 = split == a.out.splits - 1 ? len : min(len, t0 + a.chunk);
+  const int32_t* pages = a.page_indices + a.page_indptr[b];
+  const int64_t row0 = static_cast<int64_t>(b) * a.hq + static_cast<int64_t>(kvh) * group;
+  const int c0 = lc * CPT;  // this thread's first channel
+
+  __shared__ float sm_q[GT][HD];
+  for (int i = tid; i < GT * HD; i += kDecodeThreads) {
+    const int h = i / HD, d = i % HD;
+    sm_q[h][d] = h < group
+                     ? to_float<T>(static_cast<const T*>(a.q)[(row0 + h) * HD + d]) * a.scale_log2
+                     : 0.f;
+  }
+  __syncthreads();
+
+  float m[GT], l[GT], acc[GT][CPT];
+#pragma unroll
+  for (int h = 0; h < GT; ++h) {
+    m[h] = -INFINITY;
+    l[h] = 0.f;
+#pragma unroll
+    for (int c = 0; c < CPT; ++c) acc[h][c] = 0.f;
+  }
+
+  // ---- phase A: whole pages with quantized keys and values ----
+  const int both = min(kq, vq) / a.ps * a.ps;  // tokens [0, both) are fully quantized pages
+  const int a_end = max(t0, min(t1, both));
+  const int p_begin = t0 / a.ps, p_end = a_end / a.ps;
+  for (int pb = p_begin; pb < p_end; pb += NSLOT) {  // uniform
+    const int pi = pb + slot;
+    const bool page_ok = pi < p_end;
+    const int64_t blk = page_ok ? static_cast<int64_t>(__ldg(pages + pi)) * a.hkv + kvh : 0;
+    float qs[GT][CPT], bias[GT];
+    {
+      float sc[CPT], mn[CPT];
+#pragma unroll
+      for (int v = 0; v < NV; ++v) {
+        uint4 su = make_uint4(0, 0, 0, 0), mu = make_uint4(0, 0, 0, 0);
+        if (page_ok) {
+          su = ldg16(a.ks + blk * HD + c0 + 8 * v);
+          mu = ldg16(a.km + blk * HD + c0 + 8 * v);
+        }
+        cvt8<__half>(su, sc + 8 * v);
+        cvt8<__half>(mu, mn + 8 * v);
+      }
+#pragma unroll
+      for (int h = 0; h < GT; ++h) {
+        bias[h] = 0.f;
+#pragma unroll
+        for (int c = 0; c < CPT; ++c) {
+          const float qv = sm_q[h][c0 + c];
+          qs[h][c] = qv * sc[c];
+          bias[h] = fmaf(qv, mn[c], bias[h]);
+        }
+      }
+    }
+    const uint8_t* kpage = a.kc + blk * (a.ps * ROWB) + lc * CB;
+    const uint8_t* vpage = a.vc + blk * (a.ps * ROWB) + lc * CB;
+    const int64_t vmeta0 = blk * a.ps * a.vgroups + (c0 >> a.vg_shift);
+    for (int r0 = 0; r0 < a.ps; r0 += UNROLL_A) {  // uniform
+      CodeWords<CB> kw[UNROLL_A], vw[UNROLL_A];
+      float vsc[UNROLL_A], vmn[UNROLL_A];
+      bool ok[UNROLL_A];
+#pragma unroll
+      for (int u = 0; u < UNROLL_A; ++u) {
+        const int r = r0 + u;
+        ok[u] = page_ok && r < a.ps;
+#pragma unroll
+        for (int w = 0; w < CodeWords<CB>::N; ++w) kw[u].w[w] = vw[u].w[w] = 0;
+        vsc[u] = vmn[u] = 0.f;
+        if (ok[u]) {
+          kw[u].load(kpage + r * ROWB);
+          vw[u].load(vpage + r * ROWB);
+          if (a.vg >= CPT) {
+            vsc[u] = h2f_bits(__ldg(a.vs + vmeta0 + r * a.vgroups));
+            vmn[u] = h2f_bits(__ldg(a.vm + vmeta0 + r * a.vgroups));
+          }
+        }
+      }
+      float s[UNROLL_A][GT];
+#pragma unroll
+      for (int u = 0; u < UNROLL_A; ++u) {
+        float kf[CPT];
+#pragma unroll
+        for (int c = 0; c < CPT; ++c) kf[c] = kw[u].template code<BITS>(c);
+#pragma unroll
+        for (int h = 0; h < GT; ++h) {
+          float dot = bias[h];
+#pragma unroll
+          for (int c = 0; c < CPT; ++c) dot = fmaf(qs[h][c], kf[c], dot);
+          s[u][h] = row_sum<TPT>(dot);
+        }
+      }
+      softmax_update<GT, CPT, UNROLL_A>(m, l, acc, s, ok, [&](int u, float* f) {
+        if (a.vg >= CPT) {
+#pragma unroll
+          for (int c = 0; c < CPT; ++c) f[c] = fmaf(vw[u].template code<BITS>(c), vsc[u], vmn[u]);
+        } else {
+          const int64_t mi = blk * a.ps * a.vgroups + static_cast<int64_t>(r0 + u) * a.vgroups;
+#pragma unroll
+          for (int c = 0; c < CPT; ++c) {
+            const int gi = (c0 + c) >> a.vg_shift;
+            f[c] = fmaf(vw[u].template code<BITS>(c), h2f_bits(__ldg(a.vs + mi + gi)),
+                        h2f_bits(__ldg(a.vm + mi + gi)));
+          }
+        }
+      });
+    }
+  }
+
+  // ---- phase B: tokens [a_end, t1), one per slot ----
+  for (int base = a_end; base < t1; base += NSLOT) {  // uniform
+    const int j = base + slot;
+    bool ok[1] = {j < t1};
+    float kf[CPT], vf[CPT];
+#pragma unroll
+    for (int c = 0; c < CPT; ++c) kf[c] = vf[c] = 0.f;
+    if (ok[0]) {
+      const int slot_r = j - j / a.U * a.U;
+      const int64_t ring = ((static_cast<int64_t>(b) * a.U + slot_r) * a.hkv + kvh) * HD + c0;
+      const int lp = j / a.ps, r = j - lp * a.ps;
+      const int64_t blk =
+          (j < kq || j < vq) ? static_cast<int64_t>(__ldg(pages + lp)) * a.hkv + kvh : 0;
+      if (j < kq) {
+        CodeWords<CB> w;
+        w.load(a.kc + blk * (a.ps * ROWB) + r * ROWB + lc * CB);
+#pragma unroll
+        for (int c = 0; c < CPT; ++c)
+          kf[c] = fmaf(w.template code<BITS>(c), h2f_bits(__ldg(a.ks + blk * HD + c0 + c)),
+                       h2f_bits(__ldg(a.km + blk * HD + c0 + c)));
+      } else {
+#pragma unroll
+        for (int v = 0; v < NV; ++v)
+          cvt8<T>(ldg16(static_cast<const T*>(a.kres) + ring + 8 * v), kf + 8 * v);
+      }
+      if (j < vq) {
+        CodeWords<CB> w;
+        w.load(a.vc + blk * (a.ps * ROWB) + r * ROWB + lc * CB);
+        const int64_t mi = (blk * a.ps + r) * a.vgroups;
+#pragma unroll
+        for (int c = 0; c < CPT; ++c) {
+          const int gi = (c0 + c) >> a.vg_shift;
+          vf[c] = fmaf(w.template code<BITS>(c), h2f_bits(__ldg(a.vs + mi + gi)),
+                       h2f_bits(__ldg(a.vm + mi + gi)));
+        }
+      } else {
+#pragma unroll
+        for (int v = 0; v < NV; ++v)
+          cvt8<T>(ldg16(static_cast<const T*>(a.vres) + ring + 8 * v), vf + 8 * v);
+      }
+    }
+    float s[1][GT];
+#pragma unroll
+    for (int h = 0; h < GT; ++h) {
+      float dot = 0.f;
+#pragma unroll
+      for (int c = 0; c < CPT; ++c) dot = fmaf(sm_q[h][c0 + c], kf[c], dot);
+      s[0][h] = row_sum<TPT>(dot);
+    }
+    softmax_update<GT, CPT, 1>(m, l, acc, s, ok, [&](int, float* f) {
+#pragma unroll
+      for (int c = 0; c < CPT; ++c) f[c] = vf[c];
+    });
+  }
+  finish_block<T, HD, GT>(m, l, acc, group, row0, split, a.out);
+}
+
+// One bit width's launcher (kivi_decode_b{2,4,8}.cu): dispatches dtype, head_dim and group.
+template <int BITS>
+cudaError_t launch_kivi_decode(const KiviArgs& a, KvDtype dtype, int head_dim, int group, dim3 grid,
+                               cudaStream_t stream) {
+  KVB_DISPATCH_DTYPE(dtype, T, KVB_DISPATCH_HEAD_DIM(head_dim, HD, KVB_DISPATCH_GROUP(group, GT, {
+                                                       kivi_decode_kernel<T, HD, GT, BITS>
+                                                           <<<grid, kDecodeThreads, 0, stream>>>(a);
+                                                     })));
+  return cudaGetLastError();
+}
+
+cudaError_t launch_kivi_decode_b2(const KiviArgs& a, KvDtype dtype, int head_dim, int group,
+                                  dim3 grid, cudaStream_t stream);
+cudaError_t launch_kivi_decode_b4(const KiviArgs& a, KvDtype dtype, int head_dim, int group,
+                                  dim3 grid, cudaStream_t stream);
+cudaError_t launch_kivi_decode_b8(const KiviArgs& a, KvDtype dtype, int head_dim, int group,
+                                  dim3 grid, cudaStream_t stream);
+
+}  // namespace kvb::kernels::cuda

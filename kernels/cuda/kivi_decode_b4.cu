@@ -1,0 +1,12 @@
+// KIVI decode kernels for (k_bits, v_bits) = (4, 4): one file per width so nvcc builds them in
+// parallel.
+#include "kivi_decode.cuh"
+
+namespace kvb::kernels::cuda {
+
+cudaError_t launch_kivi_decode_b4(const KiviArgs& a, KvDtype dtype, int head_dim, int group,
+                                  dim3 grid, cudaStream_t stream) {
+  return launch_kivi_decode<4>(a, dtype, head_dim, group, grid, stream);
+}
+
+}  // namespace kvb::kernels::cuda
