@@ -1,15 +1,22 @@
 #!/usr/bin/env bash
-# The main job (for now): set up, build, and evaluate the default model. Grows into the default grid +
-# leaderboard as the harness issues land.
+# The main job: set up, build, run the default grid (configs/grids/main.json: every KV method family on
+# stories260K and TinyStories, fidelity against the full cache plus decode throughput), then print the
+# Markdown leaderboard and write the HTML one to results/leaderboard.html. Re-running skips what is done.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 bash scripts/build.sh
-KVB=./build/kvbench
-MODEL="${KVB_MODEL:-stories260K}"
-echo "== inspect $MODEL"
-$KVB inspect --model "$MODEL"
-echo "== score: README reference sentence"
-$KVB score --model "$MODEL" --text "One day, a clever fox found a shiny key under the old oak tree."
-echo "== generate (greedy, 128 tokens)"
-$KVB generate --model "$MODEL" --prompt "Once upon a time" -n 128 --stats
+KVB="./${KVB_BUILD_DIR:-build}/kvbench"
+GRID="${KVB_GRID:-configs/grids/main.json}"
+DB="${KVB_DB:-results/main.sqlite}"
+echo "== grid $GRID -> $DB" >&2
+status=0
+$KVB grid --config "$GRID" --db "$DB" || status=$?
+# 3: some cells failed (listed above); the leaderboard still shows every finished run and each failure.
+[ "$status" -eq 0 ] || [ "$status" -eq 3 ] || exit "$status"
+echo
+$KVB leaderboard --db "$DB"
+$KVB leaderboard --db "$DB" --format html --out results/leaderboard.html
+echo
+echo "HTML leaderboard (tables + charts, self-contained): results/leaderboard.html"
+exit "$status"

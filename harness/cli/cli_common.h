@@ -33,5 +33,9 @@ void register_inspect(CLI::App& app);
 void register_bench(CLI::App& app);
 void register_methods(CLI::App& app);
 void register_run(CLI::App& app);
+void register_grid(CLI::App& app);
+void register_merge(CLI::App& app);
+void register_leaderboard(CLI::App& app);
+void register_compare(CLI::App& app);
 
 }  // namespace kvb::cli

@@ -19,6 +19,10 @@ int main(int argc, char** argv) {
   kvb::cli::register_bench(app);
   kvb::cli::register_methods(app);
   kvb::cli::register_run(app);
+  kvb::cli::register_grid(app);
+  kvb::cli::register_merge(app);
+  kvb::cli::register_leaderboard(app);
+  kvb::cli::register_compare(app);
   std::vector<std::string> plugins;
   app.add_option("--plugin", plugins, "load KV methods from a plugin shared library (repeatable)")
       ->each([](const std::string& p) { kvb::load_plugin(p); });

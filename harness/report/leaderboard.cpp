@@ -1,0 +1,934 @@
+#include "harness/report/leaderboard.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <set>
+#include <sstream>
+
+#include "harness/common/error.h"
+#include "harness/common/strings.h"
+#include "harness/eval/grid.h"
+#include "harness/eval/run_config.h"
+#include "harness/kv/method_registry.h"
+#include "harness/metrics/metric_table.h"
+#include "harness/report/sample_stats.h"
+#include "harness/store/config_hash.h"
+
+namespace kvb {
+
+namespace {
+
+using json = nlohmann::json;
+
+double metric_or_nan(const std::map<std::string, double>& m, const std::string& name) {
+  auto it = m.find(name);
+  return it == m.end() ? NAN : it->second;
+}
+
+// True when a is at least as good as b under `dir` (and strictly better when strict).
+bool at_least(double a, double b, Direction dir, bool strict) {
+  if (dir == Direction::kHigher) return strict ? a > b : a >= b;
+  return strict ? a < b : a <= b;
+}
+
+std::string default_metric(const std::string& protocol, const std::vector<std::map<std::string, double>>& runs) {
+  auto present = [&](const std::string& n) {
+    for (const auto& m : runs)
+      if (m.count(n) && std::isfinite(m.at(n))) return true;
+    return false;
+  };
+  if (protocol == "stream" && present("kl_mean")) return "kl_mean";
+  if (protocol == "perf" && present("decode_tok_s")) return "decode_tok_s";
+  if (present("accuracy")) return "accuracy";  // qa
+  if (protocol == "probe" && present("attn_output_rel_err")) return "attn_output_rel_err";
+  for (const auto& m : all_metrics())  // task metrics first ("accuracy when present")
+    if (m.unit == "fraction" && present(std::string(m.name))) return std::string(m.name);
+  for (const auto& m : all_metrics())
+    if (present(std::string(m.name))) return std::string(m.name);
+  return runs.empty() || runs[0].empty() ? "" : runs[0].begin()->first;
+}
+
+std::string settings_value_text(const json& v) { return v.is_string() ? v.get<std::string>() : v.dump(); }
+
+std::string html_escape(const std::string& s) {
+  std::string o;
+  for (char c : s) {
+    switch (c) {
+      case '&': o += "&amp;"; break;
+      case '<': o += "&lt;"; break;
+      case '>': o += "&gt;"; break;
+      case '"': o += "&quot;"; break;
+      case '\'': o += "&#39;"; break;
+      default: o += c;
+    }
+  }
+  return o;
+}
+
+std::string md_escape(const std::string& s) {
+  std::string o;
+  for (char c : s) {
+    if (c == '|') o += "\\|";
+    else if (c == '\n') o += ' ';
+    else o += c;
+  }
+  return o;
+}
+
+std::string csv_field(const std::string& s) {
+  if (s.find_first_of(",\"\n") == std::string::npos) return s;
+  std::string o = "\"";
+  for (char c : s) o += c == '"' ? std::string("\"\"") : std::string(1, c);
+  return o + "\"";
+}
+
+std::string fmt(const char* f, double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, f, v);
+  return buf;
+}
+
+std::string signed_value(double v) { return (v > 0 ? "+" : "") + format_value(v); }
+
+std::string arrow(Direction d) { return d == Direction::kHigher ? " ↑" : d == Direction::kLower ? " ↓" : ""; }
+
+std::string direction_text(Direction d) {
+  return d == Direction::kHigher ? "higher is better" : d == Direction::kLower ? "lower is better" : "";
+}
+
+std::string bytes_text(double v) { return std::isfinite(v) ? fmt("%.0f", v) : "–"; }
+std::string ratio_text(double v) { return std::isfinite(v) ? fmt("%.2f", v) + "×" : "–"; }
+std::string tok_s_text(const std::optional<double>& v) { return v ? fmt("%.0f", *v) : "–"; }
+std::string percent_text(double v) { return std::isfinite(v) ? fmt("%.1f", 100 * v) + "%" : "–"; }
+
+std::string pareto_text(const LeaderRow& r) {
+  std::string s;
+  if (r.pareto_memory) s += "★";
+  if (r.pareto_throughput) s += s.empty() ? "⚡" : " ⚡";
+  return s;
+}
+
+std::string table_title(const LeaderTable& t) {
+  std::string s = t.model + " · " + t.dataset + " · " + t.protocol;
+  if (!t.settings_text.empty()) s += " (" + t.settings_text + ")";
+  return s;
+}
+
+std::string metric_caption(const LeaderTable& t) {
+  std::string unit = t.unit.empty() ? "" : t.unit + ", ";
+  return t.metric + " (" + unit + direction_text(t.direction) + ")";
+}
+
+std::string baseline_note(const LeaderTable& t, const LeaderboardOptions& o) {
+  if (t.baseline_hash.empty() && t.embedded_baseline)
+    return "No full-cache run in this group: Δ accuracy pairs each answer with the full cache's answer "
+           "stored in the same sample; 95% paired bootstrap CI (" +
+           std::to_string(o.n_resamples) + " resamples, seed " + std::to_string(o.seed) + ").";
+  if (!t.baseline_hash.empty() && t.baseline_samples < 2)
+    return "Δ = method − full cache on a single sample (perf: one cell per batch size), so no confidence "
+           "interval; timings are medians over the protocol's repeats.";
+  if (t.baseline_hash.empty())
+    return "No full-cache run in this group: no differences or confidence intervals (add method `full` "
+           "to the grid).";
+  return "Δ = method − full cache, paired by sample over " + std::to_string(t.baseline_samples) +
+         (t.baseline_samples == 1 ? " sample" : " samples") + "; 95% paired bootstrap CI (" + std::to_string(o.n_resamples) + " resamples, seed " +
+         std::to_string(o.seed) + ").";
+}
+
+// ---------------------------------------------------------------- SVG charts
+
+struct Pt {
+  double x, y;
+  std::string label, method;
+  bool frontier, baseline, simulated;
+};
+
+std::vector<double> nice_ticks(double lo, double hi, int target = 5) {
+  const double range = hi - lo;
+  const double raw = range / target;
+  const double mag = std::pow(10.0, std::floor(std::log10(raw)));
+  double step = mag;
+  for (double m : {1.0, 2.0, 5.0, 10.0})
+    if (raw <= m * mag) {
+      step = m * mag;
+      break;
+    }
+  std::vector<double> t;
+  for (double v = std::ceil(lo / step) * step; v <= hi + step * 1e-9; v += step)
+    t.push_back(std::abs(v) < step * 1e-9 ? 0.0 : v);
+  return t;
+}
+
+std::string tick_text(double v) {
+  const double a = std::abs(v);
+  if (a == 0) return "0";
+  if (a >= 1e5 || a < 1e-3) return fmt("%.0e", v);
+  return fmt("%g", v);
+}
+
+struct Axis {
+  double lo = 0, hi = 1;
+  bool log = false;
+  double p0 = 0, p1 = 1;  // pixel range
+  double map(double v) const {
+    const double t = log ? (std::log10(v) - std::log10(lo)) / (std::log10(hi) - std::log10(lo))
+                         : (v - lo) / (hi - lo);
+    return p0 + t * (p1 - p0);
+  }
+  std::vector<double> ticks() const {
+    if (!log) return nice_ticks(lo, hi);
+    std::vector<double> t;
+    for (int e = static_cast<int>(std::floor(std::log10(lo))); e <= static_cast<int>(std::ceil(std::log10(hi))); ++e)
+      for (double m : {1.0, 2.0, 5.0}) {
+        const double v = m * std::pow(10.0, e);
+        if (v >= lo * (1 - 1e-9) && v <= hi * (1 + 1e-9)) t.push_back(v);
+      }
+    return t;
+  }
+};
+
+Axis make_axis(std::vector<double> v, double p0, double p1, bool allow_log) {
+  Axis a;
+  a.p0 = p0;
+  a.p1 = p1;
+  double lo = *std::min_element(v.begin(), v.end()), hi = *std::max_element(v.begin(), v.end());
+  if (allow_log && lo > 0 && hi / lo >= 8) {
+    a.log = true;
+    a.lo = lo / 1.25;
+    a.hi = hi * 1.25;
+    return a;
+  }
+  if (hi == lo) {
+    const double d = lo == 0 ? 1.0 : std::abs(lo) * 0.1;
+    lo -= d;
+    hi += d;
+  } else {
+    const double pad = (hi - lo) * 0.08;
+    // Keep a non-negative quantity's axis from dipping far below zero.
+    lo = (lo >= 0 && lo - pad < 0) ? -pad * 0.25 : lo - pad;
+    hi += pad;
+  }
+  a.lo = lo;
+  a.hi = hi;
+  return a;
+}
+
+std::string svg_scatter(const std::vector<Pt>& pts, const std::string& kind, const std::string& title,
+                        const std::string& xlabel, const std::string& ylabel, bool frontier_line) {
+  const double W = 1180, H = 470, L = 80, R = 30, T = 34, B = 54;
+  std::vector<double> xs, ys;
+  for (const auto& p : pts) {
+    xs.push_back(p.x);
+    ys.push_back(p.y);
+  }
+  Axis ax = make_axis(xs, L, W - R, true), ay = make_axis(ys, H - B, T, false);
+  std::ostringstream s;
+  s << "<svg class=\"chart chart-" << kind << "\" xmlns=\"http://www.w3.org/2000/svg\" viewBox=\"0 0 " << W
+    << " " << H << "\" width=\"" << W << "\" height=\"" << H << "\" role=\"img\" aria-label=\""
+    << html_escape(title) << "\">\n";
+  s << "<text class=\"ctitle\" x=\"" << L << "\" y=\"20\">" << html_escape(title) << "</text>\n";
+  s << "<rect class=\"plot\" x=\"" << L << "\" y=\"" << T << "\" width=\"" << W - R - L << "\" height=\""
+    << H - B - T << "\"/>\n";
+  for (double t : ax.ticks()) {
+    const double x = ax.map(t);
+    s << "<line class=\"grid\" x1=\"" << x << "\" y1=\"" << T << "\" x2=\"" << x << "\" y2=\"" << H - B << "\"/>"
+      << "<text class=\"tick\" x=\"" << x << "\" y=\"" << H - B + 16 << "\" text-anchor=\"middle\">" << tick_text(t)
+      << "</text>\n";
+  }
+  for (double t : ay.ticks()) {
+    const double y = ay.map(t);
+    s << "<line class=\"grid\" x1=\"" << L << "\" y1=\"" << y << "\" x2=\"" << W - R << "\" y2=\"" << y << "\"/>"
+      << "<text class=\"tick\" x=\"" << L - 6 << "\" y=\"" << y + 4 << "\" text-anchor=\"end\">" << tick_text(t)
+      << "</text>\n";
+  }
+  s << "<text class=\"axis\" x=\"" << (L + W - R) / 2 << "\" y=\"" << H - 14 << "\" text-anchor=\"middle\">"
+    << html_escape(xlabel + (ax.log ? " (log scale)" : "")) << "</text>\n";
+  s << "<text class=\"axis\" transform=\"translate(16," << (T + H - B) / 2 << ") rotate(-90)\" text-anchor=\"middle\">"
+    << html_escape(ylabel) << "</text>\n";
+  if (frontier_line) {
+    std::vector<Pt> f;
+    for (const auto& p : pts)
+      if (p.frontier) f.push_back(p);
+    std::sort(f.begin(), f.end(), [](const Pt& a, const Pt& b) { return a.x < b.x || (a.x == b.x && a.y < b.y); });
+    if (f.size() >= 2) {
+      s << "<polyline class=\"frontier\" points=\"";
+      for (const auto& p : f) s << ax.map(p.x) << "," << ay.map(p.y) << " ";
+      s << "\"/>\n";
+    }
+  }
+  // Points (coloured by method; frontier points ringed; simulated ones hollow), then labels placed
+  // greedily at the first candidate spot that overlaps neither another label nor a point.
+  struct Box {
+    double x0, y0, x1, y1;
+  };
+  auto overlaps = [](const Box& a, const Box& b) { return a.x0 < b.x1 && a.x1 > b.x0 && a.y0 < b.y1 && a.y1 > b.y0; };
+  std::vector<Box> placed;
+  std::vector<std::pair<double, double>> px(pts.size());
+  for (size_t i = 0; i < pts.size(); ++i) {
+    px[i] = {ax.map(pts[i].x), ay.map(pts[i].y)};
+    placed.push_back({px[i].first - 6, px[i].second - 6, px[i].first + 6, px[i].second + 6});
+  }
+  static const char* kPalette[] = {"#4a78c2", "#2a9d8f", "#8e5ccf", "#c2474a", "#6b8e23", "#d17a22",
+                                   "#3c9fd6", "#b5489a", "#7d6b5a", "#4f5d75", "#c9a227", "#1b998b"};
+  std::map<std::string, size_t> colour;
+  for (const auto& p : pts) colour.emplace(p.method, 0);
+  size_t ci = 0;
+  for (auto& [m, c] : colour) c = ci++ % (sizeof kPalette / sizeof kPalette[0]);
+  std::ostringstream labels;
+  std::vector<size_t> order(pts.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    return px[a].first < px[b].first || (px[a].first == px[b].first && px[a].second < px[b].second);
+  });
+  for (size_t i : order) {
+    const Pt& p = pts[i];
+    const double x = px[i].first, y = px[i].second;
+    const std::string fill = p.baseline ? "#1d2330" : kPalette[colour[p.method]];
+    s << "<circle class=\"point" << (p.baseline ? " base" : "") << (p.frontier ? " front" : "")
+      << (p.simulated ? " sim" : "") << "\" cx=\"" << x << "\" cy=\"" << y << "\" r=\"5.5\" style=\""
+      << (p.simulated ? "fill:#fff;stroke:" + fill : "fill:" + fill) << "\" data-label=\"" << html_escape(p.label)
+      << "\"><title>" << html_escape(p.label) << ": " << html_escape(xlabel) << " " << format_value(p.x) << ", "
+      << html_escape(ylabel) << " " << format_value(p.y) << (p.frontier ? " (Pareto frontier)" : "")
+      << "</title></circle>\n";
+  }
+  for (size_t i : order) {
+    const Pt& p = pts[i];
+    const double x = px[i].first, y = px[i].second;
+    const double w = 6.3 * static_cast<double>(p.label.size()) + 2, h = 12;
+    std::vector<std::pair<double, double>> cand = {{x + 9, y + 4},      {x - 9 - w, y + 4}, {x + 6, y - 9},
+                                                   {x + 6, y + 18},     {x - 6 - w, y - 9}, {x - 6 - w, y + 18}};
+    for (int k = 1; k <= 14; ++k)
+      for (double sgn : {-1.0, 1.0}) {
+        cand.push_back({x + 9, y + 4 + sgn * k * (h + 1)});
+        cand.push_back({x - 9 - w, y + 4 + sgn * k * (h + 1)});
+      }
+    std::pair<double, double> best = cand[0];
+    for (const auto& c : cand) {
+      const Box b{c.first, c.second - h + 2, c.first + w, c.second + 2};
+      if (b.x0 < L + 2 || b.x1 > W - 2 || b.y0 < T + 1 || b.y1 > H - B - 1) continue;
+      bool clash = false;
+      for (const auto& o : placed)
+        if (overlaps(b, o)) {
+          clash = true;
+          break;
+        }
+      if (!clash) {
+        best = c;
+        break;
+      }
+    }
+    placed.push_back({best.first, best.second - h + 2, best.first + w, best.second + 2});
+    labels << "<text class=\"plabel\" x=\"" << best.first << "\" y=\"" << best.second << "\">" << html_escape(p.label)
+           << "</text>\n";
+    const double ax0 = best.first < x ? best.first + w : best.first, ay0 = best.second - 4;
+    if (std::hypot(ax0 - x, ay0 - y) > 16)
+      labels << "<line class=\"leader\" x1=\"" << x << "\" y1=\"" << y << "\" x2=\"" << ax0 << "\" y2=\"" << ay0
+             << "\"/>\n";
+  }
+  s << labels.str() << "</svg>\n";
+  return s.str();
+}
+
+std::string delta_html(const DeltaCi& d) {
+  if (d.status != "ok" || d.n < 2) return html_escape(format_delta(d));
+  return "<span class=\"est\">" + html_escape(signed_value(d.estimate)) + "</span><br><span class=\"int\">[" +
+         html_escape(signed_value(d.lo)) + ", " + html_escape(signed_value(d.hi)) + "]</span>";
+}
+
+}  // namespace
+
+std::string format_value(double v) {
+  if (!std::isfinite(v)) return "–";
+  const double a = std::abs(v);
+  if (a == 0) return "0";
+  if (a >= 1e6 || a < 1e-3) return fmt("%.2e", v);
+  if (a >= 1000) return fmt("%.0f", v);
+  if (a >= 100) return fmt("%.1f", v);
+  if (a >= 10) return fmt("%.2f", v);
+  if (a >= 1) return fmt("%.3f", v);
+  return fmt("%.4f", v);
+}
+
+std::string format_delta(const DeltaCi& d) {
+  if (d.status == "ok" && d.n < 2) return signed_value(d.estimate) + " (no CI)";
+  if (d.status == "ok")
+    return signed_value(d.estimate) + " [" + signed_value(d.lo) + ", " + signed_value(d.hi) + "]";
+  if (d.status == "baseline") return "baseline";
+  if (d.status == "no_baseline") return "no full-cache run";
+  if (d.status == "no_common_samples") return "no common samples";
+  if (d.status == "not_per_sample") return "no per-sample form";
+  return "";
+}
+
+Leaderboard build_leaderboard(ResultsDb& db, const LeaderboardOptions& options) {
+  KVB_CHECK(options.n_resamples >= 1, "leaderboard: n_resamples must be at least 1");
+  Leaderboard lb;
+  lb.options = options;
+  lb.db_path = db.path();
+  RunFilter f = options.filter;
+  f.status.reset();
+  const std::vector<RunRow> runs = db.list_runs(f);
+  lb.runs_considered = runs.size();
+
+  std::map<std::string, std::pair<std::string, Direction>> stored_info;  // unit and direction as stored
+  auto run_metrics = [&](int64_t id) {
+    std::map<std::string, double> m;
+    for (const auto& x : db.metrics(id))
+      if (!x.layer && !x.head) {
+        m[x.name] = x.value;
+        stored_info[x.name] = {x.unit, x.direction};
+      }
+    return m;
+  };
+
+  // Throughput from perf runs: (model, device, dtype, method) -> decode_tok_s of the run with the
+  // longest context (then the lowest id).
+  struct PerfHit {
+    int64_t context = -1, id = 0;
+    double tok_s = NAN;
+    std::string hash;
+  };
+  std::map<std::string, PerfHit> perf;
+  auto perf_key = [](const json& cfg) {
+    return canonical_json(json{{"model", cfg["model"]}, {"device", cfg["device"]}, {"dtype", cfg["dtype"]},
+                               {"method", cfg["method"]}});
+  };
+  {
+    RunFilter pf;
+    pf.model = options.filter.model;
+    pf.protocol = "perf";
+    pf.status = RunStatus::kDone;
+    for (const auto& r : db.list_runs(pf)) {
+      const json cfg = json::parse(r.config_json);
+      const int64_t ctx = cfg["protocol"].value("context", int64_t{0});
+      const double v = metric_or_nan(run_metrics(r.id), "decode_tok_s");
+      if (!std::isfinite(v)) continue;
+      PerfHit& h = perf[perf_key(cfg)];
+      if (ctx > h.context || (ctx == h.context && r.id < h.id)) h = {ctx, r.id, v, r.config_hash};
+    }
+  }
+
+  // Groups: resolved config minus what does not change results or names the method.
+  struct Group {
+    json settings;
+    std::vector<RunRow> runs;
+  };
+  std::map<std::string, Group> groups;
+  for (const auto& r : runs) {
+    json cfg = json::parse(r.config_json);
+    json key = cfg;
+    key.erase("method");
+    key.erase("label");
+    key.erase("threads");
+    Group& g = groups[canonical_json(key)];
+    g.settings = key;
+    g.runs.push_back(r);
+  }
+
+  std::map<int64_t, RunSamples> sample_cache;
+  auto samples_of = [&](const RunRow& r) -> const RunSamples& {
+    auto it = sample_cache.find(r.id);
+    if (it == sample_cache.end()) it = sample_cache.emplace(r.id, extract_samples(r.protocol, db.samples(r.id))).first;
+    return it->second;
+  };
+
+  for (auto& [gkey, g] : groups) {
+    LeaderTable t;
+    const RunRow& first = g.runs.front();
+    t.model = g.settings.value("model", first.model);
+    t.dataset = first.dataset;
+    t.protocol = first.protocol;
+    t.settings = g.settings;
+    std::vector<std::map<std::string, double>> done_metrics;
+    std::vector<const RunRow*> shown;
+    for (const auto& r : g.runs) {
+      if (r.status == RunStatus::kRunning) {
+        t.incomplete_runs++;
+        continue;
+      }
+      shown.push_back(&r);
+    }
+    if (shown.empty()) continue;
+    std::map<int64_t, std::map<std::string, double>> metrics_by_run;
+    for (const RunRow* r : shown) {
+      metrics_by_run[r->id] = run_metrics(r->id);
+      if (r->status == RunStatus::kDone) done_metrics.push_back(metrics_by_run[r->id]);
+    }
+    t.metric = options.metric;
+    if (!t.metric.empty()) {
+      bool present = false;
+      for (const auto& m : done_metrics) present = present || m.count(t.metric);
+      if (!present) t.metric.clear();
+    }
+    if (t.metric.empty()) t.metric = default_metric(t.protocol, done_metrics);
+    if (is_known_metric(t.metric)) {
+      const MetricInfo& mi = metric_info(t.metric);
+      t.unit = std::string(mi.unit);
+      t.direction = mi.direction == "higher" ? Direction::kHigher : Direction::kLower;
+    } else if (stored_info.count(t.metric)) {
+      t.unit = stored_info[t.metric].first;
+      t.direction = stored_info[t.metric].second == Direction::kHigher ? Direction::kHigher : Direction::kLower;
+    }
+    if (t.protocol == "stream") t.secondary = {t.metric == "ppl" ? "kl_mean" : "ppl"};
+
+    const RunRow* base = nullptr;
+    for (const RunRow* r : shown)
+      if (r->status == RunStatus::kDone && r->method == "full") base = r;
+    if (base) {
+      t.baseline_hash = base->config_hash;
+      t.baseline_samples = samples_of(*base).keys.size();
+    }
+
+    // Which params to show per method: those that vary in this table or differ from the defaults.
+    std::map<std::string, std::set<std::string>> show;
+    std::map<std::string, std::map<std::string, std::set<std::string>>> values;  // method -> param -> values
+    for (const RunRow* r : shown) {
+      const json cfg = json::parse(r->config_json);
+      for (auto it = cfg["method"]["params"].begin(); it != cfg["method"]["params"].end(); ++it)
+        values[r->method][it.key()].insert(it.value().dump());
+    }
+    for (const auto& [m, params] : values) {
+      std::map<std::string, json> defaults;
+      if (MethodRegistry::instance().has(m))
+        for (const auto& p : MethodRegistry::instance().info(m).params) defaults[p.name] = p.default_value;
+      for (const auto& [p, vals] : params) {
+        const bool varies = vals.size() > 1;
+        const bool non_default = !defaults.count(p) || vals.size() != 1 ||
+                                 !(json::parse(*vals.begin()) == defaults[p]);
+        if (varies || non_default) show[m].insert(p);
+      }
+    }
+
+    for (const RunRow* r : shown) {
+      LeaderRow row;
+      const json cfg = json::parse(r->config_json);
+      row.method = r->method;
+      row.params = cfg["method"]["params"];
+      json show_list = json::array();
+      for (const auto& p : show[r->method]) show_list.push_back(p);
+      row.label = method_label(cfg["method"], show_list);
+      row.config_hash = r->config_hash;
+      row.run_id = r->id;
+      row.status = to_string(r->status);
+      row.error = r->error;
+      row.metrics = metrics_by_run[r->id];
+      row.value = metric_or_nan(row.metrics, t.metric);
+      row.bytes_per_token = metric_or_nan(row.metrics, "bytes_per_token");
+      row.compression_ratio = metric_or_nan(row.metrics, "compression_ratio");
+      row.simulated = r->simulated || metric_or_nan(row.metrics, "simulated") == 1.0;
+      if (t.protocol == "perf") {
+        const double v = metric_or_nan(row.metrics, "decode_tok_s");
+        if (std::isfinite(v)) row.decode_tok_s = v;
+      } else {
+        auto it = perf.find(perf_key(cfg));
+        if (it != perf.end()) {
+          row.decode_tok_s = it->second.tok_s;
+          row.perf_config_hash = it->second.hash;
+        }
+      }
+      std::vector<std::string> shown_metrics = {t.metric};
+      shown_metrics.insert(shown_metrics.end(), t.secondary.begin(), t.secondary.end());
+      for (const auto& m : shown_metrics) {
+        DeltaCi d;
+        const SampleMetricDef* def = find_sample_metric(t.protocol, m);
+        // qa samples carry the full cache's answers: without a full run, pair with those.
+        const bool embedded = !base && t.protocol == "qa" && m == "accuracy" &&
+                              r->status == RunStatus::kDone && samples_of(*r).sums.count("full_accuracy");
+        if (r->status != RunStatus::kDone) d.status = "n/a";
+        else if (base && r->id == base->id) d.status = "baseline";
+        else if (!base && !embedded) d.status = "no_baseline";
+        else if (!def) d.status = "not_per_sample";
+        else {
+          const RunSamples& a = samples_of(*r);
+          RunSamples pseudo;
+          if (embedded) {
+            pseudo.keys = a.keys;
+            pseudo.sums["accuracy"] = a.sums.at("full_accuracy");
+            t.embedded_baseline = true;
+          }
+          const RunSamples& b = embedded ? pseudo : samples_of(*base);
+          PairedSums ps = paired_sums(a, b, *def, common_samples(a, b));
+          if (ps.a_num.empty()) {
+            d.status = "no_common_samples";
+          } else {
+            BootstrapCi ci = paired_ratio_bootstrap(ps, def->exp_transform, options.n_resamples, options.seed,
+                                                    options.confidence);
+            d.status = "ok";
+            d.estimate = ci.estimate;
+            d.lo = ci.lo;
+            d.hi = ci.hi;
+            d.n = ci.n;
+          }
+        }
+        row.deltas[m] = d;
+      }
+      t.rows.push_back(std::move(row));
+    }
+
+    // Rank done rows; failed rows last.
+    std::stable_sort(t.rows.begin(), t.rows.end(), [&](const LeaderRow& a, const LeaderRow& b) {
+      const bool ad = a.status == "done", bd = b.status == "done";
+      if (ad != bd) return ad;
+      if (!ad) return a.label < b.label;
+      const bool af = std::isfinite(a.value), bf = std::isfinite(b.value);
+      if (af != bf) return af;
+      if (af && a.value != b.value) return at_least(a.value, b.value, t.direction, true);
+      const double ab = std::isfinite(a.bytes_per_token) ? a.bytes_per_token : INFINITY;
+      const double bb = std::isfinite(b.bytes_per_token) ? b.bytes_per_token : INFINITY;
+      if (ab != bb) return ab < bb;
+      return a.label < b.label;
+    });
+    int rank = 0;
+    for (auto& row : t.rows)
+      if (row.status == "done") row.rank = ++rank;
+
+    // Pareto frontiers.
+    auto frontier = [&](auto x_of, Direction xdir, auto set) {
+      for (auto& r : t.rows) {
+        if (r.status != "done" || !std::isfinite(r.value)) continue;
+        const double rx = x_of(r);
+        if (!std::isfinite(rx)) continue;
+        bool dominated = false;
+        for (const auto& s : t.rows) {
+          if (&s == &r || s.status != "done" || !std::isfinite(s.value)) continue;
+          const double sx = x_of(s);
+          if (!std::isfinite(sx)) continue;
+          if (at_least(sx, rx, xdir, false) && at_least(s.value, r.value, t.direction, false) &&
+              (at_least(sx, rx, xdir, true) || at_least(s.value, r.value, t.direction, true))) {
+            dominated = true;
+            break;
+          }
+        }
+        set(r, !dominated);
+      }
+    };
+    frontier([](const LeaderRow& r) { return r.bytes_per_token; }, Direction::kLower,
+             [](LeaderRow& r, bool v) { r.pareto_memory = v; });
+    if (t.protocol != "perf") {
+      for (const auto& r : t.rows) t.has_throughput = t.has_throughput || r.decode_tok_s.has_value();
+      if (t.has_throughput)
+        frontier([](const LeaderRow& r) { return r.decode_tok_s ? *r.decode_tok_s : NAN; }, Direction::kHigher,
+                 [](LeaderRow& r, bool v) { r.pareto_throughput = v; });
+    }
+    lb.tables.push_back(std::move(t));
+  }
+
+  // Settings worth showing in titles: non-default protocol params, the key sizes, and whatever varies
+  // between tables of the same model, dataset and protocol.
+  std::map<std::string, std::map<std::string, std::set<std::string>>> vary;
+  auto flat = [](const json& s) {
+    std::map<std::string, json> m;
+    for (auto it = s.begin(); it != s.end(); ++it) {
+      if (it.key() == "protocol") {
+        for (auto p = it.value().begin(); p != it.value().end(); ++p)
+          if (p.key() != "name" && p.key() != "dataset") m[p.key()] = p.value();
+      } else if (it.key() != "model") {
+        m[it.key()] = it.value();
+      }
+    }
+    return m;
+  };
+  for (const auto& t : lb.tables)
+    for (const auto& [k, v] : flat(t.settings)) vary[t.model + "\n" + t.dataset + "\n" + t.protocol][k].insert(v.dump());
+  for (auto& t : lb.tables) {
+    std::map<std::string, json> defaults = {{"device", "cpu"}, {"dtype", "fp32"}, {"seed", 0}};
+    std::vector<std::string> order;  // the protocol's parameter order, then the rest
+    std::set<std::string> always;
+    try {
+      for (const auto& p : protocol_spec(t.protocol).params) {
+        defaults[p.name] = p.default_value;
+        order.push_back(p.name);
+      }
+    } catch (const Error&) {
+    }
+    if (t.protocol == "stream") always = {"window", "max_windows"};
+    if (t.protocol == "perf") always = {"context", "decode_tokens", "batch_sizes"};
+    std::vector<std::string> parts;
+    const auto& var = vary[t.model + "\n" + t.dataset + "\n" + t.protocol];
+    const auto settings = flat(t.settings);
+    for (const auto& [k, v] : settings)
+      if (std::find(order.begin(), order.end(), k) == order.end()) order.push_back(k);
+    for (const auto& k : order) {
+      auto it = settings.find(k);
+      if (it == settings.end()) continue;
+      const json& v = it->second;
+      const bool non_default = !defaults.count(k) || !(defaults[k] == v);
+      const bool varies = var.count(k) && var.at(k).size() > 1;
+      if (always.count(k) || non_default || varies) parts.push_back(k + "=" + settings_value_text(v));
+    }
+    t.settings_text = join(parts, ", ");
+  }
+  if (!options.metric.empty()) {
+    bool used = false;
+    for (const auto& t : lb.tables) used = used || t.metric == options.metric;
+    std::vector<std::string> names;
+    for (const auto& [n, info] : stored_info) names.push_back(n);
+    KVB_CHECK(used || lb.tables.empty(), "--metric ", options.metric, ": no run in ", db.path(), " has this metric",
+              did_you_mean(options.metric, names));
+  }
+  std::stable_sort(lb.tables.begin(), lb.tables.end(), [](const LeaderTable& a, const LeaderTable& b) {
+    auto rank = [](const std::string& p) { return p == "perf" ? 1 : 0; };  // accuracy tables first
+    if (rank(a.protocol) != rank(b.protocol)) return rank(a.protocol) < rank(b.protocol);
+    if (a.model != b.model) return a.model < b.model;
+    if (a.dataset != b.dataset) return a.dataset < b.dataset;
+    if (a.protocol != b.protocol) return a.protocol < b.protocol;
+    return a.settings_text < b.settings_text;
+  });
+  return lb;
+}
+
+// ---------------------------------------------------------------- Markdown
+
+namespace {
+
+struct Columns {
+  bool top1 = false, throughput = false;
+};
+
+Columns columns_of(const LeaderTable& t) {
+  Columns c;
+  c.top1 = t.protocol == "stream" && t.metric != "top1_agreement";
+  for (const auto& r : t.rows) c.throughput = c.throughput || r.decode_tok_s.has_value();
+  if (t.protocol == "perf") c.throughput = t.metric != "decode_tok_s";
+  return c;
+}
+
+}  // namespace
+
+std::string leaderboard_markdown(const Leaderboard& lb) {
+  std::ostringstream s;
+  s << "## kvbench leaderboard\n\n";
+  if (lb.tables.empty()) {
+    s << "No finished runs in `" << lb.db_path << "` match the filters.\n";
+    return s.str();
+  }
+  for (const auto& t : lb.tables) {
+    const Columns c = columns_of(t);
+    s << "### " << md_escape(table_title(t)) << "\n\n";
+    s << "Ranked by **" << metric_caption(t) << "** at measured bytes per token. " << baseline_note(t, lb.options)
+      << "\n\n";
+    s << "| # | method | bytes/token | compression | " << t.metric << arrow(t.direction) << " | Δ vs full [95% CI] |";
+    for (const auto& m : t.secondary) {
+      const Direction d = is_known_metric(m) && metric_info(m).direction == "higher" ? Direction::kHigher : Direction::kLower;
+      s << " " << m << arrow(d) << " | Δ " << m << " [95% CI] |";
+    }
+    if (c.top1) s << " top-1 ↑ |";
+    if (c.throughput) s << " decode tok/s ↑ |";
+    s << " simulated | Pareto |\n";
+    s << "|--:|---|--:|--:|--:|---|";
+    for (size_t i = 0; i < t.secondary.size(); ++i) s << "--:|---|";
+    if (c.top1) s << "--:|";
+    if (c.throughput) s << "--:|";
+    s << ":-:|:-:|\n";
+    for (const auto& r : t.rows) {
+      if (r.status != "done") {
+        std::string err = r.error.size() > 100 ? r.error.substr(0, 97) + "..." : r.error;
+        s << "| – | " << md_escape(r.label) << " | **failed**: " << md_escape(err) << " |";
+        const size_t rest = 3 + 2 * t.secondary.size() + (c.top1 ? 1 : 0) + (c.throughput ? 1 : 0) + 2;
+        for (size_t i = 0; i < rest; ++i) s << " |";
+        s << "\n";
+        continue;
+      }
+      s << "| " << r.rank << " | " << md_escape(r.label) << " | " << bytes_text(r.bytes_per_token) << " | "
+        << ratio_text(r.compression_ratio) << " | " << format_value(r.value) << " | "
+        << format_delta(r.deltas.at(t.metric)) << " |";
+      for (const auto& m : t.secondary)
+        s << " " << format_value(metric_or_nan(r.metrics, m)) << " | " << format_delta(r.deltas.at(m)) << " |";
+      if (c.top1) s << " " << percent_text(metric_or_nan(r.metrics, "top1_agreement")) << " |";
+      if (c.throughput) s << " " << tok_s_text(r.decode_tok_s) << " |";
+      s << " " << (r.simulated ? "yes" : "no") << " | " << pareto_text(r) << " |\n";
+    }
+    s << "\n";
+    if (t.incomplete_runs) s << "_" << t.incomplete_runs << " unfinished run(s) not shown._\n\n";
+  }
+  s << "★ on the Pareto frontier of the ranking metric vs measured bytes per token; ⚡ on the frontier vs "
+       "decode throughput (from `perf` runs of the same method). bytes/token: physical bytes of the KV "
+       "state (payload, metadata, indices) per cached position; compression: uncompressed baseline bytes / "
+       "physical bytes. simulated: the method only masks or dequantizes, so its memory saving is not real.\n";
+  return s.str();
+}
+
+// ---------------------------------------------------------------- CSV / JSON
+
+std::string leaderboard_csv(const Leaderboard& lb) {
+  std::ostringstream s;
+  s << "model,dataset,protocol,settings,rank,method,label,config_hash,run_id,status,metric,unit,direction,value,"
+       "delta,delta_lo,delta_hi,delta_n,delta_status,ppl,delta_ppl,delta_ppl_lo,delta_ppl_hi,top1_agreement,"
+       "bytes_per_token,compression_ratio,decode_tok_s,simulated,pareto_memory,pareto_throughput,error\n";
+  auto num = [](double v) { return std::isfinite(v) ? fmt("%.10g", v) : std::string(); };
+  for (const auto& t : lb.tables)
+    for (const auto& r : t.rows) {
+      const DeltaCi& d = r.deltas.count(t.metric) ? r.deltas.at(t.metric) : DeltaCi{};
+      DeltaCi dp;
+      if (r.deltas.count("ppl") && t.metric != "ppl") dp = r.deltas.at("ppl");
+      const bool ok = d.status == "ok", okp = dp.status == "ok";
+      s << csv_field(t.model) << "," << csv_field(t.dataset) << "," << t.protocol << "," << csv_field(t.settings_text)
+        << "," << (r.rank ? std::to_string(r.rank) : "") << "," << r.method << "," << csv_field(r.label) << ","
+        << r.config_hash << "," << r.run_id << "," << r.status << "," << t.metric << "," << csv_field(t.unit) << ","
+        << to_string(t.direction) << "," << num(r.value) << "," << (ok ? num(d.estimate) : "") << ","
+        << (ok ? num(d.lo) : "") << "," << (ok ? num(d.hi) : "") << "," << (ok ? std::to_string(d.n) : "") << ","
+        << d.status << "," << num(metric_or_nan(r.metrics, "ppl")) << "," << (okp ? num(dp.estimate) : "") << ","
+        << (okp ? num(dp.lo) : "") << "," << (okp ? num(dp.hi) : "") << ","
+        << num(metric_or_nan(r.metrics, "top1_agreement")) << "," << num(r.bytes_per_token) << ","
+        << num(r.compression_ratio) << "," << (r.decode_tok_s ? num(*r.decode_tok_s) : "") << ","
+        << (r.simulated ? 1 : 0) << "," << (r.pareto_memory ? 1 : 0) << "," << (r.pareto_throughput ? 1 : 0) << ","
+        << csv_field(r.error) << "\n";
+    }
+  return s.str();
+}
+
+json leaderboard_json(const Leaderboard& lb) {
+  auto num = [](double v) { return std::isfinite(v) ? json(v) : json(nullptr); };
+  json tables = json::array();
+  for (const auto& t : lb.tables) {
+    json rows = json::array();
+    for (const auto& r : t.rows) {
+      json deltas = json::object();
+      for (const auto& [m, d] : r.deltas) {
+        json jd = {{"status", d.status}};
+        if (d.status == "ok") {
+          jd["estimate"] = d.estimate;
+          jd["lo"] = d.lo;
+          jd["hi"] = d.hi;
+          jd["n"] = d.n;
+        }
+        deltas[m] = jd;
+      }
+      json metrics = json::object();
+      for (const auto& [k, v] : r.metrics) metrics[k] = num(v);
+      rows.push_back({{"rank", r.rank ? json(r.rank) : json(nullptr)},
+                      {"method", r.method},
+                      {"params", r.params},
+                      {"label", r.label},
+                      {"config_hash", r.config_hash},
+                      {"run_id", r.run_id},
+                      {"status", r.status},
+                      {"error", r.error},
+                      {"value", num(r.value)},
+                      {"deltas", deltas},
+                      {"bytes_per_token", num(r.bytes_per_token)},
+                      {"compression_ratio", num(r.compression_ratio)},
+                      {"decode_tok_s", r.decode_tok_s ? json(*r.decode_tok_s) : json(nullptr)},
+                      {"perf_config_hash", r.perf_config_hash},
+                      {"simulated", r.simulated},
+                      {"pareto_memory", r.pareto_memory},
+                      {"pareto_throughput", r.pareto_throughput},
+                      {"metrics", metrics}});
+    }
+    tables.push_back({{"model", t.model},
+                      {"dataset", t.dataset},
+                      {"protocol", t.protocol},
+                      {"settings", t.settings},
+                      {"settings_text", t.settings_text},
+                      {"metric", t.metric},
+                      {"unit", t.unit},
+                      {"direction", to_string(t.direction)},
+                      {"secondary", t.secondary},
+                      {"baseline_config_hash", t.baseline_hash.empty() ? json(nullptr) : json(t.baseline_hash)},
+                      {"baseline_samples", t.baseline_samples},
+                      {"incomplete_runs", t.incomplete_runs},
+                      {"rows", rows}});
+  }
+  return {{"db", lb.db_path},
+          {"bootstrap", {{"seed", lb.options.seed}, {"n_resamples", lb.options.n_resamples}, {"confidence", lb.options.confidence}}},
+          {"runs_considered", lb.runs_considered},
+          {"tables", tables}};
+}
+
+// ---------------------------------------------------------------- HTML
+
+std::string leaderboard_html(const Leaderboard& lb) {
+  std::ostringstream s;
+  s << R"(<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">
+<title>kvbench leaderboard</title>
+<style>
+body{font-family:-apple-system,"Segoe UI",Roboto,"DejaVu Sans",Helvetica,Arial,sans-serif;margin:24px auto;max-width:1240px;padding:0 16px;color:#1d2330;background:#fff}
+h1{font-size:26px;margin:0 0 4px}h2{font-size:19px;margin:34px 0 6px;border-bottom:1px solid #e3e6ec;padding-bottom:4px}
+p.meta,p.note{color:#596275;font-size:13px;margin:4px 0 10px}
+table.lb{border-collapse:collapse;font-size:13px;margin:8px 0 14px;width:100%}
+table.lb th{background:#f3f5f9;text-align:right;padding:6px 8px;border-bottom:2px solid #d5dae3;white-space:nowrap}
+table.lb td{text-align:right;padding:5px 8px;border-bottom:1px solid #eceff4;font-variant-numeric:tabular-nums;white-space:nowrap}
+table.lb th.l,table.lb td.l{text-align:left}table.lb td.c,table.lb th.c{text-align:center}
+table.lb tr.front td{background:#fff8ec}table.lb tr.failed td{color:#a3303a;background:#fdf1f2}
+table.lb tr.base td.l{font-weight:600}
+.sim{color:#b3541e;font-weight:600}.ci{color:#596275;line-height:1.25}.ci .est{color:#1d2330}.ci .int{font-size:11px}
+.charts{display:flex;flex-direction:column;gap:18px}
+svg.chart{background:#fff;border:1px solid #e3e6ec;border-radius:6px}
+svg .plot{fill:#fbfcfe;stroke:#d5dae3}svg .grid{stroke:#eceff4}svg .tick{font-size:11px;fill:#596275}
+svg .axis{font-size:12px;fill:#1d2330}svg .ctitle{font-size:13px;font-weight:600;fill:#1d2330}
+svg .point{stroke:#fff;stroke-width:1.5}svg .point.front{stroke:#e8871e;stroke-width:3}
+svg .point.sim{stroke-width:2.5}
+svg .frontier{fill:none;stroke:#e8871e;stroke-width:2;stroke-dasharray:6 4}
+svg .plabel{font-size:11px;fill:#1d2330}svg .leader{stroke:#a9b1c1;stroke-width:.8}
+footer{color:#596275;font-size:12px;margin:30px 0}
+</style></head><body>
+<h1>kvbench leaderboard</h1>
+)";
+  s << "<p class=\"meta\">" << lb.tables.size() << " table(s) from <code>" << html_escape(lb.db_path) << "</code> ("
+    << lb.runs_considered << " runs). Differences to the full cache with 95% paired bootstrap confidence intervals ("
+    << lb.options.n_resamples << " resamples, seed " << lb.options.seed << ").</p>\n";
+  if (lb.tables.empty()) s << "<p>No finished runs match the filters.</p>\n";
+  int table_no = 0;
+  for (const auto& t : lb.tables) {
+    ++table_no;
+    const Columns c = columns_of(t);
+    s << "<section class=\"board\" id=\"t" << table_no << "\">\n<h2>" << html_escape(table_title(t)) << "</h2>\n";
+    s << "<p class=\"note\">Ranked by <b>" << html_escape(metric_caption(t)) << "</b> at measured bytes per token. "
+      << html_escape(baseline_note(t, lb.options)) << "</p>\n";
+    s << "<table class=\"lb\"><thead><tr><th>#</th><th class=\"l\">method</th><th>bytes/token</th><th>compression</th><th>"
+      << html_escape(t.metric + arrow(t.direction)) << "</th><th class=\"l\">Δ vs full [95% CI]</th>";
+    for (const auto& m : t.secondary) s << "<th>" << html_escape(m) << "</th><th class=\"l\">Δ " << html_escape(m) << " [95% CI]</th>";
+    if (c.top1) s << "<th>top-1 ↑</th>";
+    if (c.throughput) s << "<th>decode tok/s ↑</th>";
+    s << "<th class=\"c\">simulated</th><th class=\"c\">Pareto</th></tr></thead>\n<tbody>\n";
+    for (const auto& r : t.rows) {
+      const bool base = r.method == "full" && r.status == "done";
+      if (r.status != "done") {
+        s << "<tr class=\"row failed\" data-hash=\"" << r.config_hash << "\"><td>–</td><td class=\"l\">"
+          << html_escape(r.label) << "</td><td class=\"l\" colspan=\""
+          << 4 + 2 * t.secondary.size() + (c.top1 ? 1 : 0) + (c.throughput ? 1 : 0) + 2 << "\">failed: "
+          << html_escape(r.error) << "</td></tr>\n";
+        continue;
+      }
+      s << "<tr class=\"row" << (r.pareto_memory ? " front" : "") << (base ? " base" : "") << "\" data-hash=\""
+        << r.config_hash << "\"><td>" << r.rank << "</td><td class=\"l\">" << html_escape(r.label) << "</td><td>"
+        << bytes_text(r.bytes_per_token) << "</td><td>" << ratio_text(r.compression_ratio) << "</td><td>"
+        << format_value(r.value) << "</td><td class=\"l ci\">" << delta_html(r.deltas.at(t.metric)) << "</td>";
+      for (const auto& m : t.secondary)
+        s << "<td>" << format_value(metric_or_nan(r.metrics, m)) << "</td><td class=\"l ci\">"
+          << delta_html(r.deltas.at(m)) << "</td>";
+      if (c.top1) s << "<td>" << percent_text(metric_or_nan(r.metrics, "top1_agreement")) << "</td>";
+      if (c.throughput) s << "<td>" << tok_s_text(r.decode_tok_s) << "</td>";
+      s << "<td class=\"c\">" << (r.simulated ? "<span class=\"sim\">yes</span>" : "no") << "</td><td class=\"c\">"
+        << pareto_text(r) << "</td></tr>\n";
+    }
+    s << "</tbody></table>\n";
+    if (t.incomplete_runs) s << "<p class=\"note\">" << t.incomplete_runs << " unfinished run(s) not shown.</p>\n";
+    std::vector<Pt> mem, thr;
+    for (const auto& r : t.rows) {
+      if (r.status != "done" || !std::isfinite(r.value)) continue;
+      const bool base = r.method == "full";
+      if (std::isfinite(r.bytes_per_token)) mem.push_back({r.bytes_per_token, r.value, r.label, r.method, r.pareto_memory, base, r.simulated});
+      if (t.has_throughput && r.decode_tok_s)
+        thr.push_back({*r.decode_tok_s, r.value, r.label, r.method, r.pareto_throughput, base, r.simulated});
+    }
+    const std::string ylabel = t.metric + (t.unit.empty() ? "" : " (" + t.unit + ")") + arrow(t.direction);
+    s << "<div class=\"charts\">\n";
+    if (!mem.empty())
+      s << svg_scatter(mem, "memory", t.metric + " vs measured bytes per token (frontier dashed)",
+                       "bytes per token ↓", ylabel, true);
+    if (!thr.empty())
+      s << svg_scatter(thr, "throughput", t.metric + " vs decode throughput (frontier dashed)", "decode tok/s ↑",
+                       ylabel, true);
+    s << "</div>\n</section>\n";
+  }
+  s << "<footer>★ Pareto frontier of the ranking metric vs measured bytes per token; ⚡ frontier vs decode "
+       "throughput (from <code>perf</code> runs of the same method, model, device and dtype). Hollow points: "
+       "simulated methods (memory saving not real). Generated by <code>kvbench leaderboard</code>; this file is "
+       "self-contained.</footer>\n</body></html>\n";
+  return s.str();
+}
+
+}  // namespace kvb

@@ -1,0 +1,211 @@
+#include "harness/report/sample_stats.h"
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+
+#include "harness/common/error.h"
+#include "harness/metrics/metric_table.h"
+#include "harness/metrics/portable_random.h"
+
+namespace kvb {
+
+namespace {
+
+using json = nlohmann::json;
+
+double num_or(const json& j, const char* key, double fallback = 0.0) {
+  if (j.contains(key) && j[key].is_number()) return j[key].get<double>();
+  return fallback;
+}
+
+}  // namespace
+
+const std::vector<SampleMetricDef>& sample_metric_defs(const std::string& protocol) {
+  using D = Direction;
+  static const std::vector<SampleMetricDef> stream = {
+      {"kl_mean", "nats", D::kLower, "", false},
+      {"ppl", "", D::kLower, "nll", true},
+      {"nll", "nats/token", D::kLower, "", false},
+      {"top1_agreement", "fraction", D::kHigher, "", false},
+      {"mean_abs_dprob", "probability", D::kLower, "", false},
+      {"bytes_per_token", "bytes/token", D::kLower, "", false},
+  };
+  static const std::vector<SampleMetricDef> perf = {
+      {"decode_tok_s", "tokens/s", D::kHigher, "", false},
+      {"prefill_tok_s", "tokens/s", D::kHigher, "", false},
+      {"ttft_ms", "ms", D::kLower, "", false},
+      {"tpot_ms", "ms", D::kLower, "", false},
+      {"bytes_per_token", "bytes/token", D::kLower, "", false},
+  };
+  static const std::vector<SampleMetricDef> qa = {
+      {"accuracy", "fraction", D::kHigher, "", false},
+      {"agreement_with_full", "fraction", D::kHigher, "", false},
+      {"bytes_per_token", "bytes/token", D::kLower, "", false},
+  };
+  // Other task protocols: every known task metric a sample reports as a number.
+  static const std::vector<SampleMetricDef> task = [] {
+    std::vector<SampleMetricDef> v;
+    for (const auto& m : all_metrics()) {
+      if (m.unit != "fraction") continue;
+      v.push_back({std::string(m.name), std::string(m.unit),
+                   m.direction == "higher" ? D::kHigher : D::kLower, "", false});
+    }
+    return v;
+  }();
+  if (protocol == "stream") return stream;
+  if (protocol == "perf") return perf;
+  if (protocol == "qa") return qa;
+  return task;
+}
+
+const SampleMetricDef* find_sample_metric(const std::string& protocol, const std::string& name) {
+  for (const auto& d : sample_metric_defs(protocol))
+    if (d.name == name) return &d;
+  return nullptr;
+}
+
+RunSamples extract_samples(const std::string& protocol, const std::vector<SampleRow>& rows) {
+  RunSamples out;
+  for (const auto& row : rows) {
+    json j;
+    try {
+      j = json::parse(row.output_json);
+    } catch (const json::parse_error&) {
+      continue;  // the store validates JSON; be lenient with foreign files
+    }
+    out.keys[row.index] = row.key;
+    auto put = [&](const std::string& name, double num, double den) {
+      if (std::isfinite(num) && std::isfinite(den) && den > 0) out.sums[name][row.index] = {num, den};
+    };
+    if (protocol == "stream") {
+      const double tokens = num_or(j, "tokens");
+      double kl = 0;
+      if (j.contains("kl") && j["kl"].is_array())
+        for (const auto& x : j["kl"]) kl += x.is_number() ? x.get<double>() : 0.0;
+      put("kl_mean", kl, tokens);
+      put("nll", num_or(j, "nll_sum"), tokens);
+      put("top1_agreement", num_or(j, "top1_agree"), tokens);
+      put("mean_abs_dprob", num_or(j, "abs_dprob_sum"), tokens);
+    } else if (protocol == "qa") {
+      double score = 0, full = 0, agree = 0, n = 0;
+      if (j.contains("items") && j["items"].is_array())
+        for (const auto& it : j["items"]) {
+          score += num_or(it, "score");
+          full += num_or(it, "full_score");
+          agree += it.value("prediction", std::string()) == it.value("full_prediction", std::string("\x01"));
+          n += 1;
+        }
+      put("accuracy", score, n);
+      put("full_accuracy", full, n);
+      put("agreement_with_full", agree, n);
+    } else if (protocol == "perf") {
+      put("decode_tok_s", num_or(j, "decode_tok_s", NAN), 1);
+      put("prefill_tok_s", num_or(j, "prefill_tok_s", NAN), 1);
+      put("ttft_ms", num_or(j, "ttft_ms", NAN), 1);
+      put("tpot_ms", num_or(j, "tpot_ms_p50", NAN), 1);
+      put("bytes_per_token", num_or(j, "physical_bytes", NAN), num_or(j, "tokens_seen", 0));
+    } else {
+      const json& scores = j.contains("scores") && j["scores"].is_object() ? j["scores"] : j;
+      for (const auto& d : sample_metric_defs(protocol))
+        if (scores.contains(d.name) && scores[d.name].is_number()) put(d.name, scores[d.name].get<double>(), 1);
+    }
+    if (protocol != "perf" && j.contains("ledger") && j["ledger"].is_object()) {
+      const json& l = j["ledger"];
+      const double phys = num_or(l, "device_payload_bytes") + num_or(l, "device_metadata_bytes") +
+                          num_or(l, "device_index_bytes") + num_or(l, "host_bytes") + num_or(l, "remote_bytes");
+      put("bytes_per_token", phys, num_or(l, "tokens_seen"));
+    }
+  }
+  return out;
+}
+
+double sample_metric_value(const RunSamples& s, const SampleMetricDef& def) {
+  const std::string src = def.source.empty() ? def.name : def.source;
+  auto it = s.sums.find(src);
+  if (it == s.sums.end() || it->second.empty()) return NAN;
+  double num = 0, den = 0;
+  for (const auto& [i, x] : it->second) {
+    num += x.num;
+    den += x.den;
+  }
+  const double r = num / den;
+  return def.exp_transform ? std::exp(r) : r;
+}
+
+std::vector<int64_t> common_samples(const RunSamples& a, const RunSamples& b) {
+  std::vector<int64_t> out;
+  for (const auto& [i, key] : a.keys) {
+    auto it = b.keys.find(i);
+    if (it != b.keys.end() && it->second == key) out.push_back(i);
+  }
+  return out;
+}
+
+PairedSums paired_sums(const RunSamples& a, const RunSamples& b, const SampleMetricDef& def,
+                       const std::vector<int64_t>& indices) {
+  const std::string src = def.source.empty() ? def.name : def.source;
+  PairedSums p;
+  auto ia = a.sums.find(src), ib = b.sums.find(src);
+  if (ia == a.sums.end() || ib == b.sums.end()) return p;
+  for (int64_t i : indices) {
+    auto xa = ia->second.find(i), xb = ib->second.find(i);
+    if (xa == ia->second.end() || xb == ib->second.end()) continue;
+    p.a_num.push_back(xa->second.num);
+    p.a_den.push_back(xa->second.den);
+    p.b_num.push_back(xb->second.num);
+    p.b_den.push_back(xb->second.den);
+  }
+  return p;
+}
+
+BootstrapCi paired_ratio_bootstrap(const PairedSums& x, bool exp_transform, size_t n_resamples,
+                                   uint64_t seed, double confidence) {
+  const size_t n = x.a_num.size();
+  KVB_CHECK(n > 0, "paired bootstrap: no pairs");
+  KVB_CHECK(x.a_den.size() == n && x.b_num.size() == n && x.b_den.size() == n,
+            "paired bootstrap: unequal pair vectors");
+  KVB_CHECK(n_resamples >= 1, "paired bootstrap: n_resamples must be at least 1");
+  KVB_CHECK(confidence > 0.0 && confidence < 1.0, "paired bootstrap: confidence ", confidence,
+            " is outside (0, 1)");
+  for (size_t i = 0; i < n; ++i)
+    KVB_CHECK(std::isfinite(x.a_num[i]) && std::isfinite(x.a_den[i]) && std::isfinite(x.b_num[i]) &&
+                  std::isfinite(x.b_den[i]),
+              "paired bootstrap: non-finite value at pair ", i);
+  auto f = [&](double num, double den) {
+    const double r = num / den;
+    return exp_transform ? std::exp(r) : r;
+  };
+  double an = 0, ad = 0, bn = 0, bd = 0;
+  for (size_t i = 0; i < n; ++i) {
+    an += x.a_num[i];
+    ad += x.a_den[i];
+    bn += x.b_num[i];
+    bd += x.b_den[i];
+  }
+  BootstrapCi ci;
+  ci.estimate = f(an, ad) - f(bn, bd);
+  std::mt19937_64 rng(seed);
+  std::vector<double> stats(n_resamples);
+  for (size_t r = 0; r < n_resamples; ++r) {
+    double san = 0, sad = 0, sbn = 0, sbd = 0;
+    for (size_t j = 0; j < n; ++j) {
+      const size_t i = static_cast<size_t>(uniform_index(rng, n));
+      san += x.a_num[i];
+      sad += x.a_den[i];
+      sbn += x.b_num[i];
+      sbd += x.b_den[i];
+    }
+    stats[r] = f(san, sad) - f(sbn, sbd);
+  }
+  std::sort(stats.begin(), stats.end());
+  ci.lo = percentile_sorted(stats, 100.0 * (1.0 - confidence) / 2.0);
+  ci.hi = percentile_sorted(stats, 100.0 * (1.0 + confidence) / 2.0);
+  ci.confidence = confidence;
+  ci.n = n;
+  ci.n_resamples = n_resamples;
+  ci.seed = seed;
+  return ci;
+}
+
+}  // namespace kvb

@@ -1,0 +1,343 @@
+// kvbench grid / merge: expansion (canonical order, per-method parameter lists, excludes, de-dup),
+// validation of every cell before anything is written, deterministic shards, 3 shards in 3 processes
+// merged = the unsharded run, failures recorded while the grid carries on, and SIGINT / SIGKILL in
+// the middle of a grid followed by a re-run that finishes it with no lost or duplicate rows.
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <thread>
+
+#include "harness/common/error.h"
+#include "harness/eval/grid.h"
+#include "tests/harness/grid_test_util.h"
+
+namespace kvb {
+namespace {
+
+using gridtest::dump_db;
+using gridtest::read_file;
+using gridtest::spawn;
+using gridtest::wait_exit;
+using gridtest::write_file;
+using json = nlohmann::json;
+
+std::string model_path() { return test::models_dir() + "/stories260K"; }
+
+std::vector<std::string> labels(const GridPlan& p) {
+  std::vector<std::string> out;
+  for (const auto& c : p.cells) out.push_back(c.label);
+  return out;
+}
+
+GridOptions no_input_checks() {
+  GridOptions o;
+  o.check_inputs = false;
+  return o;
+}
+
+TEST(Grid, CanonicalOrderPerMethodParamListsExcludesAndDedup) {
+  json g = json::parse(R"({
+    "name": "t",
+    "base": {"model": "m", "protocol": {"name": "stream", "window": 64}},
+    "axes": {
+      "seed": [0, 1],
+      "method": ["full", {"name": "paged", "params": {"block_size": [8, 16], "initial_blocks": 4}},
+                 {"name": "paged", "params": {"block_size": 8, "initial_blocks": 4}}]
+    },
+    "exclude": [{"method": {"name": "paged", "params": {"block_size": 16}}, "seed": 1},
+                {"method": "static"}]
+  })");
+  GridPlan p = expand_grid(g, no_input_checks());
+  EXPECT_EQ(p.name, "t");
+  EXPECT_EQ(p.axis_keys, (std::vector<std::string>{"method", "seed"}));  // sorted; first varies slowest
+  EXPECT_EQ(p.expanded, 8u);                                             // (1 + 2 + 1) methods x 2 seeds
+  EXPECT_EQ(p.excluded, 1u);
+  EXPECT_EQ(p.duplicates, 2u);  // the explicit paged(8) equals the expanded one, for both seeds
+  EXPECT_EQ(labels(p), (std::vector<std::string>{
+                           "method=full seed=0", "method=full seed=1",
+                           "method=paged(block_size=8, initial_blocks=4) seed=0",
+                           "method=paged(block_size=8, initial_blocks=4) seed=1",
+                           "method=paged(block_size=16, initial_blocks=4) seed=0"}));
+  for (size_t i = 0; i < p.cells.size(); ++i) {
+    EXPECT_EQ(p.cells[i].index, i);
+    EXPECT_EQ(p.cells[i].config_hash.size(), 64u);
+    EXPECT_EQ(p.cells[i].expected_samples, 4);  // stream default max_windows
+  }
+  // `full` was never crossed with a block size; the resolved config carries the defaults.
+  EXPECT_TRUE(p.cells[0].resolved["method"]["params"].empty());
+  EXPECT_EQ(p.cells[2].resolved["protocol"]["window"], 64);
+  ASSERT_EQ(p.warnings.size(), 1u);  // {"method": "static"} matched nothing
+  EXPECT_NE(p.warnings[0].find("exclude[1]"), std::string::npos);
+
+  // The same grid with keys in another order gives the same cells in the same order.
+  json g2 = g;
+  g2["axes"] = json::parse(R"({"method": ["full", {"name": "paged", "params": {"initial_blocks": 4, "block_size": [8, 16]}},
+                 {"name": "paged", "params": {"block_size": 8, "initial_blocks": 4}}], "seed": [0, 1]})");
+  GridPlan p2 = expand_grid(g2, no_input_checks());
+  ASSERT_EQ(p2.cells.size(), p.cells.size());
+  for (size_t i = 0; i < p.cells.size(); ++i) EXPECT_EQ(p2.cells[i].config_hash, p.cells[i].config_hash);
+
+  // --set applies after the axes, to every cell; resolution collapses the seeds into duplicates.
+  GridOptions o = no_input_checks();
+  o.sets = {"seed=7"};
+  GridPlan p3 = expand_grid(g, o);
+  EXPECT_EQ(p3.cells.size(), 3u);
+  for (const auto& c : p3.cells) EXPECT_EQ(c.resolved["seed"], 7);
+}
+
+TEST(Grid, GenericParamAxisAndExcludeByResolvedValue) {
+  // A generic method.params axis reaches every cell: full does not take block_size, so it must be
+  // excluded (here by name) or the grid is invalid.
+  json g = json::parse(R"({
+    "base": {"model": "m", "protocol": "stream"},
+    "axes": {"method": ["full", "paged"], "method.params.block_size": [8, 32]},
+    "exclude": [{"method": "full", "method.params.block_size": 32}]
+  })");
+  try {
+    expand_grid(g, no_input_checks());
+    FAIL() << "expected an invalid cell";
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("cell 1 of 4 (method=full method.params.block_size=8)"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("unknown parameter 'block_size'"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("per-method parameter lists"), std::string::npos) << msg;
+  }
+  g["exclude"] = json::parse(R"([{"method": "full", "method.params.block_size": [8, 32]}])");
+  GridPlan p = expand_grid(g, no_input_checks());
+  EXPECT_EQ(labels(p), (std::vector<std::string>{"method=paged method.params.block_size=8",
+                                                 "method=paged method.params.block_size=32"}));
+  // Excluding by a default value works through the resolved config (window 256 is the default).
+  g["exclude"].push_back(json::parse(R"({"protocol.window": 256, "method.params.block_size": 32})"));
+  EXPECT_EQ(expand_grid(g, no_input_checks()).cells.size(), 1u);
+}
+
+TEST(Grid, ShardsPartitionTheCellsByIndexModuloN) {
+  EXPECT_EQ(parse_shard("2/5").index, 2);
+  EXPECT_EQ(parse_shard("2/5").count, 5);
+  for (const char* bad : {"5/5", "-1/3", "1", "a/b", "1/0", "1/3/4", ""})
+    EXPECT_THROW(parse_shard(bad), Error) << bad;
+  json g = json::parse(R"({"base": {"model": "m", "method": "full", "protocol": "stream"},
+                           "axes": {"seed": [0, 1, 2, 3, 4, 5, 6], "protocol.window": [16, 32]}})");
+  GridPlan p = expand_grid(g, no_input_checks());
+  ASSERT_EQ(p.cells.size(), 14u);
+  std::multiset<std::string> seen;
+  for (int64_t i = 0; i < 3; ++i) {
+    auto part = shard_cells(p.cells, Shard{i, 3});
+    EXPECT_EQ(part.size(), i < 2 ? 5u : 4u);
+    for (const auto& c : part) {
+      EXPECT_EQ(static_cast<int64_t>(c.index % 3), i);
+      seen.insert(c.config_hash);
+    }
+  }
+  EXPECT_EQ(seen.size(), 14u);
+  EXPECT_EQ(std::set<std::string>(seen.begin(), seen.end()).size(), 14u);  // disjoint and complete
+}
+
+TEST(Grid, InvalidGridExitsTwoWithOneLineAndWritesNothing) {
+  const std::string dir = test::make_temp_dir("grid_bad");
+  struct Case {
+    std::string grid, needle;
+  };
+  const std::string base = R"("base": {"model": ")" + model_path() + R"(", "protocol": {"name": "stream", "window": 32}})";
+  std::vector<Case> cases = {
+      {"{" + base + R"(, "axes": {"method": ["full", "paged"], "method.params.block_size": [8]}})",
+       "(method=full method.params.block_size=8) is invalid"},
+      {"{" + base + R"(, "axes": {"method": ["full", "pagd"]}})", "did you mean 'paged'"},
+      {"{" + base + R"(, "axes": {"metod": ["full"]}})", "did you mean 'method'"},
+      {"{" + base + R"(, "axis": {"method": ["full"]}})", "did you mean 'axes'"},
+      {"{" + base + R"(, "axes": {"method": []}})", "non-empty list"},
+      {"{" + base + R"(, "axes": {"method": ["full"], "protocol.dataset": ["tinystories-valid-sample", "no-such-corpus"]}})",
+       "no-such-corpus"},
+      {"{" + base + R"(, "axes": {"method": ["full"], "model": ["no-such-model"]}})", "no-such-model"},
+      {"{" + base + R"(, "axes": {"method": [{"name": "paged", "params": {"block_size": [8, -1]}}]}})",
+       "block_size"},
+  };
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const std::string cfg = dir + "/g" + std::to_string(i) + ".json";
+    const std::string db = dir + "/db" + std::to_string(i) + ".sqlite";
+    write_file(cfg, cases[i].grid);
+    auto r = test::run_kvbench("grid -c " + cfg + " --db " + db + " --data-dir " + test::data_dir());
+    EXPECT_EQ(r.exit_code, 2) << cases[i].grid << "\n" << r.err;
+    EXPECT_NE(r.err.find(cases[i].needle), std::string::npos) << "want '" << cases[i].needle << "' in: " << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+    EXPECT_FALSE(std::ifstream(db).good()) << "database written for case " << i;
+  }
+}
+
+// A small stream grid: 8 cells, 2 windows each.
+std::string small_grid(const std::string& name, int windows = 2) {
+  return R"({"name": ")" + name + R"(", "base": {"model": ")" + model_path() +
+         R"(", "protocol": {"name": "stream", "dataset": "tinystories-valid-sample", "max_windows": )" +
+         std::to_string(windows) + R"(, "prefill_tokens": 8}},
+    "axes": {"method": ["full", "static", {"name": "paged", "params": {"block_size": [4, 16]}}],
+             "protocol.window": [48, 80]}})";
+}
+
+TEST(Grid, ThreeShardsInThreeProcessesMergedEqualTheUnshardedRun) {
+  const std::string dir = test::make_temp_dir("grid_shards");
+  const std::string cfg = dir + "/grid.json";
+  write_file(cfg, small_grid("shards"));
+  auto all = test::run_kvbench("grid -c " + cfg + " --db " + dir + "/all/db.sqlite --data-dir " + test::data_dir());
+  ASSERT_EQ(all.exit_code, 0) << all.err;
+  EXPECT_NE(all.out.find("8 cells: 8 ran"), std::string::npos) << all.out;
+
+  // The three shards run concurrently through the launcher script, the index taken from the
+  // environment as a Slurm array task or a Kubernetes indexed pod would set it.
+  const std::string script = gridtest::source_dir() + "/scripts/grid_shard.sh";
+  std::vector<std::map<std::string, std::string>> envs = {
+      {{"SLURM_ARRAY_TASK_ID", "0"}, {"SLURM_ARRAY_TASK_COUNT", "3"}},
+      {{"JOB_COMPLETION_INDEX", "1"}, {"KVB_SHARD_COUNT", "3"}},
+      {{"SLURM_ARRAY_TASK_ID", "3"}, {"SLURM_ARRAY_TASK_MIN", "1"}, {"SLURM_ARRAY_TASK_COUNT", "3"}},
+  };
+  std::vector<pid_t> pids;
+  for (size_t i = 0; i < envs.size(); ++i) {
+    auto env = envs[i];
+    env["KVB"] = test::kvbench_binary();
+    env["KVBENCH_DATA"] = test::data_dir();
+    pids.push_back(spawn({"/bin/bash", script, cfg, dir + "/shards"}, dir + "/out" + std::to_string(i),
+                         dir + "/err" + std::to_string(i), env));
+  }
+  for (size_t i = 0; i < pids.size(); ++i)
+    ASSERT_EQ(wait_exit(pids[i]), 0) << read_file(dir + "/err" + std::to_string(i));
+  for (int i = 0; i < 3; ++i) {
+    const std::string out = read_file(dir + "/out" + std::to_string(i));
+    EXPECT_NE(out.find("[shard " + std::to_string(i) + "/3]: " + (i < 2 ? "3" : "2") + " cells"), std::string::npos)
+        << out;
+  }
+  auto m = test::run_kvbench("merge --json " + dir + "/merged.sqlite " + dir + "/shards/shard-0.sqlite " + dir +
+                             "/shards/shard-1.sqlite " + dir + "/shards/shard-2.sqlite");
+  ASSERT_EQ(m.exit_code, 0) << m.err;
+  json ms = json::parse(m.out);
+  EXPECT_EQ(ms["runs_added"], 8);
+  EXPECT_EQ(ms["runs_skipped"], 0);
+  EXPECT_EQ(ms["samples_copied"], 16);
+  EXPECT_EQ(ms["runs_done"], 8);
+
+  const auto a = dump_db(dir + "/all/db.sqlite"), b = dump_db(dir + "/merged.sqlite");
+  ASSERT_EQ(a.runs.size(), 8u);
+  EXPECT_EQ(a.runs, b.runs);
+  EXPECT_EQ(a.samples, b.samples);
+  EXPECT_EQ(a.metrics, b.metrics);
+
+  // Merging a shard again adds nothing (de-duplicated by config hash).
+  auto again = test::run_kvbench("merge --json " + dir + "/merged.sqlite " + dir + "/shards/shard-1.sqlite");
+  ASSERT_EQ(again.exit_code, 0) << again.err;
+  EXPECT_EQ(json::parse(again.out)["runs_added"], 0);
+  EXPECT_EQ(json::parse(again.out)["runs_skipped"], 3);
+  EXPECT_EQ(dump_db(dir + "/merged.sqlite").samples, a.samples);
+}
+
+TEST(Grid, DryRunPlansWithoutWritingAndShowsWhatIsDone) {
+  const std::string dir = test::make_temp_dir("grid_dry");
+  const std::string cfg = dir + "/grid.json";
+  write_file(cfg, small_grid("dry"));
+  const std::string db = dir + "/db.sqlite";
+  auto plan = test::run_kvbench("grid --dry-run --json -c " + cfg + " --db " + db);
+  ASSERT_EQ(plan.exit_code, 0) << plan.err;
+  EXPECT_FALSE(std::ifstream(db).good());
+  json p = json::parse(plan.out);
+  EXPECT_EQ(p["cells_total"], 8);
+  EXPECT_EQ(p["to_run"], 8);
+  auto shard = test::run_kvbench("grid -q -c " + cfg + " --db " + db + " --shard 1/2 --data-dir " + test::data_dir());
+  ASSERT_EQ(shard.exit_code, 0) << shard.err;
+  auto text = test::run_kvbench("grid --dry-run -c " + cfg + " --db " + db);
+  ASSERT_EQ(text.exit_code, 0) << text.err;
+  EXPECT_NE(text.out.find("8 of 8 cells"), std::string::npos) << text.out;
+  EXPECT_NE(text.out.find("4 done, 0 partial, 0 failed, 4 new -> 4 to run"), std::string::npos) << text.out;
+  p = json::parse(test::run_kvbench("grid --dry-run --json -c " + cfg + " --db " + db).out);
+  for (const auto& c : p["cells"]) EXPECT_EQ(c["status"], c["index"].get<int>() % 2 == 1 ? "done" : "new");
+}
+
+TEST(Grid, FailingCellIsRecordedAndTheGridCarriesOn) {
+  const std::string dir = test::make_temp_dir("grid_fail");
+  // A corpus that exists (so validation passes) but is too short for one window: those cells fail
+  // when they run.
+  write_file(dir + "/tiny.txt", "Once upon a time.\n");
+  const std::string cfg = dir + "/grid.json";
+  write_file(cfg, R"({"name": "f", "base": {"model": ")" + model_path() +
+                      R"(", "protocol": {"name": "stream", "window": 48, "max_windows": 2}},
+    "axes": {"protocol.dataset": ["tinystories-valid-sample", ")" + dir + R"(/tiny.txt"], "method": ["full", "paged"]}})");
+  const std::string db = dir + "/db.sqlite";
+  auto r = test::run_kvbench("grid -c " + cfg + " --db " + db + " --data-dir " + test::data_dir());
+  EXPECT_EQ(r.exit_code, 3) << r.out << r.err;
+  EXPECT_NE(r.out.find("4 cells: 2 ran, 0 already done, 2 failed"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("FAILED #1"), std::string::npos) << r.out;
+  ResultsDb d(db);
+  int done = 0, failed = 0;
+  for (const auto& run : d.list_runs()) {
+    if (run.status == RunStatus::kDone) done++;
+    if (run.status == RunStatus::kFailed) {
+      failed++;
+      EXPECT_EQ(run.grid, "f");
+      EXPECT_NE(run.error.find("tiny.txt"), std::string::npos) << run.error;
+    }
+  }
+  EXPECT_EQ(done, 2);
+  EXPECT_EQ(failed, 2);
+}
+
+// Interrupts a grid run once `min_samples` samples are stored, then re-runs it; the result must equal
+// an uninterrupted run row for row.
+void interrupt_and_resume(int sig) {
+  const std::string dir = test::make_temp_dir(sig == SIGINT ? "grid_sigint" : "grid_sigkill");
+  const std::string cfg = dir + "/grid.json";
+  const int kWindows = 12;
+  write_file(cfg, R"({"name": "intr", "base": {"model": ")" + model_path() +
+                      R"(", "protocol": {"name": "stream", "dataset": "tinystories-valid-sample", "window": 160, "max_windows": )" +
+                      std::to_string(kWindows) + R"(, "prefill_tokens": 4}},
+    "axes": {"method": ["full", "static", {"name": "paged", "params": {"block_size": [4, 16]}}]}})");
+  const std::string ref_db = dir + "/ref/db.sqlite", db = dir + "/db.sqlite";
+  auto ref = test::run_kvbench("grid -q -c " + cfg + " --db " + ref_db + " --data-dir " + test::data_dir());
+  ASSERT_EQ(ref.exit_code, 0) << ref.err;
+
+  pid_t pid = spawn({test::kvbench_binary(), "grid", "-c", cfg, "--db", db, "--data-dir", test::data_dir()},
+                    dir + "/out", dir + "/err");
+  int64_t seen = 0;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  while (std::chrono::steady_clock::now() < deadline && seen < kWindows + 3) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    if (!std::ifstream(db).good()) continue;
+    try {
+      ResultsDb d(db);
+      seen = 0;
+      for (const auto& r : d.list_runs()) seen += d.sample_count(r.id);
+    } catch (const std::exception&) {
+    }
+  }
+  kill(pid, sig);
+  const int code = wait_exit(pid);
+  ASSERT_EQ(code, 128 + sig) << "the grid finished before it could be interrupted\n" << read_file(dir + "/err");
+  {
+    ResultsDb d(db);
+    auto runs = d.list_runs();
+    ASSERT_GE(runs.size(), 2u);
+    EXPECT_EQ(runs[0].status, RunStatus::kDone);
+    EXPECT_NE(runs.back().status, RunStatus::kDone);  // the run that was going on
+    if (sig == SIGINT) {
+      // Stopped at a sample boundary and recorded as such.
+      EXPECT_EQ(runs.back().status, RunStatus::kFailed);
+      EXPECT_NE(runs.back().error.find("interrupted"), std::string::npos) << runs.back().error;
+      EXPECT_NE(read_file(dir + "/out").find("re-run the same command"), std::string::npos);
+    }
+    EXPECT_TRUE(d.metrics(runs.back().id).empty());  // no half-finished run-level rows
+    EXPECT_LT(d.sample_count(runs.back().id), kWindows);
+  }
+  auto again = test::run_kvbench("grid -c " + cfg + " --db " + db + " --data-dir " + test::data_dir());
+  ASSERT_EQ(again.exit_code, 0) << again.err;
+  EXPECT_NE(again.out.find("already done"), std::string::npos) << again.out;
+  EXPECT_NE(again.err.find("resuming run"), std::string::npos) << again.err;
+  const auto a = dump_db(ref_db), b = dump_db(db);
+  ASSERT_EQ(a.runs.size(), 4u);
+  EXPECT_EQ(b.runs, a.runs);
+  EXPECT_EQ(b.samples, a.samples);  // none lost, none duplicated, same outputs
+  EXPECT_EQ(b.metrics, a.metrics);
+  for (const auto& [hash, rows] : b.samples) EXPECT_EQ(rows.size(), static_cast<size_t>(kWindows));
+}
+
+TEST(Grid, SigintStopsAtASampleBoundaryExits130AndARerunFinishes) { interrupt_and_resume(SIGINT); }
+
+TEST(Grid, SigkillMidGridThenRerunFinishesWithNoLostOrDuplicateRows) { interrupt_and_resume(SIGKILL); }
+
+}  // namespace
+}  // namespace kvb

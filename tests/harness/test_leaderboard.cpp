@@ -1,0 +1,544 @@
+// kvbench leaderboard and compare: the paired bootstrap against a worked example and against
+// statistics.h, determinism under the seed, ranking at measured bytes per token with CIs of the
+// difference to the full cache, Pareto frontiers, the simulated flag, throughput from perf runs, the
+// four output formats, the HTML file rendered in headless Chromium, and compare's regression flags
+// for two configs and for two databases.
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <random>
+
+#include "harness/common/error.h"
+#include "harness/eval/run_config.h"
+#include "harness/eval/stream.h"
+#include "harness/kv/method_registry.h"
+#include "harness/metrics/statistics.h"
+#include "harness/report/compare.h"
+#include "harness/report/leaderboard.h"
+#include "harness/report/sample_stats.h"
+#include "harness/store/config_hash.h"
+#include "tests/harness/grid_test_util.h"
+
+namespace kvb {
+namespace {
+
+using gridtest::read_file;
+using gridtest::write_file;
+using json = nlohmann::json;
+
+// ---------------------------------------------------------------- the bootstrap
+
+TEST(Leaderboard, PairedBootstrapMatchesAWorkedExample) {
+  // d = a - b = [0, 0, 0, 1]. A resample's mean is k/4 with k ~ Binomial(4, 1/4):
+  // P(k=0) = 0.316 > 2.5%, so the 2.5th percentile is 0; P(k>=3) = 5.1% > 2.5% > P(k=4) = 0.39%,
+  // so the 97.5th percentile is 0.75. The estimate is the plain difference of means, 0.25.
+  PairedSums x;
+  x.a_num = {0, 0, 0, 1};
+  x.a_den = {1, 1, 1, 1};
+  x.b_num = {0, 0, 0, 0};
+  x.b_den = {1, 1, 1, 1};
+  BootstrapCi ci = paired_ratio_bootstrap(x, false, 10000, 0);
+  EXPECT_DOUBLE_EQ(ci.estimate, 0.25);
+  EXPECT_DOUBLE_EQ(ci.lo, 0.0);
+  EXPECT_DOUBLE_EQ(ci.hi, 0.75);
+  EXPECT_EQ(ci.n, 4u);
+  // Ratios of sums: 2 samples with 1 and 3 tokens, per-token sums 3 and 3 for A, 1 and 1 for B.
+  // Estimate = 6/4 - 2/4 = 1; every resample is one of {(3/1 - 1/1), (3/3 - 1/3), (6/4 - 2/4)} =
+  // {2, 2/3, 1} with probabilities 1/4, 1/4, 1/2, so the interval is [2/3, 2].
+  PairedSums r;
+  r.a_num = {3, 3};
+  r.a_den = {1, 3};
+  r.b_num = {1, 1};
+  r.b_den = {1, 3};
+  ci = paired_ratio_bootstrap(r, false, 10000, 5);
+  EXPECT_DOUBLE_EQ(ci.estimate, 1.0);
+  EXPECT_NEAR(ci.lo, 2.0 / 3.0, 1e-15);
+  EXPECT_DOUBLE_EQ(ci.hi, 2.0);
+  // exp transform (perplexity): the estimate is exp(mean A) - exp(mean B).
+  ci = paired_ratio_bootstrap(r, true, 100, 5);
+  EXPECT_NEAR(ci.estimate, std::exp(1.5) - std::exp(0.5), 1e-12);
+}
+
+TEST(Leaderboard, PairedBootstrapIsDeterministicAndAgreesWithStatistics) {
+  std::mt19937_64 rng(42);
+  std::normal_distribution<double> nd(0.3, 1.0);
+  std::vector<double> a(37), b(37);
+  for (size_t i = 0; i < a.size(); ++i) {
+    a[i] = nd(rng);
+    b[i] = nd(rng) * 0.5;
+  }
+  PairedSums x;
+  x.a_num = a;
+  x.b_num = b;
+  x.a_den.assign(a.size(), 1.0);
+  x.b_den.assign(b.size(), 1.0);
+  const BootstrapCi c1 = paired_ratio_bootstrap(x, false, 5000, 11);
+  const BootstrapCi c2 = paired_ratio_bootstrap(x, false, 5000, 11);
+  EXPECT_EQ(c1.lo, c2.lo);  // bit for bit
+  EXPECT_EQ(c1.hi, c2.hi);
+  const BootstrapCi ref = paired_bootstrap(a, b, 5000, 11);  // the same resampling rule
+  EXPECT_NEAR(c1.estimate, ref.estimate, 1e-12);
+  EXPECT_NEAR(c1.lo, ref.lo, 1e-12);
+  EXPECT_NEAR(c1.hi, ref.hi, 1e-12);
+  const BootstrapCi other = paired_ratio_bootstrap(x, false, 5000, 12);
+  EXPECT_EQ(other.estimate, c1.estimate);
+  EXPECT_NE(other.lo, c1.lo);
+  EXPECT_THROW(paired_ratio_bootstrap(PairedSums{}, false, 10, 0), Error);
+}
+
+// ---------------------------------------------------------------- a synthetic results DB
+
+json stream_cfg(const std::string& model, const json& method) {
+  return {{"model", model},
+          {"device", "cpu"},
+          {"dtype", "fp32"},
+          {"threads", 0},
+          {"seed", 0},
+          {"label", ""},
+          {"method", method},
+          {"protocol",
+           {{"name", "stream"},
+            {"dataset", "d"},
+            {"window", 5},
+            {"stride", 0},
+            {"max_windows", 4},
+            {"prefill_tokens", 1},
+            {"prefill_chunk", 512}}}};
+}
+
+// One stream sample of 4 tokens: per-token KL `kl`, nll_sum, agreeing tokens, `bytes` of KV held.
+json stream_sample(double kl, double nll_sum, int agree, int64_t bytes) {
+  return {{"tokens", 4},
+          {"nll_sum", nll_sum},
+          {"kl", {kl, kl, kl, kl}},
+          {"top1_agree", agree},
+          {"abs_dprob_sum", 0.0},
+          {"baseline_from_cache", false},
+          {"counters", json::object()},
+          {"ledger",
+           {{"tokens_seen", 4},
+            {"baseline_bytes", 400},
+            {"device_payload_bytes", bytes},
+            {"device_metadata_bytes", 0},
+            {"device_index_bytes", 0},
+            {"device_reserved_bytes", 0},
+            {"host_bytes", 0},
+            {"remote_bytes", 0},
+            {"logical_bytes", bytes},
+            {"tokens_held", 4}}}};
+}
+
+std::string add_stream_run(ResultsDb& db, const json& cfg, const std::vector<json>& samples, bool simulated = false) {
+  RunSpec spec;
+  spec.config_json = canonical_json(cfg);
+  spec.config_hash = run_config_hash(cfg);
+  spec.method = cfg["method"]["name"];
+  spec.model = cfg["model"];
+  spec.dataset = "d";
+  spec.protocol = cfg["protocol"]["name"];
+  spec.grid = "g";
+  spec.simulated = simulated;
+  RunInfo info = db.begin_run(spec);
+  std::vector<StreamSampleResult> all;
+  for (size_t i = 0; i < samples.size(); ++i) {
+    db.add_sample(info.id, static_cast<int64_t>(i), "key" + std::to_string(i), samples[i].dump());
+    all.push_back(StreamSampleResult::from_json(samples[i]));
+  }
+  db.finish_run(info.id, stream_metrics(all, simulated), 1.0);
+  return spec.config_hash;
+}
+
+void add_perf_run(ResultsDb& db, const std::string& model, const json& method, double tok_s) {
+  json cfg = stream_cfg(model, method);
+  cfg["protocol"] = {{"name", "perf"}, {"context", 64}, {"decode_tokens", 8}, {"batch_sizes", "1"},
+                     {"repeats", 1}, {"prefill_chunk", 512}};
+  RunSpec spec;
+  spec.config_json = canonical_json(cfg);
+  spec.config_hash = run_config_hash(cfg);
+  spec.method = method["name"];
+  spec.model = model;
+  spec.dataset = "synthetic";
+  spec.protocol = "perf";
+  RunInfo info = db.begin_run(spec);
+  db.add_sample(info.id, 0, "batch=1", json({{"batch", 1}, {"decode_tok_s", tok_s}, {"physical_bytes", 64}, {"tokens_seen", 72}}).dump());
+  db.finish_run(info.id, {Metric("decode_tok_s", tok_s, "tok/s", Direction::kHigher), Metric("bytes_per_token", 1.0, "bytes", Direction::kLower)}, 1.0);
+}
+
+struct Fixture {
+  std::string dir, db;
+  std::string full_hash, e50_hash, e25_hash, sim_hash;
+};
+
+// m: full (100 B/token, KL 0), evict(budget=0.5) (50 B/token, KL 0.1..0.4 by sample),
+// evict(budget=0.25) (25 B/token, KL 0.5), quant (simulated: 100 B/token, KL 0.05) and a failed run;
+// perf runs for full and evict(0.5). m2: two methods and no full run.
+Fixture make_fixture() {
+  Fixture f;
+  f.dir = test::make_temp_dir("lb");
+  f.db = f.dir + "/db.sqlite";
+  ResultsDb db(f.db);
+  auto samples = [](std::function<double(int)> kl, double nll, int agree, int64_t bytes) {
+    std::vector<json> v;
+    for (int i = 0; i < 4; ++i) v.push_back(stream_sample(kl(i), nll, agree, bytes));
+    return v;
+  };
+  const json full = {{"name", "full"}, {"params", json::object()}};
+  const json e50 = {{"name", "evict"}, {"params", {{"budget", 0.5}}}};
+  const json e25 = {{"name", "evict"}, {"params", {{"budget", 0.25}}}};
+  const json quant = {{"name", "quant"}, {"params", {{"bits", 2}}}};
+  f.full_hash = add_stream_run(db, stream_cfg("m", full), samples([](int) { return 0.0; }, 4.0, 4, 400));
+  f.e50_hash = add_stream_run(db, stream_cfg("m", e50), samples([](int i) { return 0.1 * (i + 1); }, 4.4, 3, 200));
+  f.e25_hash = add_stream_run(db, stream_cfg("m", e25), samples([](int) { return 0.5; }, 4.8, 3, 100));
+  f.sim_hash = add_stream_run(db, stream_cfg("m", quant), samples([](int) { return 0.05; }, 4.1, 4, 400), true);
+  RunSpec bad;
+  json bad_cfg = stream_cfg("m", json{{"name", "evict"}, {"params", {{"budget", 0.1}}}});
+  bad.config_json = canonical_json(bad_cfg);
+  bad.config_hash = run_config_hash(bad_cfg);
+  bad.method = "evict";
+  bad.model = "m";
+  bad.dataset = "d";
+  bad.protocol = "stream";
+  db.fail_run(db.begin_run(bad).id, "evict: budget too small");
+  add_perf_run(db, "m", full, 100.0);
+  add_perf_run(db, "m", e50, 200.0);
+  add_stream_run(db, stream_cfg("m2", e50), samples([](int) { return 0.2; }, 4.4, 3, 200));
+  add_stream_run(db, stream_cfg("m2", e25), samples([](int) { return 0.3; }, 4.8, 3, 100));
+  return f;
+}
+
+const LeaderTable& table_for(const Leaderboard& lb, const std::string& model, const std::string& protocol) {
+  for (const auto& t : lb.tables)
+    if (t.model == model && t.protocol == protocol) return t;
+  throw std::runtime_error("no table " + model + "/" + protocol);
+}
+
+TEST(Leaderboard, RanksAtMeasuredBytesWithPairedCisFrontiersAndFlags) {
+  Fixture f = make_fixture();
+  ResultsDb db(f.db);
+  LeaderboardOptions o;
+  o.seed = 3;
+  Leaderboard lb = build_leaderboard(db, o);
+  ASSERT_EQ(lb.tables.size(), 3u);  // m stream, m2 stream, m perf (accuracy tables first)
+  EXPECT_EQ(lb.tables[2].protocol, "perf");
+  const LeaderTable& t = table_for(lb, "m", "stream");
+  EXPECT_EQ(t.metric, "kl_mean");
+  EXPECT_EQ(t.direction, Direction::kLower);
+  EXPECT_EQ(t.baseline_hash, f.full_hash);
+  EXPECT_EQ(t.baseline_samples, 4u);
+  EXPECT_EQ(t.settings_text, "window=5, max_windows=4");
+  ASSERT_EQ(t.rows.size(), 5u);
+  std::vector<std::string> order;
+  for (const auto& r : t.rows) order.push_back(r.label);
+  EXPECT_EQ(order, (std::vector<std::string>{"full", "quant(bits=2)", "evict(budget=0.5)", "evict(budget=0.25)",
+                                             "evict(budget=0.1)"}));
+  const LeaderRow &full = t.rows[0], &sim = t.rows[1], &e50 = t.rows[2], &e25 = t.rows[3], &bad = t.rows[4];
+  EXPECT_EQ(full.rank, 1);
+  EXPECT_EQ(e25.rank, 4);
+  EXPECT_EQ(bad.rank, 0);
+  EXPECT_EQ(bad.status, "failed");
+  EXPECT_EQ(bad.error, "evict: budget too small");
+  // Measured bytes per token and compression from the runs' ledgers.
+  EXPECT_DOUBLE_EQ(e50.bytes_per_token, 50.0);
+  EXPECT_DOUBLE_EQ(e25.compression_ratio, 4.0);
+  EXPECT_TRUE(sim.simulated);
+  EXPECT_FALSE(e50.simulated);
+  // Δ kl_mean vs full: the paired bootstrap over per-sample KL means 0.1..0.4.
+  EXPECT_EQ(full.deltas.at("kl_mean").status, "baseline");
+  const DeltaCi& d = e50.deltas.at("kl_mean");
+  ASSERT_EQ(d.status, "ok");
+  EXPECT_NEAR(d.estimate, 0.25, 1e-12);
+  const BootstrapCi ref = paired_bootstrap({0.1, 0.2, 0.3, 0.4}, {0, 0, 0, 0}, 10000, 3);
+  EXPECT_NEAR(d.lo, ref.lo, 1e-12);
+  EXPECT_NEAR(d.hi, ref.hi, 1e-12);
+  EXPECT_EQ(d.n, 4u);
+  // ppl: exp(4.4/4) - exp(1) exactly, with a degenerate interval (every sample has the same nll).
+  const DeltaCi& dp = e50.deltas.at("ppl");
+  EXPECT_NEAR(dp.estimate, std::exp(1.1) - std::exp(1.0), 1e-12);
+  EXPECT_NEAR(dp.lo, dp.estimate, 1e-12);
+  // Pareto vs bytes/token: full, evict 0.5 and 0.25; the simulated quant (100 B/token, worse KL) is not.
+  EXPECT_TRUE(full.pareto_memory);
+  EXPECT_TRUE(e50.pareto_memory);
+  EXPECT_TRUE(e25.pareto_memory);
+  EXPECT_FALSE(sim.pareto_memory);
+  // Throughput from the perf runs; frontier vs throughput among the rows that have it.
+  EXPECT_TRUE(t.has_throughput);
+  ASSERT_TRUE(e50.decode_tok_s.has_value());
+  EXPECT_EQ(*e50.decode_tok_s, 200.0);
+  EXPECT_FALSE(e25.decode_tok_s.has_value());
+  EXPECT_TRUE(full.pareto_throughput);
+  EXPECT_TRUE(e50.pareto_throughput);
+  EXPECT_FALSE(e25.pareto_throughput);
+  // No full run for m2: said so instead of a CI.
+  const LeaderTable& t2 = table_for(lb, "m2", "stream");
+  EXPECT_TRUE(t2.baseline_hash.empty());
+  for (const auto& r : t2.rows) EXPECT_EQ(r.deltas.at("kl_mean").status, "no_baseline");
+  // Filters and --metric.
+  o.filter.model = "m2";
+  EXPECT_EQ(build_leaderboard(db, o).tables.size(), 1u);
+  o.filter.model = "";
+  o.metric = "ppl";
+  Leaderboard by_ppl = build_leaderboard(db, o);
+  EXPECT_EQ(table_for(by_ppl, "m", "stream").metric, "ppl");
+  EXPECT_EQ(table_for(by_ppl, "m", "stream").secondary, std::vector<std::string>{"kl_mean"});
+  o.metric = "kl_meen";
+  EXPECT_THROW(build_leaderboard(db, o), Error);
+}
+
+TEST(Leaderboard, FormatsAreCompleteAndDeterministicUnderTheSeed) {
+  Fixture f = make_fixture();
+  auto md = test::run_kvbench("leaderboard --db " + f.db + " --seed 3");
+  ASSERT_EQ(md.exit_code, 0) << md.err;
+  EXPECT_NE(md.out.find("### m · d · stream (window=5, max_windows=4)"), std::string::npos) << md.out;
+  EXPECT_NE(md.out.find("| 3 | evict(budget=0.5) | 50 | 2.00× | 0.2500 | +0.2500 ["), std::string::npos) << md.out;
+  EXPECT_NE(md.out.find("| – | evict(budget=0.1) | **failed**: evict: budget too small |"), std::string::npos);
+  EXPECT_NE(md.out.find("No full-cache run in this group"), std::string::npos);
+  EXPECT_NE(md.out.find("| 2 | quant(bits=2) | 100 | 1.00× |"), std::string::npos);
+  EXPECT_NE(md.out.find("| yes |"), std::string::npos);  // simulated
+  auto md2 = test::run_kvbench("leaderboard --db " + f.db + " --seed 3");
+  EXPECT_EQ(md.out, md2.out);
+
+  auto j3 = test::run_kvbench("leaderboard -f json --db " + f.db + " --seed 3");
+  auto j3b = test::run_kvbench("leaderboard -f json --db " + f.db + " --seed 3");
+  auto j4 = test::run_kvbench("leaderboard -f json --db " + f.db + " --seed 4");
+  ASSERT_EQ(j3.exit_code, 0) << j3.err;
+  EXPECT_EQ(j3.out, j3b.out);
+  json a = json::parse(j3.out), b = json::parse(j4.out);
+  const json& ra = a["tables"][0]["rows"][2]["deltas"]["kl_mean"];
+  const json& rb = b["tables"][0]["rows"][2]["deltas"]["kl_mean"];
+  EXPECT_EQ(ra["estimate"], rb["estimate"]);  // the seed moves only the interval
+  EXPECT_EQ(b["bootstrap"]["seed"], 4);
+  EXPECT_EQ(a["bootstrap"]["seed"], 3);
+
+  auto csv = test::run_kvbench("leaderboard -f csv --db " + f.db + " --protocol stream");
+  ASSERT_EQ(csv.exit_code, 0) << csv.err;
+  EXPECT_EQ(std::count(csv.out.begin(), csv.out.end(), '\n'), 1 + 5 + 2);  // header + m + m2
+  EXPECT_EQ(csv.out.rfind("model,dataset,protocol,settings,rank,method,label,config_hash", 0), 0u);
+
+  auto bad = test::run_kvbench("leaderboard --db " + f.dir + "/missing.sqlite");
+  EXPECT_EQ(bad.exit_code, 2);
+  EXPECT_FALSE(std::ifstream(f.dir + "/missing.sqlite").good());
+  auto badm = test::run_kvbench("leaderboard --db " + f.db + " --metric kl_meen");
+  EXPECT_EQ(badm.exit_code, 2);
+  EXPECT_NE(badm.err.find("did you mean 'kl_mean'"), std::string::npos) << badm.err;
+}
+
+// ---------------------------------------------------------------- HTML in headless Chromium
+
+std::string find_chromium() {
+  for (const char* c : {"chromium", "chromium-browser", "google-chrome"}) {
+    const std::string cmd = std::string("command -v ") + c + " >/dev/null 2>&1";
+    if (std::system(cmd.c_str()) == 0) return c;
+  }
+  return "";
+}
+
+size_t count(const std::string& s, const std::string& needle) {
+  size_t n = 0;
+  for (size_t p = s.find(needle); p != std::string::npos; p = s.find(needle, p + 1)) ++n;
+  return n;
+}
+
+std::string between(const std::string& s, const std::string& open, const std::string& close, size_t from = 0) {
+  const size_t a = s.find(open, from);
+  if (a == std::string::npos) return "";
+  const size_t b = s.find(close, a);
+  return s.substr(a, b == std::string::npos ? std::string::npos : b - a);
+}
+
+TEST(Leaderboard, HtmlRendersInHeadlessChromiumWithOnePointPerMethod) {
+  const std::string chromium = find_chromium();
+  if (chromium.empty()) GTEST_SKIP() << "chromium is not installed (Debian package `chromium`, in scripts/setup.sh)";
+  const std::string dir = test::make_temp_dir("lb_html");
+  // A real grid: stream fidelity for several methods plus perf runs for throughput.
+  std::string methods = R"("full", "static", {"name": "paged", "params": {"block_size": [4, 16]}})";
+  for (const char* m : {"streaming_llm", "h2o"})
+    if (MethodRegistry::instance().has(m))
+      methods += std::string(R"(, {"name": ")") + m + R"(", "params": {"budget": [0.5, 0.25]}})";
+  write_file(dir + "/grid.json", R"({"name": "html", "base": {"model": ")" + test::models_dir() +
+                                     R"(/stories260K"}, "axes": {"method": [)" + methods + R"(],
+      "protocol": [{"name": "stream", "dataset": "tinystories-valid-sample", "window": 64, "max_windows": 3, "prefill_tokens": 16},
+                   {"name": "perf", "context": 32, "decode_tokens": 8, "repeats": 1}]}})");
+  auto g = test::run_kvbench("grid -q -c " + dir + "/grid.json --db " + dir + "/db.sqlite --data-dir " + test::data_dir());
+  ASSERT_EQ(g.exit_code, 0) << g.err;
+  auto h = test::run_kvbench("leaderboard -f html --db " + dir + "/db.sqlite -o " + dir + "/leaderboard.html");
+  ASSERT_EQ(h.exit_code, 0) << h.err;
+  const std::string html = read_file(dir + "/leaderboard.html");
+  // Self-contained: no scripts, no external references.
+  EXPECT_EQ(html.find("<script"), std::string::npos);
+  EXPECT_EQ(html.find("src="), std::string::npos);
+  EXPECT_EQ(html.find("<link"), std::string::npos);
+  std::string no_ns = html;
+  const std::string ns = "xmlns=\"http://www.w3.org/2000/svg\"";
+  for (size_t p = no_ns.find(ns); p != std::string::npos; p = no_ns.find(ns)) no_ns.erase(p, ns.size());
+  EXPECT_EQ(no_ns.find("http://"), std::string::npos);
+  EXPECT_EQ(no_ns.find("https://"), std::string::npos);
+  json lb = json::parse(test::run_kvbench("leaderboard -f json --db " + dir + "/db.sqlite").out);
+
+  const std::string shot = dir + "/leaderboard.png", dom = dir + "/dom.html";
+  const std::string url = "file://" + dir + "/leaderboard.html";
+  const std::string flags = " --headless --disable-gpu --no-sandbox --hide-scrollbars ";
+  const std::string cmd1 = "timeout 120 " + chromium + flags + "--screenshot=" + shot +
+                           " --window-size=1280,2000 " + url + " >" + dir + "/chromium.log 2>&1";
+  const std::string cmd2 = "timeout 120 " + chromium + flags + "--dump-dom " + url + " >" + dom + " 2>>" + dir + "/chromium.log";
+  ASSERT_EQ(std::system(cmd1.c_str()), 0) << read_file(dir + "/chromium.log");
+  ASSERT_EQ(std::system(cmd2.c_str()), 0) << read_file(dir + "/chromium.log");
+  std::printf("leaderboard screenshot: %s\n", shot.c_str());
+  std::FILE* png = std::fopen(shot.c_str(), "rb");
+  ASSERT_NE(png, nullptr);
+  unsigned char sig[8] = {0};
+  ASSERT_EQ(std::fread(sig, 1, 8, png), 8u);
+  std::fseek(png, 0, SEEK_END);
+  const long png_bytes = std::ftell(png);
+  std::fclose(png);
+  EXPECT_EQ(sig[1], 'P');
+  EXPECT_EQ(sig[2], 'N');
+  EXPECT_GT(png_bytes, 20000);  // a rendered page, not a blank one
+
+  // The DOM Chromium built: per table, the rows and one point per method in each chart.
+  const std::string d = read_file(dom);
+  ASSERT_NE(d.find("kvbench leaderboard"), std::string::npos) << d.substr(0, 500);
+  ASSERT_EQ(count(d, "<section class=\"board\""), lb["tables"].size());
+  size_t from = 0;
+  for (const auto& t : lb["tables"]) {
+    const size_t start = d.find("<section class=\"board\"", from);
+    const size_t end = d.find("</section>", start);
+    const std::string sec = d.substr(start, end - start);
+    from = end;
+    size_t done = 0, with_tok_s = 0;
+    for (const auto& r : t["rows"]) {
+      done += r["status"] == "done";
+      with_tok_s += !r["decode_tok_s"].is_null();
+      EXPECT_NE(sec.find(">" + r["label"].get<std::string>() + "<"), std::string::npos) << r["label"];
+    }
+    EXPECT_EQ(count(sec, "<tr class=\"row"), t["rows"].size()) << t["protocol"];
+    const std::string mem = between(sec, "<svg class=\"chart chart-memory\"", "</svg>");
+    ASSERT_FALSE(mem.empty()) << t["protocol"];
+    EXPECT_EQ(count(mem, "<circle"), done) << t["protocol"];
+    EXPECT_EQ(count(mem, "class=\"plabel\""), done);
+    if (t["protocol"] == "stream") {
+      EXPECT_GE(done, 4u);
+      EXPECT_EQ(with_tok_s, done);  // every method has a perf run
+      const std::string thr = between(sec, "<svg class=\"chart chart-throughput\"", "</svg>");
+      EXPECT_EQ(count(thr, "<circle"), with_tok_s);
+      EXPECT_NE(mem.find("class=\"frontier\""), std::string::npos);
+    }
+  }
+}
+
+// ---------------------------------------------------------------- compare
+
+TEST(Compare, PairedComparisonFlagsRegressionsByDirection) {
+  Fixture f = make_fixture();
+  // A = evict(0.5) by hash prefix, B = evict(0.25) by run id: KL and nll up (regressions), fewer
+  // bytes per token (an improvement).
+  ResultsDb db(f.db);
+  const int64_t b_id = db.find_run_by_hash(f.e25_hash)->id;
+  auto r = test::run_kvbench("compare --json --db " + f.db + " " + f.e50_hash.substr(0, 8) + " " + std::to_string(b_id));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  json j = json::parse(r.out);
+  EXPECT_EQ(j["common_samples"], 4);
+  std::map<std::string, json> m;
+  for (const auto& x : j["metrics"]) m[x["name"]] = x;
+  EXPECT_EQ(m["kl_mean"]["verdict"], "regression");
+  EXPECT_NEAR(m["kl_mean"]["diff"].get<double>(), 0.25, 1e-12);
+  EXPECT_EQ(m["nll"]["verdict"], "regression");
+  EXPECT_EQ(m["ppl"]["verdict"], "regression");
+  EXPECT_EQ(m["top1_agreement"]["verdict"], "unchanged");
+  EXPECT_EQ(m["bytes_per_token"]["verdict"], "improvement");
+  EXPECT_DOUBLE_EQ(m["bytes_per_token"]["a"].get<double>(), 50.0);
+  EXPECT_EQ(j["regressions"], 3);
+  auto text = test::run_kvbench("compare --db " + f.db + " " + f.e50_hash.substr(0, 8) + " " + f.e25_hash.substr(0, 10));
+  EXPECT_NE(text.out.find("REGRESSION"), std::string::npos) << text.out;
+  EXPECT_NE(text.out.find("3 regression(s), 1 improvement(s)"), std::string::npos) << text.out;
+  auto fail = test::run_kvbench("compare --fail-on-regression --db " + f.db + " " + f.e50_hash.substr(0, 8) + " " +
+                                std::to_string(b_id));
+  EXPECT_EQ(fail.exit_code, 3);
+  // The same run against itself: nothing moves.
+  auto same = test::run_kvbench("compare --json --fail-on-regression --db " + f.db + " " + f.e50_hash.substr(0, 6) +
+                                " " + f.e50_hash.substr(0, 7));
+  ASSERT_EQ(same.exit_code, 0) << same.err;
+  for (const auto& x : json::parse(same.out)["metrics"]) EXPECT_EQ(x["verdict"], "unchanged") << x;
+  // Bad references: one clear line, exit 2.
+  auto none = test::run_kvbench("compare --db " + f.db + " ffffffff 1");
+  EXPECT_EQ(none.exit_code, 2);
+  EXPECT_NE(none.err.find("no run whose config hash starts with ffffffff"), std::string::npos) << none.err;
+}
+
+TEST(Compare, TwoDatabasesMatchedByConfigHash) {
+  // The "same grid at two commits" mode: B's evict(0.5) got worse on every sample; full is unchanged.
+  const std::string dir = test::make_temp_dir("cmp2");
+  const json full = {{"name", "full"}, {"params", json::object()}};
+  const json e50 = {{"name", "evict"}, {"params", {{"budget", 0.5}}}};
+  for (int side = 0; side < 2; ++side) {
+    ResultsDb db(dir + (side ? "/b.sqlite" : "/a.sqlite"));
+    std::vector<json> fs, es;
+    for (int i = 0; i < 6; ++i) {
+      fs.push_back(stream_sample(0.0, 4.0 + 0.1 * i, 4, 400));
+      es.push_back(stream_sample(0.1 * (i + 1) + (side ? 0.05 : 0.0), 4.4 + 0.1 * i, 3, 200));
+    }
+    add_stream_run(db, stream_cfg("m", full), fs);
+    add_stream_run(db, stream_cfg("m", e50), es);
+    if (side == 0) add_stream_run(db, stream_cfg("only_a", full), fs);
+  }
+  auto r = test::run_kvbench("compare --db-a " + dir + "/a.sqlite --db-b " + dir + "/b.sqlite");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("2 runs compared by config hash (1 with moves, 1 metric regression(s)); 1 done only in A"),
+            std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("REGRESSION kl_mean +0.0500"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("full · m · d · stream: 6 common samples; nothing moved beyond its CI"), std::string::npos)
+      << r.out;
+  auto j = test::run_kvbench("compare --json --fail-on-regression --db-a " + dir + "/a.sqlite --db-b " + dir + "/b.sqlite");
+  EXPECT_EQ(j.exit_code, 3);
+  EXPECT_EQ(json::parse(j.out)["compared"], 2);
+}
+
+// ---------------------------------------------------------------- merge
+
+TEST(Merge, CombinesShardDatabasesAndRejectsMissingInputs) {
+  const std::string dir = test::make_temp_dir("merge");
+  const json full = {{"name", "full"}, {"params", json::object()}};
+  const json e50 = {{"name", "evict"}, {"params", {{"budget", 0.5}}}};
+  std::vector<json> fs(3, stream_sample(0.0, 4.0, 4, 400));
+  std::string e50_hash;
+  {
+    ResultsDb a(dir + "/a.sqlite");  // evict finished here
+    e50_hash = add_stream_run(a, stream_cfg("m", e50), std::vector<json>(3, stream_sample(0.2, 4.4, 3, 200)));
+  }
+  {
+    ResultsDb b(dir + "/b.sqlite");  // full finished, evict interrupted after one sample
+    add_stream_run(b, stream_cfg("m", full), fs);
+    json cfg = stream_cfg("m", e50);
+    RunSpec spec;
+    spec.config_json = canonical_json(cfg);
+    spec.config_hash = run_config_hash(cfg);
+    spec.method = "evict";
+    spec.model = "m";
+    spec.dataset = "d";
+    spec.protocol = "stream";
+    spec.grid = "g";
+    b.add_sample(b.begin_run(spec).id, 0, "key0", stream_sample(0.2, 4.4, 3, 200).dump());
+  }
+  auto r = test::run_kvbench("merge --json " + dir + "/out.sqlite " + dir + "/b.sqlite " + dir + "/a.sqlite");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  json j = json::parse(r.out);
+  EXPECT_EQ(j["inputs"][0]["runs_added"], 2);
+  EXPECT_EQ(j["inputs"][1]["runs_replaced"], 1);  // the finished run replaces the interrupted one
+  EXPECT_EQ(j["runs"], 2);
+  EXPECT_EQ(j["runs_done"], 2);
+  ResultsDb out(dir + "/out.sqlite");
+  auto run = out.find_run_by_hash(e50_hash);
+  ASSERT_TRUE(run.has_value());
+  EXPECT_EQ(run->status, RunStatus::kDone);
+  EXPECT_EQ(out.sample_count(run->id), 3);
+  auto text = test::run_kvbench("merge " + dir + "/out.sqlite " + dir + "/a.sqlite");
+  EXPECT_NE(text.out.find("0 runs added, 0 replaced, 0 combined, 1 skipped"), std::string::npos) << text.out;
+  auto bad = test::run_kvbench("merge " + dir + "/new.sqlite " + dir + "/a.sqlite " + dir + "/nope.sqlite");
+  EXPECT_EQ(bad.exit_code, 2);
+  EXPECT_NE(bad.err.find("nope.sqlite: no such results database"), std::string::npos) << bad.err;
+  EXPECT_FALSE(std::ifstream(dir + "/new.sqlite").good());
+}
+
+}  // namespace
+}  // namespace kvb
