@@ -9,4 +9,7 @@ export CCACHE_SLOPPINESS="pch_defines,time_macros,include_file_mtime,include_fil
 export CCACHE_MAXSIZE="${CCACHE_MAXSIZE:-5G}"
 BUILD_DIR="${KVB_BUILD_DIR:-build}"
 cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release "$@" >&2
-cmake --build "$BUILD_DIR" -j "$(nproc)" >&2
+# KVB_BUILD_TARGETS="kvbench": build only those targets (the main job needs only the binary).
+targets=()
+for t in ${KVB_BUILD_TARGETS:-}; do targets+=(--target "$t"); done
+cmake --build "$BUILD_DIR" -j "$(nproc)" "${targets[@]}" >&2

@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-bash scripts/build.sh
+KVB_BUILD_TARGETS="${KVB_BUILD_TARGETS:-kvbench}" bash scripts/build.sh
 KVB="./${KVB_BUILD_DIR:-build}/kvbench"
 GRID="${KVB_GRID:-configs/grids/main.json}"
 DB="${KVB_DB:-results/main.sqlite}"
