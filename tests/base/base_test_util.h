@@ -52,11 +52,11 @@ inline std::string read_bytes(const std::string& path) {
 // $KVBENCH_MODELS / $KVBENCH_DATA (set by ctest), else the shared checkout used when run by hand.
 inline std::string models_dir() {
   const char* env = std::getenv("KVBENCH_MODELS");
-  return env && *env ? env : "/work/shared/models";
+  return env && *env ? env : KVB_TEST_MODELS_DEFAULT;
 }
 inline std::string data_dir() {
   const char* env = std::getenv("KVBENCH_DATA");
-  return env && *env ? env : "/work/shared/data";
+  return env && *env ? env : KVB_TEST_DATA_DEFAULT;
 }
 
 // Runs `f`, expecting a kvb::Error whose message is one line and contains every one of `parts`.

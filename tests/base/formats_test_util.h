@@ -34,7 +34,7 @@ inline std::string write_file(const std::string& dir, const std::string& name,
 inline std::string data_dir() {
   const char* env = std::getenv("KVBENCH_DATA");
   if (env && *env) return env;
-  return std::string(KVB_TEST_FIXTURES) + "/../../../shared/data";
+  return KVB_TEST_DATA_DEFAULT;
 }
 
 // Runs `f`, expecting kvb::Error whose message contains every one of `parts`.

@@ -22,9 +22,10 @@ int sh(const std::string& cmd) {
 }
 
 TEST(Plugin, BuildsOutOfTreeLoadsRunsAndRejectsOtherAbi) {
-  const char* build = std::getenv("KVB_BUILD_DIR");
-  ASSERT_TRUE(build) << "KVB_BUILD_DIR not set (ctest sets it)";
-  const std::string src = std::getenv("KVB_SOURCE_DIR");
+  const char* env_build = std::getenv("KVB_BUILD_DIR");
+  const char* build = env_build && *env_build ? env_build : KVB_BUILD_DIR_DEFAULT;
+  const char* env_src = std::getenv("KVB_SOURCE_DIR");
+  const std::string src = env_src && *env_src ? env_src : KVB_SOURCE_DIR_DEFAULT;
   const std::string dir = test::make_temp_dir("plugin");
   ASSERT_EQ(sh("cmake --install " + std::string(build) + " --prefix " + dir + "/prefix"), 0);
   const std::string cfg = "cmake -S " + src + "/methods/example_plugin -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH=" + dir + "/prefix";

@@ -16,10 +16,20 @@ static std::string env_or(const char* name, const std::string& fallback) {
   return (v && *v) ? std::string(v) : fallback;
 }
 
-std::string models_dir() { return env_or("KVBENCH_MODELS", "../shared/models"); }
-std::string data_dir() { return env_or("KVBENCH_DATA", "../shared/data"); }
+// Child processes (kvbench, scripts) find models and data through the same variables: fill them in
+// from the configure-time defaults unless the environment already has them.
+static const bool kEnvDefaults = [] {
+  setenv("KVBENCH_MODELS", KVB_TEST_MODELS_DEFAULT, /*overwrite=*/0);
+  setenv("KVBENCH_DATA", KVB_TEST_DATA_DEFAULT, 0);
+  setenv("KVB_BINARY", KVB_BINARY_DEFAULT, 0);
+  return true;
+}();
+
+// The environment wins; the defaults are the paths CMake saw at configure time.
+std::string models_dir() { return env_or("KVBENCH_MODELS", KVB_TEST_MODELS_DEFAULT); }
+std::string data_dir() { return env_or("KVBENCH_DATA", KVB_TEST_DATA_DEFAULT); }
 std::string fixtures_dir() { return KVB_TEST_FIXTURES; }
-std::string kvbench_binary() { return env_or("KVB_BINARY", "./kvbench"); }
+std::string kvbench_binary() { return env_or("KVB_BINARY", KVB_BINARY_DEFAULT); }
 
 std::string make_temp_dir(const std::string& tag) {
   std::string templ = "/tmp/kvb_" + tag + "_XXXXXX";
