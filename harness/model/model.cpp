@@ -341,6 +341,16 @@ std::shared_ptr<Model> load_model(const std::string& spec, const LoadOptions& op
   auto m = std::make_shared<Model>();
   m->device = parse_device(opts.device);
   m->dtype = parse_dtype(opts.dtype);
+  if (m->device.is_cpu() && m->dtype == c10::kHalf) {
+    // Older CPU LibTorch builds (Debian's 1.13) have no fp16 matmul: say so up front, not mid-run.
+    try {
+      at::Tensor a = at::ones({2, 2}, at::TensorOptions().dtype(c10::kHalf));
+      (void)at::mm(a, a);
+    } catch (const std::exception&) {
+      KVB_FAIL("--dtype fp16: this LibTorch has no fp16 matmul on the CPU; use bf16 or fp32 on the "
+               "CPU (fp16 runs on CUDA)");
+    }
+  }
   const std::string path = resolve_model_path(spec, opts.models_dir);
   m->source = path;
   if (starts_with(path, "synthetic:")) {
