@@ -37,5 +37,6 @@ void register_grid(CLI::App& app);
 void register_merge(CLI::App& app);
 void register_leaderboard(CLI::App& app);
 void register_compare(CLI::App& app);
+void register_train(CLI::App& app);
 
 }  // namespace kvb::cli

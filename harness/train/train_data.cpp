@@ -1,0 +1,184 @@
+#include "harness/train/train_data.h"
+
+#include <algorithm>
+#include <random>
+
+#include "datasets/corpus.h"
+#include "datasets/synthetic_tasks.h"
+#include "harness/common/error.h"
+#include "harness/common/strings.h"
+#include "harness/formats/tokenizer.h"
+#include "harness/metrics/portable_random.h"
+
+namespace kvb {
+
+namespace {
+
+// Splits a corpus text into (train, held-out) at the first newline after (1 - fraction) of its bytes,
+// so the tokenizer trainer and the model see the same split.
+std::pair<std::string, std::string> split_text(const std::string& text, double heldout_fraction) {
+  size_t cut = static_cast<size_t>(static_cast<double>(text.size()) * (1.0 - heldout_fraction));
+  cut = std::min(text.size(), cut);
+  const size_t nl = text.find('\n', cut);
+  if (nl != std::string::npos) cut = nl + 1;
+  return {text.substr(0, cut), text.substr(cut)};
+}
+
+// A 64-bit mix of the run seed and the row's coordinates (splitmix64 finaliser), so rows are
+// independent streams.
+uint64_t mix(uint64_t a, uint64_t b) {
+  uint64_t z = a + 0x9e3779b97f4a7c15ull * (b + 1);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+bool is_needle_task(const std::string& t) { return starts_with(t, "niah") || t == "passkey"; }
+
+}  // namespace
+
+std::string TrainData::training_text(const TrainConfig& cfg, const std::string& data_dir) {
+  std::string out;
+  for (const auto& name : cfg.corpora) {
+    auto c = load_corpus(name, data_dir);
+    out += split_text(c->text, cfg.heldout_fraction).first;
+    out += "\n";
+  }
+  return out;
+}
+
+TrainData::TrainData(const TrainConfig& cfg, std::shared_ptr<const Tokenizer> tokenizer,
+                     const std::string& data_dir)
+    : cfg_(cfg), tok_(std::move(tokenizer)), data_dir_(data_dir) {
+  for (const auto& name : cfg_.corpora) {
+    auto c = load_corpus(name, data_dir_);
+    auto [train, held] = split_text(c->text, cfg_.heldout_fraction);
+    train_.push_back(encode_long_text(*tok_, train));
+    heldout_.push_back(encode_long_text(*tok_, held));
+    KVB_CHECK(static_cast<int64_t>(train_.back().size()) > cfg_.max_seq_len(), "corpus '", name,
+              "': ", train_.back().size(), " training tokens, fewer than one row of ",
+              cfg_.max_seq_len());
+  }
+  double total = 0;
+  for (const auto& t : cfg_.tasks) total += t.weight;
+  double acc = 0;
+  for (const auto& t : cfg_.tasks) {
+    acc += t.weight / total;
+    task_cdf_.push_back(acc);
+    // Validate the task and its parameters now, not at step 3,000.
+    try {
+      (void)task_tokens(t, std::max<int64_t>(cfg_.min_task_tokens, 256), cfg_.seed);
+    } catch (const Error& e) {
+      KVB_FAIL("data.tasks '", t.task, "': ", e.what());
+    }
+  }
+}
+
+int64_t TrainData::train_tokens() const {
+  int64_t n = 0;
+  for (const auto& v : train_) n += static_cast<int64_t>(v.size());
+  return n;
+}
+
+int64_t TrainData::heldout_tokens() const {
+  int64_t n = 0;
+  for (const auto& v : heldout_) n += static_cast<int64_t>(v.size());
+  return n;
+}
+
+void TrainData::fill_text(std::vector<int64_t>& out, size_t len, uint64_t seed) const {
+  std::mt19937_64 rng(seed);
+  while (out.size() < len) {
+    // Corpora are drawn in proportion to their size: every training token is equally likely.
+    uint64_t pick = uniform_index(rng, static_cast<uint64_t>(train_tokens()));
+    size_t ci = 0;
+    while (pick >= train_[ci].size()) pick -= train_[ci++].size();
+    const auto& src = train_[ci];
+    const size_t need = len - out.size() - 1;
+    const size_t start = std::min<size_t>(pick, src.size() > need ? src.size() - need : 0);
+    out.push_back(tok_->bos_id());
+    const size_t n = std::min(need, src.size() - start);
+    out.insert(out.end(), src.begin() + static_cast<std::ptrdiff_t>(start),
+               src.begin() + static_cast<std::ptrdiff_t>(start + n));
+  }
+  out.resize(len);
+}
+
+std::vector<int64_t> TrainData::task_tokens(const TrainTaskMix& t, int64_t target,
+                                            uint64_t seed) const {
+  std::mt19937_64 rng(seed);
+  TaskSpec spec;
+  spec.task = t.task;
+  spec.num_samples = 1;
+  spec.seed = rng();
+  spec.params = t.params;
+  spec.data_dir = data_dir_;
+  if (is_needle_task(t.task)) spec.depths = {uniform_unit(rng)};
+  // Short targets can miss the generator's +-1% length bound (a haystack grows in whole sentences)
+  // or a task's minimum length; a longer one then fits: +25% per attempt for 5 attempts, then
+  // 3% steps from the original target (coarse tokenizers need the fine steps).
+  for (int attempt = 0;; ++attempt) {
+    spec.target_tokens = target;
+    if (attempt <= 5) {
+      for (int a = 0; a < attempt; ++a) spec.target_tokens += spec.target_tokens / 4;
+    } else {
+      spec.target_tokens = target + target * 3 * (attempt - 5) / 100 + (attempt - 5);
+    }
+    try {
+      SampleSet set = generate_task(*tok_, spec);
+      const TaskSample& s = set.samples.at(0);
+      std::vector<int64_t> ids = {tok_->bos_id()};
+      auto p = tok_->encode(s.prompt() + " " + join(s.answers, ", ") + ".");
+      ids.insert(ids.end(), p.begin(), p.end());
+      ids.push_back(tok_->eos_id());
+      return ids;
+    } catch (const Error&) {
+      if (attempt >= 40) throw;
+    }
+  }
+}
+
+TrainRow TrainData::row(int64_t step, int64_t row, int64_t seq_len) const {
+  const uint64_t seed = mix(mix(cfg_.seed, static_cast<uint64_t>(step)), static_cast<uint64_t>(row));
+  std::mt19937_64 rng(seed);
+  TrainRow r;
+  const size_t len = static_cast<size_t>(seq_len + 1);
+  if (!cfg_.tasks.empty() && uniform_unit(rng) < cfg_.synthetic_fraction) {
+    const double u = uniform_unit(rng);
+    size_t ti = 0;
+    while (ti + 1 < task_cdf_.size() && u >= task_cdf_[ti]) ++ti;
+    const TrainTaskMix& t = cfg_.tasks[ti];
+    const int64_t lo = std::min(cfg_.min_task_tokens, seq_len);
+    const int64_t target = lo + static_cast<int64_t>(uniform_index(rng, static_cast<uint64_t>(seq_len - lo + 1)));
+    r.tokens = task_tokens(t, target, rng());
+    r.task = t.task;
+    if (r.tokens.size() > len) r.tokens.resize(len);
+  }
+  fill_text(r.tokens, len, rng());
+  return r;
+}
+
+std::vector<std::vector<int64_t>> TrainData::heldout_windows(int64_t n, int64_t seq_len) const {
+  std::vector<std::vector<int64_t>> out;
+  const size_t w = static_cast<size_t>(seq_len);  // BOS + seq_len text tokens = seq_len + 1
+  // Round-robin over corpora, consecutive non-overlapping windows from each held-out part.
+  std::vector<size_t> pos(heldout_.size(), 0);
+  bool any = true;
+  while (static_cast<int64_t>(out.size()) < n && any) {
+    any = false;
+    for (size_t c = 0; c < heldout_.size() && static_cast<int64_t>(out.size()) < n; ++c) {
+      if (pos[c] + w > heldout_[c].size()) continue;
+      std::vector<int64_t> win = {tok_->bos_id()};
+      win.insert(win.end(), heldout_[c].begin() + static_cast<std::ptrdiff_t>(pos[c]),
+                 heldout_[c].begin() + static_cast<std::ptrdiff_t>(pos[c] + w));
+      out.push_back(std::move(win));
+      pos[c] += w;
+      any = true;
+    }
+  }
+  KVB_CHECK(!out.empty(), "held-out data: no window of ", seq_len,
+            " tokens fits; raise data.heldout_fraction");
+  return out;
+}
+
+}  // namespace kvb

@@ -1,0 +1,56 @@
+#pragma once
+// The training stream of `kvbench train`: rows of BOS-led token sequences mixing real text (the
+// corpora, tokenized once, the tail of each held out) with synthetic retrieval tasks (passkey, needle,
+// variable tracking, ...) generated for the row with their answers appended. Torch-free.
+//
+// Every row is a pure function of (seed, step, row index, seq_len): there is no data-loader state to
+// checkpoint, so a resumed run sees exactly the batches an uninterrupted run would have seen.
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "harness/train/train_config.h"
+
+namespace kvb {
+
+class Tokenizer;
+
+struct TrainRow {
+  std::vector<int64_t> tokens;  // seq_len + 1 ids: inputs are [0, seq_len), targets [1, seq_len]
+  std::string task;             // the synthetic task at the row's start ("" for text only)
+};
+
+class TrainData {
+ public:
+  // Loads and tokenizes the corpora (cfg.corpora, resolved in data_dir); checks the task mix by
+  // generating one small sample of each task. Throws kvb::Error naming the corpus or task.
+  TrainData(const TrainConfig& cfg, std::shared_ptr<const Tokenizer> tokenizer,
+            const std::string& data_dir);
+
+  // Row `row` of step `step` at `seq_len`.
+  TrainRow row(int64_t step, int64_t row, int64_t seq_len) const;
+  // The held-out windows (BOS + text) of seq_len + 1 tokens, at most n, spread over the held-out
+  // parts of all corpora.
+  std::vector<std::vector<int64_t>> heldout_windows(int64_t n, int64_t seq_len) const;
+
+  int64_t train_tokens() const;
+  int64_t heldout_tokens() const;
+  // The training split's text (for the tokenizer trainer): every corpus without its held-out tail.
+  static std::string training_text(const TrainConfig& cfg, const std::string& data_dir);
+
+ private:
+  // Appends BOS + a random span of training text to `out` until it holds `len` tokens.
+  void fill_text(std::vector<int64_t>& out, size_t len, uint64_t seed) const;
+  // BOS + prompt + " answer." + EOS of a task sample with the given target length.
+  std::vector<int64_t> task_tokens(const TrainTaskMix& t, int64_t target, uint64_t seed) const;
+
+  TrainConfig cfg_;
+  std::shared_ptr<const Tokenizer> tok_;
+  std::string data_dir_;
+  std::vector<std::vector<int64_t>> train_, heldout_;  // per corpus
+  std::vector<double> task_cdf_;
+};
+
+}  // namespace kvb

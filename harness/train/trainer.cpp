@@ -1,0 +1,524 @@
+#include "harness/train/trainer.h"
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Parallel.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "datasets/corpus.h"
+#include "harness/common/error.h"
+#include "harness/common/mapped_file.h"
+#include "harness/common/sha256.h"
+#include "harness/common/strings.h"
+#include "harness/engine/transformer.h"
+#include "harness/formats/safetensors.h"
+#include "harness/formats/safetensors_writer.h"
+#include "harness/formats/tokenizer.h"
+#include "harness/model/model.h"
+#include "harness/train/train_data.h"
+
+namespace fs = std::filesystem;
+
+namespace kvb {
+
+namespace {
+
+constexpr const char* kCheckpointFormat = "kvbench-train-1";
+
+std::string layer_name(int64_t l, const char* what) {
+  return "layers." + std::to_string(l) + "." + what;
+}
+
+// RMSNorm for autograd (transformer.h's rms_norm works in place on an intermediate).
+at::Tensor rms_norm_ag(const at::Tensor& x, const at::Tensor& w, double eps) {
+  at::Tensor xf = x.to(at::kFloat);
+  at::Tensor inv = at::rsqrt(xf.pow(2).mean(-1, /*keepdim=*/true) + eps);
+  return (xf * inv * w).to(x.scalar_type());
+}
+
+// Rotates x [B, T, H, hd] by cos/sin [T, hd/2] in the HF half-split style (RopeStyle::kHalf).
+at::Tensor rope_half(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  const int64_t half = x.size(3) / 2;
+  at::Tensor c = cos.view({1, cos.size(0), 1, half}).to(x.scalar_type());
+  at::Tensor s = sin.view({1, sin.size(0), 1, half}).to(x.scalar_type());
+  at::Tensor a = x.narrow(3, 0, half), b = x.narrow(3, half, half);
+  return at::cat({a * c - b * s, b * c + a * s}, 3);
+}
+
+double lr_at(const TrainConfig& c, int64_t step) {
+  const int64_t total = c.total_steps();
+  if (c.warmup_steps > 0 && step < c.warmup_steps)
+    return c.lr * static_cast<double>(step + 1) / static_cast<double>(c.warmup_steps);
+  const double span = std::max<int64_t>(1, total - c.warmup_steps);
+  const double t = std::min(1.0, static_cast<double>(step - c.warmup_steps) / span);
+  const double min_lr = c.lr * c.min_lr_ratio;
+  return min_lr + 0.5 * (c.lr - min_lr) * (1.0 + std::cos(M_PI * t));
+}
+
+StWriteEntry st_entry(const std::string& name, const at::Tensor& t) {
+  StWriteEntry e;
+  e.name = name;
+  e.dtype = StDtype::kF32;
+  e.shape = t.sizes().vec();
+  e.data = t.data_ptr<float>();
+  e.nbytes = static_cast<size_t>(t.numel()) * sizeof(float);
+  return e;
+}
+
+at::Tensor st_to_f32(const StTensor& t, const std::string& path) {
+  KVB_CHECK(t.dtype == StDtype::kF32, path, ": tensor '", t.name, "' is not F32");
+  return at::from_blob(const_cast<uint8_t*>(t.data), t.shape, at::TensorOptions().dtype(at::kFloat))
+      .clone();
+}
+
+// The config as it decides the trajectory: logging cadence may change across a resume.
+std::string trajectory_hash(nlohmann::json j) {
+  for (const char* k : {"description", "checkpoint_every", "log_every", "eval_every", "eval_windows"})
+    j.erase(k);
+  return sha256_hex(j.dump());
+}
+
+std::string checkpoint_path(const std::string& dir, int64_t step) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "step-%07lld.safetensors", static_cast<long long>(step));
+  return dir + "/" + buf;
+}
+
+// Checkpoints in `dir`, sorted by step.
+std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string& dir) {
+  std::vector<std::pair<int64_t, std::string>> out;
+  if (!fs::exists(dir)) return out;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    const std::string n = e.path().filename().string();
+    if (starts_with(n, "step-") && ends_with(n, ".safetensors"))
+      out.emplace_back(std::stoll(n.substr(5, n.size() - 5 - 12)), e.path().string());
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+std::string fmt_duration(double s) {
+  char buf[32];
+  if (s >= 3600) std::snprintf(buf, sizeof buf, "%dh%02dm", int(s / 3600), int(s / 60) % 60);
+  else std::snprintf(buf, sizeof buf, "%dm%02ds", int(s / 60), int(s) % 60);
+  return buf;
+}
+
+// Trains a SentencePiece BPE tokenizer with the library's own trainer (spm_train) on the training
+// split, with the options the engine's tokenizer reads (identity normalisation, byte fallback) and
+// digits split, so numbers are copied digit by digit.
+void train_tokenizer(const TrainConfig& cfg, const std::string& data_dir, const std::string& out) {
+  const std::string text_path = out + "/tokenizer_train.txt";
+  write_text_file_atomic(text_path, TrainData::training_text(cfg, data_dir));
+  std::ostringstream cmd;
+  cmd << "spm_train --input='" << text_path << "' --model_prefix='" << out << "/tokenizer'"
+      << " --vocab_size=" << cfg.vocab_size
+      << " --model_type=bpe --character_coverage=1.0 --split_digits=true --byte_fallback=true"
+      << " --normalization_rule_name=identity --remove_extra_whitespaces=false"
+      << " --unk_id=0 --bos_id=1 --eos_id=2 --pad_id=-1 --input_sentence_size=0"
+      << " --shuffle_input_sentence=false --max_sentence_length=65536 --num_threads=1";
+  for (const auto& a : cfg.spm_extra_args) cmd << " '" << a << "'";
+  cmd << " > '" << out << "/tokenizer_train.log' 2>&1";
+  std::cerr << "kvbench train: training the tokenizer (spm_train, vocab " << cfg.vocab_size
+            << ") -> " << out << "/tokenizer.model\n";
+  const int rc = std::system(cmd.str().c_str());
+  KVB_CHECK(rc == 0, "spm_train failed (exit ", rc, "); its log: ", out, "/tokenizer_train.log",
+            " (is the Debian package 'sentencepiece' installed?)");
+  fs::remove(out + "/tokenizer.vocab");
+  fs::remove(text_path);
+}
+
+struct Adam {
+  std::vector<at::Tensor> m, v;
+};
+
+}  // namespace
+
+const at::Tensor& TrainWeights::at(const std::string& name) const {
+  for (size_t i = 0; i < names.size(); ++i)
+    if (names[i] == name) return tensors[i];
+  KVB_FAIL("internal: no training weight '", name, "'");
+}
+
+TrainWeights init_train_weights(const ModelConfig& c, double std, uint64_t seed,
+                                const std::string& device) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed ^ 0x747261696e000001ull);
+  const auto f32 = at::TensorOptions().dtype(at::kFloat);
+  const c10::Device dev = parse_device(device);
+  TrainWeights w;
+  auto add = [&](const std::string& name, at::Tensor t) {
+    w.names.push_back(name);
+    w.tensors.push_back(t.to(dev).requires_grad_(true));
+  };
+  auto normal = [&](std::vector<int64_t> shape, double s) {
+    return at::normal(0.0, s, shape, gen, f32);
+  };
+  const double out_std = std / std::sqrt(2.0 * static_cast<double>(c.n_layers));
+  const int64_t D = c.dim, Q = c.q_dim(), KV = c.kv_dim(), F = c.hidden_dim, V = c.vocab_size;
+  add("embed", normal({V, D}, std));
+  for (int64_t l = 0; l < c.n_layers; ++l) {
+    add(layer_name(l, "attn_norm"), at::ones({D}, f32));
+    add(layer_name(l, "wqkv"), normal({Q + 2 * KV, D}, std));
+    add(layer_name(l, "wo"), normal({D, Q}, out_std));
+    add(layer_name(l, "ffn_norm"), at::ones({D}, f32));
+    add(layer_name(l, "w13"), normal({2 * F, D}, std));
+    add(layer_name(l, "w2"), normal({D, F}, out_std));
+  }
+  add("final_norm", at::ones({D}, f32));
+  if (!c.tied_embeddings) add("lm_head", normal({V, D}, std));
+  return w;
+}
+
+at::Tensor train_forward(const TrainWeights& w, const ModelConfig& c, const at::Tensor& tokens,
+                         const at::Tensor& rope_cos, const at::Tensor& rope_sin,
+                         c10::ScalarType dt) {
+  const int64_t B = tokens.size(0), T = tokens.size(1);
+  const int64_t H = c.n_heads, KVH = c.n_kv_heads, HD = c.head_dim, Q = c.q_dim(), KV = c.kv_dim();
+  const int64_t F = c.hidden_dim, G = c.group_size();
+  auto W = [&](const std::string& n) { return w.at(n).to(dt); };
+  at::Tensor cos = rope_cos.narrow(0, 0, T), sin = rope_sin.narrow(0, 0, T);
+  at::Tensor x = at::embedding(W("embed"), tokens);  // [B, T, D]
+  at::Tensor causal = at::ones({T, T}, at::TensorOptions().dtype(at::kBool).device(tokens.device()))
+                          .triu(1);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(HD));
+  for (int64_t l = 0; l < c.n_layers; ++l) {
+    at::Tensor h = rms_norm_ag(x, w.at(layer_name(l, "attn_norm")), c.norm_eps);
+    at::Tensor qkv = at::linear(h, W(layer_name(l, "wqkv")));  // [B, T, Q + 2KV]
+    at::Tensor q = rope_half(qkv.narrow(2, 0, Q).view({B, T, H, HD}), cos, sin);
+    at::Tensor k = rope_half(qkv.narrow(2, Q, KV).reshape({B, T, KVH, HD}), cos, sin);
+    at::Tensor v = qkv.narrow(2, Q + KV, KV).reshape({B, T, KVH, HD});
+    q = q.transpose(1, 2);                                   // [B, H, T, HD]
+    k = k.transpose(1, 2).repeat_interleave(G, 1);           // [B, H, T, HD]: query head h reads h / G
+    v = v.transpose(1, 2).repeat_interleave(G, 1);
+    at::Tensor s = at::matmul(q, k.transpose(2, 3)).to(at::kFloat).mul(scale);  // [B, H, T, T]
+    s = s.masked_fill(causal, -std::numeric_limits<float>::infinity());
+    at::Tensor p = at::softmax(s, -1).to(dt);
+    at::Tensor o = at::matmul(p, v).transpose(1, 2).reshape({B, T, Q});
+    x = x + at::linear(o, W(layer_name(l, "wo")));
+    h = rms_norm_ag(x, w.at(layer_name(l, "ffn_norm")), c.norm_eps);
+    at::Tensor gu = at::linear(h, W(layer_name(l, "w13")));
+    at::Tensor act = at::silu(gu.narrow(2, 0, F)) * gu.narrow(2, F, F);
+    x = x + at::linear(act, W(layer_name(l, "w2")));
+  }
+  x = rms_norm_ag(x, w.at("final_norm"), c.norm_eps);
+  return at::linear(x, W(c.tied_embeddings ? "embed" : "lm_head")).to(at::kFloat);
+}
+
+void export_hf_model(const TrainWeights& w, const ModelConfig& c, const std::string& tokenizer_path,
+                     const std::string& dir) {
+  fs::create_directories(dir);
+  const int64_t Q = c.q_dim(), KV = c.kv_dim(), F = c.hidden_dim;
+  std::vector<std::pair<std::string, at::Tensor>> out;  // HF names, contiguous CPU fp32
+  auto put = [&](const std::string& name, const at::Tensor& t) {
+    out.emplace_back(name, t.detach().to(at::kCPU, at::kFloat).contiguous());
+  };
+  put("model.embed_tokens.weight", w.at("embed"));
+  put("model.norm.weight", w.at("final_norm"));
+  if (!c.tied_embeddings) put("lm_head.weight", w.at("lm_head"));
+  for (int64_t l = 0; l < c.n_layers; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    const at::Tensor& qkv = w.at(layer_name(l, "wqkv"));
+    const at::Tensor& w13 = w.at(layer_name(l, "w13"));
+    put(p + "input_layernorm.weight", w.at(layer_name(l, "attn_norm")));
+    put(p + "self_attn.q_proj.weight", qkv.narrow(0, 0, Q));
+    put(p + "self_attn.k_proj.weight", qkv.narrow(0, Q, KV));
+    put(p + "self_attn.v_proj.weight", qkv.narrow(0, Q + KV, KV));
+    put(p + "self_attn.o_proj.weight", w.at(layer_name(l, "wo")));
+    put(p + "post_attention_layernorm.weight", w.at(layer_name(l, "ffn_norm")));
+    put(p + "mlp.gate_proj.weight", w13.narrow(0, 0, F));
+    put(p + "mlp.up_proj.weight", w13.narrow(0, F, F));
+    put(p + "mlp.down_proj.weight", w.at(layer_name(l, "w2")));
+  }
+  std::vector<StWriteEntry> entries;
+  for (const auto& [n, t] : out) entries.push_back(st_entry(n, t));
+  write_safetensors(dir + "/model.safetensors", entries, {{"format", "pt"}});
+  nlohmann::json cj = {
+      {"architectures", {"LlamaForCausalLM"}},
+      {"model_type", "llama"},
+      {"hidden_size", c.dim},
+      {"intermediate_size", c.hidden_dim},
+      {"num_hidden_layers", c.n_layers},
+      {"num_attention_heads", c.n_heads},
+      {"num_key_value_heads", c.n_kv_heads},
+      {"head_dim", c.head_dim},
+      {"max_position_embeddings", c.max_seq_len},
+      {"rope_theta", c.rope_theta},
+      {"rms_norm_eps", c.norm_eps},
+      {"tie_word_embeddings", c.tied_embeddings},
+      {"vocab_size", c.vocab_size},
+      {"bos_token_id", c.bos_id},
+      {"eos_token_id", c.eos_ids.empty() ? 2 : c.eos_ids[0]},
+      {"hidden_act", "silu"},
+      {"attention_bias", false},
+      {"torch_dtype", "float32"}};
+  write_text_file_atomic(dir + "/config.json", cj.dump(2) + "\n");
+  if (!tokenizer_path.empty()) {
+    write_text_file_atomic(dir + "/tokenizer.model", read_text_file(tokenizer_path));
+  }
+}
+
+TrainSummary run_training(const TrainOptions& opts) {
+  // ---- config ----
+  nlohmann::json cj;
+  try {
+    cj = nlohmann::json::parse(read_text_file(opts.config_path));
+  } catch (const nlohmann::json::exception& e) {
+    KVB_FAIL(opts.config_path, ": not valid JSON: ", e.what());
+  }
+  for (const auto& o : opts.overrides) apply_train_override(cj, o);
+  TrainConfig cfg = parse_train_config(cj, opts.config_path);
+  const std::string out = opts.out_dir.empty() ? "runs/train/" + cfg.name : opts.out_dir;
+  const std::string ckpt_dir = out + "/checkpoints";
+  fs::create_directories(ckpt_dir);
+  const std::string data_dir = resolve_data_dir(opts.data_dir);
+  const std::string hash = trajectory_hash(cj);
+  if (opts.fresh) {
+    for (const auto& [s, p] : list_checkpoints(ckpt_dir)) fs::remove(p);
+    fs::remove(out + "/train_log.jsonl");
+  }
+  write_text_file_atomic(out + "/train_config.json", cj.dump(2) + "\n");
+
+  // ---- tokenizer ----
+  std::string tok_path = out + "/tokenizer.model";
+  if (!cfg.tokenizer_path.empty()) {
+    write_text_file_atomic(tok_path, read_text_file(cfg.tokenizer_path));
+  } else if (!fs::exists(tok_path)) {
+    train_tokenizer(cfg, data_dir, out);
+  }
+  auto tok = std::make_shared<Tokenizer>(tok_path);
+  ModelConfig mc = cfg.model;
+  mc.vocab_size = tok->vocab_size();
+  mc.bos_id = tok->bos_id();
+  mc.eos_ids = {tok->eos_id()};
+  mc.validate(opts.config_path);
+
+  // ---- weights, optimiser, resume ----
+  const c10::Device dev = parse_device(cfg.device);
+  const c10::ScalarType dt = cfg.dtype == "bf16" ? at::kBFloat16 : at::kFloat;
+  KVB_CHECK(dt == at::kFloat || dev.is_cuda(), opts.config_path,
+            ": 'dtype' bf16 is for CUDA; the CPU trains in fp32");
+  TrainWeights w = init_train_weights(mc, cfg.init_std, cfg.seed, cfg.device);
+  Adam adam;
+  for (const auto& t : w.tensors) {
+    adam.m.push_back(at::zeros_like(t).detach());
+    adam.v.push_back(at::zeros_like(t).detach());
+  }
+  int64_t step = 0;
+  auto ckpts = list_checkpoints(ckpt_dir);
+  if (!ckpts.empty()) {
+    const std::string& path = ckpts.back().second;
+    SafetensorsFile f(path);
+    const auto& md = f.metadata();
+    KVB_CHECK(md.count("format") && md.at("format") == kCheckpointFormat, path,
+              ": not a kvbench training checkpoint");
+    KVB_CHECK(md.count("config_hash") && md.at("config_hash") == hash, path,
+              ": written under a different recipe (the config changed); run with --fresh to start over,",
+              " or restore the config");
+    at::NoGradGuard ng;
+    for (size_t i = 0; i < w.names.size(); ++i) {
+      w.tensors[i].copy_(st_to_f32(f.get("param/" + w.names[i]), path));
+      adam.m[i].copy_(st_to_f32(f.get("adam_m/" + w.names[i]), path));
+      adam.v[i].copy_(st_to_f32(f.get("adam_v/" + w.names[i]), path));
+    }
+    step = std::stoll(md.at("step"));
+    if (!opts.quiet) std::cerr << "kvbench train: resuming from " << path << " (step " << step << ")\n";
+  }
+  const int64_t total = cfg.total_steps();
+  TrainSummary sum;
+  sum.total_steps = total;
+
+  // The log keeps only what the checkpoint covers (a crash after a log line but before the next
+  // checkpoint would otherwise repeat steps).
+  const std::string log_path = out + "/train_log.jsonl";
+  {
+    std::string kept;
+    if (fs::exists(log_path)) {
+      std::istringstream in(read_text_file(log_path));
+      std::string line;
+      while (std::getline(in, line)) {
+        if (line.empty()) continue;
+        try {
+          auto j = nlohmann::json::parse(line);
+          if (j.value("step", int64_t{0}) <= step) kept += line + "\n";
+        } catch (const nlohmann::json::exception&) {
+          // a torn last line from a crash: dropped
+        }
+      }
+    }
+    write_text_file_atomic(log_path, kept);
+  }
+  std::ofstream log(log_path, std::ios::app);
+  KVB_CHECK(log.good(), log_path, ": cannot open for appending");
+
+  auto save_checkpoint = [&](int64_t s) {
+    std::vector<at::Tensor> cpu;  // keep the copies alive while writing
+    std::vector<StWriteEntry> e;
+    for (size_t i = 0; i < w.names.size(); ++i) {
+      for (auto [prefix, t] : {std::pair<const char*, const at::Tensor*>{"param/", &w.tensors[i]},
+                               {"adam_m/", &adam.m[i]}, {"adam_v/", &adam.v[i]}}) {
+        cpu.push_back(t->detach().to(at::kCPU).contiguous());
+        e.push_back(st_entry(prefix + w.names[i], cpu.back()));
+      }
+    }
+    write_safetensors(checkpoint_path(ckpt_dir, s), e,
+                      {{"format", kCheckpointFormat}, {"step", std::to_string(s)},
+                       {"config_hash", hash}, {"name", cfg.name}});
+    auto all = list_checkpoints(ckpt_dir);  // keep the two newest
+    for (size_t i = 0; i + 2 < all.size(); ++i) fs::remove(all[i].second);
+  };
+
+  auto rope_len = cfg.max_seq_len();
+  at::Tensor rope_cos, rope_sin;
+  compute_rope_tables(mc, rope_len, &rope_cos, &rope_sin);
+  rope_cos = rope_cos.to(dev);
+  rope_sin = rope_sin.to(dev);
+
+  auto finish_export = [&]() {
+    const std::string dir = out + "/model";
+    ModelConfig ec = mc;
+    ec.max_seq_len = cfg.max_seq_len();
+    export_hf_model(w, ec, tok_path, dir);
+    sum.model_dir = dir;
+    if (!opts.quiet) std::cerr << "kvbench train: exported " << dir << "\n";
+  };
+  if (opts.export_only) {
+    KVB_CHECK(step > 0, out, ": no checkpoint to export");
+    sum.steps_done = step;
+    finish_export();
+    return sum;
+  }
+
+  TrainData data(cfg, tok, data_dir);
+  if (!opts.quiet) {
+    std::cerr << "kvbench train: " << cfg.name << ": " << mc.parameter_count() << " parameters, vocab "
+              << mc.vocab_size << ", " << data.train_tokens() << " training / "
+              << data.heldout_tokens() << " held-out text tokens, " << total << " steps, "
+              << at::get_num_threads() << " threads\n";
+  }
+  if (opts.show_rows > 0) {
+    for (int64_t r = 0; r < opts.show_rows; ++r) {
+      const TrainStage& st = cfg.stage_at(opts.show_step);
+      auto row = data.row(opts.show_step, r, st.seq_len);
+      std::cout << "=== step " << opts.show_step << " row " << r << " (" << row.tokens.size()
+                << " tokens, task '" << row.task << "')\n"
+                << tok->decode(row.tokens) << "\n";
+    }
+    return sum;
+  }
+  const auto heldout = data.heldout_windows(cfg.eval_windows, cfg.stages.back().seq_len);
+  auto evaluate = [&]() {
+    at::NoGradGuard ng;
+    double nll = 0;
+    int64_t n = 0;
+    for (const auto& win : heldout) {
+      at::Tensor ids = at::tensor(win, at::kLong).to(dev).unsqueeze(0);
+      const int64_t T = ids.size(1) - 1;
+      at::Tensor logits = train_forward(w, mc, ids.narrow(1, 0, T), rope_cos, rope_sin, dt);
+      nll += at::cross_entropy_loss(logits.view({T, -1}), ids.narrow(1, 1, T).reshape({T}),
+                                    {}, at::Reduction::Sum)
+                 .item<double>();
+      n += T;
+    }
+    return nll / static_cast<double>(n);
+  };
+
+  const auto t0 = std::chrono::steady_clock::now();
+  int64_t tokens_since = 0, steps_since = 0, started_at = step;
+  double loss_sum = 0, gnorm_last = 0;
+  auto t_last = t0;
+  while (step < total) {
+    if (opts.stop_after > 0 && step - started_at >= opts.stop_after) break;
+    const TrainStage& st = cfg.stage_at(step);
+    std::vector<int64_t> flat;
+    flat.reserve(static_cast<size_t>(st.batch_size * (st.seq_len + 1)));
+    for (int64_t r = 0; r < st.batch_size; ++r) {
+      auto row = data.row(step, r, st.seq_len);
+      flat.insert(flat.end(), row.tokens.begin(), row.tokens.end());
+    }
+    at::Tensor ids = at::tensor(flat, at::kLong).view({st.batch_size, st.seq_len + 1}).to(dev);
+    at::Tensor logits = train_forward(w, mc, ids.narrow(1, 0, st.seq_len), rope_cos, rope_sin, dt);
+    at::Tensor loss = at::cross_entropy_loss(logits.view({-1, mc.vocab_size}),
+                                             ids.narrow(1, 1, st.seq_len).reshape({-1}));
+    for (auto& t : w.tensors) t.mutable_grad() = at::Tensor();
+    loss.backward();
+    const double loss_v = loss.item<double>();
+    KVB_CHECK(std::isfinite(loss_v), "step ", step, ": the loss is not finite (", loss_v,
+              "); lower optim.lr or raise optim.warmup_steps. Checkpoints up to step ",
+              step - step % cfg.checkpoint_every, " are kept");
+    {
+      at::NoGradGuard ng;
+      at::Tensor sq = at::zeros({}, at::TensorOptions().dtype(at::kDouble).device(dev));
+      for (auto& t : w.tensors) sq += t.grad().to(at::kDouble).pow(2).sum();
+      const double gnorm = std::sqrt(sq.item<double>());
+      gnorm_last = gnorm;
+      const double clip = (cfg.grad_clip > 0 && gnorm > cfg.grad_clip) ? cfg.grad_clip / (gnorm + 1e-6) : 1.0;
+      const double lr = lr_at(cfg, step);
+      const double t1 = static_cast<double>(step + 1);
+      const double bc1 = 1.0 - std::pow(cfg.beta1, t1), bc2 = 1.0 - std::pow(cfg.beta2, t1);
+      for (size_t i = 0; i < w.tensors.size(); ++i) {
+        at::Tensor g = w.tensors[i].grad();
+        if (clip != 1.0) g = g * clip;
+        adam.m[i].mul_(cfg.beta1).add_(g, 1.0 - cfg.beta1);
+        adam.v[i].mul_(cfg.beta2).addcmul_(g, g, 1.0 - cfg.beta2);
+        at::Tensor denom = (adam.v[i] / bc2).sqrt_().add_(cfg.eps);
+        at::Tensor& p = w.tensors[i];
+        if (p.dim() >= 2 && cfg.weight_decay > 0) p.mul_(1.0 - lr * cfg.weight_decay);
+        p.addcdiv_(adam.m[i], denom, -lr / bc1);
+      }
+    }
+    ++step;
+    loss_sum += loss_v;
+    tokens_since += st.batch_size * st.seq_len;
+    ++steps_since;
+    if (step % cfg.log_every == 0 || step == total) {
+      const auto now = std::chrono::steady_clock::now();
+      const double dt_s = std::chrono::duration<double>(now - t_last).count();
+      const double elapsed = std::chrono::duration<double>(now - t0).count();
+      const double tps = tokens_since / std::max(1e-9, dt_s);
+      const double eta = elapsed / static_cast<double>(step - started_at) * static_cast<double>(total - step);
+      sum.last_loss = loss_sum / static_cast<double>(steps_since);
+      nlohmann::json j = {{"step", step}, {"loss", sum.last_loss}, {"lr", lr_at(cfg, step - 1)},
+                          {"grad_norm", gnorm_last}, {"seq_len", st.seq_len},
+                          {"batch_size", st.batch_size}, {"tok_per_s", tps},
+                          {"elapsed_s", elapsed}};
+      log << j.dump() << "\n" << std::flush;
+      if (!opts.quiet) {
+        char buf[256];
+        std::snprintf(buf, sizeof buf, "step %lld/%lld  loss %.4f  lr %.2e  |g| %.3f  %.0f tok/s  ETA %s\n",
+                      static_cast<long long>(step), static_cast<long long>(total), sum.last_loss,
+                      lr_at(cfg, step - 1), gnorm_last, tps, fmt_duration(eta).c_str());
+        std::cerr << buf;
+      }
+      loss_sum = 0;
+      tokens_since = 0;
+      steps_since = 0;
+      t_last = std::chrono::steady_clock::now();
+    }
+    if (step % cfg.eval_every == 0 || step == total) {
+      sum.heldout_loss = evaluate();
+      log << nlohmann::json{{"step", step}, {"heldout_loss", sum.heldout_loss},
+                            {"heldout_ppl", std::exp(sum.heldout_loss)}}.dump()
+          << "\n" << std::flush;
+      if (!opts.quiet)
+        std::cerr << "step " << step << "  held-out loss " << sum.heldout_loss << "  ppl "
+                  << std::exp(sum.heldout_loss) << "\n";
+    }
+    if (step % cfg.checkpoint_every == 0 || step == total) save_checkpoint(step);
+  }
+  if (step > started_at && step % cfg.checkpoint_every != 0 && step != total) save_checkpoint(step);
+  sum.steps_done = step;
+  if (step == total) finish_export();
+  return sum;
+}
+
+}  // namespace kvb

@@ -1,0 +1,246 @@
+// `kvbench train`: recipe validation, determinism, exact resume, the exported model's logits through
+// the HF loader and the engine, loss that goes down, corrupt checkpoints and changed recipes refused.
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "harness/common/error.h"
+#include "harness/engine/engine.h"
+#include "harness/formats/safetensors.h"
+#include "harness/formats/tokenizer.h"
+#include "harness/model/model.h"
+#include "harness/train/train_config.h"
+#include "harness/train/trainer.h"
+#include "tests/support/test_support.h"
+
+namespace fs = std::filesystem;
+
+namespace kvb {
+namespace {
+
+// A tiny recipe: 2 layers, GQA 2:1, head_dim 16, stories260K's 512-piece tokenizer (so no spm_train),
+// Tiny Shakespeare plus passkey rows.
+nlohmann::json tiny_recipe(int64_t steps = 6) {
+  return {
+      {"name", "tiny"},
+      {"seed", 7},
+      {"model", {{"dim", 32}, {"hidden_dim", 64}, {"n_layers", 2}, {"n_heads", 2}, {"n_kv_heads", 1},
+                 {"head_dim", 16}, {"max_seq_len", 96}, {"tied_embeddings", true}}},
+      {"tokenizer", {{"path", test::models_dir() + "/stories260K/tok512.model"}}},
+      {"data", {{"corpora", {"tinyshakespeare"}}, {"synthetic_fraction", 0.5}, {"min_task_tokens", 64},
+                {"tasks", {{{"task", "passkey"}, {"weight", 1}}}}}},
+      {"optim", {{"lr", 0.01}, {"warmup_steps", 2}}},
+      {"stages", {{{"steps", steps}, {"seq_len", 64}, {"batch_size", 4}}}},
+      {"checkpoint_every", 2},
+      {"log_every", 1},
+      {"eval_every", 3},
+      {"eval_windows", 2}};
+}
+
+std::string write_recipe(const std::string& dir, const nlohmann::json& j) {
+  const std::string p = dir + "/recipe.json";
+  std::ofstream(p) << j.dump(2);
+  return p;
+}
+
+TrainOptions options(const std::string& recipe, const std::string& out) {
+  TrainOptions o;
+  o.config_path = recipe;
+  o.out_dir = out;
+  o.data_dir = test::data_dir();
+  o.quiet = true;
+  return o;
+}
+
+at::Tensor checkpoint_tensor(const std::string& out, int64_t step, const std::string& name) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "/checkpoints/step-%07lld.safetensors", static_cast<long long>(step));
+  SafetensorsFile f(out + buf);
+  const StTensor& t = f.get(name);
+  return at::from_blob(const_cast<uint8_t*>(t.data), t.shape, at::kFloat).clone();
+}
+
+TEST(TrainConfig, RejectsUnknownKeysAndBadValues) {
+  const std::string src = "recipe.json";
+  auto expect_error = [&](nlohmann::json j, const std::string& needle) {
+    try {
+      parse_train_config(j, src);
+      FAIL() << "no error for " << j.dump();
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  auto j = tiny_recipe();
+  j["optim"]["lr_typo"] = 1;
+  expect_error(j, "unknown key 'optim.lr_typo'");
+  j = tiny_recipe();
+  j["stages"][0]["seq_len"] = 1000;
+  expect_error(j, "exceeds 'model.max_seq_len'");
+  j = tiny_recipe();
+  j["model"]["n_kv_heads"] = 3;
+  expect_error(j, "multiple of 'model.n_kv_heads'");
+  j = tiny_recipe();
+  j["data"]["corpora"] = nlohmann::json::array();
+  expect_error(j, "data.corpora");
+  j = tiny_recipe();
+  j["model"]["dim"] = "big";
+  expect_error(j, "'model.dim' has the wrong type");
+  EXPECT_NO_THROW(parse_train_config(tiny_recipe(), src));
+  nlohmann::json o = tiny_recipe();
+  apply_train_override(o, "stages.0.steps=9");
+  EXPECT_EQ(parse_train_config(o, src).total_steps(), 9);
+  EXPECT_THROW(apply_train_override(o, "stages.5.steps=1"), Error);
+}
+
+TEST(Train, DeterministicAndResumeIsExact) {
+  const std::string dir = test::make_temp_dir("train-resume");
+  const std::string recipe = write_recipe(dir, tiny_recipe(6));
+  // Two uninterrupted runs give bit-identical weights.
+  auto a = run_training(options(recipe, dir + "/a"));
+  auto b = run_training(options(recipe, dir + "/b"));
+  ASSERT_EQ(a.steps_done, 6);
+  EXPECT_FALSE(a.model_dir.empty());
+  // A run stopped after 3 steps and resumed gives the same weights and optimiser state.
+  auto o = options(recipe, dir + "/c");
+  o.stop_after = 3;
+  auto c1 = run_training(o);
+  EXPECT_EQ(c1.steps_done, 3);
+  EXPECT_TRUE(c1.model_dir.empty());
+  o.stop_after = 0;
+  auto c2 = run_training(o);
+  EXPECT_EQ(c2.steps_done, 6);
+  for (const char* n : {"param/embed", "param/layers.1.wqkv", "adam_v/layers.0.w13", "param/final_norm"}) {
+    at::Tensor ta = checkpoint_tensor(dir + "/a", 6, n);
+    EXPECT_TRUE(at::equal(ta, checkpoint_tensor(dir + "/b", 6, n))) << n;
+    EXPECT_TRUE(at::equal(ta, checkpoint_tensor(dir + "/c", 6, n))) << n;
+  }
+  // The log holds each step once, even across the resume.
+  std::ifstream log(dir + "/c/train_log.jsonl");
+  std::string line;
+  std::vector<int64_t> steps;
+  while (std::getline(log, line)) {
+    auto j = nlohmann::json::parse(line);
+    if (j.contains("loss")) steps.push_back(j["step"].get<int64_t>());
+  }
+  EXPECT_EQ(steps, (std::vector<int64_t>{1, 2, 3, 4, 5, 6}));
+}
+
+TEST(Train, ExportedModelGivesTheTrainersLogitsThroughTheEngine) {
+  const std::string dir = test::make_temp_dir("train-export");
+  auto r = run_training(options(write_recipe(dir, tiny_recipe(4)), dir + "/out"));
+  ASSERT_FALSE(r.model_dir.empty());
+  auto model = load_model(r.model_dir);
+  ASSERT_EQ(model->config.n_kv_heads, 1);
+  ASSERT_EQ(model->config.head_dim, 16);
+  // The trainer's forward on the exported weights (read back from the HF files)...
+  TrainWeights w = init_train_weights(model->config, 0.02, 1, "cpu");
+  {
+    at::NoGradGuard ng;
+    const auto& L = model->weights;
+    w.tensors[0].copy_(L.embedding);
+    size_t i = 1;
+    for (const auto& l : L.layers)
+      for (const at::Tensor* t : {&l.attn_norm, &l.wqkv, &l.wo, &l.ffn_norm, &l.w13, &l.w2})
+        w.tensors[i++].copy_(*t);
+    w.tensors[i].copy_(L.final_norm);
+  }
+  std::vector<int64_t> ids = {1};
+  for (int i = 0; i < 70; ++i) ids.push_back(3 + (i * 37) % 500);
+  at::Tensor cos, sin;
+  compute_rope_tables(model->config, 128, &cos, &sin);
+  at::Tensor train_logits;
+  {
+    at::NoGradGuard ng;
+    train_logits = train_forward(w, model->config, at::tensor(ids, at::kLong).unsqueeze(0), cos, sin,
+                                 at::kFloat)[0];
+  }
+  // ...equals the engine's, position by position, with the paged cache and chunked prefill.
+  EngineOptions eo;
+  eo.prefill_chunk = 16;
+  Engine e(model, make_default_kv(*model), eo);
+  int64_t seq = e.new_sequence();
+  at::Tensor engine_logits = at::empty_like(train_logits);
+  e.prefill({seq}, {ids}, [&](const at::Tensor& lg, int64_t first) {
+    engine_logits.narrow(0, first, lg.size(0)).copy_(lg);
+  });
+  EXPECT_LT((train_logits - engine_logits).abs().max().item<double>(), 1e-4);
+  // And the exported weights are the checkpoint's.
+  EXPECT_TRUE(at::equal(checkpoint_tensor(dir + "/out", 4, "param/embed"), model->weights.embedding));
+}
+
+TEST(Train, LossGoesDown) {
+  const std::string dir = test::make_temp_dir("train-loss");
+  auto j = tiny_recipe(40);
+  j["log_every"] = 10;
+  j["checkpoint_every"] = 40;
+  j["eval_every"] = 40;
+  run_training(options(write_recipe(dir, j), dir + "/out"));
+  std::ifstream log(dir + "/out/train_log.jsonl");
+  std::string line;
+  std::vector<double> losses;
+  while (std::getline(log, line)) {
+    auto r = nlohmann::json::parse(line);
+    if (r.contains("loss")) losses.push_back(r["loss"].get<double>());
+  }
+  ASSERT_EQ(losses.size(), 4u);
+  // ln(512) = 6.24 at initialisation; 40 steps of a tiny model on real text get well below it.
+  EXPECT_GT(losses.front(), 5.0);
+  EXPECT_LT(losses.back(), losses.front() - 1.0);
+}
+
+TEST(Train, RefusesCorruptCheckpointsAndChangedRecipes) {
+  const std::string dir = test::make_temp_dir("train-refuse");
+  const std::string recipe = write_recipe(dir, tiny_recipe(4));
+  auto o = options(recipe, dir + "/out");
+  o.stop_after = 2;
+  run_training(o);
+  // A changed recipe is refused (the trajectory would silently change)...
+  auto j = tiny_recipe(4);
+  j["optim"]["lr"] = 0.02;
+  auto o2 = options(write_recipe(dir, j), dir + "/out");
+  try {
+    run_training(o2);
+    FAIL() << "changed recipe accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("different recipe"), std::string::npos) << e.what();
+  }
+  // ...unless --fresh; and a truncated checkpoint names its file.
+  write_recipe(dir, tiny_recipe(4));
+  const std::string ck = dir + "/out/checkpoints/step-0000002.safetensors";
+  fs::resize_file(ck, fs::file_size(ck) / 2);
+  try {
+    run_training(options(recipe, dir + "/out"));
+    FAIL() << "truncated checkpoint accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("step-0000002.safetensors"), std::string::npos) << e.what();
+  }
+  auto o3 = options(recipe, dir + "/out");
+  o3.fresh = true;
+  EXPECT_EQ(run_training(o3).steps_done, 4);
+}
+
+TEST(Train, TrainsItsOwnTokenizerWithSpmTrain) {
+  const std::string dir = test::make_temp_dir("train-spm");
+  auto j = tiny_recipe(1);
+  j["tokenizer"] = {{"vocab_size", 400}};
+  auto o = options(write_recipe(dir, j), dir + "/out");
+  o.export_only = false;
+  auto r = run_training(o);
+  auto model = load_model(r.model_dir);
+  EXPECT_EQ(model->config.vocab_size, 400);
+  Tokenizer tok(model->tokenizer_path);
+  // Digits are split (numbers are copied digit by digit) and text round-trips.
+  auto ids = tok.encode("The pass key is 71432.");
+  EXPECT_EQ(tok.decode(ids), "The pass key is 71432.");
+  int digits = 0;
+  for (int64_t id : ids) digits += tok.piece(id).find_first_of("0123456789") != std::string::npos;
+  EXPECT_EQ(digits, 5);
+}
+
+}  // namespace
+}  // namespace kvb
