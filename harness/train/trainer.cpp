@@ -4,7 +4,13 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Parallel.h>
 
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -137,6 +143,26 @@ void train_tokenizer(const TrainConfig& cfg, const std::string& data_dir, const 
   fs::remove(out + "/tokenizer.vocab");
   fs::remove(text_path);
 }
+
+// An exclusive flock on OUT/.lock for the lifetime of a run (released by the OS if the process dies).
+class OutDirLock {
+ public:
+  explicit OutDirLock(const std::string& out) {
+    const std::string p = out + "/.lock";
+    fd_ = ::open(p.c_str(), O_RDWR | O_CREAT, 0644);
+    KVB_CHECK(fd_ >= 0, p, ": cannot open: ", std::strerror(errno));
+    if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+      ::close(fd_);
+      KVB_FAIL(out, ": another `kvbench train` is running on this directory");
+    }
+  }
+  ~OutDirLock() { ::close(fd_); }
+  OutDirLock(const OutDirLock&) = delete;
+  OutDirLock& operator=(const OutDirLock&) = delete;
+
+ private:
+  int fd_ = -1;
+};
 
 struct Adam {
   std::vector<at::Tensor> m, v;
@@ -280,6 +306,8 @@ TrainSummary run_training(const TrainOptions& opts) {
   const std::string out = opts.out_dir.empty() ? "runs/train/" + cfg.name : opts.out_dir;
   const std::string ckpt_dir = out + "/checkpoints";
   fs::create_directories(ckpt_dir);
+  // One trainer per output directory: a second one would interleave checkpoints and the log.
+  OutDirLock lock(out);
   const std::string data_dir = resolve_data_dir(opts.data_dir);
   const std::string hash = trajectory_hash(cj);
   if (opts.fresh) {
@@ -337,29 +365,6 @@ TrainSummary run_training(const TrainOptions& opts) {
   TrainSummary sum;
   sum.total_steps = total;
 
-  // The log keeps only what the checkpoint covers (a crash after a log line but before the next
-  // checkpoint would otherwise repeat steps).
-  const std::string log_path = out + "/train_log.jsonl";
-  {
-    std::string kept;
-    if (fs::exists(log_path)) {
-      std::istringstream in(read_text_file(log_path));
-      std::string line;
-      while (std::getline(in, line)) {
-        if (line.empty()) continue;
-        try {
-          auto j = nlohmann::json::parse(line);
-          if (j.value("step", int64_t{0}) <= step) kept += line + "\n";
-        } catch (const nlohmann::json::exception&) {
-          // a torn last line from a crash: dropped
-        }
-      }
-    }
-    write_text_file_atomic(log_path, kept);
-  }
-  std::ofstream log(log_path, std::ios::app);
-  KVB_CHECK(log.good(), log_path, ": cannot open for appending");
-
   auto save_checkpoint = [&](int64_t s) {
     std::vector<at::Tensor> cpu;  // keep the copies alive while writing
     std::vector<StWriteEntry> e;
@@ -415,6 +420,29 @@ TrainSummary run_training(const TrainOptions& opts) {
     }
     return sum;
   }
+  // The log keeps only what the checkpoint covers (a crash after a log line but before the next
+  // checkpoint would otherwise repeat steps).
+  const std::string log_path = out + "/train_log.jsonl";
+  {
+    std::string kept;
+    if (fs::exists(log_path)) {
+      std::istringstream in(read_text_file(log_path));
+      std::string line;
+      while (std::getline(in, line)) {
+        if (line.empty()) continue;
+        try {
+          auto j = nlohmann::json::parse(line);
+          if (j.value("step", int64_t{0}) <= step) kept += line + "\n";
+        } catch (const nlohmann::json::exception&) {
+          // a torn last line from a crash: dropped
+        }
+      }
+    }
+    write_text_file_atomic(log_path, kept);
+  }
+  std::ofstream log(log_path, std::ios::app);
+  KVB_CHECK(log.good(), log_path, ": cannot open for appending");
+
   const auto heldout = data.heldout_windows(cfg.eval_windows, cfg.stages.back().seq_len);
   auto evaluate = [&]() {
     at::NoGradGuard ng;

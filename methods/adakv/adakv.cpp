@@ -92,6 +92,7 @@ MethodInfo adakv_info() {
   m.params.push_back(bool_param("pyramid", false, "per-layer budgets from the PyramidKV formula"));
   m.params.push_back(float_param("beta", 20.0, 1.0, 1e6, "pyramid steepness (with pyramid=true)"));
   m.params.push_back(position_mode_param("absolute"));
+  for (auto& s : codec_params()) m.params.push_back(s);
   m.caps.evicts = true;
   m.caps.query_aware = true;
   return m;
@@ -99,6 +100,7 @@ MethodInfo adakv_info() {
 
 std::unique_ptr<KvCache> make_adakv(const CacheContext& ctx, const nlohmann::json& p) {
   EvictingKvCache::Options o;
+  o.codec = parse_codec(p, "adakv", ctx.config.head_dim);
   o.name = "adakv";
   o.position_mode = parse_position_mode(p.at("position_mode").get<std::string>());
   return std::make_unique<EvictingKvCache>(

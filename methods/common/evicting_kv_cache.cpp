@@ -168,6 +168,9 @@ EvictingKvCache::EvictingKvCache(const CacheContext& ctx, Options opts,
   fast_ = ctx_.device.is_cpu() && ctx_.dtype == at::kFloat && !opts_.force_generic;
   host_is_device_ = ctx_.device.is_cpu();
   sm_scale_ = 1.0f / std::sqrt(static_cast<float>(D_));
+  KVB_CHECK(!opts_.codec || fast_, opts_.name, ": the codec '", opts_.codec ? opts_.codec->name() : "",
+            "' stores kept entries on the host and runs on the CPU fp32 path only (device cpu, ",
+            "dtype fp32)");
 }
 
 EvictingKvCache::~EvictingKvCache() = default;
@@ -189,6 +192,21 @@ bool EvictingKvCache::collecting_window(const Seq& s) const {
 }
 
 void EvictingKvCache::reallocate(Head& h, int64_t cap) {
+  if (!opts_.codec) reallocate_kv(h, cap);
+  // Fresh vectors so that the capacity really is `cap` (shrinking frees).
+  std::vector<int32_t> idx(static_cast<size_t>(cap), 0);
+  std::copy(h.idx.begin(), h.idx.begin() + h.len, idx.begin());
+  h.idx.swap(idx);
+  if (needs_.accumulate) {
+    std::vector<float> acc(static_cast<size_t>(cap), 0.f);
+    std::copy(h.acc.begin(), h.acc.begin() + h.len, acc.begin());
+    h.acc.swap(acc);
+  }
+  h.cap = cap;
+  reallocations_++;
+}
+
+void EvictingKvCache::reallocate_kv(Head& h, int64_t cap) {
   at::Tensor fresh =
       at::empty({2, cap, D_}, at::TensorOptions().dtype(ctx_.dtype).device(ctx_.device));
   if (h.len > 0) {
@@ -202,17 +220,6 @@ void EvictingKvCache::reallocate(Head& h, int64_t cap) {
     }
   }
   h.kv = fresh;
-  // Fresh vectors so that the capacity really is `cap` (shrinking frees).
-  std::vector<int32_t> idx(static_cast<size_t>(cap), 0);
-  std::copy(h.idx.begin(), h.idx.begin() + h.len, idx.begin());
-  h.idx.swap(idx);
-  if (needs_.accumulate) {
-    std::vector<float> acc(static_cast<size_t>(cap), 0.f);
-    std::copy(h.acc.begin(), h.acc.begin() + h.len, acc.begin());
-    h.acc.swap(acc);
-  }
-  h.cap = cap;
-  reallocations_++;
 }
 
 void EvictingKvCache::reserve(Head& h, int64_t need) {
@@ -231,7 +238,32 @@ void EvictingKvCache::compact(Head& h, const std::vector<int64_t>& keep) {
               " out of order or outside 0..", h.len - 1);
     prev = s;
   }
-  if (fast_) {
+  if (opts_.codec) {
+    const int64_t S = h.len - h.pend;  // rows held by the streams
+    std::vector<int64_t> in_stream;
+    int64_t np = 0;
+    for (int64_t slot : keep) {
+      if (slot < S) {
+        in_stream.push_back(slot);
+      } else {  // pending rows compact in place (ascending, so forward copies are safe)
+        const int64_t src = slot - S;
+        if (src != np) {
+          std::memcpy(h.pk.data() + np * D_, h.pk.data() + src * D_, sizeof(float) * D_);
+          std::memcpy(h.pv.data() + np * D_, h.pv.data() + src * D_, sizeof(float) * D_);
+        }
+        ++np;
+      }
+    }
+    if (h.ks.p && static_cast<int64_t>(in_stream.size()) < S) {
+      h.ks.p->keep_rows(in_stream);
+      h.vs.p->keep_rows(in_stream);
+    }
+    h.pend = np;
+    h.pk.resize(static_cast<size_t>(np * D_));
+    h.pv.resize(static_cast<size_t>(np * D_));
+    h.pk.shrink_to_fit();
+    h.pv.shrink_to_fit();
+  } else if (fast_) {
     float* K = h.kv.data_ptr<float>();
     float* V = K + h.cap * D_;
     for (int64_t r = 0; r < k; ++r) {
@@ -269,9 +301,36 @@ void EvictingKvCache::ensure_rope(int64_t n_pos) {
   rope_len_ = len;
 }
 
-const float* EvictingKvCache::keys_f32(const Head& h, int64_t rows, int64_t base,
+const float* EvictingKvCache::stored_keys(const Head& h, std::vector<float>* buf) const {
+  if (!opts_.codec) return h.kv.data_ptr<float>();
+  buf->resize(static_cast<size_t>(std::max<int64_t>(1, h.len) * D_));
+  const int64_t S = h.len - h.pend;
+  if (S > 0) h.ks.p->decode(buf->data());
+  std::copy(h.pk.begin(), h.pk.end(), buf->begin() + S * D_);
+  return buf->data();
+}
+
+at::Tensor EvictingKvCache::stored_rows(const Head& h, int which) const {
+  if (!opts_.codec) return h.kv.select(0, which).narrow(0, 0, h.len).clone();
+  at::Tensor out = at::empty({h.len, D_}, at::kFloat);
+  const int64_t S = h.len - h.pend;
+  if (S > 0) (which == 0 ? h.ks : h.vs).p->decode(out.data_ptr<float>());
+  const auto& pend = which == 0 ? h.pk : h.pv;
+  std::copy(pend.begin(), pend.end(), out.data_ptr<float>() + S * D_);
+  return out;
+}
+
+void EvictingKvCache::flush_pending(Head& h) {
+  if (h.pend == 0) return;
+  h.ks.p->append(h.pk.data(), h.pend);
+  h.vs.p->append(h.pv.data(), h.pend);
+  h.pend = 0;
+  std::vector<float>().swap(h.pk);
+  std::vector<float>().swap(h.pv);
+}
+
+const float* EvictingKvCache::keys_f32(const float* K, int64_t rows, int64_t base,
                                        std::vector<float>* scratch) {
-  const float* K = h.kv.data_ptr<float>();
   if (opts_.position_mode == PositionMode::kAbsolute) return K;
   KVB_CHECK(base >= 0, opts_.name, ": re-rotation would place kept keys at negative positions");
   ensure_rope(base + rows);
@@ -391,8 +450,31 @@ void EvictingKvCache::attend_seq_fast(Seq& s, int layer, const at::Tensor& q, co
     Head& hd = s.heads[layer][h];
     const int64_t past = hd.len, rows = past + n;
     KVB_CHECK(rows <= hd.cap, opts_.name, ": attend before begin_step reserved room");
-    float* K = hd.kv.data_ptr<float>();
-    float* V = K + hd.cap * D_;
+    float* K = nullptr;
+    float* V = nullptr;
+    if (opts_.codec) {
+      // Decode the kept entries, put the step's rows after them at full precision, attend, and
+      // only then hand the new rows to the codec (a step attends its own tokens exactly, as the
+      // codec store does).
+      if (!hd.ks.p) {
+        hd.ks.p = opts_.codec->make_stream(KvKind::kKey, layer, D_, D_);
+        hd.vs.p = opts_.codec->make_stream(KvKind::kValue, layer, D_, D_);
+      }
+      dec_k_.resize(static_cast<size_t>(rows * D_));
+      dec_v_.resize(static_cast<size_t>(rows * D_));
+      const int64_t S = past - hd.pend;
+      if (S > 0) {
+        hd.ks.p->decode(dec_k_.data());
+        hd.vs.p->decode(dec_v_.data());
+      }
+      std::copy(hd.pk.begin(), hd.pk.end(), dec_k_.begin() + S * D_);
+      std::copy(hd.pv.begin(), hd.pv.end(), dec_v_.begin() + S * D_);
+      K = dec_k_.data();
+      V = dec_v_.data();
+    } else {
+      K = hd.kv.data_ptr<float>();
+      V = K + hd.cap * D_;
+    }
     for (int64_t i = 0; i < n; ++i) {
       const int64_t src = ((start + i) * Hkv_ + h) * D_;
       std::memcpy(K + (past + i) * D_, kp + src, sizeof(float) * D_);
@@ -400,7 +482,7 @@ void EvictingKvCache::attend_seq_fast(Seq& s, int layer, const at::Tensor& q, co
       hd.idx[past + i] = static_cast<int32_t>(s.seen + i);
       if (needs_.accumulate) hd.acc[past + i] = 0.f;
     }
-    const float* keys = keys_f32(hd, rows, s.step_pos0 - past, &scratch_k_);
+    const float* keys = keys_f32(K, rows, s.step_pos0 - past, &scratch_k_);
     scratch_vis_.resize(static_cast<size_t>(n));
     for (int64_t i = 0; i < n; ++i) scratch_vis_[i] = past + i + 1;
     scratch_p_.resize(static_cast<size_t>(rows));
@@ -412,6 +494,17 @@ void EvictingKvCache::attend_seq_fast(Seq& s, int layer, const at::Tensor& q, co
     head_attention_f32(qp + h * G_ * D_, Hq_ * D_, n, G_, D_, keys, V, scratch_vis_.data(),
                        sm_scale_, op + h * G_ * D_, Hq_ * D_,
                        needs_.accumulate ? hd.acc.data() : nullptr, 0, last, scratch_p_.data());
+    if (opts_.codec) {
+      if (s.decoding) {
+        flush_pending(hd);
+        hd.ks.p->append(K + past * D_, n);
+        hd.vs.p->append(V + past * D_, n);
+      } else {
+        hd.pk.insert(hd.pk.end(), K + past * D_, K + rows * D_);
+        hd.pv.insert(hd.pv.end(), V + past * D_, V + rows * D_);
+        hd.pend += n;
+      }
+    }
     hd.len = rows;
   }
 }
@@ -483,6 +576,10 @@ void EvictingKvCache::end_prefill(int64_t seq_id) {
   if (it == seqs_.end()) return;
   Seq& s = it->second;
   if (sched_.end_prefill) compress(s, Trigger::kEndPrefill, 0);
+  if (opts_.codec)
+    for (auto& layer : s.heads)
+      for (auto& h : layer)
+        if (h.ks.p) flush_pending(h);
   s.since_compress = 0;
   if (sched_.every_decode_steps == 0) free_windows(s);
 }
@@ -539,7 +636,7 @@ std::vector<float> EvictingKvCache::window_scores(Seq& s, int layer, int64_t hea
   if (wl == 0 || len == 0) return out;
   const int64_t base = s.next_pos - len;
   if (fast_) {
-    const float* keys = keys_f32(hd, len, base, &scratch_k_);
+    const float* keys = keys_f32(stored_keys(hd, &dec_k_), len, base, &scratch_k_);
     const float* Q = s.window_q[layer].data_ptr<float>();
     scratch_vis_.resize(static_cast<size_t>(wl));
     for (int64_t i = 0; i < wl; ++i) {
@@ -571,7 +668,7 @@ std::vector<float> EvictingKvCache::key_norms(const Head& h) {
   std::vector<float> out(static_cast<size_t>(h.len), 0.f);
   if (h.len == 0) return out;
   if (fast_) {
-    const float* K = h.kv.data_ptr<float>();
+    const float* K = stored_keys(h, &dec_k_);
     for (int64_t j = 0; j < h.len; ++j) {
       double s = 0;
       for (int64_t d = 0; d < D_; ++d) s += static_cast<double>(K[j * D_ + d]) * K[j * D_ + d];
@@ -639,8 +736,22 @@ Footprint EvictingKvCache::footprint() const {
     for (const auto& layer : s.heads) {
       for (const auto& h : layer) {
         entries += h.len;
-        f.device_payload_bytes += h.len * entry_bytes;
-        f.device_reserved_bytes += (h.cap - h.len) * (entry_bytes + per_entry_host);
+        if (opts_.codec) {
+          // The codec's exact bytes: codes + full-precision rows are payload, scales and
+          // minimums metadata, live masks index; the entry arrays' slack is reserved.
+          CodecBytes b;
+          if (h.ks.p) {
+            b += h.ks.p->bytes();
+            b += h.vs.p->bytes();
+          }
+          f.device_payload_bytes += b.payload_bytes() + 2 * h.pend * D_ * 4;  // pending: fp32
+          host_meta += b.metadata_bytes;
+          host_index += b.index_bytes;
+          f.device_reserved_bytes += b.reserved_bytes + (h.cap - h.len) * per_entry_host;
+        } else {
+          f.device_payload_bytes += h.len * entry_bytes;
+          f.device_reserved_bytes += (h.cap - h.len) * (entry_bytes + per_entry_host);
+        }
         host_index += h.len * 4;
         if (needs_.accumulate) host_meta += h.len * 4;
       }
@@ -690,6 +801,30 @@ std::map<std::string, double> EvictingKvCache::counters() const {
     all_den += den * static_cast<double>(Hkv_);
   }
   if (all_den > 0) c["kept_ratio"] = all_num / all_den;
+  if (opts_.codec) {
+    for (const auto& [k, v] : opts_.codec->describe()) c["codec." + k] = v;
+    CodecBytes kb, vb;
+    for (const auto& [id, s] : seqs_)
+      for (const auto& layer : s.heads)
+        for (const auto& h : layer)
+          if (h.ks.p) {
+            kb += h.ks.p->bytes();
+            vb += h.vs.p->bytes();
+            CodecBytes pend;  // pending prefill rows, fp32
+            pend.full_bytes = h.pend * D_ * 4;
+            pend.full_elems = h.pend * D_;
+            kb += pend;
+            vb += pend;
+          }
+    CodecBytes all = kb;
+    all += vb;
+    c["effective_bits_per_element"] = all.bits_per_element();
+    c["k_effective_bits_per_element"] = kb.bits_per_element();
+    c["v_effective_bits_per_element"] = vb.bits_per_element();
+    c["encoded_bits_per_element"] = all.encoded_bits_per_element();
+    c["full_precision_fraction"] =
+        all.live_elems() > 0 ? static_cast<double>(all.full_elems) / all.live_elems() : 0.0;
+  }
   return c;
 }
 
@@ -707,7 +842,7 @@ std::vector<HeadSnapshot> EvictingKvCache::probe_view(int layer, int64_t seq_id)
       snap.k = at::empty({0, D_}, at::kFloat);
       snap.v = at::empty({0, D_}, at::kFloat);
     } else {
-      at::Tensor K = hd.kv.select(0, 0).narrow(0, 0, hd.len);
+      at::Tensor K = stored_rows(hd, 0);
       if (opts_.position_mode == PositionMode::kRerotated) {
         const int64_t base = s.next_pos - hd.len;
         at::Tensor cos, sin;
@@ -716,7 +851,7 @@ std::vector<HeadSnapshot> EvictingKvCache::probe_view(int layer, int64_t seq_id)
                         ctx_.config.rope_style == RopeStyle::kInterleaved);
       }
       snap.k = K.to(at::kCPU).to(at::kFloat).contiguous();
-      snap.v = hd.kv.select(0, 1).narrow(0, 0, hd.len).to(at::kCPU).to(at::kFloat).contiguous();
+      snap.v = stored_rows(hd, 1).to(at::kCPU).to(at::kFloat).contiguous();
     }
     out.push_back(std::move(snap));
   }
@@ -734,16 +869,16 @@ int64_t EvictingKvCache::capacity(int64_t seq_id, int layer, int64_t head) const
 
 at::Tensor EvictingKvCache::kept_keys(int64_t seq_id, int layer, int64_t head) const {
   const Head& h = seq(seq_id).heads.at(layer).at(head);
-  if (!h.kv.defined())
+  if (!h.kv.defined() && !h.ks.p)
     return at::empty({0, D_}, at::TensorOptions().dtype(ctx_.dtype).device(ctx_.device));
-  return h.kv.select(0, 0).narrow(0, 0, h.len).clone();
+  return stored_rows(h, 0);
 }
 
 at::Tensor EvictingKvCache::kept_values(int64_t seq_id, int layer, int64_t head) const {
   const Head& h = seq(seq_id).heads.at(layer).at(head);
-  if (!h.kv.defined())
+  if (!h.kv.defined() && !h.ks.p)
     return at::empty({0, D_}, at::TensorOptions().dtype(ctx_.dtype).device(ctx_.device));
-  return h.kv.select(0, 1).narrow(0, 0, h.len).clone();
+  return stored_rows(h, 1);
 }
 
 }  // namespace kvb

@@ -52,6 +52,7 @@
 
 #include "harness/kv/kv_cache.h"
 #include "harness/kv/method.h"
+#include "methods/common/kv_codec.h"
 
 namespace kvb {
 
@@ -136,6 +137,10 @@ class EvictingKvCache : public KvCache {
     PositionMode position_mode = PositionMode::kAbsolute;
     int64_t granule = 16;        // capacity rounding, tokens
     bool force_generic = false;  // use the LibTorch path even on CPU fp32 (tests)
+    // How kept entries are stored (eviction x quantization, physically): null = the model dtype in
+    // one [2, cap, head_dim] buffer per head; else one CodecStream per head for K and one for V
+    // (width head_dim; evictions call keep_rows, never re-encode). CPU fp32 only.
+    std::shared_ptr<const KvCodec> codec;
   };
   EvictingKvCache(const CacheContext& ctx, Options opts, std::unique_ptr<EvictionPolicy> policy);
   ~EvictingKvCache() override;
@@ -164,8 +169,27 @@ class EvictingKvCache : public KvCache {
   const EvictionPolicy& policy() const { return *policy_; }
 
  private:
+  // A codec stream that deep-copies with its head (fork).
+  struct StreamBox {
+    std::unique_ptr<CodecStream> p;
+    StreamBox() = default;
+    StreamBox(const StreamBox& o) : p(o.p ? o.p->clone() : nullptr) {}
+    StreamBox& operator=(const StreamBox& o) {
+      p = o.p ? o.p->clone() : nullptr;
+      return *this;
+    }
+    StreamBox(StreamBox&&) = default;
+    StreamBox& operator=(StreamBox&&) = default;
+  };
   struct Head {
-    at::Tensor kv;  // [2, cap, head_dim]
+    at::Tensor kv;  // [2, cap, head_dim]; undefined with a codec
+    // With a codec: the kept keys and values are the streams' rows followed by `pend` pending rows
+    // (fp32, [pend, head_dim] each). Prefill rows wait as pending rows and reach the codec at
+    // end_prefill, after the prefill-time eviction, so a prompt's evicted tokens are never encoded
+    // (evict, then quantize what is kept); decode rows go to the codec as they come.
+    StreamBox ks, vs;
+    std::vector<float> pk, pv;
+    int64_t pend = 0;
     int64_t len = 0, cap = 0;
     bool evicted = false;      // has lost entries: grows linearly from then on
     std::vector<int32_t> idx;  // [cap]
@@ -190,6 +214,8 @@ class EvictingKvCache : public KvCache {
   bool collecting_window(const Seq& s) const;
   void reserve(Head& h, int64_t need);
   void reallocate(Head& h, int64_t cap);
+  void reallocate_kv(Head& h, int64_t cap);
+  void flush_pending(Head& h);
   void compact(Head& h, const std::vector<int64_t>& keep);
   void compress(Seq& s, Trigger trigger, int64_t incoming);
   void compress_layer(Seq& s, int layer, Trigger trigger, int64_t incoming);
@@ -198,7 +224,12 @@ class EvictingKvCache : public KvCache {
   void ensure_rope(int64_t n_pos);
   // Keys of head `h` ready for attention at positions base .. base + rows - 1 (rerotated mode), or
   // the stored post-RoPE keys (absolute mode). CPU fp32 fills `scratch`; generic returns a tensor.
-  const float* keys_f32(const Head& h, int64_t rows, int64_t base, std::vector<float>* scratch);
+  const float* keys_f32(const float* K, int64_t rows, int64_t base, std::vector<float>* scratch);
+  // The head's stored keys [len, head_dim] fp32 (CPU fp32 path): the buffer itself, or decoded from
+  // the codec into `buf`.
+  const float* stored_keys(const Head& h, std::vector<float>* buf) const;
+  // Stored keys (which = 0) or values (1) of a head as a [len, head_dim] tensor (a copy).
+  at::Tensor stored_rows(const Head& h, int which) const;
   at::Tensor keys_generic(const Head& h, int64_t rows, int64_t base);
   // q: [T, n_heads, head_dim]; k (post-RoPE, or pre-RoPE in rerotated mode), v: [T, kv_heads,
   // head_dim]; the sequence's rows are start .. start + n - 1; writes those rows of out.
@@ -223,7 +254,7 @@ class EvictingKvCache : public KvCache {
   at::Tensor rope_cos_, rope_sin_;  // [n, head_dim / 2] fp32 CPU
   at::Tensor rope_cos_dev_, rope_sin_dev_;
   int64_t rope_len_ = 0;
-  std::vector<float> scratch_k_, scratch_p_;
+  std::vector<float> scratch_k_, scratch_p_, dec_k_, dec_v_;
   std::vector<int64_t> scratch_pos_, scratch_vis_;
   // Counters.
   int64_t evicted_entries_ = 0;

@@ -270,4 +270,36 @@ std::map<std::string, double> snap_settings_counters(const SnapSettings& s) {
           {"setting.gqa_agg_max", s.agg == GqaAgg::kMax ? 1.0 : 0.0}};
 }
 
+std::vector<ParamSpec> codec_params() {
+  return {string_param("codec", "none",
+                       {"none", "fp16", "bf16", "kivi-2", "kivi-4", "kivi-8", "pertoken-2",
+                        "pertoken-4", "pertoken-8"},
+                       "storage of the kept entries: none = the model dtype; fp16/bf16 rows; "
+                       "kivi-b = KIVI layout at b bits (keys per channel, G = 32 tokens; values per "
+                       "token); pertoken-b = K and V per token, one group per head"),
+          int_param("codec_residual", 128, 0, 1 << 20,
+                    "newest kept entries per head held at full precision (fp16) by a quantizing "
+                    "codec (KIVI's R; a multiple of 32 for kivi-*)")};
+}
+
+std::shared_ptr<const KvCodec> parse_codec(const nlohmann::json& p, const std::string& method,
+                                           int64_t head_dim) {
+  const std::string c = p.at("codec").get<std::string>();
+  const int64_t R = p.at("codec_residual").get<int64_t>();
+  if (c == "none") return nullptr;
+  if (c == "fp16" || c == "bf16") return make_plain_codec(parse_row_dtype(c));
+  const bool kivi = c.rfind("kivi-", 0) == 0;
+  const int32_t bits = std::stoi(c.substr(c.find('-') + 1));
+  if (kivi) {
+    KVB_CHECK(R % 32 == 0, "method ", method, ".codec_residual: ", R,
+              " is not a multiple of 32 (kivi keys are quantized per channel in groups of 32 tokens)");
+    return std::make_shared<QuantCodec>(
+        c + "-r" + std::to_string(R), QuantCodec::kivi_key(bits, 32, R, RowDtype::kF16),
+        QuantCodec::kivi_value(bits, adapt_channel_group(32, head_dim), R, RowDtype::kF16));
+  }
+  return std::make_shared<QuantCodec>(c + "-r" + std::to_string(R),
+                                      QuantCodec::per_token(bits, head_dim, R, RowDtype::kF16),
+                                      QuantCodec::per_token(bits, head_dim, R, RowDtype::kF16));
+}
+
 }  // namespace kvb

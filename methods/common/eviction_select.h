@@ -86,4 +86,16 @@ SnapSettings parse_snap(const nlohmann::json& p, const std::string& method,
 ParamSpec compress_every_param();
 std::map<std::string, double> snap_settings_counters(const SnapSettings& s);
 
+// How an eviction method stores what it keeps (eviction x quantization, physically):
+//   codec: none (the model dtype) | fp16 | bf16 | kivi-2 | kivi-4 | kivi-8 (KIVI layout: keys per
+//          channel in groups of 32 tokens, values per token in groups of min(32, head_dim)
+//          channels) | pertoken-2 | pertoken-4 | pertoken-8 (K and V per token, one group per
+//          head);
+//   codec_residual: full-precision newest kept entries per head (KIVI's R; a multiple of 32 for
+//          kivi-*).
+std::vector<ParamSpec> codec_params();
+// Null for codec "none". Errors name `method.codec_residual`.
+std::shared_ptr<const KvCodec> parse_codec(const nlohmann::json& p, const std::string& method,
+                                           int64_t head_dim);
+
 }  // namespace kvb

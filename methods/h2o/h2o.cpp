@@ -88,12 +88,14 @@ MethodInfo h2o_info() {
                    "sum: raw accumulated attention (official); mean: divided by the number "
                    "of queries that saw the token (kvpress ObservedAttention)"));
   m.params.push_back(position_mode_param("absolute"));
+  for (auto& s : codec_params()) m.params.push_back(s);
   m.caps.evicts = true;
   return m;
 }
 
 std::unique_ptr<KvCache> make_h2o(const CacheContext& ctx, const nlohmann::json& p) {
   EvictingKvCache::Options o;
+  o.codec = parse_codec(p, "h2o", ctx.config.head_dim);
   o.name = "h2o";
   o.position_mode = parse_position_mode(p.at("position_mode").get<std::string>());
   return std::make_unique<EvictingKvCache>(

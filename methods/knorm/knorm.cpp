@@ -56,12 +56,14 @@ MethodInfo knorm_info() {
   m.params = budget_params(0.5, "ratio");
   m.params.push_back(compress_every_param());
   m.params.push_back(position_mode_param("absolute"));
+  for (auto& s : codec_params()) m.params.push_back(s);
   m.caps.evicts = true;
   return m;
 }
 
 std::unique_ptr<KvCache> make_knorm(const CacheContext& ctx, const nlohmann::json& p) {
   EvictingKvCache::Options o;
+  o.codec = parse_codec(p, "knorm", ctx.config.head_dim);
   o.name = "knorm";
   o.position_mode = parse_position_mode(p.at("position_mode").get<std::string>());
   return std::make_unique<EvictingKvCache>(

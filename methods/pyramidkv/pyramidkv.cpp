@@ -79,6 +79,7 @@ MethodInfo pyramidkv_info() {
       float_param("beta", 20.0, 1.0, 1e6,
                   "pyramid steepness: the top layer keeps (budget - window) / beta prefix tokens"));
   m.params.push_back(position_mode_param("absolute"));
+  for (auto& s : codec_params()) m.params.push_back(s);
   m.caps.evicts = true;
   m.caps.query_aware = true;
   return m;
@@ -86,6 +87,7 @@ MethodInfo pyramidkv_info() {
 
 std::unique_ptr<KvCache> make_pyramidkv(const CacheContext& ctx, const nlohmann::json& p) {
   EvictingKvCache::Options o;
+  o.codec = parse_codec(p, "pyramidkv", ctx.config.head_dim);
   o.name = "pyramidkv";
   o.position_mode = parse_position_mode(p.at("position_mode").get<std::string>());
   return std::make_unique<EvictingKvCache>(

@@ -74,6 +74,7 @@ MethodInfo snapkv_info() {
   m.params = budget_params(0.5, "ratio");
   for (auto& s : snap_params(snapkv_presets(), "official")) m.params.push_back(s);
   m.params.push_back(position_mode_param("absolute"));
+  for (auto& s : codec_params()) m.params.push_back(s);
   m.caps.evicts = true;
   m.caps.query_aware = true;
   return m;
@@ -81,6 +82,7 @@ MethodInfo snapkv_info() {
 
 std::unique_ptr<KvCache> make_snapkv(const CacheContext& ctx, const nlohmann::json& p) {
   EvictingKvCache::Options o;
+  o.codec = parse_codec(p, "snapkv", ctx.config.head_dim);
   o.name = "snapkv";
   o.position_mode = parse_position_mode(p.at("position_mode").get<std::string>());
   return std::make_unique<EvictingKvCache>(

@@ -58,12 +58,14 @@ MethodInfo streaming_llm_info() {
   m.params.push_back(
       int_param("sinks", 4, 0, 1 << 20, "attention-sink tokens kept at the start (never evicted)"));
   m.params.push_back(position_mode_param("rerotated"));
+  for (auto& s : codec_params()) m.params.push_back(s);
   m.caps.evicts = true;
   return m;
 }
 
 std::unique_ptr<KvCache> make_streaming_llm(const CacheContext& ctx, const nlohmann::json& p) {
   EvictingKvCache::Options o;
+  o.codec = parse_codec(p, "streaming_llm", ctx.config.head_dim);
   o.name = "streaming_llm";
   o.position_mode = parse_position_mode(p.at("position_mode").get<std::string>());
   return std::make_unique<EvictingKvCache>(

@@ -58,12 +58,14 @@ MethodInfo tova_info() {
       bool_param("keep_current", false,
                  "never evict the newest token (kvpress); the official code may evict it"));
   m.params.push_back(position_mode_param("absolute"));
+  for (auto& s : codec_params()) m.params.push_back(s);
   m.caps.evicts = true;
   return m;
 }
 
 std::unique_ptr<KvCache> make_tova(const CacheContext& ctx, const nlohmann::json& p) {
   EvictingKvCache::Options o;
+  o.codec = parse_codec(p, "tova", ctx.config.head_dim);
   o.name = "tova";
   o.position_mode = parse_position_mode(p.at("position_mode").get<std::string>());
   return std::make_unique<EvictingKvCache>(
