@@ -156,6 +156,8 @@ EvictingKvCache::EvictingKvCache(const CacheContext& ctx, Options opts,
   KVB_CHECK(opts_.granule >= 1, opts_.name, ": granule must be >= 1");
   const ModelConfig& c = ctx_.config;
   needs_ = policy_->needs();
+  // A query-aware codec (SparK, ThinK) needs the prompt's observation-window queries too.
+  if (opts_.codec) needs_.window = std::max(needs_.window, opts_.codec->query_window());
   sched_ = policy_->schedule();
   L_ = c.n_layers;
   Hkv_ = c.n_kv_heads;
@@ -320,8 +322,26 @@ at::Tensor EvictingKvCache::stored_rows(const Head& h, int which) const {
   return out;
 }
 
-void EvictingKvCache::flush_pending(Head& h) {
+void EvictingKvCache::flush_pending(Seq& s, int layer, int64_t head) {
+  Head& h = s.heads[layer][head];
   if (h.pend == 0) return;
+  const int64_t wl = s.window_len.empty() ? 0 : s.window_len[layer];
+  if (opts_.codec->query_window() > 0 && wl > 0 && s.window_q[layer].defined()) {
+    // n_c = || mean over the group's query heads of the window queries [:, c] ||_2
+    const float* Q = s.window_q[layer].data_ptr<float>();
+    std::vector<double> sq(static_cast<size_t>(D_), 0.0);
+    for (int64_t t = 0; t < wl; ++t) {
+      for (int64_t c = 0; c < D_; ++c) {
+        double m = 0;
+        for (int64_t g = 0; g < G_; ++g) m += Q[(t * Hq_ + head * G_ + g) * D_ + c];
+        m /= static_cast<double>(G_);
+        sq[c] += m * m;
+      }
+    }
+    std::vector<float> energy(static_cast<size_t>(D_));
+    for (int64_t c = 0; c < D_; ++c) energy[c] = static_cast<float>(std::sqrt(sq[c]));
+    h.ks.p->set_query_energy(energy.data(), wl);
+  }
   h.ks.p->append(h.pk.data(), h.pend);
   h.vs.p->append(h.pv.data(), h.pend);
   h.pend = 0;
@@ -496,7 +516,7 @@ void EvictingKvCache::attend_seq_fast(Seq& s, int layer, const at::Tensor& q, co
                        needs_.accumulate ? hd.acc.data() : nullptr, 0, last, scratch_p_.data());
     if (opts_.codec) {
       if (s.decoding) {
-        flush_pending(hd);
+        flush_pending(s, layer, h);
         hd.ks.p->append(K + past * D_, n);
         hd.vs.p->append(V + past * D_, n);
       } else {
@@ -577,9 +597,9 @@ void EvictingKvCache::end_prefill(int64_t seq_id) {
   Seq& s = it->second;
   if (sched_.end_prefill) compress(s, Trigger::kEndPrefill, 0);
   if (opts_.codec)
-    for (auto& layer : s.heads)
-      for (auto& h : layer)
-        if (h.ks.p) flush_pending(h);
+    for (int l = 0; l < L_; ++l)
+      for (int64_t h = 0; h < Hkv_; ++h)
+        if (s.heads[l][h].ks.p) flush_pending(s, l, h);
   s.since_compress = 0;
   if (sched_.every_decode_steps == 0) free_windows(s);
 }

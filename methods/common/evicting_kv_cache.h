@@ -215,7 +215,9 @@ class EvictingKvCache : public KvCache {
   void reserve(Head& h, int64_t need);
   void reallocate(Head& h, int64_t cap);
   void reallocate_kv(Head& h, int64_t cap);
-  void flush_pending(Head& h);
+  // Hands a head's pending rows to its codec streams (with the observation window's query energy
+  // first, for a query-aware codec).
+  void flush_pending(Seq& s, int layer, int64_t head);
   void compact(Head& h, const std::vector<int64_t>& keep);
   void compress(Seq& s, Trigger trigger, int64_t incoming);
   void compress_layer(Seq& s, int layer, Trigger trigger, int64_t incoming);

@@ -78,6 +78,14 @@ class CodecStream {
   // Each encoded unit's stored bytes (codes, then scales, then mins), oldest first: tests check
   // that appends never change a unit once written.
   virtual std::vector<std::vector<uint8_t>> encoded_units() const { return {}; }
+  // Query-aware codecs (KvCodec::query_window() > 0): the observation window's per-channel query
+  // energy of this stream's head, n_c = ||mean over the group's query heads of q[:, c]||_2 over
+  // the `window` newest prompt queries ([width] floats), given right before the prompt's kept rows
+  // are appended. Other codecs ignore it.
+  virtual void set_query_energy(const float* energy, int64_t window) {
+    (void)energy;
+    (void)window;
+  }
 };
 
 class KvCodec {
@@ -94,6 +102,8 @@ class KvCodec {
   virtual CodecBytes expected_bytes(KvKind kind, int layer, int64_t width, int64_t rows) const = 0;
   // Figures for the run's counters (bit widths, group sizes actually used, residual length).
   virtual std::map<std::string, double> describe() const { return {}; }
+  // Observation-window queries a query-aware codec needs before the prompt is encoded (0: none).
+  virtual int64_t query_window() const { return 0; }
 };
 
 std::unique_ptr<KvCodec> make_plain_codec(RowDtype dtype);

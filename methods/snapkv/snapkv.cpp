@@ -7,61 +7,10 @@
 #include "harness/kv/method_registry.h"
 #include "methods/common/evicting_kv_cache.h"
 #include "methods/common/eviction_select.h"
+#include "methods/common/snap_policy.h"
 
 namespace kvb {
 namespace {
-
-const std::map<std::string, SnapSettings>& snapkv_presets() {
-  static const std::map<std::string, SnapSettings> p = {
-      // FasterDecoding/SnapKV code defaults (window 32, avg-pool 5).
-      {"official", {32, 5, Pooling::kAvg, GqaAgg::kMean}},
-      // The official LongBench configs (window 32, max-pool 7).
-      {"longbench", {32, 7, Pooling::kMax, GqaAgg::kMean}},
-      // NVIDIA/kvpress SnapKVPress (window 64, avg-pool 5, query heads averaged per KV head).
-      {"kvpress", {64, 5, Pooling::kAvg, GqaAgg::kMean}},
-  };
-  return p;
-}
-
-class SnapKvPolicy : public EvictionPolicy {
- public:
-  SnapKvPolicy(Budget budget, SnapSettings s, int64_t every)
-      : budget_(budget), s_(s), every_(every) {}
-  Needs needs() const override {
-    Needs n;
-    n.window = s_.window;
-    return n;
-  }
-  Schedule schedule() const override {
-    Schedule s;
-    s.end_prefill = true;
-    s.every_decode_steps = every_;
-    return s;
-  }
-  bool select(const LayerView& v, std::vector<std::vector<int64_t>>* keep) const override {
-    if (v.window == 0) return false;
-    const int64_t B = budget_.per_head(v.total(), v.n_kv_heads);
-    bool changed = false;
-    for (int64_t h = 0; h < v.n_kv_heads; ++h) {
-      const HeadView& hv = v.heads[h];
-      auto& k = (*keep)[h];
-      if (hv.len <= B) {
-        k.resize(static_cast<size_t>(hv.len));
-        for (int64_t j = 0; j < hv.len; ++j) k[j] = j;
-        continue;
-      }
-      k = snap_keep(snap_scores(v, hv, s_.pooling, s_.kernel, s_.agg), B);
-      changed = true;
-    }
-    return changed;
-  }
-  std::map<std::string, double> settings() const override { return snap_settings_counters(s_); }
-
- private:
-  Budget budget_;
-  SnapSettings s_;
-  int64_t every_;
-};
 
 MethodInfo snapkv_info() {
   MethodInfo m;
@@ -87,9 +36,8 @@ std::unique_ptr<KvCache> make_snapkv(const CacheContext& ctx, const nlohmann::js
   o.position_mode = parse_position_mode(p.at("position_mode").get<std::string>());
   return std::make_unique<EvictingKvCache>(
       ctx, o,
-      std::make_unique<SnapKvPolicy>(parse_budget(p, "snapkv"),
-                                     parse_snap(p, "snapkv", snapkv_presets()),
-                                     p.at("compress_every").get<int64_t>()));
+      make_snap_policy(parse_budget(p, "snapkv"), parse_snap(p, "snapkv", snapkv_presets()),
+                       p.at("compress_every").get<int64_t>()));
 }
 
 }  // namespace

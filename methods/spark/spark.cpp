@@ -1,0 +1,63 @@
+// spark: SparK (AAAI 2026): query-aware unstructured key-channel pruning with average-based
+// recovery, on the tokens a SnapKV selection keeps (budget 1 = on all tokens). Per KV head, at the
+// end of prefill: SnapKV evicts (when budget < 1), then each kept prompt key keeps its own top
+// D - floor(rho D) channels by k_c^2 * n_c (n_c: the observation window's query energy), and a
+// pruned channel reads back as sign * sqrt(m_t / n_c). Storage is physical (methods/common/
+// channel_prune_codec.h): kept values, a D-bit mask, m_t and the sign bits per token, all counted.
+
+#include "harness/common/error.h"
+#include "harness/kv/method_registry.h"
+#include "methods/common/channel_prune_codec.h"
+#include "methods/common/evicting_kv_cache.h"
+#include "methods/common/eviction_select.h"
+#include "methods/common/snap_policy.h"
+
+namespace kvb {
+namespace {
+
+MethodInfo spark_info() {
+  MethodInfo m;
+  m.name = "spark";
+  m.summary =
+      "SparK: per-token unstructured key-channel pruning (top channels by k^2 x window query "
+      "energy) with average-based recovery, on SnapKV-kept tokens";
+  m.paper =
+      "Liao et al., SparK: Query-Aware Unstructured Sparsity with Recoverable KV Cache Channel "
+      "Pruning, AAAI 2026 (arXiv 2508.15212); code Xnhyacinth/SparK spark_press.py";
+  m.params = budget_params(1.0, "ratio");
+  for (auto& s : snap_params(snapkv_presets(), "official")) m.params.push_back(s);
+  m.params.push_back(float_param("pruning_ratio", 0.5, 0.0, 0.99,
+                                 "rho: fraction of each prompt key's channels pruned (paper: 0.5, 0.8)"));
+  m.params.push_back(string_param("recovery", "average", {"average", "zero"},
+                                  "pruned channels read back as sign x sqrt(m_t / n_c) (average, "
+                                  "the code's pooling_ratio 0.65 path; 1 sign bit per pruned "
+                                  "entry stored) or 0 (zero)"));
+  m.caps.evicts = true;
+  m.caps.quantizes = true;
+  m.caps.query_aware = true;
+  return m;
+}
+
+std::unique_ptr<KvCache> make_spark(const CacheContext& ctx, const nlohmann::json& p) {
+  KVB_CHECK(ctx.device.is_cpu() && ctx.dtype == at::kFloat,
+            "method spark: the pruned-key store runs on CPU fp32 (got device ", ctx.device.str(),
+            ")");
+  SnapSettings snap = parse_snap(p, "spark", snapkv_presets());
+  ChannelPruneSpec cs;
+  cs.mode = ChannelPruneMode::kSpark;
+  cs.ratio = p.at("pruning_ratio").get<double>();
+  cs.recovery = p.at("recovery") == "zero" ? ChannelRecovery::kZero : ChannelRecovery::kAverage;
+  cs.window = snap.window;
+  cs.dtype = RowDtype::kF32;
+  EvictingKvCache::Options o;
+  o.name = "spark";
+  o.codec = make_channel_prune_codec(cs);
+  return std::make_unique<EvictingKvCache>(
+      ctx, o,
+      make_snap_policy(parse_budget(p, "spark"), snap, p.at("compress_every").get<int64_t>()));
+}
+
+}  // namespace
+}  // namespace kvb
+
+KVB_REGISTER_METHOD(spark, kvb::spark_info, kvb::make_spark);

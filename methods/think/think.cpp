@@ -1,0 +1,58 @@
+// think: ThinK (ICLR 2025), the structured baseline SparK compares against: per KV head, at the end
+// of prefill, channel c scores mean_window(q_c^2) x mean_tokens(k_c^2) over the prompt's kept
+// keys, and the lowest floor(rho D) channels are dropped for all of them (zero fill). SnapKV
+// selection first when budget < 1. Physical storage: kept values + one D-bit mask per head
+// (methods/common/channel_prune_codec.h).
+
+#include "harness/common/error.h"
+#include "harness/kv/method_registry.h"
+#include "methods/common/channel_prune_codec.h"
+#include "methods/common/evicting_kv_cache.h"
+#include "methods/common/eviction_select.h"
+#include "methods/common/snap_policy.h"
+
+namespace kvb {
+namespace {
+
+MethodInfo think_info() {
+  MethodInfo m;
+  m.name = "think";
+  m.summary =
+      "ThinK: structured key-channel pruning (one channel mask per KV head by window query x key "
+      "energy), on SnapKV-kept tokens";
+  m.paper =
+      "Xu et al., ThinK: Thinner Key Cache by Query-Driven Pruning, ICLR 2025 (arXiv 2407.21018); "
+      "as run in Xnhyacinth/SparK";
+  m.params = budget_params(1.0, "ratio");
+  for (auto& s : snap_params(snapkv_presets(), "official")) m.params.push_back(s);
+  m.params.push_back(float_param("pruning_ratio", 0.5, 0.0, 0.99,
+                                 "rho: fraction of each head's key channels dropped"));
+  m.caps.evicts = true;
+  m.caps.quantizes = true;
+  m.caps.query_aware = true;
+  return m;
+}
+
+std::unique_ptr<KvCache> make_think(const CacheContext& ctx, const nlohmann::json& p) {
+  KVB_CHECK(ctx.device.is_cpu() && ctx.dtype == at::kFloat,
+            "method think: the pruned-key store runs on CPU fp32 (got device ", ctx.device.str(),
+            ")");
+  SnapSettings snap = parse_snap(p, "think", snapkv_presets());
+  ChannelPruneSpec cs;
+  cs.mode = ChannelPruneMode::kThink;
+  cs.ratio = p.at("pruning_ratio").get<double>();
+  cs.recovery = ChannelRecovery::kZero;
+  cs.window = snap.window;
+  cs.dtype = RowDtype::kF32;
+  EvictingKvCache::Options o;
+  o.name = "think";
+  o.codec = make_channel_prune_codec(cs);
+  return std::make_unique<EvictingKvCache>(
+      ctx, o,
+      make_snap_policy(parse_budget(p, "think"), snap, p.at("compress_every").get<int64_t>()));
+}
+
+}  // namespace
+}  // namespace kvb
+
+KVB_REGISTER_METHOD(think, kvb::think_info, kvb::make_think);
