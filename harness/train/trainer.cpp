@@ -164,6 +164,65 @@ class OutDirLock {
   int fd_ = -1;
 };
 
+std::string log_path_of(const std::string& out) { return out + "/train_log.jsonl"; }
+
+// TRAINING.md of an exported model: the recipe, what was seen, and the curve (about 20 rows of
+// training loss, every held-out evaluation), all read back from the run's own log.
+std::string training_summary(const TrainConfig& cfg, const ModelConfig& mc, const nlohmann::json& recipe,
+                             const std::string& log_path, int64_t steps) {
+  std::vector<nlohmann::json> train, held;
+  if (fs::exists(log_path)) {
+    std::istringstream in(read_text_file(log_path));
+    std::string line;
+    while (std::getline(in, line)) {
+      if (line.empty()) continue;
+      auto j = nlohmann::json::parse(line, nullptr, false);
+      if (j.is_discarded()) continue;
+      (j.contains("loss") ? train : held).push_back(j);
+    }
+  }
+  int64_t tokens = 0;
+  for (int64_t s = 0; s < steps; ++s) tokens += cfg.stage_at(s).batch_size * cfg.stage_at(s).seq_len;
+  double seconds = 0;  // summed per invocation: elapsed_s restarts at each resume
+  double prev = 0;
+  for (const auto& j : train) {
+    const double e = j.value("elapsed_s", 0.0);
+    if (e < prev) seconds += prev;
+    prev = e;
+  }
+  seconds += prev;
+  std::ostringstream o;
+  char buf[256];
+  o << "# Training record: " << cfg.name << "\n\n"
+    << "Written by `kvbench train` when the run finished; every number comes from the run's log.\n\n"
+    << "- parameters: " << mc.parameter_count() << " (" << mc.n_layers << " layers, d_model " << mc.dim
+    << ", " << mc.n_heads << " query / " << mc.n_kv_heads << " KV heads of " << mc.head_dim
+    << ", FFN " << mc.hidden_dim << ", vocab " << mc.vocab_size << ", context " << mc.max_seq_len
+    << ")\n- steps: " << steps << ", tokens seen: " << tokens << "\n";
+  std::snprintf(buf, sizeof buf, "- wall time: %.1f min (summed over invocations)\n", seconds / 60.0);
+  o << buf << "\n## Curve\n\n| step | seq_len | train loss | lr | tok/s |\n|--:|--:|--:|--:|--:|\n";
+  const size_t every = std::max<size_t>(1, train.size() / 20);
+  for (size_t i = 0; i < train.size(); ++i) {
+    if (i % every != 0 && i + 1 != train.size()) continue;
+    const auto& j = train[i];
+    std::snprintf(buf, sizeof buf, "| %lld | %lld | %.4f | %.2e | %.0f |\n",
+                  static_cast<long long>(j.value("step", int64_t{0})),
+                  static_cast<long long>(j.value("seq_len", int64_t{0})), j.value("loss", 0.0),
+                  j.value("lr", 0.0), j.value("tok_per_s", 0.0));
+    o << buf;
+  }
+  o << "\n## Held-out text (the last " << cfg.heldout_fraction * 100
+    << "% of each corpus, never trained on)\n\n| step | loss | perplexity |\n|--:|--:|--:|\n";
+  for (const auto& j : held) {
+    std::snprintf(buf, sizeof buf, "| %lld | %.4f | %.2f |\n",
+                  static_cast<long long>(j.value("step", int64_t{0})), j.value("heldout_loss", 0.0),
+                  j.value("heldout_ppl", 0.0));
+    o << buf;
+  }
+  o << "\n## Recipe\n\n```json\n" << recipe.dump(2) << "\n```\n";
+  return o.str();
+}
+
 struct Adam {
   std::vector<at::Tensor> m, v;
 };
@@ -393,6 +452,8 @@ TrainSummary run_training(const TrainOptions& opts) {
     ModelConfig ec = mc;
     ec.max_seq_len = cfg.max_seq_len();
     export_hf_model(w, ec, tok_path, dir);
+    write_text_file_atomic(dir + "/TRAINING.md",
+                           training_summary(cfg, ec, cj, log_path_of(out), step));
     sum.model_dir = dir;
     if (!opts.quiet) std::cerr << "kvbench train: exported " << dir << "\n";
   };
@@ -422,7 +483,7 @@ TrainSummary run_training(const TrainOptions& opts) {
   }
   // The log keeps only what the checkpoint covers (a crash after a log line but before the next
   // checkpoint would otherwise repeat steps).
-  const std::string log_path = out + "/train_log.jsonl";
+  const std::string log_path = log_path_of(out);
   {
     std::string kept;
     if (fs::exists(log_path)) {

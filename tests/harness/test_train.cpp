@@ -169,6 +169,11 @@ TEST(Train, ExportedModelGivesTheTrainersLogitsThroughTheEngine) {
     engine_logits.narrow(0, first, lg.size(0)).copy_(lg);
   });
   EXPECT_LT((train_logits - engine_logits).abs().max().item<double>(), 1e-4);
+  // The export carries its training record.
+  std::ifstream rec(r.model_dir + "/TRAINING.md");
+  std::string text((std::istreambuf_iterator<char>(rec)), std::istreambuf_iterator<char>());
+  EXPECT_NE(text.find("tokens seen: 1024"), std::string::npos) << text;  // 4 steps x 4 x 64
+  EXPECT_NE(text.find("| 4 | 64 |"), std::string::npos) << text;
   // And the exported weights are the checkpoint's.
   EXPECT_TRUE(at::equal(checkpoint_tensor(dir + "/out", 4, "param/embed"), model->weights.embedding));
 }

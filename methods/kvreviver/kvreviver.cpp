@@ -1,0 +1,609 @@
+// kvreviver: recent + candidate tokens exact, the rest in per-head count-sketches that attention
+// reconstructs (see kvreviver.h and README.md).
+
+#include "methods/kvreviver/kvreviver.h"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "harness/common/error.h"
+#include "harness/kv/method_registry.h"
+#include "harness/model/model.h"
+#include "kvb/kernels/cpu_ops.h"
+#include "methods/common/eviction_select.h"
+
+namespace kvb {
+namespace kvreviver {
+
+namespace {
+uint64_t splitmix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+}  // namespace
+
+CountSketch::CountSketch(int64_t depth, int64_t width, int64_t dim, uint64_t seed)
+    : depth_(depth), width_(width), dim_(dim), seed_(seed) {
+  KVB_CHECK(depth >= 1 && depth <= kMaxDepth, "kvreviver: sketch depth ", depth, " is outside 1..",
+            kMaxDepth);
+  KVB_CHECK(width >= 1 && dim >= 1, "kvreviver: sketch width ", width, " and dim ", dim,
+            " must be >= 1");
+}
+
+uint64_t CountSketch::hash(int64_t row, uint64_t key) const {
+  return splitmix64(splitmix64(seed_ ^ (static_cast<uint64_t>(row) * 0xd1b54a32d192ed03ULL)) ^ key);
+}
+
+int64_t CountSketch::bucket(int64_t row, uint64_t key) const {
+  return static_cast<int64_t>(hash(row, key) % static_cast<uint64_t>(width_));
+}
+
+float CountSketch::sign(int64_t row, uint64_t key) const {
+  return (hash(row, key) >> 63) != 0 ? -1.f : 1.f;
+}
+
+void CountSketch::add(uint64_t key, const float* x) {
+  if (table_.empty()) table_.assign(static_cast<size_t>(depth_ * width_ * dim_), 0.f);
+  for (int64_t r = 0; r < depth_; ++r) {
+    const uint64_t hv = hash(r, key);
+    const float s = (hv >> 63) != 0 ? -1.f : 1.f;
+    float* b = table_.data() + (r * width_ + static_cast<int64_t>(hv % width_)) * dim_;
+    for (int64_t c = 0; c < dim_; ++c) b[c] += s * x[c];
+  }
+}
+
+void CountSketch::reconstruct(uint64_t key, float* out) const {
+  if (table_.empty()) {
+    std::fill(out, out + dim_, 0.f);
+    return;
+  }
+  // depth <= kMaxDepth (the parameter's range).
+  float e[kMaxDepth], signs[kMaxDepth];
+  const float* rows[kMaxDepth];
+  for (int64_t r = 0; r < depth_; ++r) {
+    const uint64_t hv = hash(r, key);
+    signs[r] = (hv >> 63) != 0 ? -1.f : 1.f;
+    rows[r] = table_.data() + (r * width_ + static_cast<int64_t>(hv % width_)) * dim_;
+  }
+  for (int64_t c = 0; c < dim_; ++c) {
+    for (int64_t r = 0; r < depth_; ++r) e[r] = signs[r] * rows[r][c];
+    if (depth_ == 1) {
+      out[c] = e[0];
+    } else if (depth_ == 2) {
+      out[c] = 0.5f * (e[0] + e[1]);
+    } else {
+      std::sort(e, e + depth_);
+      out[c] = depth_ % 2 == 1 ? e[depth_ / 2] : 0.5f * (e[depth_ / 2 - 1] + e[depth_ / 2]);
+    }
+  }
+}
+
+}  // namespace kvreviver
+
+namespace {
+constexpr int64_t kGranule = 16;
+int64_t round_up(int64_t x, int64_t g) { return (x + g - 1) / g * g; }
+double sq_dist(const float* a, const float* b, int64_t n) {
+  double s = 0;
+  for (int64_t i = 0; i < n; ++i) s += static_cast<double>(a[i] - b[i]) * (a[i] - b[i]);
+  return s;
+}
+double sq_norm(const float* a, int64_t n) {
+  double s = 0;
+  for (int64_t i = 0; i < n; ++i) s += static_cast<double>(a[i]) * a[i];
+  return s;
+}
+}  // namespace
+
+KvReviverKvCache::KvReviverKvCache(const CacheContext& ctx, Options opts)
+    : ctx_(ctx), opts_(std::move(opts)) {
+  const ModelConfig& c = ctx_.config;
+  KVB_CHECK(ctx_.device.is_cpu() && ctx_.dtype == at::kFloat,
+            "method kvreviver: only CPU fp32 is implemented (this run: device ", ctx_.device.str(),
+            ", dtype ", c10::toString(ctx_.dtype), "); run it with device=cpu and dtype=fp32");
+  L_ = c.n_layers;
+  Hkv_ = c.n_kv_heads;
+  Hq_ = c.n_heads;
+  D_ = c.head_dim;
+  KVB_CHECK(Hkv_ >= 1 && Hq_ % Hkv_ == 0, "kvreviver: ", Hq_, " query heads do not group over ",
+            Hkv_, " KV heads");
+  G_ = Hq_ / Hkv_;
+}
+
+KvReviverKvCache::Seq& KvReviverKvCache::seq(int64_t id) {
+  auto it = seqs_.find(id);
+  KVB_CHECK(it != seqs_.end(), "kvreviver: unknown sequence ", id);
+  return it->second;
+}
+
+const KvReviverKvCache::Seq& KvReviverKvCache::seq(int64_t id) const {
+  auto it = seqs_.find(id);
+  KVB_CHECK(it != seqs_.end(), "kvreviver: unknown sequence ", id);
+  return it->second;
+}
+
+void KvReviverKvCache::reallocate(Head& h, int64_t cap) {
+  // Fresh vectors so that the capacity really is `cap` (shrinking frees).
+  std::vector<float> k(static_cast<size_t>(cap * D_)), v(static_cast<size_t>(cap * D_));
+  std::vector<int32_t> idx(static_cast<size_t>(cap));
+  std::vector<float> acc(static_cast<size_t>(cap));
+  std::copy(h.k.begin(), h.k.begin() + h.len * D_, k.begin());
+  std::copy(h.v.begin(), h.v.begin() + h.len * D_, v.begin());
+  std::copy(h.idx.begin(), h.idx.begin() + h.len, idx.begin());
+  std::copy(h.acc.begin(), h.acc.begin() + h.len, acc.begin());
+  h.k.swap(k);
+  h.v.swap(v);
+  h.idx.swap(idx);
+  h.acc.swap(acc);
+  h.cap = cap;
+}
+
+void KvReviverKvCache::reserve(Head& h, int64_t need) {
+  if (need <= h.cap) return;
+  reallocate(h, h.evicted ? round_up(need, kGranule) + kGranule
+                          : round_up(std::max(need, h.cap + h.cap / 2), kGranule));
+}
+
+void KvReviverKvCache::compact(Head& h, const std::vector<int64_t>& keep) {
+  const int64_t k = static_cast<int64_t>(keep.size());
+  for (int64_t r = 0; r < k; ++r) {
+    const int64_t s = keep[r];
+    if (s == r) continue;  // ascending: s > r, forward copies never clobber
+    std::memcpy(h.k.data() + r * D_, h.k.data() + s * D_, sizeof(float) * D_);
+    std::memcpy(h.v.data() + r * D_, h.v.data() + s * D_, sizeof(float) * D_);
+    h.idx[r] = h.idx[s];
+    h.acc[r] = h.acc[s];
+  }
+  if (k < h.len) h.evicted = true;
+  h.len = k;
+  const int64_t target = round_up(k + 1, kGranule);
+  if (h.cap > target + kGranule) reallocate(h, target);
+}
+
+void KvReviverKvCache::ensure_rope(int64_t n_pos) {
+  if (n_pos <= rope_len_) return;
+  const int64_t len = std::max<int64_t>({n_pos, 2 * rope_len_, 1024});
+  compute_rope_tables(ctx_.config, len, &rope_cos_, &rope_sin_);
+  rope_cos_ = rope_cos_.to(at::kFloat).contiguous();
+  rope_sin_ = rope_sin_.to(at::kFloat).contiguous();
+  rope_nsin_ = rope_sin_.neg().contiguous();
+  rope_len_ = len;
+}
+
+void KvReviverKvCache::begin_step(const StepBatch& batch) {
+  for (int64_t b = 0; b < batch.batch_size(); ++b) {
+    const int64_t id = batch.seq_ids[b];
+    auto [it, fresh] = seqs_.try_emplace(id);
+    Seq& s = it->second;
+    if (fresh) {
+      s.heads.assign(static_cast<size_t>(L_), std::vector<Head>(static_cast<size_t>(Hkv_)));
+      for (int64_t l = 0; l < L_; ++l) {
+        for (int64_t h = 0; h < Hkv_; ++h) {
+          const uint64_t hs = opts_.seed * 1000003ULL + static_cast<uint64_t>(l * Hkv_ + h) * 2;
+          s.heads[l][h].sk = kvreviver::CountSketch(opts_.depth, opts_.width, D_, hs);
+          s.heads[l][h].sv = kvreviver::CountSketch(opts_.depth, opts_.width, D_, hs + 1);
+        }
+      }
+    }
+    KVB_CHECK(s.seen == batch.past_lens[b], "kvreviver: sequence ", id, " has seen ", s.seen,
+              " tokens but the step says ", batch.past_lens[b]);
+    s.step_tokens = batch.new_tokens(b);
+    s.pos.resize(static_cast<size_t>(s.seen + s.step_tokens));
+    s.epoch.resize(static_cast<size_t>(s.seen + s.step_tokens));
+    for (int64_t i = 0; i < s.step_tokens; ++i) {
+      const int64_t p = batch.positions[batch.q_indptr[b] + i];
+      KVB_CHECK(p >= 0 && p < (int64_t{1} << 31), "kvreviver: position ", p, " out of range");
+      s.pos[s.seen + i] = static_cast<int32_t>(p);
+      s.epoch[s.seen + i] = s.cur_epoch;
+    }
+    for (auto& layer : s.heads)
+      for (auto& h : layer) reserve(h, h.len + s.step_tokens);
+  }
+}
+
+std::vector<int32_t> KvReviverKvCache::vague_tokens(const Seq&, const Head& h, int64_t seen) const {
+  std::vector<int32_t> out;
+  int64_t j = 0;
+  for (int32_t t = 0; t < seen; ++t) {
+    while (j < h.len && h.idx[j] < t) ++j;
+    if (j < h.len && h.idx[j] == t) continue;
+    out.push_back(t);
+  }
+  return out;
+}
+
+void KvReviverKvCache::reconstruct(const Seq& s, const Head& h, const std::vector<int32_t>& tokens,
+                                   float* k_out, float* v_out) const {
+  const int64_t n = static_cast<int64_t>(tokens.size());
+  std::vector<int64_t> pos(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    const int32_t t = tokens[i];
+    const uint64_t key = kvreviver::token_key(t, s.epoch[t]);
+    h.sk.reconstruct(key, k_out + i * D_);
+    h.sv.reconstruct(key, v_out + i * D_);
+    pos[i] = s.pos[t];
+  }
+  if (opts_.keys_pre_rope && n > 0)
+    kernels::rope_f32(k_out, n, 1, D_, D_, rope_cos_.data_ptr<float>(), rope_sin_.data_ptr<float>(),
+                      pos.data(), ctx_.config.rope_style == RopeStyle::kInterleaved);
+}
+
+at::Tensor KvReviverKvCache::attend(const LayerInput& in) {
+  const StepBatch& batch = *in.batch;
+  const int64_t T = batch.num_tokens();
+  const int layer = in.layer;
+  at::Tensor q = in.q->contiguous();
+  at::Tensor k = in.k->contiguous();
+  at::Tensor v = in.v->contiguous();
+  at::Tensor out = at::empty({T, Hq_, D_}, in.q->options());
+  const float* Q = q.data_ptr<float>();
+  const float* Kin = k.data_ptr<float>();
+  const float* Vin = v.data_ptr<float>();
+  float* O = out.data_ptr<float>();
+  const float scale = in.sm_scale;
+  for (int64_t b = 0; b < batch.batch_size(); ++b) {
+    Seq& s = seq(batch.seq_ids[b]);
+    const int64_t n = batch.new_tokens(b), start = batch.q_indptr[b];
+    int32_t max_pos = 0;
+    for (int64_t t = 0; t < s.seen; ++t) max_pos = std::max(max_pos, s.pos[t]);
+    if (opts_.revive && opts_.keys_pre_rope) ensure_rope(max_pos + 1);
+    for (int64_t h = 0; h < Hkv_; ++h) {
+      Head& hd = s.heads[layer][h];
+      // The vague tokens first (before the append, so that the exact set is the old one).
+      std::vector<int32_t> vague;
+      if (opts_.revive) vague = vague_tokens(s, hd, s.seen);
+      const int64_t nv = static_cast<int64_t>(vague.size());
+      scratch_k_.resize(static_cast<size_t>(nv * D_));
+      scratch_v_.resize(static_cast<size_t>(nv * D_));
+      if (nv > 0) reconstruct(s, hd, vague, scratch_k_.data(), scratch_v_.data());
+      if (opts_.measure_error && nv > 0) {
+        for (int64_t i = 0; i < nv; ++i) {
+          const int64_t t = vague[i];
+          attn_err_k_ += sq_dist(scratch_k_.data() + i * D_, hd.shadow_k.data() + t * D_, D_);
+          attn_norm_k_ += sq_norm(hd.shadow_k.data() + t * D_, D_);
+          attn_err_v_ += sq_dist(scratch_v_.data() + i * D_, hd.shadow_v.data() + t * D_, D_);
+          attn_norm_v_ += sq_norm(hd.shadow_v.data() + t * D_, D_);
+        }
+      }
+      // Append the step's tokens to the exact region.
+      const int64_t past = hd.len, rows = past + n;
+      KVB_CHECK(rows <= hd.cap, "kvreviver: attend before begin_step reserved room");
+      for (int64_t i = 0; i < n; ++i) {
+        const int64_t src = ((start + i) * Hkv_ + h) * D_;
+        std::memcpy(hd.k.data() + (past + i) * D_, Kin + src, sizeof(float) * D_);
+        std::memcpy(hd.v.data() + (past + i) * D_, Vin + src, sizeof(float) * D_);
+        hd.idx[past + i] = static_cast<int32_t>(s.seen + i);
+        hd.acc[past + i] = 0.f;
+      }
+      // One softmax over [vague (all visible) | exact entries (causal for the new rows)].
+      scratch_p_.resize(static_cast<size_t>(nv + rows));
+      float* p = scratch_p_.data();
+      for (int64_t i = 0; i < n; ++i) {
+        const int64_t m = past + i + 1;
+        for (int64_t g = 0; g < G_; ++g) {
+          const float* qi = Q + ((start + i) * Hq_ + h * G_ + g) * D_;
+          float* oi = O + ((start + i) * Hq_ + h * G_ + g) * D_;
+          float mx = -std::numeric_limits<float>::infinity();
+          for (int64_t j = 0; j < nv; ++j) {
+            const float* kj = scratch_k_.data() + j * D_;
+            float dot = 0.f;
+            for (int64_t d = 0; d < D_; ++d) dot += qi[d] * kj[d];
+            p[j] = dot * scale;
+            mx = std::max(mx, p[j]);
+          }
+          for (int64_t j = 0; j < m; ++j) {
+            const float* kj = hd.k.data() + j * D_;
+            float dot = 0.f;
+            for (int64_t d = 0; d < D_; ++d) dot += qi[d] * kj[d];
+            p[nv + j] = dot * scale;
+            mx = std::max(mx, p[nv + j]);
+          }
+          float sum = 0.f;
+          for (int64_t j = 0; j < nv + m; ++j) {
+            p[j] = std::exp(p[j] - mx);
+            sum += p[j];
+          }
+          const float inv = 1.f / sum;
+          std::fill(oi, oi + D_, 0.f);
+          float vague_sum = 0.f;
+          for (int64_t j = 0; j < nv; ++j) {
+            const float w = p[j];
+            vague_sum += w;
+            const float* vj = scratch_v_.data() + j * D_;
+            for (int64_t d = 0; d < D_; ++d) oi[d] += w * vj[d];
+          }
+          for (int64_t j = 0; j < m; ++j) {
+            const float w = p[nv + j];
+            const float* vj = hd.v.data() + j * D_;
+            for (int64_t d = 0; d < D_; ++d) oi[d] += w * vj[d];
+            hd.acc[j] += w * inv;
+          }
+          for (int64_t d = 0; d < D_; ++d) oi[d] *= inv;
+          if (nv > 0) {
+            vague_mass_ += vague_sum * inv;
+            vague_rows_ += 1;
+          }
+        }
+      }
+      hd.len = rows;
+    }
+  }
+  return out;
+}
+
+void KvReviverKvCache::evict_head(Seq& s, int layer, int64_t head) {
+  Head& hd = s.heads[layer][head];
+  const int64_t B = opts_.budget.per_head(s.seen, Hkv_);
+  if (hd.len <= B) return;
+  const int64_t recent = std::min<int64_t>(
+      B, static_cast<int64_t>(std::floor(opts_.recent_fraction * static_cast<double>(B) + 1e-9)));
+  const int64_t heavy = B - recent;
+  const int64_t recent_from = hd.len - recent;
+  std::vector<int64_t> cand;
+  for (int64_t j = 0; j < recent_from; ++j) cand.push_back(j);
+  std::vector<int64_t> keep = top_k_slots(hd.acc.data(), cand, heavy);
+  for (int64_t j = recent_from; j < hd.len; ++j) keep.push_back(j);
+  // Fold the evicted entries into the sketches.
+  std::vector<float> row(static_cast<size_t>(D_)), rec(static_cast<size_t>(D_));
+  size_t ki = 0;
+  for (int64_t j = 0; j < hd.len; ++j) {
+    if (ki < keep.size() && keep[ki] == j) {
+      ++ki;
+      continue;
+    }
+    evicted_entries_++;
+    if (!opts_.revive) continue;
+    const int32_t t = hd.idx[j];
+    const uint64_t key = kvreviver::token_key(t, s.epoch[t]);
+    std::memcpy(row.data(), hd.k.data() + j * D_, sizeof(float) * D_);
+    if (opts_.keys_pre_rope) {
+      ensure_rope(static_cast<int64_t>(s.pos[t]) + 1);
+      const int64_t p = s.pos[t];
+      kernels::rope_f32(row.data(), 1, 1, D_, D_, rope_cos_.data_ptr<float>(),
+                        rope_nsin_.data_ptr<float>(), &p,
+                        ctx_.config.rope_style == RopeStyle::kInterleaved);
+    }
+    hd.sk.add(key, row.data());
+    hd.sv.add(key, hd.v.data() + j * D_);
+    // Error right after insertion (rotation-invariant: measured in the sketched space).
+    hd.sk.reconstruct(key, rec.data());
+    evict_err_k_ += sq_dist(rec.data(), row.data(), D_);
+    evict_norm_k_ += sq_norm(row.data(), D_);
+    hd.sv.reconstruct(key, rec.data());
+    evict_err_v_ += sq_dist(rec.data(), hd.v.data() + j * D_, D_);
+    evict_norm_v_ += sq_norm(hd.v.data() + j * D_, D_);
+    if (opts_.measure_error) {
+      const size_t need = static_cast<size_t>((t + 1) * D_);
+      if (hd.shadow_k.size() < need) {
+        hd.shadow_k.resize(std::max(need, static_cast<size_t>(s.seen * D_)));
+        hd.shadow_v.resize(hd.shadow_k.size());
+      }
+      std::memcpy(hd.shadow_k.data() + t * D_, hd.k.data() + j * D_, sizeof(float) * D_);
+      std::memcpy(hd.shadow_v.data() + t * D_, hd.v.data() + j * D_, sizeof(float) * D_);
+    }
+  }
+  compact(hd, keep);
+}
+
+void KvReviverKvCache::end_step(const StepBatch& batch) {
+  for (int64_t b = 0; b < batch.batch_size(); ++b) {
+    Seq& s = seq(batch.seq_ids[b]);
+    s.seen += s.step_tokens;
+    s.step_tokens = 0;
+    for (int l = 0; l < L_; ++l)
+      for (int64_t h = 0; h < Hkv_; ++h) evict_head(s, l, h);
+  }
+}
+
+void KvReviverKvCache::fork(int64_t src_id, int64_t dst_id) {
+  KVB_CHECK(seqs_.count(dst_id) == 0, "kvreviver: fork target ", dst_id, " already exists");
+  seqs_[dst_id] = seq(src_id);  // host vectors: a deep copy
+}
+
+void KvReviverKvCache::truncate(int64_t seq_id, int64_t new_len) {
+  Seq& s = seq(seq_id);
+  KVB_CHECK(new_len >= 0 && new_len <= s.seen, "kvreviver: cannot truncate sequence ", seq_id,
+            " of ", s.seen, " tokens to ", new_len);
+  for (auto& layer : s.heads) {
+    for (auto& h : layer) {
+      const int64_t keep =
+          std::lower_bound(h.idx.begin(), h.idx.begin() + h.len, static_cast<int32_t>(new_len)) -
+          h.idx.begin();
+      // Sketched tokens past the cut cannot be subtracted exactly: they stay as noise in their
+      // buckets; the new epoch gives re-appended token indices fresh buckets.
+      const int64_t vague_before = s.seen - h.len, vague_after = new_len - keep;
+      if (opts_.revive) stale_sketch_tokens_ += vague_before - vague_after;
+      std::vector<int64_t> slots(static_cast<size_t>(keep));
+      for (int64_t j = 0; j < keep; ++j) slots[j] = j;
+      compact(h, slots);
+    }
+  }
+  s.seen = new_len;
+  s.pos.resize(static_cast<size_t>(new_len));
+  s.epoch.resize(static_cast<size_t>(new_len));
+  s.cur_epoch++;
+}
+
+int64_t KvReviverKvCache::seq_len(int64_t seq_id) const {
+  auto it = seqs_.find(seq_id);
+  return it == seqs_.end() ? 0 : it->second.seen;
+}
+
+Footprint KvReviverKvCache::footprint() const {
+  // CPU only: every host array is the device's. payload = exact K/V; metadata = accumulated scores
+  // + both sketches; index = exact entries' token indices + per-token position and epoch.
+  Footprint f;
+  const int64_t entry_bytes = 2 * D_ * 4;
+  int64_t entries_all = 0;
+  for (const auto& [id, s] : seqs_) {
+    int64_t entries = 0;
+    for (const auto& layer : s.heads) {
+      for (const auto& h : layer) {
+        entries += h.len;
+        f.device_payload_bytes += h.len * entry_bytes;
+        f.device_metadata_bytes += h.len * 4 + h.sk.bytes() + h.sv.bytes();
+        f.device_index_bytes += h.len * 4;
+        f.device_reserved_bytes += (h.cap - h.len) * (entry_bytes + 8);
+      }
+    }
+    f.device_index_bytes += static_cast<int64_t>(s.pos.size() + s.epoch.size()) * 4;
+    entries_all += entries;
+    f.tokens_held += entries / (L_ * Hkv_);
+  }
+  f.logical_bytes = entries_all * entry_bytes;
+  return f;
+}
+
+std::map<std::string, double> KvReviverKvCache::counters() const {
+  std::map<std::string, double> c;
+  c["setting.depth"] = static_cast<double>(opts_.depth);
+  c["setting.width"] = static_cast<double>(opts_.width);
+  c["setting.recent_fraction"] = opts_.recent_fraction;
+  c["setting.revive"] = opts_.revive ? 1.0 : 0.0;
+  c["setting.keys_pre_rope"] = opts_.keys_pre_rope ? 1.0 : 0.0;
+  c["evicted_entries"] = static_cast<double>(evicted_entries_);
+  c["evicted_tokens"] = static_cast<double>(evicted_entries_) / static_cast<double>(L_ * Hkv_);
+  c["stale_sketch_tokens"] = static_cast<double>(stale_sketch_tokens_);
+  double kept = 0, seen = 0, sketch = 0, vague = 0, shadow = 0;
+  for (const auto& [id, s] : seqs_) {
+    seen += static_cast<double>(s.seen * L_ * Hkv_);
+    for (const auto& layer : s.heads) {
+      for (const auto& h : layer) {
+        kept += static_cast<double>(h.len);
+        vague += static_cast<double>(s.seen - h.len);
+        sketch += static_cast<double>(h.sk.bytes() + h.sv.bytes());
+        shadow += static_cast<double>((h.shadow_k.size() + h.shadow_v.size()) * sizeof(float));
+      }
+    }
+  }
+  if (seen > 0) c["kept_ratio"] = kept / seen;
+  c["sketch_bytes"] = sketch;
+  c["sketched_entries"] = opts_.revive ? vague : 0.0;
+  if (evict_norm_k_ > 0) {
+    c["recon_rel_err_k.at_eviction"] = std::sqrt(evict_err_k_ / evict_norm_k_);
+    c["recon_rel_err_v.at_eviction"] = std::sqrt(evict_err_v_ / evict_norm_v_);
+  }
+  if (attn_norm_k_ > 0) {
+    c["recon_rel_err_k.at_attention"] = std::sqrt(attn_err_k_ / attn_norm_k_);
+    c["recon_rel_err_v.at_attention"] = std::sqrt(attn_err_v_ / attn_norm_v_);
+  }
+  if (opts_.measure_error) c["measure.shadow_bytes_not_in_ledger"] = shadow;
+  if (vague_rows_ > 0) c["vague_attention_mass"] = vague_mass_ / vague_rows_;
+  return c;
+}
+
+std::vector<HeadSnapshot> KvReviverKvCache::probe_view(int layer, int64_t seq_id) const {
+  std::vector<HeadSnapshot> out;
+  auto it = seqs_.find(seq_id);
+  if (it == seqs_.end() || layer < 0 || layer >= L_) return out;
+  const Seq& s = it->second;
+  auto* self = const_cast<KvReviverKvCache*>(this);
+  int32_t max_pos = 0;
+  for (int64_t t = 0; t < s.seen; ++t) max_pos = std::max(max_pos, s.pos[t]);
+  if (opts_.revive && opts_.keys_pre_rope) self->ensure_rope(max_pos + 1);
+  for (int64_t h = 0; h < Hkv_; ++h) {
+    const Head& hd = s.heads[layer][h];
+    std::vector<int32_t> vague;
+    if (opts_.revive) vague = vague_tokens(s, hd, s.seen);
+    const int64_t nv = static_cast<int64_t>(vague.size()), n = nv + hd.len;
+    std::vector<float> rk(static_cast<size_t>(nv * D_)), rv(static_cast<size_t>(nv * D_));
+    if (nv > 0) reconstruct(s, hd, vague, rk.data(), rv.data());
+    // Merge both sets in token order.
+    at::Tensor K = at::empty({n, D_}, at::kFloat), V = at::empty({n, D_}, at::kFloat);
+    std::vector<int64_t> index;
+    int64_t a = 0, e = 0;
+    while (a < nv || e < hd.len) {
+      const bool take_vague = e >= hd.len || (a < nv && vague[a] < hd.idx[e]);
+      const int64_t r = static_cast<int64_t>(index.size());
+      const float* ks = take_vague ? rk.data() + a * D_ : hd.k.data() + e * D_;
+      const float* vs = take_vague ? rv.data() + a * D_ : hd.v.data() + e * D_;
+      std::memcpy(K.data_ptr<float>() + r * D_, ks, sizeof(float) * D_);
+      std::memcpy(V.data_ptr<float>() + r * D_, vs, sizeof(float) * D_);
+      index.push_back(take_vague ? vague[a++] : hd.idx[e++]);
+    }
+    out.push_back({K, V, at::tensor(index, at::kLong)});
+  }
+  return out;
+}
+
+std::vector<int32_t> KvReviverKvCache::kept_indices(int64_t seq_id, int layer, int64_t head) const {
+  const Head& h = seq(seq_id).heads.at(layer).at(head);
+  return std::vector<int32_t>(h.idx.begin(), h.idx.begin() + h.len);
+}
+
+int64_t KvReviverKvCache::capacity(int64_t seq_id, int layer, int64_t head) const {
+  return seq(seq_id).heads.at(layer).at(head).cap;
+}
+
+const kvreviver::CountSketch& KvReviverKvCache::key_sketch(int64_t seq_id, int layer,
+                                                           int64_t head) const {
+  return seq(seq_id).heads.at(layer).at(head).sk;
+}
+
+const kvreviver::CountSketch& KvReviverKvCache::value_sketch(int64_t seq_id, int layer,
+                                                             int64_t head) const {
+  return seq(seq_id).heads.at(layer).at(head).sv;
+}
+
+namespace {
+
+MethodInfo kvreviver_info() {
+  MethodInfo m;
+  m.name = "kvreviver";
+  m.summary =
+      "KVReviver-style: recent + heavy candidates exact, evicted tokens in a count-sketch that "
+      "attention reconstructs (kvbench design; paper internals unpublished)";
+  m.paper =
+      "KVReviver: reversible KV cache compression with sketch-based token reconstruction, arXiv "
+      "2512.17917 (design inferred from the abstract: see methods/kvreviver/README.md)";
+  m.params = budget_params(0.25, "ratio");
+  m.params[0].doc =
+      "EXACT entries kept per KV head (recent window + candidates); the sketches come on top and "
+      "are counted in the ledger: a fraction of the tokens seen (budget_unit=ratio, (0, 1]) or a "
+      "token count";
+  m.params.push_back(float_param("recent_fraction", 0.5, 0.0, 1.0,
+                                 "share of the exact budget given to the recent window; the rest "
+                                 "goes to candidates by accumulated attention (H2O-style)"));
+  m.params.push_back(int_param("depth", 3, 1, 64, "count-sketch rows (median over rows)"));
+  m.params.push_back(int_param("width", 32, 1, 1 << 20,
+                               "count-sketch buckets per row; one sketch holds depth x width x "
+                               "head_dim fp32 for keys and as much for values, per layer, KV head "
+                               "and sequence"));
+  m.params.push_back(bool_param("revive", true,
+                                "attend the evicted tokens reconstructed from the sketch; false: "
+                                "plain eviction with the same exact region (no sketch kept)"));
+  m.params.push_back(bool_param("keys_pre_rope", true,
+                                "sketch keys with RoPE removed and re-rotate reconstructions "
+                                "to the token's position (false: sketch post-RoPE keys)"));
+  m.params.push_back(int_param("seed", 0, 0, 2147483647.0, "hash seed of the sketches"));
+  m.params.push_back(bool_param("measure_error", false,
+                                "measurement only: keep shadow copies of sketched rows (NOT in "
+                                "the ledger) to report the reconstruction error at attention "
+                                "time"));
+  m.caps.evicts = true;
+  return m;
+}
+
+std::unique_ptr<KvCache> make_kvreviver(const CacheContext& ctx, const nlohmann::json& p) {
+  KvReviverKvCache::Options o;
+  o.budget = parse_budget(p, "kvreviver");
+  o.recent_fraction = p.at("recent_fraction").get<double>();
+  o.depth = p.at("depth").get<int64_t>();
+  o.width = p.at("width").get<int64_t>();
+  o.revive = p.at("revive").get<bool>();
+  o.keys_pre_rope = p.at("keys_pre_rope").get<bool>();
+  o.seed = static_cast<uint64_t>(p.at("seed").get<int64_t>());
+  o.measure_error = p.at("measure_error").get<bool>();
+  return std::make_unique<KvReviverKvCache>(ctx, o);
+}
+
+}  // namespace
+}  // namespace kvb
+
+KVB_REGISTER_METHOD(kvreviver, kvb::kvreviver_info, kvb::make_kvreviver);

@@ -1,0 +1,461 @@
+// kvreviver (methods/kvreviver): the count-sketch on hand-made rows, the exact-region rule
+// (recent + heavy candidates), attention = one softmax over exact + reconstructed tokens (checked
+// against probe_view and the sketch API), lossless revival with a wide sketch, keep-everything =
+// full logits, the ledger against hand-computed bytes, counters, determinism, fork/truncate, and
+// the CPU-fp32-only refusal.
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+#include "harness/common/error.h"
+#include "harness/engine/engine.h"
+#include "harness/engine/transformer.h"
+#include "harness/kv/method_registry.h"
+#include "methods/kvreviver/kvreviver.h"
+#include "tests/support/test_support.h"
+
+namespace kvb {
+namespace {
+
+using kvreviver::CountSketch;
+using kvreviver::token_key;
+
+std::shared_ptr<Model> stories() {
+  static std::shared_ptr<Model> m = load_model(test::models_dir() + "/stories260K");
+  return m;
+}
+
+CacheContext ctx_of(const Model& m) { return CacheContext{m.config, m.device, m.dtype}; }
+
+std::unique_ptr<KvCache> make(const CacheContext& ctx,
+                              nlohmann::json params = nlohmann::json::object()) {
+  return MethodRegistry::instance().create("kvreviver", ctx, params);
+}
+
+KvReviverKvCache& rev(KvCache& kv) { return dynamic_cast<KvReviverKvCache&>(kv); }
+
+ModelConfig tiny(int64_t layers, int64_t hq, int64_t hkv, int64_t d) {
+  ModelConfig c;
+  c.name = "tiny";
+  c.format = "synthetic";
+  c.n_layers = layers;
+  c.n_heads = hq;
+  c.n_kv_heads = hkv;
+  c.head_dim = d;
+  c.dim = hq * d;
+  c.hidden_dim = 8;
+  c.vocab_size = 32;
+  c.max_seq_len = 4096;
+  c.rope_style = RopeStyle::kHalf;
+  return c;
+}
+
+at::Tensor rnd(std::vector<int64_t> shape, uint32_t seed) {
+  std::mt19937 gen(seed);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  int64_t n = 1;
+  for (int64_t s : shape) n *= s;
+  std::vector<float> v(static_cast<size_t>(n));
+  for (auto& x : v) x = nd(gen);
+  return at::tensor(v, at::kFloat).view(shape);
+}
+
+struct Driver {
+  KvCache* kv;
+  int64_t n_layers;
+  int64_t seq = 0;
+  int64_t pos = 0;
+  at::Tensor step(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, Phase ph) {
+    StepBatch b;
+    const int64_t n = q.size(0);
+    b.seq_ids = {seq};
+    b.q_indptr = {0, n};
+    b.past_lens = {kv->seq_len(seq)};
+    for (int64_t i = 0; i < n; ++i) b.positions.push_back(pos + i);
+    b.phase = ph;
+    kv->begin_step(b);
+    at::Tensor out;
+    for (int64_t l = 0; l < n_layers; ++l) {
+      LayerInput in;
+      in.layer = static_cast<int>(l);
+      in.q = &q;
+      in.k = &k;
+      in.k_pre_rope = &k;
+      in.v = &v;
+      in.batch = &b;
+      in.sm_scale = 1.0f / std::sqrt(static_cast<float>(q.size(2)));
+      at::Tensor o = kv->attend(in);
+      if (l == 0) out = o.clone();
+    }
+    kv->end_step(b);
+    pos += n;
+    return out;
+  }
+};
+
+at::Tensor trace(std::unique_ptr<KvCache> kv, std::unique_ptr<Engine>* engine = nullptr) {
+  EngineOptions o;
+  o.prefill_chunk = 7;
+  auto e = std::make_unique<Engine>(stories(), std::move(kv), o);
+  std::vector<int64_t> prompt = {1};
+  for (int i = 0; i < 39; ++i) prompt.push_back(260 + (i * 13) % 250);
+  int64_t s = e->new_sequence();
+  std::vector<at::Tensor> rows;
+  e->prefill({s}, {prompt}, [&](const at::Tensor& l, int64_t) { rows.push_back(l.clone()); });
+  int64_t tok = rows.back()[rows.back().size(0) - 1].argmax().item<int64_t>();
+  for (int i = 0; i < 10; ++i) {
+    at::Tensor l = e->decode({s}, {tok});
+    rows.push_back(l.clone());
+    tok = l[0].argmax().item<int64_t>();
+  }
+  if (engine) *engine = std::move(e);
+  return at::cat(rows);
+}
+
+double max_diff(const at::Tensor& a, const at::Tensor& b) {
+  return (a - b).abs().max().item<double>();
+}
+
+// Relative L2 reconstruction error of n random rows folded into a sketch.
+double sketch_error(int64_t depth, int64_t width, int64_t n, uint64_t seed) {
+  CountSketch s(depth, width, 8, seed);
+  at::Tensor x = rnd({n, 8}, static_cast<uint32_t>(seed + 1));
+  for (int64_t i = 0; i < n; ++i) s.add(token_key(i, 0), x[i].data_ptr<float>());
+  double err = 0, norm = 0;
+  std::vector<float> r(8);
+  for (int64_t i = 0; i < n; ++i) {
+    s.reconstruct(token_key(i, 0), r.data());
+    for (int c = 0; c < 8; ++c) {
+      const double d = r[c] - x[i][c].item<float>();
+      err += d * d;
+      norm += x[i][c].item<float>() * x[i][c].item<float>();
+    }
+  }
+  return std::sqrt(err / norm);
+}
+
+// ---------------------------------------------------------------- the sketch
+
+TEST(KvReviverSketch, OneRowIsExactAndCollisionsAddWithTheirSigns) {
+  const float a[3] = {1, -2, 3}, b[3] = {10, 20, -30};
+  for (int64_t depth : {1, 2, 3, 4}) {
+    CountSketch s(depth, 64, 3, 7);
+    std::vector<float> r(3, -1.f);
+    s.reconstruct(token_key(5, 0), r.data());
+    EXPECT_EQ(r, (std::vector<float>{0, 0, 0}));  // empty
+    EXPECT_EQ(s.bytes(), 0);
+    s.add(token_key(5, 0), a);
+    EXPECT_EQ(s.bytes(), depth * 64 * 3 * 4);
+    s.reconstruct(token_key(5, 0), r.data());
+    EXPECT_EQ(r, (std::vector<float>{1, -2, 3})) << depth;
+  }
+  // Width 1, depth 1: everything collides; the estimate of a is a + s(a) s(b) b.
+  CountSketch one(1, 1, 3, 3);
+  one.add(token_key(0, 0), a);
+  one.add(token_key(1, 0), b);
+  const float sab = one.sign(0, token_key(0, 0)) * one.sign(0, token_key(1, 0));
+  std::vector<float> r(3);
+  one.reconstruct(token_key(0, 0), r.data());
+  for (int c = 0; c < 3; ++c) EXPECT_FLOAT_EQ(r[c], a[c] + sab * b[c]);
+}
+
+TEST(KvReviverSketch, ReconstructionIsTheMedianOverRowsOfSignedBuckets) {
+  for (int64_t depth : {3, 4, 5}) {
+    CountSketch s(depth, 8, 4, 11);
+    at::Tensor x = rnd({40, 4}, 12);
+    for (int64_t i = 0; i < 40; ++i) s.add(token_key(i, 0), x[i].data_ptr<float>());
+    for (int64_t i = 0; i < 40; i += 7) {
+      std::vector<float> got(4);
+      s.reconstruct(token_key(i, 0), got.data());
+      for (int64_t c = 0; c < 4; ++c) {
+        std::vector<float> est;
+        for (int64_t r = 0; r < depth; ++r)
+          est.push_back(s.sign(r, token_key(i, 0)) *
+                        s.table()[(r * 8 + s.bucket(r, token_key(i, 0))) * 4 + c]);
+        std::sort(est.begin(), est.end());
+        const float med = depth % 2 ? est[depth / 2] : 0.5f * (est[depth / 2 - 1] + est[depth / 2]);
+        EXPECT_FLOAT_EQ(got[c], med) << depth << " " << i << " " << c;
+      }
+    }
+  }
+}
+
+TEST(KvReviverSketch, ErrorFallsWithWidthAndHashesDependOnSeedAndEpoch) {
+  const double narrow = sketch_error(3, 16, 200, 1), wide = sketch_error(3, 4096, 200, 1);
+  RecordProperty("rel_err_w16", std::to_string(narrow));
+  RecordProperty("rel_err_w4096", std::to_string(wide));
+  EXPECT_GT(narrow, 1.0);  // 200 rows in 16 buckets: ~sqrt(200 / 16) rows of noise
+  EXPECT_LT(wide, 0.2);
+  CountSketch a(3, 1 << 20, 1, 1), b(3, 1 << 20, 1, 2);
+  int same_seed_diff = 0, epoch_diff = 0;
+  for (int64_t t = 0; t < 50; ++t) {
+    same_seed_diff += a.bucket(0, token_key(t, 0)) != b.bucket(0, token_key(t, 0));
+    epoch_diff += a.bucket(1, token_key(t, 0)) != a.bucket(1, token_key(t, 1));
+    EXPECT_EQ(a.bucket(2, token_key(t, 0)),
+              CountSketch(3, 1 << 20, 1, 1).bucket(2, token_key(t, 0)));
+  }
+  EXPECT_GE(same_seed_diff, 49);
+  EXPECT_GE(epoch_diff, 49);
+}
+
+// ---------------------------------------------------------------- the store
+
+TEST(KvReviverStore, KeepsRecentAndHeavyCandidatesExactAndSketchesTheRest) {
+  // q = (2, 0); tokens 1 and 3 have key (10, 0), the rest (0, 0). Budget 4 = 2 heavy + 2 recent.
+  ModelConfig c = tiny(1, 1, 1, 2);
+  for (bool revive : {true, false}) {
+    auto kv = make({c, c10::kCPU, c10::kFloat}, {{"budget", 4},
+                                                 {"budget_unit", "tokens_per_head"},
+                                                 {"revive", revive},
+                                                 {"width", 8},
+                                                 {"depth", 1}});
+    Driver d{kv.get(), 1};
+    at::Tensor q = at::tensor({2.f, 0.f}).view({1, 1, 2});
+    for (int t = 0; t < 12; ++t) {
+      const float big = (t == 1 || t == 3) ? 10.f : 0.f;
+      d.step(q, at::tensor({big, 0.f}).view({1, 1, 2}), rnd({1, 1, 2}, 100 + t),
+             t == 0 ? Phase::kPrefill : Phase::kDecode);
+      EXPECT_LE(rev(*kv).kept_indices(0, 0, 0).size(), 4u);
+    }
+    EXPECT_EQ(rev(*kv).kept_indices(0, 0, 0), (std::vector<int32_t>{1, 3, 10, 11})) << revive;
+    auto cnt = kv->counters();
+    EXPECT_EQ(cnt.at("evicted_entries"), 8);
+    EXPECT_EQ(cnt.at("sketched_entries"), revive ? 8 : 0);
+    EXPECT_EQ(cnt.at("sketch_bytes"), revive ? 2 * 1 * 8 * 2 * 4 : 0);
+    EXPECT_EQ(rev(*kv).key_sketch(0, 0, 0).bytes(), revive ? 8 * 2 * 4 : 0);
+  }
+}
+
+TEST(KvReviverStore, AttentionIsOneSoftmaxOverExactAndReconstructedTokens) {
+  ModelConfig c = tiny(2, 4, 2, 4);
+  at::Tensor cos, sin;
+  compute_rope_tables(c, 64, &cos, &sin);
+  for (bool pre_rope : {true, false}) {
+    auto kv = make({c, c10::kCPU, c10::kFloat}, {{"budget", 5},
+                                                 {"budget_unit", "tokens_per_head"},
+                                                 {"width", 4},
+                                                 {"depth", 3},
+                                                 {"keys_pre_rope", pre_rope}});
+    Driver d{kv.get(), 2};
+    at::Tensor K = rnd({20, 2, 4}, 1), V = rnd({20, 2, 4}, 2);
+    d.step(rnd({9, 4, 4}, 3), K.narrow(0, 0, 9), V.narrow(0, 0, 9), Phase::kPrefill);
+    for (int64_t t = 9; t < 20; ++t) {
+      // Before the step: what attention will read, by token index (exact + reconstructed).
+      std::vector<HeadSnapshot> view = kv->probe_view(0, 0);
+      ASSERT_EQ(view.size(), 2u);
+      at::Tensor q = rnd({1, 4, 4}, 40 + t) * 2;
+      at::Tensor out = d.step(q, K.narrow(0, t, 1), V.narrow(0, t, 1), Phase::kDecode);
+      for (int64_t h = 0; h < 2; ++h) {
+        ASSERT_EQ(view[h].index.size(0), t);  // every token: nothing is lost from the view
+        at::Tensor Kh = at::cat({view[h].k, K[t][h].unsqueeze(0)});
+        at::Tensor Vh = at::cat({view[h].v, V[t][h].unsqueeze(0)});
+        for (int64_t g = 0; g < 2; ++g) {
+          at::Tensor p = at::softmax(Kh.matmul(q[0][h * 2 + g]) / 2.0, 0);
+          EXPECT_LT(max_diff(out[0][h * 2 + g], p.matmul(Vh)), 1e-5) << t << "/" << h;
+        }
+      }
+    }
+    // The view's vague rows are the sketch's reconstructions, re-rotated to their positions.
+    std::vector<HeadSnapshot> view = kv->probe_view(1, 0);
+    std::vector<int32_t> kept = rev(*kv).kept_indices(0, 1, 1);
+    int checked = 0;
+    for (int64_t r = 0; r < 20; ++r) {
+      const int32_t t = static_cast<int32_t>(view[1].index[r].item<int64_t>());
+      EXPECT_EQ(t, r);
+      if (std::find(kept.begin(), kept.end(), t) != kept.end()) {
+        EXPECT_TRUE(at::equal(view[1].k[r], K[t][1]));
+        continue;
+      }
+      at::Tensor rk = at::empty({1, 1, 4}), rv = at::empty({4});
+      rev(*kv).key_sketch(0, 1, 1).reconstruct(token_key(t, 0), rk.data_ptr<float>());
+      rev(*kv).value_sketch(0, 1, 1).reconstruct(token_key(t, 0), rv.data_ptr<float>());
+      if (pre_rope) rk = apply_rope(rk, cos.narrow(0, t, 1), sin.narrow(0, t, 1), c.rope_style);
+      EXPECT_LT(max_diff(view[1].k[r], rk.view({4})), 1e-5) << t;
+      EXPECT_TRUE(at::equal(view[1].v[r], rv)) << t;
+      // Width 4 for 15 tokens: collisions, the reconstruction is not the key.
+      checked += max_diff(view[1].v[r], V[t][1]) > 1e-3;
+    }
+    EXPECT_GT(checked, 5);
+  }
+}
+
+TEST(KvReviverStore, AWideSketchRevivesEvictedTokensAlmostLosslessly) {
+  ModelConfig c = tiny(1, 2, 1, 4);
+  at::Tensor cos, sin;
+  compute_rope_tables(c, 64, &cos, &sin);
+  auto kv = make({c, c10::kCPU, c10::kFloat}, {{"budget", 4},
+                                               {"budget_unit", "tokens_per_head"},
+                                               {"width", 4096},
+                                               {"measure_error", true}});
+  Driver d{kv.get(), 1};
+  at::Tensor K = rnd({16, 1, 4}, 5), V = rnd({16, 1, 4}, 6);
+  // Keys post-RoPE as the engine hands them.
+  at::Tensor Kr = apply_rope(K, cos.narrow(0, 0, 16), sin.narrow(0, 0, 16), c.rope_style);
+  for (int64_t t = 0; t < 16; ++t)
+    d.step(rnd({1, 2, 4}, 20 + t), Kr.narrow(0, t, 1), V.narrow(0, t, 1),
+           t == 0 ? Phase::kPrefill : Phase::kDecode);
+  auto view = kv->probe_view(0, 0);
+  EXPECT_LT(max_diff(view[0].k, Kr.select(1, 0)), 1e-5);
+  EXPECT_LT(max_diff(view[0].v, V.select(1, 0)), 1e-6);
+  auto cnt = kv->counters();
+  EXPECT_EQ(cnt.at("evicted_entries"), 12);
+  EXPECT_LT(cnt.at("recon_rel_err_k.at_eviction"), 1e-6);
+  EXPECT_LT(cnt.at("recon_rel_err_k.at_attention"), 1e-5);
+  EXPECT_LT(cnt.at("recon_rel_err_v.at_attention"), 1e-6);
+  EXPECT_GT(cnt.at("vague_attention_mass"), 0.1);
+}
+
+TEST(KvReviverStore, RefusesAnythingButCpuFp32) {
+  ModelConfig c = tiny(1, 2, 1, 4);
+  try {
+    make({c, c10::kCPU, c10::kBFloat16});
+    FAIL();
+  } catch (const kvb::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("method kvreviver: only CPU fp32"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW(make({c, c10::kCPU, c10::kFloat}, {{"budget", 1.5}}), kvb::Error);
+  EXPECT_THROW(make({c, c10::kCPU, c10::kFloat}, {{"depth", 65}}), kvb::Error);
+}
+
+TEST(KvReviverStore, TruncateDropsTheTailAndGivesReappendedTokensFreshBuckets) {
+  ModelConfig c = tiny(1, 2, 1, 4);
+  auto kv = make({c, c10::kCPU, c10::kFloat},
+                 {{"budget", 4}, {"budget_unit", "tokens_per_head"}, {"width", 4096}});
+  Driver d{kv.get(), 1};
+  for (int64_t t = 0; t < 12; ++t)
+    d.step(rnd({1, 2, 4}, 20 + t), rnd({1, 1, 4}, 40 + t), rnd({1, 1, 4}, 60 + t),
+           t == 0 ? Phase::kPrefill : Phase::kDecode);
+  std::vector<int32_t> kept = rev(*kv).kept_indices(0, 0, 0);
+  kv->truncate(0, 8);
+  EXPECT_EQ(kv->seq_len(0), 8);
+  std::vector<int32_t> want;
+  for (int32_t t : kept)
+    if (t < 8) want.push_back(t);
+  EXPECT_EQ(rev(*kv).kept_indices(0, 0, 0), want);
+  // Sketched tokens 8..11 (those not kept) cannot be subtracted: counted as stale.
+  int64_t stale = 0;
+  for (int32_t t = 8; t < 12; ++t) stale += std::find(kept.begin(), kept.end(), t) == kept.end();
+  EXPECT_EQ(kv->counters().at("stale_sketch_tokens"), stale);
+  EXPECT_EQ(kv->probe_view(0, 0)[0].index.size(0), 8);
+  // Re-appended token indices live in the new epoch's buckets: a sketched one reconstructs its
+  // new value (with the old epoch's key it would also pick up the stale old value).
+  d.pos = 8;
+  for (int64_t t = 8; t < 14; ++t)
+    d.step(rnd({1, 2, 4}, 120 + t), rnd({1, 1, 4}, 140 + t), rnd({1, 1, 4}, 160 + t),
+           Phase::kDecode);
+  auto view = kv->probe_view(0, 0);
+  ASSERT_EQ(view[0].index.size(0), 14);
+  kept = rev(*kv).kept_indices(0, 0, 0);
+  int revived = 0;
+  for (int32_t t = 8; t < 12; ++t) {
+    if (std::find(kept.begin(), kept.end(), t) != kept.end()) continue;
+    EXPECT_LT(max_diff(view[0].v[t], rnd({1, 1, 4}, 160 + t).view({4})), 1e-5) << t;
+    ++revived;
+  }
+  EXPECT_GE(revived, 2);
+  EXPECT_THROW(kv->truncate(0, 20), kvb::Error);
+}
+
+// ---------------------------------------------------------------- stories260K
+
+TEST(KvReviverModel, KeepEverythingReproducesFullLogits) {
+  auto m = stories();
+  at::Tensor ref =
+      trace(MethodRegistry::instance().create("full", ctx_of(*m), nlohmann::json::object()));
+  std::unique_ptr<Engine> e;
+  at::Tensor got = trace(make(ctx_of(*m), {{"budget", 1.0}}), &e);
+  // Same exact softmax, another summation order than full's kernel.
+  EXPECT_LT(max_diff(got, ref), 1e-4);
+  EXPECT_EQ(e->kv().counters().at("sketch_bytes"), 0);
+  EXPECT_EQ(e->kv().counters().at("evicted_entries"), 0);
+  EXPECT_EQ(e->kv().footprint().device_payload_bytes, 50 * m->config.kv_bytes_per_token(4));
+}
+
+TEST(KvReviverModel, RevivalBeatsPlainEvictionAndNarrowSketchesErrMore) {
+  auto m = stories();
+  at::Tensor ref =
+      trace(MethodRegistry::instance().create("full", ctx_of(*m), nlohmann::json::object()));
+  const double evict_only =
+      max_diff(trace(make(ctx_of(*m), {{"budget", 0.25}, {"revive", false}})), ref);
+  std::unique_ptr<Engine> wide_e, narrow_e;
+  const double wide =
+      max_diff(trace(make(ctx_of(*m), {{"budget", 0.25}, {"width", 512}}), &wide_e), ref);
+  const double narrow =
+      max_diff(trace(make(ctx_of(*m), {{"budget", 0.25}, {"width", 4}}), &narrow_e), ref);
+  RecordProperty("max_logit_diff_evict_only", std::to_string(evict_only));
+  RecordProperty("max_logit_diff_width512", std::to_string(wide));
+  RecordProperty("max_logit_diff_width4", std::to_string(narrow));
+  EXPECT_GT(evict_only, 1e-2);
+  EXPECT_LT(wide, 0.5 * evict_only);
+  EXPECT_LT(wide_e->kv().counters().at("recon_rel_err_k.at_eviction"),
+            narrow_e->kv().counters().at("recon_rel_err_k.at_eviction"));
+  EXPECT_LT(wide_e->kv().counters().at("recon_rel_err_v.at_eviction"),
+            narrow_e->kv().counters().at("recon_rel_err_v.at_eviction"));
+}
+
+TEST(KvReviverModel, LedgerCountsExactEntriesSketchesAndIndices) {
+  auto m = stories();
+  EngineOptions eo;
+  eo.prefill_chunk = 64;
+  Engine e(m, make(ctx_of(*m), {{"budget", 0.25}, {"depth", 3}, {"width", 32}}), eo);
+  std::vector<int64_t> t = {1};
+  for (int64_t i = 1; i < 255; ++i) t.push_back(3 + (i * 37 + i * i) % 500);
+  int64_t s = e.new_sequence();
+  e.prefill({s}, {t});
+  Footprint f = e.kv().footprint();
+  int64_t entries = 0, slack = 0, sketched_heads = 0;
+  for (int l = 0; l < 5; ++l) {
+    for (int64_t h = 0; h < 4; ++h) {
+      const int64_t len = static_cast<int64_t>(rev(e.kv()).kept_indices(s, l, h).size());
+      EXPECT_EQ(len, 63);  // floor(0.25 x 255)
+      entries += len;
+      slack += rev(e.kv()).capacity(s, l, h) - len;
+      sketched_heads += rev(e.kv()).key_sketch(s, l, h).bytes() > 0;
+    }
+  }
+  EXPECT_EQ(sketched_heads, 20);
+  const int64_t sketch = 20 * 2 * 3 * 32 * 8 * 4;  // K and V, depth x width x head_dim fp32
+  EXPECT_EQ(f.device_payload_bytes, entries * 64);
+  EXPECT_EQ(f.device_metadata_bytes, entries * 4 + sketch);
+  EXPECT_EQ(f.device_index_bytes, entries * 4 + 255 * 8);
+  EXPECT_EQ(f.device_reserved_bytes, slack * (64 + 8));
+  EXPECT_EQ(f.tokens_held, 63);
+  EXPECT_EQ(f.logical_bytes, entries * 64);
+  auto c = e.kv().counters();
+  EXPECT_EQ(c.at("sketch_bytes"), sketch);
+  EXPECT_EQ(c.at("sketched_entries"), 20 * (255 - 63));
+  EXPECT_NEAR(c.at("kept_ratio"), 63.0 / 255.0, 1e-12);
+  RecordProperty("physical_fraction_of_full",
+                 std::to_string(static_cast<double>(f.physical_bytes()) /
+                                (255.0 * m->config.kv_bytes_per_token(4))));
+}
+
+TEST(KvReviverModel, DeterministicAndSeeded) {
+  auto m = stories();
+  nlohmann::json p = {{"budget", 0.3}, {"width", 8}};
+  at::Tensor a = trace(make(ctx_of(*m), p));
+  at::Tensor b = trace(make(ctx_of(*m), p));
+  EXPECT_TRUE(at::equal(a, b));
+  p["seed"] = 5;
+  EXPECT_GT(max_diff(trace(make(ctx_of(*m), p)), a), 1e-4);
+}
+
+TEST(KvReviverModel, ForkCopiesExactRegionAndSketches) {
+  auto m = stories();
+  Engine e(m, make(ctx_of(*m), {{"budget", 0.25}}));
+  std::vector<int64_t> t = {1};
+  for (int i = 1; i < 40; ++i) t.push_back(3 + (i * 37) % 500);
+  int64_t a = e.new_sequence();
+  e.prefill({a}, {t});
+  int64_t b = e.fork(a);
+  EXPECT_TRUE(at::equal(e.decode({a}, {300}), e.decode({b}, {300})));
+  EXPECT_GT(max_diff(e.decode({a}, {301}), e.decode({b}, {302})), 1e-3);
+  EXPECT_EQ(rev(e.kv()).key_sketch(a, 2, 1).bytes(), rev(e.kv()).key_sketch(b, 2, 1).bytes());
+}
+
+}  // namespace
+}  // namespace kvb
