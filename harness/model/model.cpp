@@ -61,6 +61,10 @@ std::vector<std::string> model_search_dirs(const std::string& models_dir) {
   if (!models_dir.empty()) dirs.push_back(models_dir);
   if (const char* env = std::getenv("KVBENCH_MODELS"); env && *env) dirs.push_back(env);
   dirs.push_back("./models");
+#ifdef KVB_REPO_MODELS_DIR
+  // The models shipped in the repository (models/kvb-testbed), found from any working directory.
+  if (std::string(KVB_REPO_MODELS_DIR) != "./models") dirs.push_back(KVB_REPO_MODELS_DIR);
+#endif
   dirs.push_back("../shared/models");
   return dirs;
 }

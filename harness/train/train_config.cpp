@@ -66,7 +66,8 @@ int64_t TrainConfig::max_seq_len() const {
 TrainConfig parse_train_config(const nlohmann::json& j, const std::string& src) {
   TrainConfig c;
   check_keys(j, {"name", "description", "seed", "model", "tokenizer", "data", "optim", "stages",
-                 "device", "dtype", "checkpoint_every", "log_every", "eval_every", "eval_windows"},
+                 "device", "dtype", "checkpoint_every", "log_every", "eval_every", "eval_windows",
+                 "init_from"},
              src, "");
   get(j, "name", &c.name, src, "");
   KVB_CHECK(!c.name.empty() && c.name.find('/') == std::string::npos, src,
@@ -74,6 +75,7 @@ TrainConfig parse_train_config(const nlohmann::json& j, const std::string& src) 
   get(j, "description", &c.description, src, "");
   get(j, "seed", &c.seed, src, "");
   get(j, "device", &c.device, src, "");
+  get(j, "init_from", &c.init_from, src, "");
   get(j, "dtype", &c.dtype, src, "");
   KVB_CHECK(c.dtype == "fp32" || c.dtype == "bf16", src, ": 'dtype' must be fp32 or bf16 (got '",
             c.dtype, "')");

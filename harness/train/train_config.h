@@ -54,6 +54,10 @@ struct TrainConfig {
 
   std::vector<TrainStage> stages;
 
+  // Start from another run's checkpoint (its weights; the optimiser starts fresh): a path to a
+  // kvbench training checkpoint, relative to the working directory. "" = seeded initialisation.
+  std::string init_from;
+
   std::string device = "cpu";
   std::string dtype = "fp32";  // compute dtype: fp32, or bf16 (CUDA; fp32 master weights)
   int64_t checkpoint_every = 100;

@@ -5,6 +5,7 @@
 
 #include "datasets/corpus.h"
 #include "datasets/synthetic_tasks.h"
+#include "datasets/word_lists.h"
 #include "harness/common/error.h"
 #include "harness/common/strings.h"
 #include "harness/formats/tokenizer.h"
@@ -104,8 +105,56 @@ void TrainData::fill_text(std::vector<int64_t>& out, size_t len, uint64_t seed) 
   out.resize(len);
 }
 
+std::vector<int64_t> TrainData::drill_tokens(const TrainTaskMix& t, int64_t target,
+                                             uint64_t seed) const {
+  std::mt19937_64 rng(seed);
+  const int64_t pairs = t.params.value("pairs", int64_t{6});
+  const int64_t digits = t.params.value("digits", int64_t{7});
+  KVB_CHECK(pairs >= 1 && digits >= 1 && digits <= 12, "recall_drill: pairs >= 1, 1 <= digits <= 12");
+  const auto& adj = key_adjectives();
+  const auto& noun = key_nouns();
+  std::vector<std::string> keys, vals;
+  while (static_cast<int64_t>(keys.size()) < pairs) {
+    std::string k = adj[uniform_index(rng, adj.size())] + "-" + noun[uniform_index(rng, noun.size())];
+    if (std::find(keys.begin(), keys.end(), k) != keys.end()) continue;
+    std::string v(1, static_cast<char>('1' + uniform_index(rng, 9)));
+    while (static_cast<int64_t>(v.size()) < digits) v.push_back(static_cast<char>('0' + uniform_index(rng, 10)));
+    keys.push_back(k);
+    vals.push_back(v);
+  }
+  // About 20 tokens per needle and 40 per question-answer; the rest is book text in pairs + 1 gaps.
+  const int64_t gap = std::max<int64_t>(0, (target - pairs * 60) / (pairs + 1));
+  auto filler = [&](int64_t n) -> std::string {
+    if (n <= 0) return "";
+    uint64_t pick = uniform_index(rng, static_cast<uint64_t>(train_tokens()));
+    size_t ci = 0;
+    while (pick >= train_[ci].size()) pick -= train_[ci++].size();
+    const auto& src = train_[ci];
+    const size_t start = std::min<size_t>(pick, src.size() - static_cast<size_t>(n));
+    return tok_->decode(std::vector<int64_t>(src.begin() + static_cast<std::ptrdiff_t>(start),
+                                             src.begin() + static_cast<std::ptrdiff_t>(start + n)));
+  };
+  std::string text;
+  for (int64_t i = 0; i < pairs; ++i)
+    text += filler(gap) + " One of the special magic numbers for " + keys[i] + " is: " + vals[i] + ". ";
+  text += filler(gap) + "\n";
+  std::vector<int64_t> order(static_cast<size_t>(pairs));
+  for (int64_t i = 0; i < pairs; ++i) order[i] = i;
+  for (int64_t i = pairs - 1; i > 0; --i) std::swap(order[i], order[uniform_index(rng, static_cast<uint64_t>(i + 1))]);
+  for (int64_t i : order)
+    text += "What is the special magic number for " + keys[i] +
+            " mentioned in the provided text? The special magic number for " + keys[i] +
+            " mentioned in the provided text is " + vals[i] + ".\n";
+  std::vector<int64_t> ids = {tok_->bos_id()};
+  auto e = tok_->encode(text);
+  ids.insert(ids.end(), e.begin(), e.end());
+  ids.push_back(tok_->eos_id());
+  return ids;
+}
+
 std::vector<int64_t> TrainData::task_tokens(const TrainTaskMix& t, int64_t target,
                                             uint64_t seed) const {
+  if (t.task == "recall_drill") return drill_tokens(t, target, seed);
   std::mt19937_64 rng(seed);
   TaskSpec spec;
   spec.task = t.task;

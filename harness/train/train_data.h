@@ -45,6 +45,11 @@ class TrainData {
   void fill_text(std::vector<int64_t>& out, size_t len, uint64_t seed) const;
   // BOS + prompt + " answer." + EOS of a task sample with the given target length.
   std::vector<int64_t> task_tokens(const TrainTaskMix& t, int64_t target, uint64_t seed) const;
+  // The "recall_drill" training task: `pairs` needles ("One of the special magic numbers for
+  // <key> is: <value>.") spread through book text, then every key asked in a shuffled order with
+  // its answer (RULER's niah question and answer prefix), so one row carries `pairs` retrieval
+  // targets instead of one. Not an evaluation task.
+  std::vector<int64_t> drill_tokens(const TrainTaskMix& t, int64_t target, uint64_t seed) const;
 
   TrainConfig cfg_;
   std::shared_ptr<const Tokenizer> tok_;

@@ -199,6 +199,9 @@ std::string training_summary(const TrainConfig& cfg, const ModelConfig& mc, cons
     << ", " << mc.n_heads << " query / " << mc.n_kv_heads << " KV heads of " << mc.head_dim
     << ", FFN " << mc.hidden_dim << ", vocab " << mc.vocab_size << ", context " << mc.max_seq_len
     << ")\n- steps: " << steps << ", tokens seen: " << tokens << "\n";
+  if (!cfg.init_from.empty())
+    o << "- initialised from `" << cfg.init_from << "` (sha256 " << sha256_file_hex(cfg.init_from)
+      << "); its own TRAINING record covers the steps before\n";
   std::snprintf(buf, sizeof buf, "- wall time: %.1f min (summed over invocations)\n", seconds / 60.0);
   o << buf << "\n## Curve\n\n| step | seq_len | train loss | lr | tok/s |\n|--:|--:|--:|--:|--:|\n";
   const size_t every = std::max<size_t>(1, train.size() / 20);
@@ -419,6 +422,24 @@ TrainSummary run_training(const TrainOptions& opts) {
     }
     step = std::stoll(md.at("step"));
     if (!opts.quiet) std::cerr << "kvbench train: resuming from " << path << " (step " << step << ")\n";
+  } else if (!cfg.init_from.empty()) {
+    SafetensorsFile f(cfg.init_from);
+    const auto& md = f.metadata();
+    KVB_CHECK(md.count("format") && md.at("format") == kCheckpointFormat, cfg.init_from,
+              ": 'init_from' is not a kvbench training checkpoint");
+    at::NoGradGuard ng;
+    for (size_t i = 0; i < w.names.size(); ++i) {
+      const std::string n = "param/" + w.names[i];
+      KVB_CHECK(f.has(n), cfg.init_from, ": no tensor '", n, "' (a different architecture?)");
+      at::Tensor t = st_to_f32(f.get(n), cfg.init_from);
+      KVB_CHECK(t.sizes() == w.tensors[i].sizes(), cfg.init_from, ": tensor '", n, "' has shape ",
+                t.sizes(), ", the recipe wants ", w.tensors[i].sizes());
+      w.tensors[i].copy_(t);
+    }
+    if (!opts.quiet)
+      std::cerr << "kvbench train: weights from " << cfg.init_from << " (step "
+                << (md.count("step") ? md.at("step") : "?") << ", sha256 "
+                << sha256_file_hex(cfg.init_from).substr(0, 16) << "...)\n";
   }
   const int64_t total = cfg.total_steps();
   TrainSummary sum;

@@ -1,5 +1,5 @@
-// kvreviver: recent + candidate tokens exact, the rest in per-head count-sketches that attention
-// reconstructs (see kvreviver.h and README.md).
+// kvreviver: recent + candidate tokens exact, the rest merged into per-head buckets (default) or
+// folded into per-head count-sketches that attention reconstructs (see kvreviver.h and README.md).
 
 #include "methods/kvreviver/kvreviver.h"
 
@@ -82,6 +82,78 @@ void CountSketch::reconstruct(uint64_t key, float* out) const {
       out[c] = depth_ % 2 == 1 ? e[depth_ / 2] : 0.5f * (e[depth_ / 2 - 1] + e[depth_ / 2]);
     }
   }
+}
+
+MergeBuckets::MergeBuckets(int64_t width, int64_t dim, bool positions)
+    : width_(width), dim_(dim), positions_(positions) {
+  KVB_CHECK(width >= 1 && dim >= 1, "kvreviver: merge width ", width, " and dim ", dim,
+            " must be >= 1");
+}
+
+int64_t MergeBuckets::nearest(const float* k) const {
+  int64_t best = -1;
+  double best_d = std::numeric_limits<double>::infinity();
+  for (int64_t b = 0; b < used_; ++b) {
+    const float* s = ksum_.data() + b * dim_;
+    const double inv = 1.0 / static_cast<double>(count_[b]);
+    double d = 0;
+    for (int64_t c = 0; c < dim_; ++c) {
+      const double e = static_cast<double>(s[c]) * inv - k[c];
+      d += e * e;
+    }
+    if (d < best_d) {
+      best_d = d;
+      best = b;
+    }
+  }
+  return best;
+}
+
+int64_t MergeBuckets::add(const float* k, const float* v, int64_t pos) {
+  if (ksum_.empty()) {
+    ksum_.assign(static_cast<size_t>(width_ * dim_), 0.f);
+    vsum_.assign(static_cast<size_t>(width_ * dim_), 0.f);
+    count_.assign(static_cast<size_t>(width_), 0);
+    if (positions_) pos_sum_.assign(static_cast<size_t>(width_), 0);
+  }
+  const int64_t b = used_ < width_ ? used_++ : nearest(k);
+  float* ks = ksum_.data() + b * dim_;
+  float* vs = vsum_.data() + b * dim_;
+  for (int64_t c = 0; c < dim_; ++c) {
+    ks[c] += k[c];
+    vs[c] += v[c];
+  }
+  count_[b] += 1;
+  if (positions_) pos_sum_[b] += pos;
+  return b;
+}
+
+int64_t MergeBuckets::tokens() const {
+  int64_t n = 0;
+  for (int64_t b = 0; b < used_; ++b) n += count_[b];
+  return n;
+}
+
+int64_t MergeBuckets::position(int64_t b) const {
+  KVB_CHECK(positions_ && b >= 0 && b < used_, "kvreviver: bucket ", b, " has no position");
+  return std::llround(static_cast<double>(pos_sum_[b]) / static_cast<double>(count_[b]));
+}
+
+void MergeBuckets::centroid(int64_t b, float* k_out, float* v_out) const {
+  const float inv = 1.f / static_cast<float>(count_[b]);
+  const float* ks = ksum_.data() + b * dim_;
+  const float* vs = vsum_.data() + b * dim_;
+  for (int64_t c = 0; c < dim_; ++c) {
+    k_out[c] = ks[c] * inv;
+    v_out[c] = vs[c] * inv;
+  }
+}
+
+int64_t MergeBuckets::bytes() const {
+  if (ksum_.empty()) return 0;
+  return width_ * (2 * dim_ * static_cast<int64_t>(sizeof(float)) +
+                   static_cast<int64_t>(sizeof(int32_t)) +
+                   (positions_ ? static_cast<int64_t>(sizeof(int64_t)) : 0));
 }
 
 }  // namespace kvreviver
@@ -188,6 +260,7 @@ void KvReviverKvCache::begin_step(const StepBatch& batch) {
           const uint64_t hs = opts_.seed * 1000003ULL + static_cast<uint64_t>(l * Hkv_ + h) * 2;
           s.heads[l][h].sk = kvreviver::CountSketch(opts_.depth, opts_.width, D_, hs);
           s.heads[l][h].sv = kvreviver::CountSketch(opts_.depth, opts_.width, D_, hs + 1);
+          s.heads[l][h].mb = kvreviver::MergeBuckets(opts_.width, D_, opts_.keys_pre_rope);
         }
       }
     }
@@ -234,6 +307,18 @@ void KvReviverKvCache::reconstruct(const Seq& s, const Head& h, const std::vecto
                       pos.data(), ctx_.config.rope_style == RopeStyle::kInterleaved);
 }
 
+void KvReviverKvCache::bucket_entries(const Head& h, float* k_out, float* v_out) const {
+  const int64_t n = h.mb.used();
+  std::vector<int64_t> pos(static_cast<size_t>(n));
+  for (int64_t b = 0; b < n; ++b) {
+    h.mb.centroid(b, k_out + b * D_, v_out + b * D_);
+    if (opts_.keys_pre_rope) pos[b] = h.mb.position(b);
+  }
+  if (opts_.keys_pre_rope && n > 0)
+    kernels::rope_f32(k_out, n, 1, D_, D_, rope_cos_.data_ptr<float>(), rope_sin_.data_ptr<float>(),
+                      pos.data(), ctx_.config.rope_style == RopeStyle::kInterleaved);
+}
+
 at::Tensor KvReviverKvCache::attend(const LayerInput& in) {
   const StepBatch& batch = *in.batch;
   const int64_t T = batch.num_tokens();
@@ -255,19 +340,33 @@ at::Tensor KvReviverKvCache::attend(const LayerInput& in) {
     if (opts_.revive && opts_.keys_pre_rope) ensure_rope(max_pos + 1);
     for (int64_t h = 0; h < Hkv_; ++h) {
       Head& hd = s.heads[layer][h];
-      // The vague tokens first (before the append, so that the exact set is the old one).
+      // The vague entries first (before the append, so that the exact set is the old one):
+      // sketch mode one reconstructed row per vague token, merge mode one centroid per bucket
+      // with a log(count) logit bias.
       std::vector<int32_t> vague;
       if (opts_.revive) vague = vague_tokens(s, hd, s.seen);
-      const int64_t nv = static_cast<int64_t>(vague.size());
+      const int64_t nv = !opts_.revive ? 0
+                         : merge()     ? hd.mb.used()
+                                       : static_cast<int64_t>(vague.size());
       scratch_k_.resize(static_cast<size_t>(nv * D_));
       scratch_v_.resize(static_cast<size_t>(nv * D_));
-      if (nv > 0) reconstruct(s, hd, vague, scratch_k_.data(), scratch_v_.data());
+      scratch_bias_.assign(static_cast<size_t>(nv), 0.f);
+      if (nv > 0) {
+        if (merge()) {
+          bucket_entries(hd, scratch_k_.data(), scratch_v_.data());
+          for (int64_t j = 0; j < nv; ++j)
+            scratch_bias_[j] = std::log(static_cast<float>(hd.mb.count(j)));
+        } else {
+          reconstruct(s, hd, vague, scratch_k_.data(), scratch_v_.data());
+        }
+      }
       if (opts_.measure_error && nv > 0) {
-        for (int64_t i = 0; i < nv; ++i) {
+        for (size_t i = 0; i < vague.size(); ++i) {
           const int64_t t = vague[i];
-          attn_err_k_ += sq_dist(scratch_k_.data() + i * D_, hd.shadow_k.data() + t * D_, D_);
+          const int64_t r = merge() ? hd.assign[t] : static_cast<int64_t>(i);
+          attn_err_k_ += sq_dist(scratch_k_.data() + r * D_, hd.shadow_k.data() + t * D_, D_);
           attn_norm_k_ += sq_norm(hd.shadow_k.data() + t * D_, D_);
-          attn_err_v_ += sq_dist(scratch_v_.data() + i * D_, hd.shadow_v.data() + t * D_, D_);
+          attn_err_v_ += sq_dist(scratch_v_.data() + r * D_, hd.shadow_v.data() + t * D_, D_);
           attn_norm_v_ += sq_norm(hd.shadow_v.data() + t * D_, D_);
         }
       }
@@ -294,7 +393,7 @@ at::Tensor KvReviverKvCache::attend(const LayerInput& in) {
             const float* kj = scratch_k_.data() + j * D_;
             float dot = 0.f;
             for (int64_t d = 0; d < D_; ++d) dot += qi[d] * kj[d];
-            p[j] = dot * scale;
+            p[j] = dot * scale + scratch_bias_[j];
             mx = std::max(mx, p[j]);
           }
           for (int64_t j = 0; j < m; ++j) {
@@ -350,7 +449,8 @@ void KvReviverKvCache::evict_head(Seq& s, int layer, int64_t head) {
   std::vector<int64_t> keep = top_k_slots(hd.acc.data(), cand, heavy);
   for (int64_t j = recent_from; j < hd.len; ++j) keep.push_back(j);
   // Fold the evicted entries into the sketches.
-  std::vector<float> row(static_cast<size_t>(D_)), rec(static_cast<size_t>(D_));
+  std::vector<float> row(static_cast<size_t>(D_)), rec(static_cast<size_t>(D_)),
+      rec_v(static_cast<size_t>(D_));
   size_t ki = 0;
   for (int64_t j = 0; j < hd.len; ++j) {
     if (ki < keep.size() && keep[ki] == j) {
@@ -369,14 +469,23 @@ void KvReviverKvCache::evict_head(Seq& s, int layer, int64_t head) {
                         rope_nsin_.data_ptr<float>(), &p,
                         ctx_.config.rope_style == RopeStyle::kInterleaved);
     }
-    hd.sk.add(key, row.data());
-    hd.sv.add(key, hd.v.data() + j * D_);
-    // Error right after insertion (rotation-invariant: measured in the sketched space).
-    hd.sk.reconstruct(key, rec.data());
-    evict_err_k_ += sq_dist(rec.data(), row.data(), D_);
+    int64_t bucket = -1;
+    if (merge()) {
+      // Error right after insertion against the bucket's centroid (in the merged space).
+      bucket = hd.mb.add(row.data(), hd.v.data() + j * D_, s.pos[t]);
+      hd.mb.centroid(bucket, rec.data(), rec_v.data());
+      evict_err_k_ += sq_dist(rec.data(), row.data(), D_);
+      evict_err_v_ += sq_dist(rec_v.data(), hd.v.data() + j * D_, D_);
+    } else {
+      hd.sk.add(key, row.data());
+      hd.sv.add(key, hd.v.data() + j * D_);
+      // Error right after insertion (rotation-invariant: measured in the sketched space).
+      hd.sk.reconstruct(key, rec.data());
+      evict_err_k_ += sq_dist(rec.data(), row.data(), D_);
+      hd.sv.reconstruct(key, rec.data());
+      evict_err_v_ += sq_dist(rec.data(), hd.v.data() + j * D_, D_);
+    }
     evict_norm_k_ += sq_norm(row.data(), D_);
-    hd.sv.reconstruct(key, rec.data());
-    evict_err_v_ += sq_dist(rec.data(), hd.v.data() + j * D_, D_);
     evict_norm_v_ += sq_norm(hd.v.data() + j * D_, D_);
     if (opts_.measure_error) {
       const size_t need = static_cast<size_t>((t + 1) * D_);
@@ -386,6 +495,11 @@ void KvReviverKvCache::evict_head(Seq& s, int layer, int64_t head) {
       }
       std::memcpy(hd.shadow_k.data() + t * D_, hd.k.data() + j * D_, sizeof(float) * D_);
       std::memcpy(hd.shadow_v.data() + t * D_, hd.v.data() + j * D_, sizeof(float) * D_);
+      if (merge()) {
+        if (hd.assign.size() < static_cast<size_t>(t + 1))
+          hd.assign.resize(std::max<size_t>(t + 1, static_cast<size_t>(s.seen)), -1);
+        hd.assign[t] = static_cast<int32_t>(bucket);
+      }
     }
   }
   compact(hd, keep);
@@ -415,8 +529,9 @@ void KvReviverKvCache::truncate(int64_t seq_id, int64_t new_len) {
       const int64_t keep =
           std::lower_bound(h.idx.begin(), h.idx.begin() + h.len, static_cast<int32_t>(new_len)) -
           h.idx.begin();
-      // Sketched tokens past the cut cannot be subtracted exactly: they stay as noise in their
-      // buckets; the new epoch gives re-appended token indices fresh buckets.
+      // Vague tokens past the cut cannot be subtracted exactly: in sketch mode they stay as noise
+      // in their buckets (the new epoch gives re-appended token indices fresh buckets); in merge
+      // mode they stay in their buckets' sums and counts, i.e. they are still attended.
       const int64_t vague_before = s.seen - h.len, vague_after = new_len - keep;
       if (opts_.revive) stale_sketch_tokens_ += vague_before - vague_after;
       std::vector<int64_t> slots(static_cast<size_t>(keep));
@@ -437,7 +552,7 @@ int64_t KvReviverKvCache::seq_len(int64_t seq_id) const {
 
 Footprint KvReviverKvCache::footprint() const {
   // CPU only: every host array is the device's. payload = exact K/V; metadata = accumulated scores
-  // + both sketches; index = exact entries' token indices + per-token position and epoch.
+  // + both sketches (sketch mode) or the merge buckets (merge mode); index = exact entries' token indices + per-token position and epoch.
   Footprint f;
   const int64_t entry_bytes = 2 * D_ * 4;
   int64_t entries_all = 0;
@@ -447,7 +562,7 @@ Footprint KvReviverKvCache::footprint() const {
       for (const auto& h : layer) {
         entries += h.len;
         f.device_payload_bytes += h.len * entry_bytes;
-        f.device_metadata_bytes += h.len * 4 + h.sk.bytes() + h.sv.bytes();
+        f.device_metadata_bytes += h.len * 4 + h.sk.bytes() + h.sv.bytes() + h.mb.bytes();
         f.device_index_bytes += h.len * 4;
         f.device_reserved_bytes += (h.cap - h.len) * (entry_bytes + 8);
       }
@@ -462,6 +577,7 @@ Footprint KvReviverKvCache::footprint() const {
 
 std::map<std::string, double> KvReviverKvCache::counters() const {
   std::map<std::string, double> c;
+  c["setting.merge"] = merge() ? 1.0 : 0.0;
   c["setting.depth"] = static_cast<double>(opts_.depth);
   c["setting.width"] = static_cast<double>(opts_.width);
   c["setting.recent_fraction"] = opts_.recent_fraction;
@@ -470,7 +586,8 @@ std::map<std::string, double> KvReviverKvCache::counters() const {
   c["evicted_entries"] = static_cast<double>(evicted_entries_);
   c["evicted_tokens"] = static_cast<double>(evicted_entries_) / static_cast<double>(L_ * Hkv_);
   c["stale_sketch_tokens"] = static_cast<double>(stale_sketch_tokens_);
-  double kept = 0, seen = 0, sketch = 0, vague = 0, shadow = 0;
+  double kept = 0, seen = 0, sketch = 0, vague = 0, shadow = 0, heads = 0, used = 0, merged = 0,
+         bucket_bytes = 0;
   for (const auto& [id, s] : seqs_) {
     seen += static_cast<double>(s.seen * L_ * Hkv_);
     for (const auto& layer : s.heads) {
@@ -478,13 +595,24 @@ std::map<std::string, double> KvReviverKvCache::counters() const {
         kept += static_cast<double>(h.len);
         vague += static_cast<double>(s.seen - h.len);
         sketch += static_cast<double>(h.sk.bytes() + h.sv.bytes());
-        shadow += static_cast<double>((h.shadow_k.size() + h.shadow_v.size()) * sizeof(float));
+        shadow += static_cast<double>((h.shadow_k.size() + h.shadow_v.size()) * sizeof(float) +
+                                      h.assign.size() * sizeof(int32_t));
+        heads += 1;
+        used += static_cast<double>(h.mb.used());
+        merged += static_cast<double>(h.mb.tokens());
+        bucket_bytes += static_cast<double>(h.mb.bytes());
       }
     }
   }
   if (seen > 0) c["kept_ratio"] = kept / seen;
   c["sketch_bytes"] = sketch;
-  c["sketched_entries"] = opts_.revive ? vague : 0.0;
+  c["sketched_entries"] = opts_.revive && !merge() ? vague : 0.0;
+  if (merge()) {
+    c["merged_entries"] = opts_.revive ? vague : 0.0;
+    c["merge.bucket_bytes"] = bucket_bytes;
+    if (heads > 0) c["merge.buckets_used"] = used / heads;  // mean per head
+    if (used > 0) c["merge.tokens_per_bucket"] = merged / used;
+  }
   if (evict_norm_k_ > 0) {
     c["recon_rel_err_k.at_eviction"] = std::sqrt(evict_err_k_ / evict_norm_k_);
     c["recon_rel_err_v.at_eviction"] = std::sqrt(evict_err_v_ / evict_norm_v_);
@@ -507,13 +635,25 @@ std::vector<HeadSnapshot> KvReviverKvCache::probe_view(int layer, int64_t seq_id
   int32_t max_pos = 0;
   for (int64_t t = 0; t < s.seen; ++t) max_pos = std::max(max_pos, s.pos[t]);
   if (opts_.revive && opts_.keys_pre_rope) self->ensure_rope(max_pos + 1);
+  if (opts_.revive && merge() && !opts_.measure_error) return out;  // token -> bucket unknown
   for (int64_t h = 0; h < Hkv_; ++h) {
     const Head& hd = s.heads[layer][h];
     std::vector<int32_t> vague;
     if (opts_.revive) vague = vague_tokens(s, hd, s.seen);
     const int64_t nv = static_cast<int64_t>(vague.size()), n = nv + hd.len;
     std::vector<float> rk(static_cast<size_t>(nv * D_)), rv(static_cast<size_t>(nv * D_));
-    if (nv > 0) reconstruct(s, hd, vague, rk.data(), rv.data());
+    if (nv > 0 && merge()) {
+      const int64_t nb = hd.mb.used();
+      std::vector<float> bk(static_cast<size_t>(nb * D_)), bv(static_cast<size_t>(nb * D_));
+      bucket_entries(hd, bk.data(), bv.data());
+      for (int64_t i = 0; i < nv; ++i) {
+        const int64_t b = hd.assign[vague[i]];
+        std::memcpy(rk.data() + i * D_, bk.data() + b * D_, sizeof(float) * D_);
+        std::memcpy(rv.data() + i * D_, bv.data() + b * D_, sizeof(float) * D_);
+      }
+    } else if (nv > 0) {
+      reconstruct(s, hd, vague, rk.data(), rv.data());
+    }
     // Merge both sets in token order.
     at::Tensor K = at::empty({n, D_}, at::kFloat), V = at::empty({n, D_}, at::kFloat);
     std::vector<int64_t> index;
@@ -551,41 +691,59 @@ const kvreviver::CountSketch& KvReviverKvCache::value_sketch(int64_t seq_id, int
   return seq(seq_id).heads.at(layer).at(head).sv;
 }
 
+const kvreviver::MergeBuckets& KvReviverKvCache::buckets(int64_t seq_id, int layer,
+                                                         int64_t head) const {
+  return seq(seq_id).heads.at(layer).at(head).mb;
+}
+
 namespace {
 
 MethodInfo kvreviver_info() {
   MethodInfo m;
   m.name = "kvreviver";
   m.summary =
-      "KVReviver-style: recent + heavy candidates exact, evicted tokens in a count-sketch that "
-      "attention reconstructs (kvbench design; paper internals unpublished)";
+      "KVReviver-style: recent + heavy candidates exact, evicted tokens merged into width buckets "
+      "attended with a log(count) bias (default) or, reconstruction=sketch, in a count-sketch "
+      "that attention reconstructs (kvbench design; paper internals unpublished)";
   m.paper =
       "KVReviver: reversible KV cache compression with sketch-based token reconstruction, arXiv "
       "2512.17917 (design inferred from the abstract: see methods/kvreviver/README.md)";
   m.params = budget_params(0.25, "ratio");
   m.params[0].doc =
-      "EXACT entries kept per KV head (recent window + candidates); the sketches come on top and "
+      "EXACT entries kept per KV head (recent window + candidates); the buckets / sketches come "
+      "on top and "
       "are counted in the ledger: a fraction of the tokens seen (budget_unit=ratio, (0, 1]) or a "
       "token count";
   m.params.push_back(float_param("recent_fraction", 0.5, 0.0, 1.0,
                                  "share of the exact budget given to the recent window; the rest "
                                  "goes to candidates by accumulated attention (H2O-style)"));
-  m.params.push_back(int_param("depth", 3, 1, 64, "count-sketch rows (median over rows)"));
+  m.params.push_back(string_param(
+      "reconstruction", "merge", {"merge", "sketch"},
+      "how evicted tokens are kept and attended. merge: width buckets per head (new bucket until "
+      "width are used, then the nearest centroid key, L2), each attended as one entry (centroid "
+      "key/value, logit + log(count)); sketch: the literal count-sketch reading, every evicted "
+      "token reconstructed (median over depth rows) and attended -- breaks the model unless the "
+      "sketch is larger than the cache (README)"));
+  m.params.push_back(int_param("depth", 3, 1, 64, "sketch mode: count-sketch rows (median over rows); "
+                               "ignored by merge"));
   m.params.push_back(int_param("width", 32, 1, 1 << 20,
-                               "count-sketch buckets per row; one sketch holds depth x width x "
-                               "head_dim fp32 for keys and as much for values, per layer, KV head "
-                               "and sequence"));
+                               "merge: buckets per layer, KV head and sequence, each 2 x head_dim "
+                               "fp32 sums + int32 count (+ int64 position sum with "
+                               "keys_pre_rope); sketch: buckets per row, one sketch holds depth x "
+                               "width x head_dim fp32 for keys and as much for values"));
   m.params.push_back(bool_param("revive", true,
-                                "attend the evicted tokens reconstructed from the sketch; false: "
-                                "plain eviction with the same exact region (no sketch kept)"));
+                                "attend the evicted tokens (merged or reconstructed); false: "
+                                "plain eviction with the same exact region (nothing kept)"));
   m.params.push_back(bool_param("keys_pre_rope", true,
-                                "sketch keys with RoPE removed and re-rotate reconstructions "
-                                "to the token's position (false: sketch post-RoPE keys)"));
+                                "fold keys with RoPE removed and re-rotate (sketch: at the "
+                                "token's position; merge: at the bucket's count-weighted mean "
+                                "position, rounded); false: fold post-RoPE keys"));
   m.params.push_back(int_param("seed", 0, 0, 2147483647.0, "hash seed of the sketches"));
   m.params.push_back(bool_param("measure_error", false,
-                                "measurement only: keep shadow copies of sketched rows (NOT in "
-                                "the ledger) to report the reconstruction error at attention "
-                                "time"));
+                                "measurement only: keep shadow copies of evicted rows and "
+                                "(merge) each token's bucket, NOT in the ledger, to report the "
+                                "reconstruction error at attention time (merge: probe_view "
+                                "needs it)"));
   m.caps.evicts = true;
   return m;
 }
@@ -594,6 +752,9 @@ std::unique_ptr<KvCache> make_kvreviver(const CacheContext& ctx, const nlohmann:
   KvReviverKvCache::Options o;
   o.budget = parse_budget(p, "kvreviver");
   o.recent_fraction = p.at("recent_fraction").get<double>();
+  o.reconstruction = p.at("reconstruction").get<std::string>() == "sketch"
+                         ? KvReviverKvCache::Reconstruction::kSketch
+                         : KvReviverKvCache::Reconstruction::kMerge;
   o.depth = p.at("depth").get<int64_t>();
   o.width = p.at("width").get<int64_t>();
   o.revive = p.at("revive").get<bool>();

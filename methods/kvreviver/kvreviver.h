@@ -3,16 +3,23 @@
 // public: this is kvbench's design after the public description, see README.md). Per sequence,
 // layer and KV head:
 //   exact region:  the most recent tokens + candidate tokens (top accumulated attention,
-//   H2O-style),
-//                  stored exactly (keys post-RoPE, values), at most `budget` entries per head;
-//   vague region:  every other token of the sequence, folded into two count-sketches (keys and
-//                  values), `depth` rows x `width` buckets x head_dim, fp32. Nothing is stored per
-//                  vague token: its buckets and signs come from a hash of (layer, head, row, token
-//                  index, truncation epoch).
-// Attention: exact over the exact region plus every vague token reconstructed from the sketches
-// (median over rows of sign x bucket; keys sketched pre-RoPE by default and re-rotated to the
-// token's own position), all in one softmax. revive=false drops the vague tokens instead (the same
-// exact region, eviction only: the ablation). CPU fp32 only.
+//                  H2O-style), stored exactly (keys post-RoPE, values), at most `budget` entries
+//                  per head;
+//   vague region:  every other token of the sequence, held compressed in one of two ways
+//                  (`reconstruction`):
+//     merge (default): `width` buckets of running K/V sums + counts (+ position sums when keys are
+//                  merged pre-RoPE). An evicted token opens a new bucket while fewer than `width`
+//                  are used, else it is folded into the bucket whose centroid key is nearest (L2).
+//                  Attention sees each bucket as ONE entry: centroid key/value, logit + log(count).
+//     sketch:      the literal reading of the paper's description: two count-sketches (keys and
+//                  values), `depth` rows x `width` buckets x head_dim, fp32, nothing stored per
+//                  vague token (hashes of layer, head, row, token index, truncation epoch); every
+//                  vague token is reconstructed (median over rows) and attended. Breaks the model
+//                  unless the sketch is larger than the cache (README, Measured).
+// Keys are folded pre-RoPE by default (keys_pre_rope) and re-rotated: sketch mode at the token's
+// own position, merge mode at the bucket's count-weighted mean position, rounded.
+// Attention is one softmax over the exact region and the vague entries. revive=false drops the
+// vague tokens instead (the same exact region, eviction only: the ablation). CPU fp32 only.
 
 #include <ATen/core/Tensor.h>
 
@@ -52,6 +59,37 @@ class CountSketch {
   std::vector<float> table_;
 };
 
+// Merge buckets for one head: at most `width` buckets of [dim] key sums, [dim] value sums, a token
+// count and (with positions) a position sum. add(): while fewer than `width` buckets are used the
+// row opens a new bucket; afterwards it joins the bucket whose centroid key (key sum / count) is
+// nearest in L2 (ties: the lowest index). Deterministic (depends only on the order of the adds).
+// Storage is allocated for all `width` buckets on the first add (bytes() is 0 before).
+class MergeBuckets {
+ public:
+  MergeBuckets() = default;
+  MergeBuckets(int64_t width, int64_t dim, bool positions);
+  int64_t add(const float* k, const float* v, int64_t pos);  // returns the bucket
+  int64_t nearest(const float* k) const;  // the bucket add() would join once full (-1: none used)
+  int64_t used() const { return used_; }
+  int64_t width() const { return width_; }
+  int64_t count(int64_t b) const { return count_[b]; }
+  int64_t tokens() const;  // sum of the counts
+  int64_t position_sum(int64_t b) const { return pos_sum_[b]; }
+  int64_t position(int64_t b) const;  // representative position: round(position sum / count)
+  void centroid(int64_t b, float* k_out, float* v_out) const;  // sums / count
+  const float* key_sum(int64_t b) const { return ksum_.data() + b * dim_; }
+  const float* value_sum(int64_t b) const { return vsum_.data() + b * dim_; }
+  // width x (2 x dim x 4 B sums + 4 B count [+ 8 B position sum]) once allocated.
+  int64_t bytes() const;
+
+ private:
+  int64_t width_ = 1, dim_ = 1, used_ = 0;
+  bool positions_ = false;
+  std::vector<float> ksum_, vsum_;  // [width, dim]
+  std::vector<int32_t> count_;      // [width]
+  std::vector<int64_t> pos_sum_;    // [width], positions only
+};
+
 // Sketch key of token `t` appended in truncation epoch `epoch`.
 inline uint64_t token_key(int64_t t, int32_t epoch) {
   return (static_cast<uint64_t>(static_cast<uint32_t>(epoch)) << 32) |
@@ -62,16 +100,20 @@ inline uint64_t token_key(int64_t t, int32_t epoch) {
 
 class KvReviverKvCache : public KvCache {
  public:
+  enum class Reconstruction { kMerge, kSketch };
   struct Options {
     Budget budget;                 // exact entries per KV head
     double recent_fraction = 0.5;  // share of the exact budget given to the recent window
-    int64_t depth = 3;
-    int64_t width = 32;
+    Reconstruction reconstruction = Reconstruction::kMerge;
+    int64_t depth = 3;   // sketch only
+    int64_t width = 32;  // merge: buckets per head; sketch: buckets per row
     bool revive = true;         // attend reconstructed vague tokens (false: evict only)
-    bool keys_pre_rope = true;  // sketch keys with RoPE removed (re-rotated on reconstruction)
+    bool keys_pre_rope = true;  // fold keys with RoPE removed (re-rotated on reconstruction)
     uint64_t seed = 0;
-    bool measure_error = false;  // keep shadow copies of sketched rows (not in the ledger) to
-                                 // measure the reconstruction error at attention time
+    bool measure_error = false;  // keep shadow copies of vague rows (and, merge mode, each
+                                 // token's bucket; not in the ledger) to measure the
+                                 // reconstruction error at attention time (merge mode: also
+                                 // what probe_view needs)
   };
   KvReviverKvCache(const CacheContext& ctx, Options opts);
 
@@ -85,7 +127,9 @@ class KvReviverKvCache : public KvCache {
   int64_t seq_len(int64_t seq_id) const override;
   Footprint footprint() const override;
   std::map<std::string, double> counters() const override;
-  // Exact entries plus the reconstructed vague tokens (post-RoPE keys), by token index.
+  // Exact entries plus the reconstructed vague tokens (post-RoPE keys), by token index. Merge
+  // mode: a vague token shows its bucket's centroid (n copies of a centroid = the log(n) bias, so
+  // the view's softmax is attention's); needs measure_error (the token -> bucket map), else empty.
   std::vector<HeadSnapshot> probe_view(int layer, int64_t seq_id) const override;
 
   // Inspection (tests): the token indices a head keeps exactly, its capacity, and its sketches.
@@ -93,6 +137,7 @@ class KvReviverKvCache : public KvCache {
   int64_t capacity(int64_t seq_id, int layer, int64_t head) const;
   const kvreviver::CountSketch& key_sketch(int64_t seq_id, int layer, int64_t head) const;
   const kvreviver::CountSketch& value_sketch(int64_t seq_id, int layer, int64_t head) const;
+  const kvreviver::MergeBuckets& buckets(int64_t seq_id, int layer, int64_t head) const;
 
  private:
   struct Head {
@@ -101,8 +146,10 @@ class KvReviverKvCache : public KvCache {
     std::vector<float> acc;    // [cap] accumulated attention
     int64_t len = 0, cap = 0;
     bool evicted = false;
-    kvreviver::CountSketch sk, sv;
+    kvreviver::CountSketch sk, sv;    // sketch mode
+    kvreviver::MergeBuckets mb;       // merge mode
     std::vector<float> shadow_k, shadow_v;  // measure_error only: [seen, head_dim] by token index
+    std::vector<int32_t> assign;            // measure_error, merge mode: bucket by token index
   };
   struct Seq {
     int64_t seen = 0;
@@ -118,6 +165,9 @@ class KvReviverKvCache : public KvCache {
   void reserve(Head& h, int64_t need);
   void compact(Head& h, const std::vector<int64_t>& keep);
   void ensure_rope(int64_t n_pos);
+  bool merge() const { return opts_.reconstruction == Reconstruction::kMerge; }
+  // Merge mode: the centroids of a head's buckets, keys post-RoPE: [used, head_dim] each.
+  void bucket_entries(const Head& h, float* k_out, float* v_out) const;
   // The vague tokens of a head (token indices < seen not held exactly) and, when revive is on,
   // their reconstructed keys (post-RoPE) and values: [n, head_dim] each.
   std::vector<int32_t> vague_tokens(const Seq& s, const Head& h, int64_t seen) const;
@@ -131,7 +181,7 @@ class KvReviverKvCache : public KvCache {
   std::unordered_map<int64_t, Seq> seqs_;
   at::Tensor rope_cos_, rope_sin_, rope_nsin_;  // [n, head_dim / 2] fp32
   int64_t rope_len_ = 0;
-  std::vector<float> scratch_p_, scratch_k_, scratch_v_;
+  std::vector<float> scratch_p_, scratch_k_, scratch_v_, scratch_bias_;
   // Counters.
   int64_t evicted_entries_ = 0, stale_sketch_tokens_ = 0;
   double evict_err_k_ = 0, evict_norm_k_ = 0, evict_err_v_ = 0, evict_norm_v_ = 0;

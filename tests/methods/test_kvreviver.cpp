@@ -2,7 +2,10 @@
 // (recent + heavy candidates), attention = one softmax over exact + reconstructed tokens (checked
 // against probe_view and the sketch API), lossless revival with a wide sketch, keep-everything =
 // full logits, the ledger against hand-computed bytes, counters, determinism, fork/truncate, and
-// the CPU-fp32-only refusal.
+// the CPU-fp32-only refusal. Sketch-mode tests set reconstruction=sketch (the default is merge).
+// Merge mode: the buckets on hand-made rows, a bucket of identical tokens = their exact attention,
+// attention = softmax over probe_view (centroids re-rotated at the rounded mean position), a wide
+// merge = full attention, the ledger by hand, determinism, merge beats sketch at the defaults.
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
@@ -21,6 +24,7 @@ namespace kvb {
 namespace {
 
 using kvreviver::CountSketch;
+using kvreviver::MergeBuckets;
 using kvreviver::token_key;
 
 std::shared_ptr<Model> stories() {
@@ -210,6 +214,7 @@ TEST(KvReviverStore, KeepsRecentAndHeavyCandidatesExactAndSketchesTheRest) {
     auto kv = make({c, c10::kCPU, c10::kFloat}, {{"budget", 4},
                                                  {"budget_unit", "tokens_per_head"},
                                                  {"revive", revive},
+                                                 {"reconstruction", "sketch"},
                                                  {"width", 8},
                                                  {"depth", 1}});
     Driver d{kv.get(), 1};
@@ -238,6 +243,7 @@ TEST(KvReviverStore, AttentionIsOneSoftmaxOverExactAndReconstructedTokens) {
                                                  {"budget_unit", "tokens_per_head"},
                                                  {"width", 4},
                                                  {"depth", 3},
+                                                 {"reconstruction", "sketch"},
                                                  {"keys_pre_rope", pre_rope}});
     Driver d{kv.get(), 2};
     at::Tensor K = rnd({20, 2, 4}, 1), V = rnd({20, 2, 4}, 2);
@@ -289,6 +295,7 @@ TEST(KvReviverStore, AWideSketchRevivesEvictedTokensAlmostLosslessly) {
   auto kv = make({c, c10::kCPU, c10::kFloat}, {{"budget", 4},
                                                {"budget_unit", "tokens_per_head"},
                                                {"width", 4096},
+                                               {"reconstruction", "sketch"},
                                                {"measure_error", true}});
   Driver d{kv.get(), 1};
   at::Tensor K = rnd({16, 1, 4}, 5), V = rnd({16, 1, 4}, 6);
@@ -319,12 +326,16 @@ TEST(KvReviverStore, RefusesAnythingButCpuFp32) {
   }
   EXPECT_THROW(make({c, c10::kCPU, c10::kFloat}, {{"budget", 1.5}}), kvb::Error);
   EXPECT_THROW(make({c, c10::kCPU, c10::kFloat}, {{"depth", 65}}), kvb::Error);
+  EXPECT_THROW(make({c, c10::kCPU, c10::kFloat}, {{"reconstruction", "median"}}), kvb::Error);
 }
 
 TEST(KvReviverStore, TruncateDropsTheTailAndGivesReappendedTokensFreshBuckets) {
   ModelConfig c = tiny(1, 2, 1, 4);
   auto kv = make({c, c10::kCPU, c10::kFloat},
-                 {{"budget", 4}, {"budget_unit", "tokens_per_head"}, {"width", 4096}});
+                 {{"budget", 4},
+                  {"budget_unit", "tokens_per_head"},
+                  {"width", 4096},
+                  {"reconstruction", "sketch"}});
   Driver d{kv.get(), 1};
   for (int64_t t = 0; t < 12; ++t)
     d.step(rnd({1, 2, 4}, 20 + t), rnd({1, 1, 4}, 40 + t), rnd({1, 1, 4}, 60 + t),
@@ -360,6 +371,189 @@ TEST(KvReviverStore, TruncateDropsTheTailAndGivesReappendedTokensFreshBuckets) {
   EXPECT_THROW(kv->truncate(0, 20), kvb::Error);
 }
 
+// ---------------------------------------------------------------- merge mode
+
+TEST(KvReviverMerge, BucketsOpenUntilWidthThenJoinTheNearestCentroid) {
+  MergeBuckets mb(2, 2, true);
+  EXPECT_EQ(mb.bytes(), 0);
+  EXPECT_EQ(mb.nearest(std::vector<float>{0, 0}.data()), -1);
+  const float k0[2] = {0, 0}, k1[2] = {10, 0}, k2[2] = {9, 1}, k3[2] = {1, -1};
+  const float v0[2] = {1, 1}, v1[2] = {2, 2}, v2[2] = {4, 6}, v3[2] = {3, 3};
+  EXPECT_EQ(mb.add(k0, v0, 4), 0);
+  EXPECT_EQ(mb.bytes(), 2 * (2 * 2 * 4 + 4 + 8));
+  EXPECT_EQ(mb.add(k1, v1, 7), 1);
+  EXPECT_EQ(mb.add(k2, v2, 10), 1);  // full: nearest centroid (10, 0)
+  EXPECT_EQ(mb.add(k3, v3, 5), 0);   // nearest centroid (0, 0)
+  EXPECT_EQ(mb.used(), 2);
+  EXPECT_EQ(mb.count(0), 2);
+  EXPECT_EQ(mb.count(1), 2);
+  EXPECT_EQ(mb.tokens(), 4);
+  std::vector<float> k(2), v(2);
+  mb.centroid(1, k.data(), v.data());
+  EXPECT_EQ(k, (std::vector<float>{9.5f, 0.5f}));
+  EXPECT_EQ(v, (std::vector<float>{3.f, 4.f}));
+  EXPECT_EQ(mb.position_sum(1), 17);
+  EXPECT_EQ(mb.position(1), 9);  // round(8.5) away from zero
+  EXPECT_EQ(mb.position(0), 5);  // round(4.5)
+  // Without positions: no position sums in the bytes.
+  MergeBuckets np(3, 4, false);
+  np.add(std::vector<float>(4, 1.f).data(), std::vector<float>(4, 2.f).data(), 0);
+  EXPECT_EQ(np.bytes(), 3 * (2 * 4 * 4 + 4));
+  EXPECT_THROW(np.position(0), kvb::Error);
+}
+
+// Full attention over every token, by hand: K post-RoPE [T, Hkv, D], q [Hq, D].
+at::Tensor full_attention(const at::Tensor& K, const at::Tensor& V, const at::Tensor& q,
+                          int64_t upto) {
+  const int64_t Hq = q.size(0), Hkv = K.size(1), G = Hq / Hkv;
+  std::vector<at::Tensor> outs;
+  for (int64_t hq = 0; hq < Hq; ++hq) {
+    at::Tensor Kh = K.narrow(0, 0, upto).select(1, hq / G), Vh = V.narrow(0, 0, upto).select(1, hq / G);
+    at::Tensor p = at::softmax(Kh.matmul(q[hq]) / std::sqrt(static_cast<float>(q.size(1))), 0);
+    outs.push_back(p.matmul(Vh));
+  }
+  return at::stack(outs);
+}
+
+TEST(KvReviverMerge, ABucketOfIdenticalTokensReproducesTheirExactAttention) {
+  // Tokens 0..7 share one key (post-RoPE) and one value; 8..13 are random. Budget 4, all recent:
+  // step t attends over tokens <= t - 5 merged and t - 4..t exact, so up to step 11 only identical
+  // tokens are merged: with width 3 the first 3 evicted open buckets, every later one joins one
+  // of them (all centroids equal), and attention must equal full attention exactly.
+  ModelConfig c = tiny(1, 2, 1, 4);
+  auto kv = make({c, c10::kCPU, c10::kFloat}, {{"budget", 4},
+                                               {"budget_unit", "tokens_per_head"},
+                                               {"recent_fraction", 1.0},
+                                               {"width", 3},
+                                               {"keys_pre_rope", false}});
+  Driver d{kv.get(), 1};
+  at::Tensor K = rnd({14, 1, 4}, 7) * 1.5, V = rnd({14, 1, 4}, 8);
+  for (int64_t t = 1; t < 8; ++t) {
+    K[t].copy_(K[0]);
+    V[t].copy_(V[0]);
+  }
+  for (int64_t t = 0; t < 12; ++t) {
+    at::Tensor q = rnd({1, 2, 4}, 30 + t) * 2;
+    at::Tensor out = d.step(q, K.narrow(0, t, 1), V.narrow(0, t, 1),
+                            t == 0 ? Phase::kPrefill : Phase::kDecode);
+    EXPECT_LT(max_diff(out[0], full_attention(K, V, q[0], t + 1)), 1e-5) << t;
+  }
+  const MergeBuckets& mb = rev(*kv).buckets(0, 0, 0);
+  EXPECT_EQ(mb.used(), 3);
+  EXPECT_EQ(mb.tokens(), 8);  // after step 11: tokens 0..7 evicted, 8..11 exact
+  auto cnt = kv->counters();
+  EXPECT_EQ(cnt.at("merged_entries"), 8);
+  EXPECT_EQ(cnt.at("merge.buckets_used"), 3);
+  EXPECT_NEAR(cnt.at("merge.tokens_per_bucket"), 8.0 / 3.0, 1e-12);
+  EXPECT_LT(cnt.at("recon_rel_err_k.at_eviction"), 1e-6);
+  EXPECT_GT(cnt.at("vague_attention_mass"), 0.0);
+  EXPECT_EQ(cnt.at("sketch_bytes"), 0);
+  EXPECT_EQ(cnt.at("sketched_entries"), 0);
+}
+
+TEST(KvReviverMerge, AttentionIsOneSoftmaxOverExactRowsAndBucketCentroids) {
+  // measure_error keeps the token -> bucket map: probe_view shows each vague token as its bucket's
+  // centroid (n copies of one logit = the log(n) bias), so a plain softmax over the view is
+  // attention. Pre-RoPE: the centroid of the pre-RoPE keys rotated at round(mean position).
+  ModelConfig c = tiny(2, 4, 2, 4);
+  at::Tensor cos, sin;
+  compute_rope_tables(c, 64, &cos, &sin);
+  for (bool pre_rope : {true, false}) {
+    auto kv = make({c, c10::kCPU, c10::kFloat}, {{"budget", 5},
+                                                 {"budget_unit", "tokens_per_head"},
+                                                 {"width", 3},
+                                                 {"measure_error", true},
+                                                 {"keys_pre_rope", pre_rope}});
+    Driver d{kv.get(), 2};
+    at::Tensor K0 = rnd({22, 2, 4}, 1), V = rnd({22, 2, 4}, 2);  // K0: pre-RoPE
+    at::Tensor K = apply_rope(K0, cos.narrow(0, 0, 22), sin.narrow(0, 0, 22), c.rope_style);
+    d.step(rnd({9, 4, 4}, 3), K.narrow(0, 0, 9), V.narrow(0, 0, 9), Phase::kPrefill);
+    for (int64_t t = 9; t < 22; ++t) {
+      std::vector<HeadSnapshot> view = kv->probe_view(0, 0);
+      ASSERT_EQ(view.size(), 2u);
+      at::Tensor q = rnd({1, 4, 4}, 40 + t) * 2;
+      at::Tensor out = d.step(q, K.narrow(0, t, 1), V.narrow(0, t, 1), Phase::kDecode);
+      for (int64_t h = 0; h < 2; ++h) {
+        ASSERT_EQ(view[h].index.size(0), t);
+        at::Tensor Kh = at::cat({view[h].k, K[t][h].unsqueeze(0)});
+        at::Tensor Vh = at::cat({view[h].v, V[t][h].unsqueeze(0)});
+        for (int64_t g = 0; g < 2; ++g) {
+          at::Tensor p = at::softmax(Kh.matmul(q[0][h * 2 + g]) / 2.0, 0);
+          EXPECT_LT(max_diff(out[0][h * 2 + g], p.matmul(Vh)), 1e-5) << t << "/" << h;
+        }
+      }
+    }
+    // Hand-made centroids: group the vague tokens of layer 1, head 1 by their view rows.
+    const MergeBuckets& mb = rev(*kv).buckets(0, 1, 1);
+    EXPECT_EQ(mb.used(), 3);
+    std::vector<HeadSnapshot> view = kv->probe_view(1, 0);
+    std::vector<int32_t> kept = rev(*kv).kept_indices(0, 1, 1);
+    EXPECT_EQ(mb.tokens(), 22 - static_cast<int64_t>(kept.size()));
+    for (int64_t b = 0; b < 3; ++b) {
+      // The members of bucket b: the vague tokens whose view value is b's centroid value.
+      std::vector<float> ck(4), cv(4);
+      mb.centroid(b, ck.data(), cv.data());
+      at::Tensor cvt = at::tensor(cv);
+      at::Tensor ksum = at::zeros({4}), vsum = at::zeros({4});
+      int64_t n = 0, psum = 0;
+      for (int64_t r = 0; r < 22; ++r) {
+        if (std::find(kept.begin(), kept.end(), r) != kept.end()) continue;
+        if (!at::equal(view[1].v[r], cvt)) continue;
+        ksum += (pre_rope ? K0 : K)[r][1];
+        vsum += V[r][1];
+        psum += r;
+        ++n;
+      }
+      ASSERT_EQ(n, mb.count(b)) << b;
+      EXPECT_LT(max_diff(vsum / n, cvt), 1e-5);
+      at::Tensor want = (ksum / n).view({1, 1, 4});
+      if (pre_rope) {
+        const int64_t rp = std::llround(static_cast<double>(psum) / n);
+        EXPECT_EQ(mb.position(b), rp);
+        want = apply_rope(want, cos.narrow(0, rp, 1), sin.narrow(0, rp, 1), c.rope_style);
+      }
+      for (int64_t r = 0; r < 22; ++r) {
+        if (at::equal(view[1].v[r], cvt) &&
+            std::find(kept.begin(), kept.end(), r) == kept.end()) {
+          EXPECT_LT(max_diff(view[1].k[r], want.view({4})), 1e-5) << b << " " << r;
+        }
+      }
+    }
+    EXPECT_GT(kv->counters().at("recon_rel_err_k.at_attention"), 0.1);  // 17 tokens, 3 buckets
+  }
+  // Without measure_error the token -> bucket map is not kept: probe_view is unsupported.
+  auto kv = make({c, c10::kCPU, c10::kFloat}, {{"budget", 2}, {"budget_unit", "tokens_per_head"}});
+  Driver d{kv.get(), 2};
+  d.step(rnd({6, 4, 4}, 3), rnd({6, 2, 4}, 4), rnd({6, 2, 4}, 5), Phase::kPrefill);
+  EXPECT_TRUE(kv->probe_view(0, 0).empty());
+}
+
+TEST(KvReviverMerge, AsManyBucketsAsEvictedTokensIsFullAttention) {
+  // Every evicted token in its own bucket (count 1, bias 0; pre-RoPE: rotated back at its own
+  // position): attention equals full attention over all tokens.
+  ModelConfig c = tiny(1, 2, 1, 4);
+  at::Tensor cos, sin;
+  compute_rope_tables(c, 64, &cos, &sin);
+  for (bool pre_rope : {true, false}) {
+    auto kv = make({c, c10::kCPU, c10::kFloat}, {{"budget", 3},
+                                                 {"budget_unit", "tokens_per_head"},
+                                                 {"width", 64},
+                                                 {"keys_pre_rope", pre_rope}});
+    Driver d{kv.get(), 1};
+    at::Tensor K = apply_rope(rnd({20, 1, 4}, 9), cos.narrow(0, 0, 20), sin.narrow(0, 0, 20),
+                              c.rope_style);
+    at::Tensor V = rnd({20, 1, 4}, 10);
+    for (int64_t t = 0; t < 20; ++t) {
+      at::Tensor q = rnd({1, 2, 4}, 50 + t) * 2;
+      at::Tensor out = d.step(q, K.narrow(0, t, 1), V.narrow(0, t, 1),
+                              t == 0 ? Phase::kPrefill : Phase::kDecode);
+      EXPECT_LT(max_diff(out[0], full_attention(K, V, q[0], t + 1)), 1e-5) << t << pre_rope;
+    }
+    EXPECT_EQ(rev(*kv).buckets(0, 0, 0).used(), 17);  // tokens 0..16 evicted, 17..19 exact
+    EXPECT_EQ(kv->counters().at("merge.tokens_per_bucket"), 1.0);
+  }
+}
+
 // ---------------------------------------------------------------- stories260K
 
 TEST(KvReviverModel, KeepEverythingReproducesFullLogits) {
@@ -382,10 +576,14 @@ TEST(KvReviverModel, RevivalBeatsPlainEvictionAndNarrowSketchesErrMore) {
   const double evict_only =
       max_diff(trace(make(ctx_of(*m), {{"budget", 0.25}, {"revive", false}})), ref);
   std::unique_ptr<Engine> wide_e, narrow_e;
-  const double wide =
-      max_diff(trace(make(ctx_of(*m), {{"budget", 0.25}, {"width", 512}}), &wide_e), ref);
-  const double narrow =
-      max_diff(trace(make(ctx_of(*m), {{"budget", 0.25}, {"width", 4}}), &narrow_e), ref);
+  const double wide = max_diff(
+      trace(make(ctx_of(*m), {{"budget", 0.25}, {"width", 512}, {"reconstruction", "sketch"}}),
+            &wide_e),
+      ref);
+  const double narrow = max_diff(
+      trace(make(ctx_of(*m), {{"budget", 0.25}, {"width", 4}, {"reconstruction", "sketch"}}),
+            &narrow_e),
+      ref);
   RecordProperty("max_logit_diff_evict_only", std::to_string(evict_only));
   RecordProperty("max_logit_diff_width512", std::to_string(wide));
   RecordProperty("max_logit_diff_width4", std::to_string(narrow));
@@ -401,7 +599,10 @@ TEST(KvReviverModel, LedgerCountsExactEntriesSketchesAndIndices) {
   auto m = stories();
   EngineOptions eo;
   eo.prefill_chunk = 64;
-  Engine e(m, make(ctx_of(*m), {{"budget", 0.25}, {"depth", 3}, {"width", 32}}), eo);
+  Engine e(m,
+           make(ctx_of(*m),
+                {{"budget", 0.25}, {"depth", 3}, {"width", 32}, {"reconstruction", "sketch"}}),
+           eo);
   std::vector<int64_t> t = {1};
   for (int64_t i = 1; i < 255; ++i) t.push_back(3 + (i * 37 + i * i) % 500);
   int64_t s = e.new_sequence();
@@ -436,7 +637,7 @@ TEST(KvReviverModel, LedgerCountsExactEntriesSketchesAndIndices) {
 
 TEST(KvReviverModel, DeterministicAndSeeded) {
   auto m = stories();
-  nlohmann::json p = {{"budget", 0.3}, {"width", 8}};
+  nlohmann::json p = {{"budget", 0.3}, {"width", 8}, {"reconstruction", "sketch"}};
   at::Tensor a = trace(make(ctx_of(*m), p));
   at::Tensor b = trace(make(ctx_of(*m), p));
   EXPECT_TRUE(at::equal(a, b));
@@ -446,15 +647,82 @@ TEST(KvReviverModel, DeterministicAndSeeded) {
 
 TEST(KvReviverModel, ForkCopiesExactRegionAndSketches) {
   auto m = stories();
-  Engine e(m, make(ctx_of(*m), {{"budget", 0.25}}));
-  std::vector<int64_t> t = {1};
-  for (int i = 1; i < 40; ++i) t.push_back(3 + (i * 37) % 500);
-  int64_t a = e.new_sequence();
-  e.prefill({a}, {t});
-  int64_t b = e.fork(a);
-  EXPECT_TRUE(at::equal(e.decode({a}, {300}), e.decode({b}, {300})));
-  EXPECT_GT(max_diff(e.decode({a}, {301}), e.decode({b}, {302})), 1e-3);
-  EXPECT_EQ(rev(e.kv()).key_sketch(a, 2, 1).bytes(), rev(e.kv()).key_sketch(b, 2, 1).bytes());
+  for (const char* mode : {"sketch", "merge"}) {
+    Engine e(m, make(ctx_of(*m), {{"budget", 0.25}, {"reconstruction", mode}}));
+    std::vector<int64_t> t = {1};
+    for (int i = 1; i < 40; ++i) t.push_back(3 + (i * 37) % 500);
+    int64_t a = e.new_sequence();
+    e.prefill({a}, {t});
+    int64_t b = e.fork(a);
+    EXPECT_TRUE(at::equal(e.decode({a}, {300}), e.decode({b}, {300}))) << mode;
+    EXPECT_GT(max_diff(e.decode({a}, {301}), e.decode({b}, {302})), 1e-3) << mode;
+    EXPECT_EQ(rev(e.kv()).key_sketch(a, 2, 1).bytes(), rev(e.kv()).key_sketch(b, 2, 1).bytes());
+    EXPECT_EQ(rev(e.kv()).buckets(a, 2, 1).bytes(), rev(e.kv()).buckets(b, 2, 1).bytes());
+    EXPECT_EQ(rev(e.kv()).buckets(a, 2, 1).tokens(), rev(e.kv()).buckets(b, 2, 1).tokens());
+    EXPECT_GT(std::string(mode) == "merge" ? rev(e.kv()).buckets(a, 2, 1).bytes()
+                                           : rev(e.kv()).key_sketch(a, 2, 1).bytes(),
+              0);
+  }
+}
+
+
+TEST(KvReviverModel, MergeLedgerCountsBucketsByHand) {
+  auto m = stories();
+  for (bool pre_rope : {true, false}) {
+    EngineOptions eo;
+    eo.prefill_chunk = 64;
+    Engine e(m, make(ctx_of(*m), {{"budget", 0.25}, {"width", 32}, {"keys_pre_rope", pre_rope}}),
+             eo);
+    std::vector<int64_t> t = {1};
+    for (int64_t i = 1; i < 255; ++i) t.push_back(3 + (i * 37 + i * i) % 500);
+    int64_t s = e.new_sequence();
+    e.prefill({s}, {t});
+    Footprint f = e.kv().footprint();
+    int64_t entries = 0, slack = 0;
+    for (int l = 0; l < 5; ++l) {
+      for (int64_t h = 0; h < 4; ++h) {
+        const int64_t len = static_cast<int64_t>(rev(e.kv()).kept_indices(s, l, h).size());
+        EXPECT_EQ(len, 63);
+        entries += len;
+        slack += rev(e.kv()).capacity(s, l, h) - len;
+        EXPECT_EQ(rev(e.kv()).buckets(s, l, h).used(), 32);
+        EXPECT_EQ(rev(e.kv()).buckets(s, l, h).tokens(), 255 - 63);
+        EXPECT_EQ(rev(e.kv()).key_sketch(s, l, h).bytes(), 0);
+      }
+    }
+    // Per head: 32 buckets x (K and V sums, 8 fp32 each, + int32 count [+ int64 position sum]).
+    const int64_t buckets = 20 * 32 * (2 * 8 * 4 + 4 + (pre_rope ? 8 : 0));
+    EXPECT_EQ(f.device_payload_bytes, entries * 64);
+    EXPECT_EQ(f.device_metadata_bytes, entries * 4 + buckets);
+    EXPECT_EQ(f.device_index_bytes, entries * 4 + 255 * 8);
+    EXPECT_EQ(f.device_reserved_bytes, slack * (64 + 8));
+    EXPECT_EQ(f.tokens_held, 63);
+    auto c = e.kv().counters();
+    EXPECT_EQ(c.at("merge.bucket_bytes"), buckets);
+    EXPECT_EQ(c.at("sketch_bytes"), 0);
+    EXPECT_EQ(c.at("merged_entries"), 20 * (255 - 63));
+    EXPECT_EQ(c.at("merge.buckets_used"), 32);
+    EXPECT_EQ(c.at("merge.tokens_per_bucket"), 6.0);
+    EXPECT_LT(f.physical_bytes(), 255 * m->config.kv_bytes_per_token(4));
+    RecordProperty(std::string("physical_fraction_of_full_pre_rope_") + (pre_rope ? "1" : "0"),
+                   std::to_string(static_cast<double>(f.physical_bytes()) /
+                                  (255.0 * m->config.kv_bytes_per_token(4))));
+  }
+}
+
+TEST(KvReviverModel, MergeIsDeterministicSeedFreeAndBeatsTheSketchAtTheDefaults) {
+  auto m = stories();
+  at::Tensor ref =
+      trace(MethodRegistry::instance().create("full", ctx_of(*m), nlohmann::json::object()));
+  at::Tensor a = trace(make(ctx_of(*m)));
+  EXPECT_TRUE(at::equal(a, trace(make(ctx_of(*m)))));
+  EXPECT_TRUE(at::equal(a, trace(make(ctx_of(*m), {{"seed", 5}}))));  // no hashing in merge mode
+  const double merge = max_diff(a, ref);
+  const double sketch = max_diff(trace(make(ctx_of(*m), {{"reconstruction", "sketch"}})), ref);
+  RecordProperty("max_logit_diff_merge_default", std::to_string(merge));
+  RecordProperty("max_logit_diff_sketch_default", std::to_string(sketch));
+  EXPECT_GT(merge, 1e-3);  // something was merged
+  EXPECT_LT(merge, sketch);
 }
 
 }  // namespace

@@ -1,0 +1,59 @@
+// The contract every registered method meets, whatever it is: created with its defaults, it streams
+// 256 tokens of stories260K on TinyStories (128 prefilled, 128 decoded), its logits stay finite and
+// close to the full cache's, two runs are identical (deterministic under the default seed), and a
+// method that evicts or quantizes holds no more physical bytes than the full cache.
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "harness/eval/runner.h"
+#include "harness/eval/stream.h"
+#include "harness/kv/method_registry.h"
+#include "harness/model/model.h"
+#include "tests/support/test_support.h"
+
+namespace kvb {
+namespace {
+
+TEST(RegistryContract, EveryMethodStreamsDeterministicallyWithinTheFullFootprint) {
+  auto m = load_model(test::models_dir() + "/stories260K");
+  nlohmann::json proto = {
+      {"dataset", "tinystories-valid-sample"}, {"window", 256}, {"stride", 0}, {"max_windows", 1}};
+  std::string hash;
+  auto windows = stream_windows(m->tokenizer_path, proto, test::data_dir(), &hash);
+  ASSERT_EQ(windows.size(), 1u);
+  StreamOptions so;
+  so.prefill_tokens = 128;
+  const auto& reg = MethodRegistry::instance();
+  const StreamSampleResult full = run_stream_sample(m, "full", nlohmann::json::object(), windows[0].tokens, so);
+  const int64_t full_bytes = full.ledger.fp.physical_bytes();
+  ASSERT_GT(full_bytes, 0);
+  for (const auto& name : reg.names()) {
+    SCOPED_TRACE(name);
+    const MethodInfo& info = reg.info(name);
+    const auto a = run_stream_sample(m, name, nlohmann::json::object(), windows[0].tokens, so);
+    const auto b = run_stream_sample(m, name, nlohmann::json::object(), windows[0].tokens, so);
+    ASSERT_EQ(a.tokens, 255);
+    double kl = 0;
+    for (float x : a.kl) {
+      ASSERT_TRUE(std::isfinite(x));
+      kl += x;
+    }
+    kl /= static_cast<double>(a.tokens);
+    EXPECT_LT(kl, 1.0);  // compressed, not broken (full KL of a random model is ~3+ nats)
+    EXPECT_EQ(a.kl, b.kl);
+    EXPECT_EQ(a.nll_sum, b.nll_sum);
+    EXPECT_EQ(a.ledger.fp.physical_bytes(), b.ledger.fp.physical_bytes());
+    if ((info.caps.evicts || info.caps.quantizes) && !info.caps.simulated) {
+      EXPECT_LE(a.ledger.fp.physical_bytes(), full_bytes)
+          << "holds " << a.ledger.fp.physical_bytes() << " bytes, full " << full_bytes;
+    }
+    RecordProperty(name + "_kl_mean", std::to_string(kl));
+    RecordProperty(name + "_physical_fraction",
+                   std::to_string(static_cast<double>(a.ledger.fp.physical_bytes()) / full_bytes));
+  }
+}
+
+}  // namespace
+}  // namespace kvb
