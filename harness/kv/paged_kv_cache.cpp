@@ -86,6 +86,7 @@ void PagedKvCache::begin_step(const StepBatch& batch) {
     KVB_CHECK(s.len == batch.past_lens[b], "paged KV: sequence ", batch.seq_ids[b], " holds ",
               s.len, " tokens but the step says ", batch.past_lens[b]);
     const int64_t n_new = batch.new_tokens(b);
+    s.in_flight = n_new;
     // Copy-on-write: the partial last block is shared with another branch; write into a copy.
     if (s.len % block_size_ != 0 && n_new > 0) {
       int32_t& last = s.blocks.back();
@@ -177,7 +178,11 @@ at::Tensor PagedKvCache::attend_torch(const LayerInput& in) {
 }
 
 void PagedKvCache::end_step(const StepBatch& batch) {
-  for (int64_t b = 0; b < batch.batch_size(); ++b) seq(batch.seq_ids[b]).len += batch.new_tokens(b);
+  for (int64_t b = 0; b < batch.batch_size(); ++b) {
+    Seq& s = seq(batch.seq_ids[b]);
+    s.len += batch.new_tokens(b);
+    s.in_flight = 0;
+  }
 }
 
 void PagedKvCache::release(int64_t seq_id) {
@@ -231,8 +236,9 @@ Footprint PagedKvCache::footprint() const {
 
 at::Tensor PagedKvCache::gather(int layer, int64_t seq_id, bool keys) const {
   const Seq& s = seq(seq_id);
-  std::vector<int64_t> g(s.len);
-  for (int64_t j = 0; j < s.len; ++j) g[j] = s.blocks[j / block_size_] * block_size_ + j % block_size_;
+  const int64_t n = s.len + s.in_flight;
+  std::vector<int64_t> g(n);
+  for (int64_t j = 0; j < n; ++j) g[j] = s.blocks[j / block_size_] * block_size_ + j % block_size_;
   const at::Tensor& pool = keys ? k_pool_[layer] : v_pool_[layer];
   return pool.view({-1, config_.n_kv_heads, config_.head_dim})
       .index_select(0, at::tensor(g, at::kLong).to(device_));

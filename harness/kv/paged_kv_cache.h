@@ -41,12 +41,15 @@ class PagedKvCache : public KvCache {
   const std::vector<int32_t>& block_table(int64_t seq_id) const;
 
   // Gathers a sequence's keys or values for one layer: [len, num_kv_heads, head_dim] (tests, probes).
+  // Between begin_step and end_step the step's tokens are included once attend has written them
+  // (len + the step's new tokens), so a probe sees what the step's queries attended.
   at::Tensor gather(int layer, int64_t seq_id, bool keys) const;
 
  private:
   struct Seq {
     std::vector<int32_t> blocks;
     int64_t len = 0;
+    int64_t in_flight = 0;  // the running step's new tokens (written by attend), 0 outside a step
   };
   int32_t alloc_block();
   void unref_block(int32_t b);

@@ -218,5 +218,29 @@ TEST(Probe, ExactStoresHaveZeroErrorAndEveryLayerIsReported) {
   }
 }
 
+// Eviction stores hold the step's own token while it attends (the exact reference does too, once
+// attend has written it): the probe compares them index for index. A 50% budget loses attention
+// mass (TV > 0) but keeps the kept keys exact (key error 0).
+TEST(Probe, EvictionMethodsAreComparedIndexForIndex) {
+  std::string dir = test::make_temp_dir("probe-evict");
+  ResultsDb db(dir + "/db.sqlite");
+  RunEnv env;
+  env.data_dir = test::data_dir();
+  for (const char* method : {"h2o", "snapkv", "kvreviver"}) {
+    nlohmann::json cfg = resolve_run_config(nlohmann::json::parse(
+        "{\"model\": \"" + test::models_dir() + "/stories260K\", \"method\": {\"name\": \"" + method +
+        "\", \"params\": {\"budget\": 0.5}}, \"protocol\": {\"name\": \"probe\", \"window\": 96, "
+        "\"max_windows\": 1, \"prefill_tokens\": 32, \"every\": 8}}"));
+    RunOutcome o = execute_run(cfg, db, env);
+    double tv = 0, kerr = 0;
+    for (const auto& m : o.metrics) {
+      if (m.name == "attn_prob_tv" && !m.layer) tv = m.value;
+      if (m.name == "key_rel_err" && !m.layer) kerr = m.value;
+    }
+    EXPECT_GT(tv, 1e-3) << method;
+    if (std::string(method) != "kvreviver") EXPECT_LT(kerr, 1e-6) << method;
+  }
+}
+
 }  // namespace
 }  // namespace kvb
