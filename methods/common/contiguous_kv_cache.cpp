@@ -34,6 +34,7 @@ void ContiguousKvCache::begin_step(const StepBatch& batch) {
     KVB_CHECK(s.len == batch.past_lens[b], name_, ": sequence ", id, " holds ", s.len,
               " tokens but the step says ", batch.past_lens[b]);
     const int64_t need = s.len + batch.new_tokens(b);
+    s.in_flight = batch.new_tokens(b);
     if (mode_ == Mode::kReserve) {
       KVB_CHECK(need <= reserve_tokens_, name_, ": sequence ", id, " needs ", need,
                 " tokens but max_seq_len reserves ", reserve_tokens_);
@@ -59,7 +60,11 @@ at::Tensor ContiguousKvCache::attend(const LayerInput& in) {
 }
 
 void ContiguousKvCache::end_step(const StepBatch& batch) {
-  for (int64_t b = 0; b < batch.batch_size(); ++b) seqs_.at(batch.seq_ids[b]).len += batch.new_tokens(b);
+  for (int64_t b = 0; b < batch.batch_size(); ++b) {
+    Seq& s = seqs_.at(batch.seq_ids[b]);
+    s.len += batch.new_tokens(b);
+    s.in_flight = 0;
+  }
 }
 
 void ContiguousKvCache::fork(int64_t src_id, int64_t dst_id) {
@@ -103,9 +108,10 @@ std::vector<HeadSnapshot> ContiguousKvCache::probe_view(int layer, int64_t seq_i
   auto it = seqs_.find(seq_id);
   if (it == seqs_.end()) return {};
   const Seq& s = it->second;
-  at::Tensor k = s.k[layer].narrow(0, 0, s.len).to(at::kFloat);
-  at::Tensor v = s.v[layer].narrow(0, 0, s.len).to(at::kFloat);
-  at::Tensor idx = at::arange(s.len, at::TensorOptions().dtype(at::kLong).device(k.device()));
+  const int64_t n = s.len + s.in_flight;  // the step's tokens once attend has written them
+  at::Tensor k = s.k[layer].narrow(0, 0, n).to(at::kFloat);
+  at::Tensor v = s.v[layer].narrow(0, 0, n).to(at::kFloat);
+  at::Tensor idx = at::arange(n, at::TensorOptions().dtype(at::kLong).device(k.device()));
   std::vector<HeadSnapshot> out;
   for (int64_t h = 0; h < ctx_.config.n_kv_heads; ++h)
     out.push_back({k.select(1, h).contiguous(), v.select(1, h).contiguous(), idx});

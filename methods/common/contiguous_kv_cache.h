@@ -35,6 +35,7 @@ class ContiguousKvCache : public KvCache {
     std::vector<at::Tensor> k, v;  // per layer: [capacity, num_kv_heads, head_dim]
     int64_t len = 0;
     int64_t capacity = 0;
+    int64_t in_flight = 0;  // the running step's new tokens (written by attend), for probe_view
   };
   void reallocate(Seq& s, int64_t capacity);
 

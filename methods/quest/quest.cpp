@@ -402,10 +402,11 @@ std::vector<HeadSnapshot> QuestKvCache::probe_view(int layer, int64_t seq_id) co
   auto it = seqs_.find(seq_id);
   if (it == seqs_.end() || layer < 0 || layer >= L_) return {};
   const Seq& s = it->second;
-  if (s.len == 0) return {};
-  at::Tensor k = s.k[layer].narrow(0, 0, s.len).to(at::kCPU).to(at::kFloat);
-  at::Tensor v = s.v[layer].narrow(0, 0, s.len).to(at::kCPU).to(at::kFloat);
-  at::Tensor idx = at::arange(s.len, at::TensorOptions().dtype(at::kLong));
+  const int64_t n = s.len + s.step_tokens;  // the running step's tokens once attend wrote them
+  if (n == 0) return {};
+  at::Tensor k = s.k[layer].narrow(0, 0, n).to(at::kCPU).to(at::kFloat);
+  at::Tensor v = s.v[layer].narrow(0, 0, n).to(at::kCPU).to(at::kFloat);
+  at::Tensor idx = at::arange(n, at::TensorOptions().dtype(at::kLong));
   std::vector<HeadSnapshot> out;
   for (int64_t h = 0; h < Hkv_; ++h)
     out.push_back({k.select(1, h).contiguous(), v.select(1, h).contiguous(), idx});

@@ -229,7 +229,7 @@ TEST(Probe, EvictionMethodsAreComparedIndexForIndex) {
   for (const char* method : {"h2o", "snapkv", "kvreviver"}) {
     nlohmann::json cfg = resolve_run_config(nlohmann::json::parse(
         "{\"model\": \"" + test::models_dir() + "/stories260K\", \"method\": {\"name\": \"" + method +
-        "\", \"params\": {\"budget\": 0.5}}, \"protocol\": {\"name\": \"probe\", \"window\": 96, "
+        "\", \"params\": {\"budget\": 0.5" + (std::string(method) == "kvreviver" ? ", \"measure_error\": true" : "") + "}}, \"protocol\": {\"name\": \"probe\", \"window\": 96, "
         "\"max_windows\": 1, \"prefill_tokens\": 32, \"every\": 8}}"));
     RunOutcome o = execute_run(cfg, db, env);
     double tv = 0, kerr = 0;
