@@ -24,6 +24,7 @@ int main(int argc, char** argv) {
   kvb::cli::register_leaderboard(app);
   kvb::cli::register_compare(app);
   kvb::cli::register_train(app);
+  kvb::cli::register_kvtuner_search(app);
   std::vector<std::string> plugins;
   app.add_option("--plugin", plugins, "load KV methods from a plugin shared library (repeatable)")
       ->each([](const std::string& p) { kvb::load_plugin(p); });

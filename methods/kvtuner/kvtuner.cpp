@@ -1,11 +1,11 @@
 // kvtuner: KVTuner's online cache (Li et al., ICML 2025): every layer quantizes its K and V with
 // its own bit pair (bK, bV) from a precision config, in KVTuner's KIVI mode (per-channel keys,
 // per-token values, G = 32, residual 32) or its per-token mode (group = head_dim, no residual). The
-// offline sensitivity profiling and the multi-objective search that produce the config are a later
-// step; the config comes inline (`pairs`, covered by the run's config hash) or from a JSON file
-// (`config`). Physical storage: the shared codec layer (methods/common/kv_codec.h); only completed
-// groups are quantized, never the whole cache again (KVTuner's released cache re-quantizes; see
-// README.md).
+// config comes inline (`pairs`, covered by the run's config hash) or from a JSON file (`config`):
+// a plain config or the artifact of the offline search (kvtuner_search.h, `kvbench
+// kvtuner-search`). Physical storage: the shared codec layer (methods/common/kv_codec.h); only
+// completed groups are quantized, never the whole cache again (KVTuner's released cache
+// re-quantizes; see README.md).
 
 #include <cctype>
 #include <cstdlib>
@@ -36,7 +36,8 @@ MethodInfo kvtuner_info() {
           "K4V2, ...); a single pair applies to every layer"),
       string_param("config", "", {},
                    "JSON precision file instead of `pairs`: {\"<layer>\": {\"nbits_key\": b, "
-                   "\"nbits_value\": b}, ...} (KVTuner's YAML as JSON) or [[bK, bV], ...]"),
+                   "\"nbits_value\": b}, ...} (KVTuner's YAML as JSON), [[bK, bV], ...], or a "
+                   "kvtuner-search artifact (its \"layers\")"),
       string_param("mode", "kivi", {"kivi", "per_token"},
                    "kivi: per-channel K, per-token V, G=32, R=32; per_token: K and V per token, "
                    "group = head_dim, R=0 (KVTuner's two modes)"),
@@ -74,6 +75,9 @@ std::pair<int32_t, int32_t> parse_pair(std::string p) {
 
 std::vector<std::pair<int32_t, int32_t>> pairs_from_json(const nlohmann::json& j, int64_t n_layers,
                                                          const std::string& where) {
+  // A kvtuner-search artifact (kvtuner_search.h): its "layers" member is the config, the rest
+  // (Pareto set, profile, settings) is ignored here.
+  if (j.is_object() && j.contains("layers")) return pairs_from_json(j["layers"], n_layers, where);
   std::vector<std::pair<int32_t, int32_t>> out(static_cast<size_t>(n_layers), {0, 0});
   auto bits = [&](const nlohmann::json& v, const std::string& what) {
     KVB_CHECK(v.is_number_integer() && kernels::quant_bits_supported(v.get<int32_t>()), where, ": ",
