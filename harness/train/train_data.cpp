@@ -152,9 +152,45 @@ std::vector<int64_t> TrainData::drill_tokens(const TrainTaskMix& t, int64_t targ
   return ids;
 }
 
+std::vector<int64_t> TrainData::copy_drill_tokens(const TrainTaskMix& t, int64_t target,
+                                                  uint64_t seed) const {
+  std::mt19937_64 rng(seed);
+  // A list of random records ("<adjective>-<noun> 4821;"), book text, then the same list again:
+  // every token of the repeat after its first is predictable only by finding the earlier copy
+  // (an induction head), a dense version of what retrieval needs.
+  const int64_t items = t.params.value("items", int64_t{12});
+  const auto& adj = key_adjectives();
+  const auto& noun = key_nouns();
+  std::string list;
+  for (int64_t i = 0; i < items; ++i) {
+    list += adj[uniform_index(rng, adj.size())] + "-" + noun[uniform_index(rng, noun.size())] + " ";
+    for (int d = 0; d < 4; ++d) list.push_back(static_cast<char>('0' + uniform_index(rng, 10)));
+    list += "; ";
+  }
+  const int64_t list_tokens = static_cast<int64_t>(tok_->encode(list).size());
+  const int64_t gap = std::max<int64_t>(0, target - 2 * list_tokens - 4);
+  const int64_t n = gap > 0 ? static_cast<int64_t>(uniform_index(rng, static_cast<uint64_t>(gap + 1))) : 0;
+  std::string filler;
+  if (n > 0) {
+    uint64_t pick = uniform_index(rng, static_cast<uint64_t>(train_tokens()));
+    size_t ci = 0;
+    while (pick >= train_[ci].size()) pick -= train_[ci++].size();
+    const auto& src = train_[ci];
+    const size_t start = std::min<size_t>(pick, src.size() - static_cast<size_t>(n));
+    filler = tok_->decode(std::vector<int64_t>(src.begin() + static_cast<std::ptrdiff_t>(start),
+                                               src.begin() + static_cast<std::ptrdiff_t>(start + n)));
+  }
+  std::vector<int64_t> ids = {tok_->bos_id()};
+  auto e = tok_->encode(list + "\n" + filler + "\nAgain: " + list);
+  ids.insert(ids.end(), e.begin(), e.end());
+  ids.push_back(tok_->eos_id());
+  return ids;
+}
+
 std::vector<int64_t> TrainData::task_tokens(const TrainTaskMix& t, int64_t target,
                                             uint64_t seed) const {
   if (t.task == "recall_drill") return drill_tokens(t, target, seed);
+  if (t.task == "copy_drill") return copy_drill_tokens(t, target, seed);
   std::mt19937_64 rng(seed);
   TaskSpec spec;
   spec.task = t.task;

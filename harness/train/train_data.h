@@ -50,6 +50,9 @@ class TrainData {
   // its answer (RULER's niah question and answer prefix), so one row carries `pairs` retrieval
   // targets instead of one. Not an evaluation task.
   std::vector<int64_t> drill_tokens(const TrainTaskMix& t, int64_t target, uint64_t seed) const;
+  // The "copy_drill" training task: `items` random records, book text of random length, the same
+  // records again (dense copy targets that teach induction).
+  std::vector<int64_t> copy_drill_tokens(const TrainTaskMix& t, int64_t target, uint64_t seed) const;
 
   TrainConfig cfg_;
   std::shared_ptr<const Tokenizer> tok_;
