@@ -33,9 +33,14 @@ std::vector<Metric> device_allocator_metrics(const std::string& device) {
 
 bool looks_simulated(const LedgerEntry& e) {
   if (e.baseline_bytes <= 0) return false;
+  // Simulated = claims to hold less (logical) while its *payload* stays full size (masks, dequantized
+  // copies). Metadata is not payload: a method whose savings are eaten by real metadata (sketches,
+  // bucket sums) stores physically and is not simulated, it just saves little.
   const double logical = static_cast<double>(e.fp.logical_bytes) / e.baseline_bytes;
-  const double physical = static_cast<double>(e.fp.physical_bytes()) / e.baseline_bytes;
-  return logical < 0.9 && physical > 0.9;
+  const double payload =
+      static_cast<double>(e.fp.device_payload_bytes + e.fp.host_bytes + e.fp.remote_bytes) /
+      e.baseline_bytes;
+  return logical < 0.9 && payload > 0.9;
 }
 
 std::vector<Metric> ledger_metrics(const std::vector<LedgerEntry>& entries, bool declared_simulated) {
