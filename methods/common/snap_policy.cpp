@@ -1,5 +1,7 @@
 #include "methods/common/snap_policy.h"
 
+#include "harness/common/error.h"
+
 namespace kvb {
 
 namespace {
@@ -62,6 +64,21 @@ const std::map<std::string, SnapSettings>& snapkv_presets() { return presets_tab
 
 std::unique_ptr<EvictionPolicy> make_snap_policy(Budget budget, SnapSettings s, int64_t every) {
   return std::make_unique<SnapKvPolicy>(budget, s, every);
+}
+
+std::unique_ptr<KvCache> make_pruned_snap_cache(const CacheContext& ctx, const nlohmann::json& p,
+                                                const std::string& method, ChannelPruneSpec spec) {
+  KVB_CHECK(ctx.device.is_cpu() && ctx.dtype == at::kFloat, "method ", method,
+            ": the pruned-key store runs on CPU fp32 (got device ", ctx.device.str(), ")");
+  SnapSettings snap = parse_snap(p, method, snapkv_presets());
+  spec.ratio = p.at("pruning_ratio").get<double>();
+  spec.window = snap.window;
+  spec.dtype = RowDtype::kF32;
+  EvictingKvCache::Options o;
+  o.name = method;
+  o.codec = make_channel_prune_codec(spec);
+  return std::make_unique<EvictingKvCache>(
+      ctx, o, make_snap_policy(parse_budget(p, method), snap, p.at("compress_every").get<int64_t>()));
 }
 
 }  // namespace kvb

@@ -5,10 +5,8 @@
 // pruned channel reads back as sign * sqrt(m_t / n_c). Storage is physical (methods/common/
 // channel_prune_codec.h): kept values, a D-bit mask, m_t and the sign bits per token, all counted.
 
-#include "harness/common/error.h"
 #include "harness/kv/method_registry.h"
 #include "methods/common/channel_prune_codec.h"
-#include "methods/common/evicting_kv_cache.h"
 #include "methods/common/eviction_select.h"
 #include "methods/common/snap_policy.h"
 
@@ -39,22 +37,10 @@ MethodInfo spark_info() {
 }
 
 std::unique_ptr<KvCache> make_spark(const CacheContext& ctx, const nlohmann::json& p) {
-  KVB_CHECK(ctx.device.is_cpu() && ctx.dtype == at::kFloat,
-            "method spark: the pruned-key store runs on CPU fp32 (got device ", ctx.device.str(),
-            ")");
-  SnapSettings snap = parse_snap(p, "spark", snapkv_presets());
   ChannelPruneSpec cs;
   cs.mode = ChannelPruneMode::kSpark;
-  cs.ratio = p.at("pruning_ratio").get<double>();
   cs.recovery = p.at("recovery") == "zero" ? ChannelRecovery::kZero : ChannelRecovery::kAverage;
-  cs.window = snap.window;
-  cs.dtype = RowDtype::kF32;
-  EvictingKvCache::Options o;
-  o.name = "spark";
-  o.codec = make_channel_prune_codec(cs);
-  return std::make_unique<EvictingKvCache>(
-      ctx, o,
-      make_snap_policy(parse_budget(p, "spark"), snap, p.at("compress_every").get<int64_t>()));
+  return make_pruned_snap_cache(ctx, p, "spark", cs);
 }
 
 }  // namespace

@@ -4,10 +4,8 @@
 // selection first when budget < 1. Physical storage: kept values + one D-bit mask per head
 // (methods/common/channel_prune_codec.h).
 
-#include "harness/common/error.h"
 #include "harness/kv/method_registry.h"
 #include "methods/common/channel_prune_codec.h"
-#include "methods/common/evicting_kv_cache.h"
 #include "methods/common/eviction_select.h"
 #include "methods/common/snap_policy.h"
 
@@ -34,22 +32,10 @@ MethodInfo think_info() {
 }
 
 std::unique_ptr<KvCache> make_think(const CacheContext& ctx, const nlohmann::json& p) {
-  KVB_CHECK(ctx.device.is_cpu() && ctx.dtype == at::kFloat,
-            "method think: the pruned-key store runs on CPU fp32 (got device ", ctx.device.str(),
-            ")");
-  SnapSettings snap = parse_snap(p, "think", snapkv_presets());
   ChannelPruneSpec cs;
   cs.mode = ChannelPruneMode::kThink;
-  cs.ratio = p.at("pruning_ratio").get<double>();
   cs.recovery = ChannelRecovery::kZero;
-  cs.window = snap.window;
-  cs.dtype = RowDtype::kF32;
-  EvictingKvCache::Options o;
-  o.name = "think";
-  o.codec = make_channel_prune_codec(cs);
-  return std::make_unique<EvictingKvCache>(
-      ctx, o,
-      make_snap_policy(parse_budget(p, "think"), snap, p.at("compress_every").get<int64_t>()));
+  return make_pruned_snap_cache(ctx, p, "think", cs);
 }
 
 }  // namespace
