@@ -7,17 +7,20 @@
 #include "harness/engine/engine.h"
 #include "harness/kv/method_registry.h"
 #include "harness/kv/paged_kv_cache.h"
+#include "harness/kv/twin_kv_cache.h"
 
 namespace kvb {
 
 namespace {
 
-// Runs the method's cache and an exact cache side by side; records errors at probe steps.
-class ProbeKvCache : public KvCache {
+// The method's cache and an exact twin side by side (the engine follows the method); errors are
+// recorded at probe steps.
+class ProbeKvCache : public TwinKvCache {
  public:
   ProbeKvCache(std::unique_ptr<KvCache> method, std::unique_ptr<PagedKvCache> exact, int64_t n_layers,
                int64_t every, int64_t first_decode_pos)
-      : m_(std::move(method)), x_(std::move(exact)), every_(every), first_(first_decode_pos) {
+      : TwinKvCache(std::move(method), std::move(exact), every, first_decode_pos,
+                    /*follow_exact=*/false) {
     r_.out_err.assign(n_layers, 0);
     r_.key_err.assign(n_layers, 0);
     r_.value_err.assign(n_layers, 0);
@@ -25,31 +28,19 @@ class ProbeKvCache : public KvCache {
     r_.out_n.assign(n_layers, 0);
     r_.kv_n.assign(n_layers, 0);
   }
-  std::string name() const override { return "probe(" + m_->name() + ")"; }
-  void begin_step(const StepBatch& b) override {
-    // The exact cache holds every token: its length is the sequence's position count.
-    StepBatch xb = b;
-    for (int64_t i = 0; i < xb.batch_size(); ++i) xb.past_lens[i] = x_->seq_len(xb.seq_ids[i]);
-    xb_ = xb;
-    m_->begin_step(b);
-    x_->begin_step(xb_);
-    const int64_t pos = b.positions.back();
-    probing_ = b.phase == Phase::kDecode && pos >= first_ && (pos - first_) % every_ == 0;
-  }
-  at::Tensor attend(const LayerInput& in) override {
-    at::Tensor om = m_->attend(in);
-    LayerInput xi = in;
-    xi.batch = &xb_;
-    at::Tensor ox = x_->attend(xi);
-    if (!probing_) return om;
+  std::string name() const override { return "probe(" + method().name() + ")"; }
+  const ProbeSampleResult& result() const { return r_; }
+
+ protected:
+  void on_layer(const LayerInput& in, const at::Tensor& om, const at::Tensor& ox) override {
     const int l = in.layer;
     at::Tensor a = om.to(at::kFloat), e = ox.to(at::kFloat);
     r_.out_err[l] += ((a - e).norm() / e.norm().clamp_min(1e-30)).item<double>();
     r_.out_n[l] += 1;
-    const int64_t seq = xb_.seq_ids[0];
-    auto mv = m_->probe_view(l, seq);
-    if (mv.empty()) return om;
-    auto xv = x_->probe_view(l, seq);
+    const int64_t seq = exact_batch().seq_ids[0];
+    auto mv = method().probe_view(l, seq);
+    if (mv.empty()) return;
+    auto xv = exact().probe_view(l, seq);
     at::Tensor q = in.q->to(at::kFloat)[0];  // [H, D] (decode: one token)
     const int64_t H = q.size(0), Hk = static_cast<int64_t>(xv.size()), G = H / Hk;
     double kerr = 0, verr = 0, tv = 0;
@@ -69,35 +60,9 @@ class ProbeKvCache : public KvCache {
     r_.value_err[l] += verr / Hk;
     r_.prob_tv[l] += tv / H;
     r_.kv_n[l] += 1;
-    return om;
   }
-  void end_step(const StepBatch& b) override {
-    m_->end_step(b);
-    x_->end_step(xb_);
-  }
-  void end_prefill(int64_t seq) override {
-    m_->end_prefill(seq);
-    x_->end_prefill(seq);
-  }
-  void release(int64_t s) override {
-    m_->release(s);
-    x_->release(s);
-  }
-  void fork(int64_t a, int64_t b) override {
-    m_->fork(a, b);
-    x_->fork(a, b);
-  }
-  void truncate(int64_t s, int64_t n) override { m_->truncate(s, n); }
-  int64_t seq_len(int64_t s) const override { return m_->seq_len(s); }
-  Footprint footprint() const override { return m_->footprint(); }
-  const ProbeSampleResult& result() const { return r_; }
 
  private:
-  std::unique_ptr<KvCache> m_;
-  std::unique_ptr<PagedKvCache> x_;
-  int64_t every_, first_;
-  StepBatch xb_;
-  bool probing_ = false;
   ProbeSampleResult r_;
 };
 

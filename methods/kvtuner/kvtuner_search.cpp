@@ -22,6 +22,7 @@
 #include "harness/formats/tokenizer.h"
 #include "harness/kv/method_registry.h"
 #include "harness/kv/paged_kv_cache.h"
+#include "harness/kv/twin_kv_cache.h"
 #include "methods/common/codec_kv_cache.h"
 
 namespace kvb::kvtuner {
@@ -431,58 +432,26 @@ namespace {
 // The method's cache and an exact cache get the same q/k/v (as the probe protocol), but the engine
 // continues with the EXACT output: every layer's inputs are the full-precision trajectory, so one
 // run with a uniform pair measures each layer as if it alone were quantized.
-class ExactTrajectoryProbe : public KvCache {
+class ExactTrajectoryProbe : public TwinKvCache {
  public:
   ExactTrajectoryProbe(std::unique_ptr<KvCache> method, std::unique_ptr<PagedKvCache> exact,
                        int64_t n_layers, int64_t every, int64_t first_decode_pos)
-      : m_(std::move(method)), x_(std::move(exact)), every_(every), first_(first_decode_pos) {
-    codec_ = dynamic_cast<CodecKvCache*>(m_.get());
+      : TwinKvCache(std::move(method), std::move(exact), every, first_decode_pos,
+                    /*follow_exact=*/true) {
+    codec_ = dynamic_cast<CodecKvCache*>(&this->method());
     KVB_CHECK(codec_ != nullptr, "kvtuner-search: the kvtuner cache is not a codec cache");
     sum_.assign(static_cast<size_t>(n_layers), PairStats{});
     n_.assign(static_cast<size_t>(n_layers), 0);
   }
-  std::string name() const override { return "exact-trajectory(" + m_->name() + ")"; }
-  void begin_step(const StepBatch& b) override {
-    xb_ = b;
-    for (int64_t i = 0; i < xb_.batch_size(); ++i) xb_.past_lens[i] = x_->seq_len(xb_.seq_ids[i]);
-    m_->begin_step(b);
-    x_->begin_step(xb_);
-    const int64_t pos = b.positions.back();
-    probing_ = b.phase == Phase::kDecode && pos >= first_ && (pos - first_) % every_ == 0;
-  }
-  at::Tensor attend(const LayerInput& in) override {
-    at::Tensor om = m_->attend(in);
-    LayerInput xi = in;
-    xi.batch = &xb_;
-    at::Tensor ox = x_->attend(xi);
-    if (probing_) measure(in, om, ox);
-    return ox;
-  }
-  void end_step(const StepBatch& b) override {
-    m_->end_step(b);
-    x_->end_step(xb_);
-  }
-  void end_prefill(int64_t s) override {
-    m_->end_prefill(s);
-    x_->end_prefill(s);
-  }
-  void release(int64_t s) override {
-    m_->release(s);
-    x_->release(s);
-  }
-  void fork(int64_t a, int64_t b) override {
-    m_->fork(a, b);
-    x_->fork(a, b);
-  }
-  void truncate(int64_t s, int64_t n) override {
-    m_->truncate(s, n);
-    x_->truncate(s, n);
-  }
-  int64_t seq_len(int64_t s) const override { return m_->seq_len(s); }
-  Footprint footprint() const override { return m_->footprint(); }
+  std::string name() const override { return "exact-trajectory(" + method().name() + ")"; }
 
   const std::vector<PairStats>& sums() const { return sum_; }
   const std::vector<int64_t>& counts() const { return n_; }
+
+ protected:
+  void on_layer(const LayerInput& in, const at::Tensor& om, const at::Tensor& ox) override {
+    measure(in, om, ox);
+  }
 
  private:
   void measure(const LayerInput& in, const at::Tensor& om, const at::Tensor& ox) {
@@ -499,13 +468,13 @@ class ExactTrajectoryProbe : public KvCache {
       }
       s.e_o += std::sqrt(d2) / std::max(std::sqrt(e2), 1e-30);
     }
-    const int64_t seq = xb_.seq_ids[0];
+    const int64_t seq = exact_batch().seq_ids[0];
     const CodecStream& ks = codec_->stream(seq, l, KvKind::kKey);
     const CodecStream& vs = codec_->stream(seq, l, KvKind::kValue);
     // The paged cache's length grows at end_step: gather() returns the rows before this step's
     // token, which the quantized cache already holds (at full precision, in its residual).
     auto exact_rows = [&](bool keys) {
-      at::Tensor g = x_->gather(l, seq, keys).to(at::kFloat).cpu();
+      at::Tensor g = exact().gather(l, seq, keys).to(at::kFloat).cpu();
       if (g.size(0) < ks.rows()) g = at::cat({g, (keys ? in.k : in.v)->to(at::kFloat).cpu()});
       return g.contiguous();  // [T, Hk, D]
     };
@@ -572,12 +541,7 @@ class ExactTrajectoryProbe : public KvCache {
     n_[static_cast<size_t>(l)] += 1;
   }
 
-  std::unique_ptr<KvCache> m_;
-  std::unique_ptr<PagedKvCache> x_;
   CodecKvCache* codec_ = nullptr;
-  int64_t every_, first_;
-  StepBatch xb_;
-  bool probing_ = false;
   std::vector<PairStats> sum_;
   std::vector<int64_t> n_;
   std::vector<float> km_, vm_;
