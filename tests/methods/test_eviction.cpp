@@ -18,10 +18,14 @@
 #include "harness/kv/method_registry.h"
 #include "methods/common/evicting_kv_cache.h"
 #include "methods/common/eviction_select.h"
+#include "tests/methods/method_test_util.h"
 #include "tests/support/test_support.h"
 
 namespace kvb {
 namespace {
+
+using test::rnd;
+using test::tiny;
 
 const std::vector<std::string> kEvictMethods = {"streaming_llm", "h2o",   "tova", "snapkv",
                                                 "pyramidkv",     "adakv", "knorm"};
@@ -47,32 +51,6 @@ EvictingKvCache& evict(KvCache& kv) {
   auto* e = dynamic_cast<EvictingKvCache*>(&kv);
   if (e == nullptr) throw std::runtime_error(kv.name() + " is not an EvictingKvCache");
   return *e;
-}
-
-ModelConfig tiny(int64_t layers, int64_t hq, int64_t hkv, int64_t d) {
-  ModelConfig c;
-  c.name = "tiny";
-  c.format = "synthetic";
-  c.n_layers = layers;
-  c.n_heads = hq;
-  c.n_kv_heads = hkv;
-  c.head_dim = d;
-  c.dim = hq * d;
-  c.hidden_dim = 8;
-  c.vocab_size = 32;
-  c.max_seq_len = 4096;
-  c.rope_style = RopeStyle::kHalf;
-  return c;
-}
-
-at::Tensor rnd(std::vector<int64_t> shape, uint32_t seed) {
-  std::mt19937 gen(seed);
-  std::normal_distribution<float> nd(0.f, 1.f);
-  int64_t n = 1;
-  for (int64_t s : shape) n *= s;
-  std::vector<float> v(static_cast<size_t>(n));
-  for (auto& x : v) x = nd(gen);
-  return at::tensor(v, at::kFloat).view(shape);
 }
 
 // Drives a cache by hand: the same q/k/v for every layer of the config.

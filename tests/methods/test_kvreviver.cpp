@@ -18,10 +18,14 @@
 #include "harness/engine/transformer.h"
 #include "harness/kv/method_registry.h"
 #include "methods/kvreviver/kvreviver.h"
+#include "tests/methods/method_test_util.h"
 #include "tests/support/test_support.h"
 
 namespace kvb {
 namespace {
+
+using test::rnd;
+using test::tiny;
 
 using kvreviver::CountSketch;
 using kvreviver::MergeBuckets;
@@ -40,32 +44,6 @@ std::unique_ptr<KvCache> make(const CacheContext& ctx,
 }
 
 KvReviverKvCache& rev(KvCache& kv) { return dynamic_cast<KvReviverKvCache&>(kv); }
-
-ModelConfig tiny(int64_t layers, int64_t hq, int64_t hkv, int64_t d) {
-  ModelConfig c;
-  c.name = "tiny";
-  c.format = "synthetic";
-  c.n_layers = layers;
-  c.n_heads = hq;
-  c.n_kv_heads = hkv;
-  c.head_dim = d;
-  c.dim = hq * d;
-  c.hidden_dim = 8;
-  c.vocab_size = 32;
-  c.max_seq_len = 4096;
-  c.rope_style = RopeStyle::kHalf;
-  return c;
-}
-
-at::Tensor rnd(std::vector<int64_t> shape, uint32_t seed) {
-  std::mt19937 gen(seed);
-  std::normal_distribution<float> nd(0.f, 1.f);
-  int64_t n = 1;
-  for (int64_t s : shape) n *= s;
-  std::vector<float> v(static_cast<size_t>(n));
-  for (auto& x : v) x = nd(gen);
-  return at::tensor(v, at::kFloat).view(shape);
-}
 
 struct Driver {
   KvCache* kv;
