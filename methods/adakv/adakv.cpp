@@ -99,12 +99,8 @@ MethodInfo adakv_info() {
 }
 
 std::unique_ptr<KvCache> make_adakv(const CacheContext& ctx, const nlohmann::json& p) {
-  EvictingKvCache::Options o;
-  o.codec = parse_codec(p, "adakv", ctx.config.head_dim);
-  o.name = "adakv";
-  o.position_mode = parse_position_mode(p.at("position_mode").get<std::string>());
   return std::make_unique<EvictingKvCache>(
-      ctx, o,
+      ctx, evicting_options(p, "adakv", ctx.config.head_dim),
       std::make_unique<AdaKvPolicy>(
           parse_budget(p, "adakv"), parse_snap(p, "adakv", adakv_presets()),
           p.at("floor_alpha").get<double>(), p.at("pyramid").get<bool>(),

@@ -302,4 +302,13 @@ std::shared_ptr<const KvCodec> parse_codec(const nlohmann::json& p, const std::s
                                       QuantCodec::per_token(bits, head_dim, R, RowDtype::kF16));
 }
 
+EvictingKvCache::Options evicting_options(const nlohmann::json& p, const std::string& method,
+                                          int64_t head_dim) {
+  EvictingKvCache::Options o;
+  o.name = method;
+  o.position_mode = parse_position_mode(p.at("position_mode").get<std::string>());
+  o.codec = parse_codec(p, method, head_dim);
+  return o;
+}
+
 }  // namespace kvb

@@ -98,4 +98,8 @@ std::vector<ParamSpec> codec_params();
 std::shared_ptr<const KvCodec> parse_codec(const nlohmann::json& p, const std::string& method,
                                            int64_t head_dim);
 
+// The store options every eviction method reads the same way: name, position_mode and codec.
+EvictingKvCache::Options evicting_options(const nlohmann::json& p, const std::string& method,
+                                          int64_t head_dim);
+
 }  // namespace kvb

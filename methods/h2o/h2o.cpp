@@ -94,12 +94,8 @@ MethodInfo h2o_info() {
 }
 
 std::unique_ptr<KvCache> make_h2o(const CacheContext& ctx, const nlohmann::json& p) {
-  EvictingKvCache::Options o;
-  o.codec = parse_codec(p, "h2o", ctx.config.head_dim);
-  o.name = "h2o";
-  o.position_mode = parse_position_mode(p.at("position_mode").get<std::string>());
   return std::make_unique<EvictingKvCache>(
-      ctx, o,
+      ctx, evicting_options(p, "h2o", ctx.config.head_dim),
       std::make_unique<H2oPolicy>(parse_budget(p, "h2o"), p.at("recent_fraction").get<double>(),
                                   p.at("sinks").get<int64_t>(),
                                   p.at("score").get<std::string>() == "mean"));

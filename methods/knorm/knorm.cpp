@@ -62,12 +62,8 @@ MethodInfo knorm_info() {
 }
 
 std::unique_ptr<KvCache> make_knorm(const CacheContext& ctx, const nlohmann::json& p) {
-  EvictingKvCache::Options o;
-  o.codec = parse_codec(p, "knorm", ctx.config.head_dim);
-  o.name = "knorm";
-  o.position_mode = parse_position_mode(p.at("position_mode").get<std::string>());
   return std::make_unique<EvictingKvCache>(
-      ctx, o,
+      ctx, evicting_options(p, "knorm", ctx.config.head_dim),
       std::make_unique<KnormPolicy>(parse_budget(p, "knorm"),
                                     p.at("compress_every").get<int64_t>()));
 }

@@ -86,12 +86,8 @@ MethodInfo pyramidkv_info() {
 }
 
 std::unique_ptr<KvCache> make_pyramidkv(const CacheContext& ctx, const nlohmann::json& p) {
-  EvictingKvCache::Options o;
-  o.codec = parse_codec(p, "pyramidkv", ctx.config.head_dim);
-  o.name = "pyramidkv";
-  o.position_mode = parse_position_mode(p.at("position_mode").get<std::string>());
   return std::make_unique<EvictingKvCache>(
-      ctx, o,
+      ctx, evicting_options(p, "pyramidkv", ctx.config.head_dim),
       std::make_unique<PyramidKvPolicy>(
           parse_budget(p, "pyramidkv"), parse_snap(p, "pyramidkv", pyramidkv_presets()),
           p.at("beta").get<double>(), p.at("compress_every").get<int64_t>()));

@@ -30,12 +30,8 @@ MethodInfo snapkv_info() {
 }
 
 std::unique_ptr<KvCache> make_snapkv(const CacheContext& ctx, const nlohmann::json& p) {
-  EvictingKvCache::Options o;
-  o.codec = parse_codec(p, "snapkv", ctx.config.head_dim);
-  o.name = "snapkv";
-  o.position_mode = parse_position_mode(p.at("position_mode").get<std::string>());
   return std::make_unique<EvictingKvCache>(
-      ctx, o,
+      ctx, evicting_options(p, "snapkv", ctx.config.head_dim),
       make_snap_policy(parse_budget(p, "snapkv"), parse_snap(p, "snapkv", snapkv_presets()),
                        p.at("compress_every").get<int64_t>()));
 }

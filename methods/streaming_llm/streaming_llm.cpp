@@ -64,12 +64,8 @@ MethodInfo streaming_llm_info() {
 }
 
 std::unique_ptr<KvCache> make_streaming_llm(const CacheContext& ctx, const nlohmann::json& p) {
-  EvictingKvCache::Options o;
-  o.codec = parse_codec(p, "streaming_llm", ctx.config.head_dim);
-  o.name = "streaming_llm";
-  o.position_mode = parse_position_mode(p.at("position_mode").get<std::string>());
   return std::make_unique<EvictingKvCache>(
-      ctx, o,
+      ctx, evicting_options(p, "streaming_llm", ctx.config.head_dim),
       std::make_unique<StreamingLlmPolicy>(parse_budget(p, "streaming_llm"),
                                            p.at("sinks").get<int64_t>()));
 }

@@ -64,12 +64,8 @@ MethodInfo tova_info() {
 }
 
 std::unique_ptr<KvCache> make_tova(const CacheContext& ctx, const nlohmann::json& p) {
-  EvictingKvCache::Options o;
-  o.codec = parse_codec(p, "tova", ctx.config.head_dim);
-  o.name = "tova";
-  o.position_mode = parse_position_mode(p.at("position_mode").get<std::string>());
   return std::make_unique<EvictingKvCache>(
-      ctx, o,
+      ctx, evicting_options(p, "tova", ctx.config.head_dim),
       std::make_unique<TovaPolicy>(parse_budget(p, "tova"), p.at("keep_current").get<bool>()));
 }
 
