@@ -63,6 +63,29 @@ int64_t TrainConfig::max_seq_len() const {
   return m;
 }
 
+namespace {
+
+std::vector<TrainTaskMix> parse_tasks(const nlohmann::json& a, const std::string& src,
+                                      const std::string& where) {
+  KVB_CHECK(a.is_array(), src, ": '", where, "' must be an array");
+  std::vector<TrainTaskMix> out;
+  for (size_t i = 0; i < a.size(); ++i) {
+    const auto& tj = a[i];
+    const std::string w = where + "[" + std::to_string(i) + "]";
+    check_keys(tj, {"task", "weight", "params"}, src, w);
+    TrainTaskMix t;
+    get(tj, "task", &t.task, src, w);
+    get(tj, "weight", &t.weight, src, w);
+    if (tj.contains("params")) t.params = tj.at("params");
+    KVB_CHECK(!t.task.empty(), src, ": '", w, ".task' is required");
+    KVB_CHECK(t.weight > 0, src, ": '", w, ".weight' must be positive");
+    out.push_back(t);
+  }
+  return out;
+}
+
+}  // namespace
+
 TrainConfig parse_train_config(const nlohmann::json& j, const std::string& src) {
   TrainConfig c;
   check_keys(j, {"name", "description", "seed", "model", "tokenizer", "data", "optim", "stages",
@@ -141,21 +164,7 @@ TrainConfig parse_train_config(const nlohmann::json& j, const std::string& src) 
   KVB_CHECK(c.synthetic_fraction >= 0 && c.synthetic_fraction <= 1, src,
             ": 'data.synthetic_fraction' must be in [0, 1]");
   get(d, "min_task_tokens", &c.min_task_tokens, src, "data");
-  if (d.contains("tasks")) {
-    KVB_CHECK(d.at("tasks").is_array(), src, ": 'data.tasks' must be an array");
-    for (size_t i = 0; i < d.at("tasks").size(); ++i) {
-      const auto& tj = d.at("tasks")[i];
-      const std::string w = "data.tasks[" + std::to_string(i) + "]";
-      check_keys(tj, {"task", "weight", "params"}, src, w);
-      TrainTaskMix t;
-      get(tj, "task", &t.task, src, w);
-      get(tj, "weight", &t.weight, src, w);
-      if (tj.contains("params")) t.params = tj.at("params");
-      KVB_CHECK(!t.task.empty(), src, ": '", w, ".task' is required");
-      KVB_CHECK(t.weight > 0, src, ": '", w, ".weight' must be positive");
-      c.tasks.push_back(t);
-    }
-  }
+  if (d.contains("tasks")) c.tasks = parse_tasks(d.at("tasks"), src, "data.tasks");
   KVB_CHECK(c.synthetic_fraction == 0 || !c.tasks.empty(), src,
             ": 'data.synthetic_fraction' > 0 needs 'data.tasks'");
 
@@ -182,7 +191,7 @@ TrainConfig parse_train_config(const nlohmann::json& j, const std::string& src) 
   for (size_t i = 0; i < j.at("stages").size(); ++i) {
     const std::string w = "stages[" + std::to_string(i) + "]";
     const auto& sj = j.at("stages")[i];
-    check_keys(sj, {"steps", "seq_len", "batch_size"}, src, w);
+    check_keys(sj, {"steps", "seq_len", "batch_size", "synthetic_fraction", "tasks"}, src, w);
     TrainStage s;
     get(sj, "steps", &s.steps, src, w);
     get(sj, "seq_len", &s.seq_len, src, w);
@@ -190,6 +199,17 @@ TrainConfig parse_train_config(const nlohmann::json& j, const std::string& src) 
     positive(s.steps, src, w + ".steps");
     positive(s.seq_len, src, w + ".seq_len");
     positive(s.batch_size, src, w + ".batch_size");
+    if (sj.contains("synthetic_fraction")) {
+      get(sj, "synthetic_fraction", &s.synthetic_fraction, src, w);
+      KVB_CHECK(s.synthetic_fraction >= 0 && s.synthetic_fraction <= 1, src, ": '", w,
+                ".synthetic_fraction' must be in [0, 1]");
+    }
+    if (sj.contains("tasks")) {
+      s.tasks = parse_tasks(sj.at("tasks"), src, w + ".tasks");
+      KVB_CHECK(!s.tasks.empty(), src, ": '", w, ".tasks' is empty (leave it out to use 'data.tasks')");
+    }
+    KVB_CHECK(c.synthetic_fraction_of(s) == 0 || !c.tasks_of(s).empty(), src, ": '", w,
+              "' draws synthetic rows but neither it nor 'data' has tasks");
     KVB_CHECK(s.seq_len <= mc.max_seq_len, src, ": '", w, ".seq_len' (", s.seq_len,
               ") exceeds 'model.max_seq_len' (", mc.max_seq_len, ")");
     c.stages.push_back(s);

@@ -23,6 +23,9 @@ struct TrainStage {
   int64_t steps = 0;
   int64_t seq_len = 0;     // tokens per row (inputs; targets are shifted by one)
   int64_t batch_size = 0;  // rows per step
+  // A curriculum: this stage's own data mix, else data.synthetic_fraction / data.tasks.
+  double synthetic_fraction = -1;  // < 0: data.synthetic_fraction
+  std::vector<TrainTaskMix> tasks;  // empty: data.tasks
 };
 
 struct TrainConfig {
@@ -69,6 +72,13 @@ struct TrainConfig {
   // The stage that step s (0-based) belongs to.
   const TrainStage& stage_at(int64_t step) const;
   int64_t max_seq_len() const;
+  // The data mix of a stage (its own, else the recipe's).
+  double synthetic_fraction_of(const TrainStage& s) const {
+    return s.synthetic_fraction >= 0 ? s.synthetic_fraction : synthetic_fraction;
+  }
+  const std::vector<TrainTaskMix>& tasks_of(const TrainStage& s) const {
+    return s.tasks.empty() ? tasks : s.tasks;
+  }
 };
 
 // Parses and validates; throws kvb::Error naming `source` and the key.

@@ -29,7 +29,7 @@ class TrainData {
   TrainData(const TrainConfig& cfg, std::shared_ptr<const Tokenizer> tokenizer,
             const std::string& data_dir);
 
-  // Row `row` of step `step` at `seq_len`.
+  // Row `row` of step `step` at `seq_len`, drawn from the data mix of the step's stage.
   TrainRow row(int64_t step, int64_t row, int64_t seq_len) const;
   // The held-out windows (BOS + text) of seq_len + 1 tokens, at most n, spread over the held-out
   // parts of all corpora.
@@ -53,12 +53,15 @@ class TrainData {
   // The "copy_drill" training task: `items` random records, book text of random length, the same
   // records again (dense copy targets that teach induction).
   std::vector<int64_t> copy_drill_tokens(const TrainTaskMix& t, int64_t target, uint64_t seed) const;
+  // The "repeat_drill" training task: distinct random tokens repeated (`repeats` copies, default 2),
+  // where single-token induction is exact: it starts the induction heads the other drills refine.
+  std::vector<int64_t> repeat_drill_tokens(const TrainTaskMix& t, int64_t target, uint64_t seed) const;
 
   TrainConfig cfg_;
   std::shared_ptr<const Tokenizer> tok_;
   std::string data_dir_;
   std::vector<std::vector<int64_t>> train_, heldout_;  // per corpus
-  std::vector<double> task_cdf_;
+  std::vector<std::vector<double>> stage_cdf_;  // per stage: cumulative task weights
 };
 
 }  // namespace kvb

@@ -8,6 +8,7 @@
 #include <sys/file.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -17,6 +18,7 @@
 #include <fstream>
 #include <iostream>
 #include <map>
+#include <random>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
@@ -215,11 +217,20 @@ std::string training_summary(const TrainConfig& cfg, const ModelConfig& mc, cons
     o << buf;
   }
   o << "\n## Held-out text (the last " << cfg.heldout_fraction * 100
-    << "% of each corpus, never trained on)\n\n| step | loss | perplexity |\n|--:|--:|--:|\n";
+    << "% of each corpus, never trained on) and the induction probe (NLL and top-1 on the second\n"
+    << "copy of repeated random ids: ~ln(vocab) before induction heads form, ~0 after)\n\n"
+    << "| step | loss | perplexity | induction nats | induction top-1 |\n|--:|--:|--:|--:|--:|\n";
   for (const auto& j : held) {
-    std::snprintf(buf, sizeof buf, "| %lld | %.4f | %.2f |\n",
+    std::snprintf(buf, sizeof buf, "| %lld | %.4f | %.2f |",
                   static_cast<long long>(j.value("step", int64_t{0})), j.value("heldout_loss", 0.0),
                   j.value("heldout_ppl", 0.0));
+    o << buf;
+    if (j.contains("induction_nll")) {
+      std::snprintf(buf, sizeof buf, " %.3f | %.2f |\n", j.value("induction_nll", 0.0),
+                    j.value("induction_top1", 0.0));
+    } else {
+      std::snprintf(buf, sizeof buf, " - | - |\n");
+    }
     o << buf;
   }
   o << "\n## Recipe\n\n```json\n" << recipe.dump(2) << "\n```\n";
@@ -229,6 +240,25 @@ std::string training_summary(const TrainConfig& cfg, const ModelConfig& mc, cons
 struct Adam {
   std::vector<at::Tensor> m, v;
 };
+
+// Sequences of `n` distinct ids drawn uniformly from the vocabulary (never BOS/EOS/UNK), each written
+// twice after BOS, from a fixed seed: the same rows at every evaluation of every run.
+std::vector<std::vector<int64_t>> induction_rows(const Tokenizer& tok, int64_t n, int64_t rows) {
+  std::mt19937_64 rng(0x696e64756374ull);
+  std::vector<int64_t> pool;
+  for (int64_t id = 0; id < tok.vocab_size(); ++id)
+    if (id != tok.bos_id() && id != tok.eos_id() && id != tok.unk_id()) pool.push_back(id);
+  n = std::min<int64_t>(n, static_cast<int64_t>(pool.size()));
+  std::vector<std::vector<int64_t>> out;
+  for (int64_t r = 0; r < rows; ++r) {
+    std::vector<int64_t> ids = pool;
+    std::shuffle(ids.begin(), ids.end(), rng);
+    std::vector<int64_t> row = {tok.bos_id()};
+    for (int c = 0; c < 2; ++c) row.insert(row.end(), ids.begin(), ids.begin() + n);
+    out.push_back(std::move(row));
+  }
+  return out;
+}
 
 }  // namespace
 
@@ -264,6 +294,23 @@ TrainWeights init_train_weights(const ModelConfig& c, double std, uint64_t seed,
   }
   add("final_norm", at::ones({D}, f32));
   if (!c.tied_embeddings) add("lm_head", normal({V, D}, std));
+  return w;
+}
+
+TrainWeights train_weights_from_model(const ModelWeights& m, const ModelConfig& c,
+                                      const std::string& device) {
+  TrainWeights w = init_train_weights(c, 0.02, 0, device);
+  at::NoGradGuard ng;
+  auto set = [&](size_t i, const at::Tensor& t) { w.tensors.at(i).copy_(t.to(at::kFloat)); };
+  size_t i = 0;
+  set(i++, m.embedding);
+  for (const auto& l : m.layers) {
+    KVB_CHECK(!l.bqkv.defined(), "train_weights_from_model: the trainer has no qkv bias");
+    for (const at::Tensor* t : {&l.attn_norm, &l.wqkv, &l.wo, &l.ffn_norm, &l.w13, &l.w2}) set(i++, *t);
+  }
+  set(i++, m.final_norm);
+  if (!c.tied_embeddings) set(i++, m.lm_head);
+  KVB_CHECK(i == w.tensors.size(), "train_weights_from_model: ", i, " tensors for ", w.tensors.size());
   return w;
 }
 
@@ -541,6 +588,27 @@ TrainSummary run_training(const TrainOptions& opts) {
     }
     return nll / static_cast<double>(n);
   };
+  // The induction probe: mean NLL and top-1 accuracy on the second copy of a repeated random id
+  // sequence (first id of the copy excluded: it is not predictable). It falls from ~ln(vocab) to
+  // ~0 when induction heads form -- the ability every retrieval task rests on -- so the log shows
+  // when (and whether) that happened, long before retrieval accuracy moves.
+  const int64_t probe_n =
+      std::min<int64_t>({48, (cfg.stages.front().seq_len - 1) / 2, tok->vocab_size() - 3});
+  const auto probe_rows = induction_rows(*tok, std::max<int64_t>(probe_n, 0), 8);
+  auto induction_probe = [&]() {
+    at::NoGradGuard ng;
+    at::Tensor ids = at::empty({static_cast<int64_t>(probe_rows.size()), 2 * probe_n + 1}, at::kLong);
+    for (size_t r = 0; r < probe_rows.size(); ++r)
+      ids[static_cast<int64_t>(r)].copy_(at::tensor(probe_rows[r], at::kLong));
+    ids = ids.to(dev);
+    at::Tensor logits = train_forward(w, mc, ids.narrow(1, 0, 2 * probe_n), rope_cos, rope_sin, dt);
+    // Targets of the second copy's ids 2..n: positions n + 1 .. 2n - 1 predict ids n + 2 .. 2n.
+    at::Tensor lg = logits.narrow(1, probe_n + 1, probe_n - 1).reshape({-1, mc.vocab_size});
+    at::Tensor tg = ids.narrow(1, probe_n + 2, probe_n - 1).reshape({-1});
+    const double nll = at::cross_entropy_loss(lg, tg).item<double>();
+    const double top1 = lg.argmax(-1).eq(tg).to(at::kFloat).mean().item<double>();
+    return std::make_pair(nll, top1);
+  };
 
   const auto t0 = std::chrono::steady_clock::now();
   int64_t tokens_since = 0, steps_since = 0, started_at = step;
@@ -616,12 +684,19 @@ TrainSummary run_training(const TrainOptions& opts) {
     }
     if (step % cfg.eval_every == 0 || step == total) {
       sum.heldout_loss = evaluate();
-      log << nlohmann::json{{"step", step}, {"heldout_loss", sum.heldout_loss},
-                            {"heldout_ppl", std::exp(sum.heldout_loss)}}.dump()
-          << "\n" << std::flush;
+      const auto [ind_nll, ind_top1] =
+          probe_n >= 4 ? induction_probe() : std::make_pair(std::nan(""), std::nan(""));
+      nlohmann::json rec = {{"step", step}, {"heldout_loss", sum.heldout_loss},
+                            {"heldout_ppl", std::exp(sum.heldout_loss)}};
+      if (probe_n >= 4) {
+        rec["induction_nll"] = ind_nll;
+        rec["induction_top1"] = ind_top1;
+      }
+      log << rec.dump() << "\n" << std::flush;
       if (!opts.quiet)
         std::cerr << "step " << step << "  held-out loss " << sum.heldout_loss << "  ppl "
-                  << std::exp(sum.heldout_loss) << "\n";
+                  << std::exp(sum.heldout_loss) << "  induction: repeat " << ind_nll
+                  << " nats, top-1 " << ind_top1 << "\n";
     }
     if (step % cfg.checkpoint_every == 0 || step == total) save_checkpoint(step);
   }

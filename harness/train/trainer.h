@@ -22,6 +22,8 @@
 
 namespace kvb {
 
+struct ModelWeights;  // harness/model/model.h
+
 // Named trainable tensors in the engine's layout:
 //   embed [V, D], final_norm [D], lm_head [V, D] (untied only),
 //   layers.L.{attn_norm [D], wqkv [Q + 2KV, D], wo [D, Q], ffn_norm [D], w13 [2F, D], w2 [D, F]}.
@@ -35,6 +37,12 @@ struct TrainWeights {
 // 1 / sqrt(2 n_layers) (GPT-2), norms at 1. The same seed gives the same weights on every device.
 TrainWeights init_train_weights(const ModelConfig& c, double std, uint64_t seed,
                                 const std::string& device);
+
+// The trainer's weights holding a loaded model's tensors as fp32 leaves on `device` (the engine's
+// layout is the trainer's): the same forward for a shipped model as for a checkpoint. Throws on a
+// model with parts the trainer lacks (projection biases).
+TrainWeights train_weights_from_model(const ModelWeights& m, const ModelConfig& c,
+                                      const std::string& device);
 
 // Logits [B, T, V] (fp32) of tokens [B, T] (int64, positions 0..T-1). compute_dtype: fp32, or bf16
 // with fp32 master weights cast per call.
