@@ -1,21 +1,15 @@
 #!/usr/bin/env bash
-# Copies the trained testbed model into the repository (models/kvb-testbed) from the two training
-# phases' output directories, with both phases' training records:
-#   kvbench train -c configs/models/kvb-testbed.json --stop-after 1200     # phase 1 (runs/train/kvb-testbed)
-#   kvbench train -c configs/models/kvb-testbed-retrieval.json             # phase 2 (from phase 1's step 1200)
+# Copies the trained CPU testbed into the repository (models/kvb-testbed): weights, config, tokenizer and
+# the trainer's own record (TRAINING.md: curve, held-out loss, the exact recipe), plus SHA256SUMS.
+#   kvbench train -c configs/models/kvb-testbed-cpu.json --threads 2   # ~1 h on 2 cores; resumable
 #   scripts/release-testbed.sh
+#   scripts/testbed-accuracy.sh                                # the accuracy table of models/kvb-testbed/README.md
 set -euo pipefail
 cd "$(dirname "$0")/.."
-KVB="./${KVB_BUILD_DIR:-build}/kvbench"
-P1=runs/train/kvb-testbed
-P2=runs/train/kvb-testbed-retrieval
+SRC="${1:-runs/train/kvb-testbed-cpu/model}"
 DST=models/kvb-testbed
-[ -f "$P2/model/model.safetensors" ] || { echo "no finished phase-2 run in $P2" >&2; exit 1; }
-# Phase 1 stopped at step 1200 of its recipe: export that checkpoint to get its training record.
-"$KVB" train -c configs/models/kvb-testbed.json --out "$P1" --export-only -q >/dev/null
+[ -f "$SRC/model.safetensors" ] || { echo "release-testbed: no exported model in $SRC (run the recipe to its end)" >&2; exit 1; }
 mkdir -p "$DST"
-cp "$P2/model/config.json" "$P2/model/model.safetensors" "$P2/model/tokenizer.model" "$DST/"
-cp "$P2/model/TRAINING.md" "$DST/TRAINING-phase2.md"
-cp "$P1/model/TRAINING.md" "$DST/TRAINING-phase1.md"
-sha256sum "$DST/model.safetensors" "$DST/tokenizer.model" "$DST/config.json" | sed "s|$DST/||" > "$DST/SHA256SUMS"
+cp "$SRC/config.json" "$SRC/model.safetensors" "$SRC/tokenizer.model" "$SRC/TRAINING.md" "$DST/"
+(cd "$DST" && sha256sum model.safetensors tokenizer.model config.json TRAINING.md > SHA256SUMS)
 du -sh "$DST"
