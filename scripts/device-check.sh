@@ -23,6 +23,9 @@
 #   DEVICE_CHECK_BUDGET_S   total seconds (default 450)
 #   DEVICE_CHECK_QUICK=1    the short benchmark plan (2 shapes) and the smallest end-to-end grid
 #   DEVICE_CHECK_SKIP_FULL=1  skip the LibTorch build and the end-to-end runs
+#   DEVICE_CHECK_TRAIN_S=N  also train the testbed (configs/models/kvb-testbed-gpu.json, bf16 on CUDA)
+#                           for N seconds after the end-to-end runs (5b; default 0: off) and return
+#                           the exported model + log as testbed-gpu.tar (corpora from .devdeps/data)
 #
 # Dependencies the full build needs beyond torch and nvcc (nlohmann_json, CLI11, SQLite3 headers,
 # GoogleTest) are looked for on the machine, then in .devdeps/ (carried with the working tree:
@@ -43,6 +46,11 @@ if [ "${1:-}" = "--prepare-deps" ]; then
     [ -d "/usr/share/cmake/$pkg" ] && cp -r "/usr/share/cmake/$pkg" "$D/share/cmake/"
   done
   [ -d /usr/src/googletest ] && rm -rf "$D/googletest" && cp -r /usr/src/googletest "$D/googletest"
+  # The corpora the testbed recipe trains on (stage 5b): the device machine has no ../shared.
+  SRC_DATA=${KVBENCH_DATA:-$ROOT/../shared/data}
+  for c in gutenberg-long tinyshakespeare; do
+    [ -d "$SRC_DATA/$c" ] && mkdir -p "$D/data" && rm -rf "$D/data/$c" && cp -r "$SRC_DATA/$c" "$D/data/$c"
+  done
   du -sh "$D"
   echo "prepared $D; keep it out of git (e.g. add '/.devdeps/' to .git/info/exclude) and name .devdeps in carry"
   exit 0
@@ -370,6 +378,24 @@ PY
 else
   say "SKIP end-to-end runs: no kvbench binary"
   record e2e skipped 0 "no kvbench"
+fi
+# ---- 5b. optional: train the testbed on the GPU for DEVICE_CHECK_TRAIN_S seconds ----
+TRAIN_S=${DEVICE_CHECK_TRAIN_S:-0}
+if ((TRAIN_S > 0)) && { [ -x "$KVBENCH" ] || [ "$DRY" = 1 ]; }; then
+  TDIR=$WORK/train
+  DATA_ARG=()
+  [ -d "$ROOT/.devdeps/data" ] && DATA_ARG=(--data-dir "$ROOT/.devdeps/data")
+  # --max-seconds stops at a step boundary with a checkpoint; --export-only then writes the HF
+  # directory (TRAINING.md has the curve, held-out loss and induction probe up to that step).
+  if run_stage "train testbed" $((TRAIN_S + 90)) "$WORK/train.log" "$KVBENCH" train \
+       -c configs/models/kvb-testbed-gpu.json --out "$TDIR" --max-seconds "$TRAIN_S" "${DATA_ARG[@]}" &&
+     run_stage "export testbed" 60 "$WORK/export.log" "$KVBENCH" train \
+       -c configs/models/kvb-testbed-gpu.json --out "$TDIR" --export-only "${DATA_ARG[@]}"; then
+    if [ "$DRY" != 1 ]; then
+      tar -C "$TDIR" -cf "$OUTDIR/testbed-gpu.tar" model train_log.jsonl && say "testbed: $OUTDIR/testbed-gpu.tar"
+      tail -n 3 "$WORK/train.log" | tee -a "$LOG" >&2
+    fi
+  fi
 fi
 echo "gpu after: $(gpu_state)" | tee -a "$LOG" >&2
 

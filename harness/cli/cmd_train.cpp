@@ -23,6 +23,9 @@ void register_train(CLI::App& app) {
   sub->add_option("--data-dir", args->opts.data_dir, "where corpora live (default: $KVBENCH_DATA, ./data, ../shared/data)");
   sub->add_option("--set", args->opts.overrides, "override a recipe value: key.path=value (repeatable)");
   sub->add_flag("--fresh", args->opts.fresh, "discard existing checkpoints and start over");
+  sub->add_option("--max-seconds", args->opts.max_seconds,
+                  "stop (checkpointed) at the first step past this many seconds; resume or --export-only later")
+      ->check(CLI::NonNegativeNumber);
   sub->add_option("--stop-after", args->opts.stop_after,
                   "stop (with a checkpoint) after this many steps; run again to resume");
   sub->add_flag("--export-only", args->opts.export_only, "export the latest checkpoint and stop");

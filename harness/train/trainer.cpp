@@ -616,6 +616,9 @@ TrainSummary run_training(const TrainOptions& opts) {
   auto t_last = t0;
   while (step < total) {
     if (opts.stop_after > 0 && step - started_at >= opts.stop_after) break;
+    if (opts.max_seconds > 0 && step > started_at &&
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() >= opts.max_seconds)
+      break;
     const TrainStage& st = cfg.stage_at(step);
     std::vector<int64_t> flat;
     flat.reserve(static_cast<size_t>(st.batch_size * (st.seq_len + 1)));

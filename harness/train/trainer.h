@@ -62,6 +62,8 @@ struct TrainOptions {
   std::vector<std::string> overrides;  // --set key.path=value
   bool fresh = false;         // ignore existing checkpoints (they are removed)
   int64_t stop_after = 0;     // > 0: stop (checkpointed) after this many steps of this invocation
+  double max_seconds = 0;     // > 0: stop (checkpointed) at the first step boundary past this many
+                              // seconds of this invocation (a lent machine's time budget)
   bool export_only = false;   // export the latest checkpoint and stop
   bool quiet = false;         // no progress lines
   int64_t show_rows = 0;      // > 0: print this many decoded training rows of show_step and stop

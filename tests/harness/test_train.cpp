@@ -171,6 +171,28 @@ TEST(Train, ExportedModelGivesTheTrainersLogitsThroughTheEngine) {
   EXPECT_TRUE(at::equal(checkpoint_tensor(dir + "/out", 4, "param/embed"), model->weights.embedding));
 }
 
+TEST(Train, MaxSecondsStopsWithACheckpointThatExports) {
+  const std::string dir = test::make_temp_dir("train-max-seconds");
+  auto j = tiny_recipe(100000);
+  j["checkpoint_every"] = 100000;
+  j["eval_every"] = 100000;
+  auto o = options(write_recipe(dir, j), dir + "/out");
+  o.max_seconds = 0.3;
+  auto r = run_training(o);
+  EXPECT_GT(r.steps_done, 0);
+  EXPECT_LT(r.steps_done, 100000);
+  EXPECT_TRUE(r.model_dir.empty());  // not finished: no export yet
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "/checkpoints/step-%07lld.safetensors", static_cast<long long>(r.steps_done));
+  EXPECT_TRUE(fs::exists(dir + "/out" + buf)) << buf;
+  o.max_seconds = 0;
+  o.export_only = true;
+  auto e = run_training(o);
+  ASSERT_FALSE(e.model_dir.empty());
+  EXPECT_TRUE(at::equal(checkpoint_tensor(dir + "/out", r.steps_done, "param/embed"),
+                        load_model(e.model_dir)->weights.embedding));
+}
+
 TEST(Train, LossGoesDown) {
   const std::string dir = test::make_temp_dir("train-loss");
   auto j = tiny_recipe(40);
