@@ -13,7 +13,7 @@
 #      CUDA: full vs kivi (4 and 2 bits) vs a 25%-budget eviction method, as the budget allows;
 #   6. prints a short table last and writes it with the raw JSON under $OUT (default
 #      build-device-check/out): summary.md, device-check.json, kernel_bench.json, sdpa.json, e2e.json,
-#      cuda_tests.json, device-check.log (at most 8 files, as the device tool returns).
+#      cuda_tests.json, device-check.log, and testbed-gpu.tar with 5b (8 files: what the device tool returns).
 # Every stage has a timeout; a failing or missing part is skipped and said so, the rest goes on. The
 # whole run is sized for 8 minutes on an H200 (DEVICE_CHECK_BUDGET_S, default 450 s).
 #
