@@ -1,15 +1,74 @@
 #!/usr/bin/env bash
-# Copies the trained CPU testbed into the repository (models/kvb-testbed): weights, config, tokenizer and
-# the trainer's own record (TRAINING.md: curve, held-out loss, the exact recipe), plus SHA256SUMS.
+# Ships a finished testbed run into the repository (models/kvb-testbed): weights, config, tokenizer,
+# the trainer's own record (TRAINING.md: curve, held-out loss, induction probe, the exact recipe),
+# SHA256SUMS, and a README.md with the recipe, data and licences, and the accuracy table by task x
+# context length x needle depth (scripts/testbed-accuracy.sh on the shipped copy).
 #   kvbench train -c configs/models/kvb-testbed-cpu.json --threads 2   # ~1 h on 2 cores; resumable
-#   scripts/release-testbed.sh
-#   scripts/testbed-accuracy.sh                                # the accuracy table of models/kvb-testbed/README.md
+#   scripts/release-testbed.sh [RUN_MODEL_DIR]                          # default: that run's model/
+# KVB_SKIP_ACCURACY=1 leaves the accuracy table out (it runs configs/grids/testbed_accuracy.json).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SRC="${1:-runs/train/kvb-testbed-cpu/model}"
-DST=models/kvb-testbed
+DST="${KVB_TESTBED_DST:-models/kvb-testbed}"
 [ -f "$SRC/model.safetensors" ] || { echo "release-testbed: no exported model in $SRC (run the recipe to its end)" >&2; exit 1; }
 mkdir -p "$DST"
 cp "$SRC/config.json" "$SRC/model.safetensors" "$SRC/tokenizer.model" "$SRC/TRAINING.md" "$DST/"
 (cd "$DST" && sha256sum model.safetensors tokenizer.model config.json TRAINING.md > SHA256SUMS)
+bytes=$(stat -c %s "$DST/model.safetensors")
+((bytes <= 20000000)) || { echo "release-testbed: model.safetensors is $bytes bytes, over the 20 MB the repository allows" >&2; exit 1; }
+
+# The recipe's name and the trainer's summary lines, straight from TRAINING.md.
+name=$(sed -n 's/^# Training record: //p' "$DST/TRAINING.md")
+summary=$(sed -n '/^- /p' "$DST/TRAINING.md" | head -n 8)
+heldout=$(awk '/^## Held-out/{f=1} /^## Recipe/{f=0} f && /^\|/' "$DST/TRAINING.md")
+accuracy="(not generated: run scripts/testbed-accuracy.sh --set model=$DST)"
+if [ "${KVB_SKIP_ACCURACY:-0}" != 1 ]; then
+  accuracy=$(KVB_DB="results/testbed-accuracy.sqlite" bash scripts/testbed-accuracy.sh --set model="$DST")
+fi
+cat > "$DST/README.md" <<MD
+# kvb-testbed: a small retrieval-capable model for KV-cache compression tests
+
+Trained from scratch by \`kvbench train\` (recipe \`configs/models/$name.json\`), in the Hugging Face
+layout the loader reads: \`kvbench run --set model=kvb-testbed ...\` finds it (the repository's models/
+directory is on the model path). It exists because stories260K cannot recall anything from far back, so
+on it every compression method looks alike; here the full cache retrieves and a cache that drops the
+needle does not.
+
+$summary
+
+## Reproduce
+
+\`\`\`
+kvbench train -c configs/models/$name.json --threads 2   # resumable; spm_train makes the same tokenizer
+scripts/release-testbed.sh                                # copies runs/train/$name/model here, writes this file
+scripts/testbed-accuracy.sh                               # the accuracy table below
+\`\`\`
+Rows are a pure function of (seed, step, row) and resume is exact, so the same command on the same
+LibTorch and thread count gives the same weights. \`tests/harness/test_train.cpp\`
+(Testbed.ShippedModel...) checks that these files, read by the HF loader and run by the engine,
+reproduce the held-out loss the trainer recorded.
+
+## Data and licences
+
+- Text: *Moby-Dick* (Herman Melville, Project Gutenberg #2701), *War and Peace* (Tolstoy, tr. Louise and
+  Aylmer Maude, Project Gutenberg #2600), Tiny Shakespeare (karpathy/char-rnn): public domain. The last
+  2% of each is held out and never trained on.
+- Synthetic rows: the RULER-style tasks of \`datasets/\` (passkey, needles) and the training-only drills
+  of \`harness/train/train_data.h\` (repeated random ids, copy and recall drills), generated from the
+  recipe's seed; evaluation samples come from a different seed.
+- The weights and tokenizer are released under the project's licence (LICENSE, MIT).
+
+## Held-out text and induction probe (from TRAINING.md)
+
+$heldout
+
+## Retrieval accuracy by task x context length x needle depth
+
+Full cache vs StreamingLLM, SnapKV and H2O at a 25% budget, the context compressed before the question
+(\`configs/grids/testbed_accuracy.json\`, 4 samples per depth; score = answer found):
+
+$accuracy
+
+The full training record (curve, recipe) is TRAINING.md.
+MD
 du -sh "$DST"
