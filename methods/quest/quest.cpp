@@ -63,6 +63,8 @@ QuestKvCache::QuestKvCache(const CacheContext& ctx, Options opts)
   KVB_CHECK(opts_.page_size >= 1, "method quest.page_size: ", opts_.page_size, " must be >= 1");
   elem_ = static_cast<int64_t>(c10::elementSize(ctx_.dtype));
   fast_ = ctx_.device.is_cpu() && ctx_.dtype == at::kFloat && !opts_.force_generic;
+  KVB_CHECK(!opts_.codec || fast_, "quest: the codec '", opts_.codec ? opts_.codec->name() : "",
+            "' needs the CPU fp32 path (codec stores run on the CPU only so far)");
 }
 
 QuestKvCache::Seq& QuestKvCache::seq(int64_t id) {
@@ -85,8 +87,14 @@ void QuestKvCache::reallocate(Seq& s, int64_t capacity) {
   s.v.resize(static_cast<size_t>(L_));
   s.mn.resize(static_cast<size_t>(L_));
   s.mx.resize(static_cast<size_t>(L_));
+  if (opts_.codec && s.ks.empty()) {
+    for (int64_t l = 0; l < L_; ++l) {
+      s.ks.push_back(opts_.codec->make_stream(KvKind::kKey, static_cast<int>(l), Hkv_ * D_, D_));
+      s.vs.push_back(opts_.codec->make_stream(KvKind::kValue, static_cast<int>(l), Hkv_ * D_, D_));
+    }
+  }
   for (int64_t l = 0; l < L_; ++l) {
-    for (auto* t : {&s.k[l], &s.v[l]}) {
+    for (auto* t : opts_.codec ? std::vector<at::Tensor*>{} : std::vector<at::Tensor*>{&s.k[l], &s.v[l]}) {
       at::Tensor fresh = at::empty({capacity, Hkv_, D_}, opts);
       if (s.len > 0) fresh.narrow(0, 0, s.len).copy_(t->narrow(0, 0, s.len));
       *t = fresh;
@@ -122,23 +130,44 @@ void QuestKvCache::recompute_page(Seq& s, int layer, int64_t page, int64_t len) 
   const int64_t a = page * opts_.page_size;
   const int64_t b = std::min(len, a + opts_.page_size);
   if (b <= a) return;
-  at::Tensor rows = s.k[layer].narrow(0, a, b - a);  // [rows, Hkv, D]
+  at::Tensor rows = rows_of(s, layer, b).first.narrow(0, a, b - a);  // [rows, Hkv, D]
   s.mn[layer][page].copy_(std::get<0>(rows.min(0)));
   s.mx[layer][page].copy_(std::get<0>(rows.max(0)));
+}
+
+std::pair<at::Tensor, at::Tensor> QuestKvCache::rows_of(const Seq& s, int layer,
+                                                       int64_t rows) const {
+  if (!opts_.codec) return {s.k[layer].narrow(0, 0, rows), s.v[layer].narrow(0, 0, rows)};
+  const auto& ks = *s.ks[layer];
+  const auto& vs = *s.vs[layer];
+  KVB_CHECK(ks.rows() >= rows && vs.rows() >= rows, "quest: internal: ", rows, " rows asked of ",
+            ks.rows());
+  for (auto* t : {&scratch_k_, &scratch_v_})
+    if (!t->defined() || t->size(0) < ks.rows())
+      *t = at::empty({std::max<int64_t>(ks.rows(), 2 * (t->defined() ? t->size(0) : 0)), Hkv_, D_},
+                     at::kFloat);
+  ks.decode(scratch_k_.data_ptr<float>());
+  vs.decode(scratch_v_.data_ptr<float>());
+  return {scratch_k_.narrow(0, 0, rows), scratch_v_.narrow(0, 0, rows)};
 }
 
 void QuestKvCache::append(Seq& s, int layer, const at::Tensor& k, const at::Tensor& v,
                           int64_t start, int64_t n) {
   const int64_t ps = opts_.page_size, row = Hkv_ * D_;
   if (fast_) {
-    float* K = s.k[layer].data_ptr<float>();
-    float* V = s.v[layer].data_ptr<float>();
     float* MN = s.mn[layer].data_ptr<float>();
     float* MX = s.mx[layer].data_ptr<float>();
     const float* kp = k.data_ptr<float>() + start * row;
     const float* vp = v.data_ptr<float>() + start * row;
-    std::memcpy(K + s.len * row, kp, sizeof(float) * n * row);
-    std::memcpy(V + s.len * row, vp, sizeof(float) * n * row);
+    if (opts_.codec) {
+      KVB_CHECK(s.ks[layer]->rows() == s.len, "quest: internal: stream rows ", s.ks[layer]->rows(),
+                " vs ", s.len);
+      s.ks[layer]->append(kp, n);
+      s.vs[layer]->append(vp, n);
+    } else {
+      std::memcpy(s.k[layer].data_ptr<float>() + s.len * row, kp, sizeof(float) * n * row);
+      std::memcpy(s.v[layer].data_ptr<float>() + s.len * row, vp, sizeof(float) * n * row);
+    }
     for (int64_t i = 0; i < n; ++i) {
       const int64_t t = s.len + i, p = t / ps;
       const float* src = kp + i * row;
@@ -201,9 +230,9 @@ at::Tensor QuestKvCache::attend(const LayerInput& in) {
       if (kp < P) break;
       if (i == n - 1) dense = true;
     }
+    const auto [K, V] = rows_of(s, layer, s.len + n);
     if (dense) {
-      at::Tensor o = attend_dense(q.narrow(0, start, n), s.k[layer].narrow(0, 0, s.len + n),
-                                  s.v[layer].narrow(0, 0, s.len + n), in.sm_scale);
+      at::Tensor o = attend_dense(q.narrow(0, start, n), K, V, in.sm_scale);
       if (s.decoding) {
         for (int64_t i = 0; i < n; ++i) {
           const int64_t vis = s.len + i + 1;
@@ -219,18 +248,19 @@ at::Tensor QuestKvCache::attend(const LayerInput& in) {
     }
     if (!out.defined()) out = at::empty({T, Hq_, D_}, in.q->options());
     if (fast_)
-      attend_selected_fast(s, layer, q, start, n, in.sm_scale, out);
+      attend_selected_fast(s, layer, K, V, q, start, n, in.sm_scale, out);
     else
-      attend_selected_generic(s, layer, q, start, n, in.sm_scale, out);
+      attend_selected_generic(s, layer, K, V, q, start, n, in.sm_scale, out);
   }
   return out;
 }
 
-void QuestKvCache::attend_selected_fast(Seq& s, int layer, const at::Tensor& q, int64_t start,
+void QuestKvCache::attend_selected_fast(Seq& s, int layer, const at::Tensor& Kt,
+                                        const at::Tensor& Vt, const at::Tensor& q, int64_t start,
                                         int64_t n, float sm_scale, at::Tensor& out) {
   const int64_t ps = opts_.page_size, row = Hkv_ * D_;
-  const float* K = s.k[layer].data_ptr<float>();
-  const float* V = s.v[layer].data_ptr<float>();
+  const float* K = Kt.data_ptr<float>();
+  const float* V = Vt.data_ptr<float>();
   const float* MN = s.mn[layer].data_ptr<float>();
   const float* MX = s.mx[layer].data_ptr<float>();
   const float* Q = q.data_ptr<float>();
@@ -296,7 +326,8 @@ void QuestKvCache::attend_selected_fast(Seq& s, int layer, const at::Tensor& q, 
   }
 }
 
-void QuestKvCache::attend_selected_generic(Seq& s, int layer, const at::Tensor& q, int64_t start,
+void QuestKvCache::attend_selected_generic(Seq& s, int layer, const at::Tensor& K,
+                                           const at::Tensor& V, const at::Tensor& q, int64_t start,
                                            int64_t n, float sm_scale, at::Tensor& out) {
   const int64_t ps = opts_.page_size;
   for (int64_t i = 0; i < n; ++i) {
@@ -317,8 +348,8 @@ void QuestKvCache::attend_selected_generic(Seq& s, int layer, const at::Tensor& 
       for (int64_t p : pages)
         for (int64_t t = p * ps; t < std::min(vis, (p + 1) * ps); ++t) tok.push_back(t);
       at::Tensor idx = at::tensor(tok, at::kLong).to(ctx_.device);
-      at::Tensor Kh = s.k[layer].select(1, h).index_select(0, idx).to(at::kFloat);  // [m, D]
-      at::Tensor Vh = s.v[layer].select(1, h).index_select(0, idx).to(at::kFloat);
+      at::Tensor Kh = K.select(1, h).index_select(0, idx).to(at::kFloat);  // [m, D]
+      at::Tensor Vh = V.select(1, h).index_select(0, idx).to(at::kFloat);
       at::Tensor qh = q[r].narrow(0, h * G_, G_).to(at::kFloat);  // [G, D]
       at::Tensor pr = at::softmax(qh.matmul(Kh.t()).mul_(sm_scale), -1);
       out[r].narrow(0, h * G_, G_).copy_(pr.matmul(Vh));
@@ -340,7 +371,10 @@ void QuestKvCache::fork(int64_t src_id, int64_t dst_id) {
   KVB_CHECK(seqs_.count(dst_id) == 0, "quest: fork target ", dst_id, " already exists");
   Seq copy = seq(src_id);
   for (auto* vec : {&copy.k, &copy.v, &copy.mn, &copy.mx})
-    for (auto& t : *vec) t = t.clone();  // dense: no sharing
+    for (auto& t : *vec)
+      if (t.defined()) t = t.clone();  // dense: no sharing
+  for (auto* vec : {&copy.ks, &copy.vs})
+    for (auto& st : *vec) st = std::shared_ptr<CodecStream>(st->clone());
   seqs_[dst_id] = std::move(copy);
 }
 
@@ -349,6 +383,8 @@ void QuestKvCache::truncate(int64_t seq_id, int64_t new_len) {
   KVB_CHECK(new_len >= 0 && new_len <= s.len, "quest: cannot truncate sequence ", seq_id, " of ",
             s.len, " tokens to ", new_len);
   s.len = new_len;
+  for (auto* vec : {&s.ks, &s.vs})
+    for (auto& st : *vec) st->truncate(new_len);
   // The last page lost tokens: its bounds are recomputed from the keys it still holds.
   if (new_len % opts_.page_size != 0)
     for (int l = 0; l < L_; ++l) recompute_page(s, l, new_len / opts_.page_size, new_len);
@@ -368,10 +404,21 @@ Footprint QuestKvCache::footprint() const {
   for (const auto& [id, s] : seqs_) {
     const int64_t pages = (s.len + opts_.page_size - 1) / opts_.page_size;
     const int64_t pcap = s.capacity / opts_.page_size;
-    f.device_payload_bytes += s.len * per_token;
     f.device_metadata_bytes += pages * per_page_meta;
-    f.device_reserved_bytes += (s.capacity - s.len) * per_token + (pcap - pages) * per_page_meta;
+    f.device_reserved_bytes += (pcap - pages) * per_page_meta;
     f.tokens_held += s.len;
+    if (!opts_.codec) {
+      f.device_payload_bytes += s.len * per_token;
+      f.device_reserved_bytes += (s.capacity - s.len) * per_token;
+      continue;
+    }
+    CodecBytes cb;
+    for (const auto* vec : {&s.ks, &s.vs})
+      for (const auto& st : *vec) cb += st->bytes();
+    f.device_payload_bytes += cb.payload_bytes();
+    f.device_metadata_bytes += cb.metadata_bytes;
+    f.device_index_bytes += cb.index_bytes;
+    f.device_reserved_bytes += cb.reserved_bytes;
   }
   f.logical_bytes = f.tokens_held * per_token;
   return f;
@@ -383,6 +430,8 @@ std::map<std::string, double> QuestKvCache::counters() const {
   c["setting.skip_layers"] = static_cast<double>(opts_.skip_layers);
   c["setting.keep_first_page"] = opts_.keep_first_page ? 1.0 : 0.0;
   c["setting.gqa_agg_max"] = opts_.gqa_agg == GqaAgg::kMax ? 1.0 : 0.0;
+  if (opts_.codec)
+    for (const auto& [k, v] : opts_.codec->describe()) c["codec." + k] = v;
   c["decode_head_reads"] = reads_;
   if (reads_ > 0) {
     c["read_tokens_per_head_step"] = read_tokens_ / reads_;
@@ -404,8 +453,9 @@ std::vector<HeadSnapshot> QuestKvCache::probe_view(int layer, int64_t seq_id) co
   const Seq& s = it->second;
   const int64_t n = s.len + s.step_tokens;  // the running step's tokens once attend wrote them
   if (n == 0) return {};
-  at::Tensor k = s.k[layer].narrow(0, 0, n).to(at::kCPU).to(at::kFloat);
-  at::Tensor v = s.v[layer].narrow(0, 0, n).to(at::kCPU).to(at::kFloat);
+  const auto [kr, vr] = rows_of(s, layer, n);
+  at::Tensor k = kr.to(at::kCPU).to(at::kFloat).clone();
+  at::Tensor v = vr.to(at::kCPU).to(at::kFloat).clone();
   at::Tensor idx = at::arange(n, at::TensorOptions().dtype(at::kLong));
   std::vector<HeadSnapshot> out;
   for (int64_t h = 0; h < Hkv_; ++h)
@@ -457,6 +507,7 @@ MethodInfo quest_info() {
       "gqa_agg", "max", {"max", "mean"},
       "GQA: one page set per KV head, from the group's query-head bounds by max (a page any head "
       "may need) or mean"));
+  for (auto& c : codec_params()) m.params.push_back(c);
   return m;
 }
 
@@ -467,6 +518,7 @@ std::unique_ptr<KvCache> make_quest(const CacheContext& ctx, const nlohmann::jso
   o.skip_layers = p.at("skip_layers").get<int64_t>();
   o.keep_first_page = p.at("keep_first_page").get<bool>();
   o.gqa_agg = p.at("gqa_agg").get<std::string>() == "mean" ? GqaAgg::kMean : GqaAgg::kMax;
+  o.codec = parse_codec(p, "quest", ctx.config.head_dim);
   return std::make_unique<QuestKvCache>(ctx, o);
 }
 

@@ -7,7 +7,10 @@
 // bounds aggregated by max or mean) and attends exactly over the top pages only (the page holding
 // the current token always, the first page optionally). Prefill and the first `skip_layers` layers
 // attend densely. Quest saves read bandwidth, not memory: the ledger holds the full KV plus the
-// page min/max (metadata).
+// page min/max (metadata) -- unless a `codec` stores the KV (Quest x KIVI etc.: the rows live in
+// one CodecStream per layer and K|V, decoded into a shared scratch for each step's attention; page
+// bounds come from the exact keys as they arrive, and are recomputed from the decoded keys only
+// when a truncation cuts a page).
 //
 // Storage per sequence and layer (model dtype, model device; contiguous, grown by doubling):
 //   k, v:   [capacity, num_kv_heads, head_dim]  (capacity a multiple of page_size)
@@ -25,6 +28,7 @@
 #include "harness/kv/kv_cache.h"
 #include "harness/kv/method.h"
 #include "methods/common/eviction_select.h"
+#include "methods/common/kv_codec.h"
 
 namespace kvb {
 namespace quest {
@@ -56,6 +60,7 @@ class QuestKvCache : public KvCache {
     bool keep_first_page = false;
     GqaAgg gqa_agg = GqaAgg::kMax;
     bool force_generic = false;  // use the LibTorch path even on CPU fp32 (tests)
+    std::shared_ptr<const KvCodec> codec;  // null: K/V tensors in the model dtype (CPU fp32 only)
   };
   QuestKvCache(const CacheContext& ctx, Options opts);
 
@@ -80,7 +85,8 @@ class QuestKvCache : public KvCache {
 
  private:
   struct Seq {
-    std::vector<at::Tensor> k, v, mn, mx;  // per layer, see the header comment
+    std::vector<at::Tensor> k, v, mn, mx;  // per layer, see the header comment (k, v: no codec)
+    std::vector<std::shared_ptr<CodecStream>> ks, vs;  // per layer, with a codec
     int64_t len = 0;
     int64_t capacity = 0;
     int64_t step_tokens = 0;
@@ -94,11 +100,16 @@ class QuestKvCache : public KvCache {
   void append(Seq& s, int layer, const at::Tensor& k, const at::Tensor& v, int64_t start,
               int64_t n);
   void recompute_page(Seq& s, int layer, int64_t page, int64_t len);
+  // The layer's first `rows` K and V rows as [rows, Hkv, D] tensors: the stored tensors, or the
+  // codec's decoded rows in the shared scratch (valid until the next call).
+  std::pair<at::Tensor, at::Tensor> rows_of(const Seq& s, int layer, int64_t rows) const;
   // Selected-page attention of the sequence's rows (decode, layer >= skip_layers).
-  void attend_selected_fast(Seq& s, int layer, const at::Tensor& q, int64_t start, int64_t n,
-                            float sm_scale, at::Tensor& out);
-  void attend_selected_generic(Seq& s, int layer, const at::Tensor& q, int64_t start, int64_t n,
-                               float sm_scale, at::Tensor& out);
+  void attend_selected_fast(Seq& s, int layer, const at::Tensor& K, const at::Tensor& V,
+                            const at::Tensor& q, int64_t start, int64_t n, float sm_scale,
+                            at::Tensor& out);
+  void attend_selected_generic(Seq& s, int layer, const at::Tensor& K, const at::Tensor& V,
+                               const at::Tensor& q, int64_t start, int64_t n, float sm_scale,
+                               at::Tensor& out);
   void count_read(int layer, int64_t read, int64_t visible, int64_t pages);
 
   CacheContext ctx_;
@@ -107,6 +118,7 @@ class QuestKvCache : public KvCache {
   bool fast_ = false;
   std::unordered_map<int64_t, Seq> seqs_;
   std::vector<float> scratch_p_, scratch_u_;
+  mutable at::Tensor scratch_k_, scratch_v_;  // decoded rows (codec only)
   // Counters: decode reads per (query row, layer, KV head).
   double reads_ = 0, read_tokens_ = 0, visible_tokens_ = 0;
   double sel_reads_ = 0, sel_read_tokens_ = 0, sel_visible_tokens_ = 0, sel_pages_ = 0;

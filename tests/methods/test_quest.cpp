@@ -6,6 +6,7 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 
@@ -365,6 +366,60 @@ TEST(QuestModel, ForkedSequencesAreIndependent) {
   at::Tensor lb2 = e.decode({b}, {302});
   EXPECT_GT(max_diff(la2, lb2), 1e-3);
   EXPECT_EQ(e.kv().footprint().tokens_held, 64);
+}
+
+// Quest x codec: the rows live in CodecStreams (fp16 halves the payload exactly; kivi-2 stores far
+// less), page bounds still come from the exact keys, and forks stay independent.
+TEST(QuestCodec, Fp16HalvesThePayloadAndKeepsTheLogitsClose) {
+  auto m = stories();
+  nlohmann::json p = {{"budget", 0.3}, {"page_size", 4}, {"skip_layers", 1}};
+  KvCache* k0 = nullptr;
+  KvCache* k1 = nullptr;
+  std::unique_ptr<Engine> e0, e1;
+  at::Tensor a = trace(make(ctx_of(*m), "quest", p), &k0, &e0);
+  auto p16 = p;
+  p16["codec"] = "fp16";
+  at::Tensor b = trace(make(ctx_of(*m), "quest", p16), &k1, &e1);
+  EXPECT_LT(max_diff(a, b), 0.05);
+  EXPECT_GT(max_diff(a, b), 0.0);  // fp16 rounding is really applied
+  const Footprint f0 = k0->footprint(), f1 = k1->footprint();
+  EXPECT_EQ(f1.tokens_held, 50);
+  EXPECT_EQ(f0.device_payload_bytes, 50 * 1280);
+  EXPECT_EQ(f1.device_payload_bytes, 50 * 640);
+  EXPECT_EQ(f1.device_metadata_bytes, f0.device_metadata_bytes);  // page bounds only
+  EXPECT_EQ(f1.logical_bytes, f0.logical_bytes);
+  const auto c1 = k1->counters();
+  EXPECT_TRUE(std::any_of(c1.begin(), c1.end(), [](const auto& kv) { return kv.first.rfind("codec.", 0) == 0; }))
+      << "the codec's figures are in the counters";
+}
+
+TEST(QuestCodec, Kivi2StoresUnderAThirdAndForksStayIndependent) {
+  auto m = stories();
+  Engine e(m, make(ctx_of(*m), "quest",
+                   {{"budget", 0.25}, {"page_size", 4}, {"codec", "kivi-2"}, {"codec_residual", 32}}));
+  std::vector<int64_t> t = {1};
+  for (int i = 1; i < 200; ++i) t.push_back(3 + (i * 37) % 500);
+  int64_t a = e.new_sequence();
+  e.prefill({a}, {t});
+  const Footprint f = e.kv().footprint();
+  EXPECT_EQ(f.tokens_held, 200);
+  EXPECT_LT(static_cast<double>(f.device_payload_bytes + f.device_metadata_bytes -
+                                (50 * 5 * 4 * 2 * 8 * 4)),  // less the page bounds (fp32)
+            0.35 * 200 * 1280);
+  int64_t b = e.fork(a);
+  at::Tensor la = e.decode({a}, {300});
+  at::Tensor lb = e.decode({b}, {300});
+  EXPECT_TRUE(at::equal(la, lb));
+  EXPECT_TRUE(la.isfinite().all().item<bool>());
+  at::Tensor la2 = e.decode({a}, {301});
+  at::Tensor lb2 = e.decode({b}, {302});
+  EXPECT_GT(max_diff(la2, lb2), 1e-3);
+  EXPECT_EQ(e.kv().footprint().tokens_held, 404);
+  // The codec store runs on the CPU fp32 path only: the LibTorch path refuses it by name.
+  QuestKvCache::Options o;
+  o.force_generic = true;
+  o.codec = make_plain_codec(RowDtype::kF16);
+  EXPECT_THROW(QuestKvCache(ctx_of(*m), o), Error);
 }
 
 }  // namespace
