@@ -88,6 +88,8 @@ void QuestKvCache::reallocate(Seq& s, int64_t capacity) {
   s.mn.resize(static_cast<size_t>(L_));
   s.mx.resize(static_cast<size_t>(L_));
   if (opts_.codec && s.ks.empty()) {
+    s.pk.assign(static_cast<size_t>(L_), {});
+    s.pv.assign(static_cast<size_t>(L_), {});
     for (int64_t l = 0; l < L_; ++l) {
       s.ks.push_back(opts_.codec->make_stream(KvKind::kKey, static_cast<int>(l), Hkv_ * D_, D_));
       s.vs.push_back(opts_.codec->make_stream(KvKind::kValue, static_cast<int>(l), Hkv_ * D_, D_));
@@ -140,14 +142,19 @@ std::pair<at::Tensor, at::Tensor> QuestKvCache::rows_of(const Seq& s, int layer,
   if (!opts_.codec) return {s.k[layer].narrow(0, 0, rows), s.v[layer].narrow(0, 0, rows)};
   const auto& ks = *s.ks[layer];
   const auto& vs = *s.vs[layer];
-  KVB_CHECK(ks.rows() >= rows && vs.rows() >= rows, "quest: internal: ", rows, " rows asked of ",
-            ks.rows());
+  const int64_t row = Hkv_ * D_, pend = static_cast<int64_t>(s.pk[layer].size()) / row;
+  const int64_t total = ks.rows() + pend;
+  KVB_CHECK(total >= rows, "quest: internal: ", rows, " rows asked of ", total);
   for (auto* t : {&scratch_k_, &scratch_v_})
-    if (!t->defined() || t->size(0) < ks.rows())
-      *t = at::empty({std::max<int64_t>(ks.rows(), 2 * (t->defined() ? t->size(0) : 0)), Hkv_, D_},
+    if (!t->defined() || t->size(0) < total)
+      *t = at::empty({std::max<int64_t>(total, 2 * (t->defined() ? t->size(0) : 0)), Hkv_, D_},
                      at::kFloat);
   ks.decode(scratch_k_.data_ptr<float>());
   vs.decode(scratch_v_.data_ptr<float>());
+  if (pend > 0) {
+    std::memcpy(scratch_k_.data_ptr<float>() + ks.rows() * row, s.pk[layer].data(), sizeof(float) * pend * row);
+    std::memcpy(scratch_v_.data_ptr<float>() + ks.rows() * row, s.pv[layer].data(), sizeof(float) * pend * row);
+  }
   return {scratch_k_.narrow(0, 0, rows), scratch_v_.narrow(0, 0, rows)};
 }
 
@@ -160,10 +167,15 @@ void QuestKvCache::append(Seq& s, int layer, const at::Tensor& k, const at::Tens
     const float* kp = k.data_ptr<float>() + start * row;
     const float* vp = v.data_ptr<float>() + start * row;
     if (opts_.codec) {
-      KVB_CHECK(s.ks[layer]->rows() == s.len, "quest: internal: stream rows ", s.ks[layer]->rows(),
-                " vs ", s.len);
-      s.ks[layer]->append(kp, n);
-      s.vs[layer]->append(vp, n);
+      // The step's rows stay exact while the step attends (as in KIVI, where the current token's
+      // K/V come straight from the forward); they reach the codec at end_step when decoding, at
+      // end_prefill for the prompt.
+      auto& pk = s.pk[layer];
+      auto& pv = s.pv[layer];
+      KVB_CHECK(s.ks[layer]->rows() + static_cast<int64_t>(pk.size()) / row == s.len,
+                "quest: internal: stream rows ", s.ks[layer]->rows(), " + pending vs ", s.len);
+      pk.insert(pk.end(), kp, kp + n * row);
+      pv.insert(pv.end(), vp, vp + n * row);
     } else {
       std::memcpy(s.k[layer].data_ptr<float>() + s.len * row, kp, sizeof(float) * n * row);
       std::memcpy(s.v[layer].data_ptr<float>() + s.len * row, vp, sizeof(float) * n * row);
@@ -364,7 +376,24 @@ void QuestKvCache::end_step(const StepBatch& batch) {
     Seq& s = seq(batch.seq_ids[b]);
     s.len += s.step_tokens;
     s.step_tokens = 0;
+    if (opts_.codec && s.decoding) flush_pending(s);
   }
+}
+
+void QuestKvCache::flush_pending(Seq& s) {
+  const int64_t row = Hkv_ * D_;
+  for (int64_t l = 0; l < static_cast<int64_t>(s.pk.size()); ++l) {
+    const int64_t pend = static_cast<int64_t>(s.pk[l].size()) / row;
+    if (pend == 0) continue;
+    s.ks[l]->append(s.pk[l].data(), pend);
+    s.vs[l]->append(s.pv[l].data(), pend);
+    s.pk[l].clear();
+    s.pv[l].clear();
+  }
+}
+
+void QuestKvCache::end_prefill(int64_t seq_id) {
+  if (opts_.codec) flush_pending(seq(seq_id));
 }
 
 void QuestKvCache::fork(int64_t src_id, int64_t dst_id) {
@@ -383,8 +412,19 @@ void QuestKvCache::truncate(int64_t seq_id, int64_t new_len) {
   KVB_CHECK(new_len >= 0 && new_len <= s.len, "quest: cannot truncate sequence ", seq_id, " of ",
             s.len, " tokens to ", new_len);
   s.len = new_len;
-  for (auto* vec : {&s.ks, &s.vs})
-    for (auto& st : *vec) st->truncate(new_len);
+  const int64_t row = Hkv_ * D_;
+  for (size_t l = 0; l < s.ks.size(); ++l) {
+    const int64_t enc = s.ks[l]->rows();
+    if (new_len >= enc) {  // the cut falls among the pending rows
+      s.pk[l].resize(static_cast<size_t>((new_len - enc) * row));
+      s.pv[l].resize(static_cast<size_t>((new_len - enc) * row));
+    } else {
+      s.ks[l]->truncate(new_len);
+      s.vs[l]->truncate(new_len);
+      s.pk[l].clear();
+      s.pv[l].clear();
+    }
+  }
   // The last page lost tokens: its bounds are recomputed from the keys it still holds.
   if (new_len % opts_.page_size != 0)
     for (int l = 0; l < L_; ++l) recompute_page(s, l, new_len / opts_.page_size, new_len);
@@ -415,6 +455,8 @@ Footprint QuestKvCache::footprint() const {
     CodecBytes cb;
     for (const auto* vec : {&s.ks, &s.vs})
       for (const auto& st : *vec) cb += st->bytes();
+    for (const auto* vec : {&s.pk, &s.pv})
+      for (const auto& p : *vec) cb.full_bytes += static_cast<int64_t>(p.size() * sizeof(float));
     f.device_payload_bytes += cb.payload_bytes();
     f.device_metadata_bytes += cb.metadata_bytes;
     f.device_index_bytes += cb.index_bytes;

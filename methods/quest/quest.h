@@ -68,6 +68,7 @@ class QuestKvCache : public KvCache {
   void begin_step(const StepBatch& batch) override;
   at::Tensor attend(const LayerInput& in) override;
   void end_step(const StepBatch& batch) override;
+  void end_prefill(int64_t seq_id) override;
   void release(int64_t seq_id) override { seqs_.erase(seq_id); }
   void fork(int64_t src_id, int64_t dst_id) override;
   void truncate(int64_t seq_id, int64_t new_len) override;
@@ -87,6 +88,10 @@ class QuestKvCache : public KvCache {
   struct Seq {
     std::vector<at::Tensor> k, v, mn, mx;  // per layer, see the header comment (k, v: no codec)
     std::vector<std::shared_ptr<CodecStream>> ks, vs;  // per layer, with a codec
+    // With a codec: rows wait here at fp32 ([rows * Hkv * D] per layer) while their step attends,
+    // and prompt rows until the end of prefill, so a step attends to itself exactly (as in KIVI)
+    // and the prompt is encoded once.
+    std::vector<std::vector<float>> pk, pv;
     int64_t len = 0;
     int64_t capacity = 0;
     int64_t step_tokens = 0;
@@ -100,6 +105,7 @@ class QuestKvCache : public KvCache {
   void append(Seq& s, int layer, const at::Tensor& k, const at::Tensor& v, int64_t start,
               int64_t n);
   void recompute_page(Seq& s, int layer, int64_t page, int64_t len);
+  void flush_pending(Seq& s);  // codec: pending prompt rows -> the streams
   // The layer's first `rows` K and V rows as [rows, Hkv, D] tensors: the stored tensors, or the
   // codec's decoded rows in the shared scratch (valid until the next call).
   std::pair<at::Tensor, at::Tensor> rows_of(const Seq& s, int layer, int64_t rows) const;

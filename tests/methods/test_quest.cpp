@@ -393,6 +393,21 @@ TEST(QuestCodec, Fp16HalvesThePayloadAndKeepsTheLogitsClose) {
       << "the codec's figures are in the counters";
 }
 
+TEST(QuestCodec, ReadingEverythingEqualsTheEvictionStoreWithTheSameCodec) {
+  // Both keep post-RoPE keys (StreamingLLM in absolute mode), hold prompt rows exact until the end
+  // of prefill and a step's own rows exact while it attends: the same codec gives the same logits.
+  auto m = stories();
+  for (const char* codec : {"kivi-2", "pertoken-4"}) {
+    at::Tensor a = trace(make(ctx_of(*m), "quest",
+                              {{"budget", 1.0}, {"codec", codec}, {"codec_residual", 32}}));
+    at::Tensor b = trace(make(ctx_of(*m), "streaming_llm",
+                              {{"budget", 1.0}, {"position_mode", "absolute"}, {"codec", codec},
+                               {"codec_residual", 32}}));
+    EXPECT_LT(max_diff(a, b), 1e-4) << codec;
+    EXPECT_GT(max_diff(a, trace(make(ctx_of(*m), "full"))), 1e-3) << codec << ": the codec is applied";
+  }
+}
+
 TEST(QuestCodec, Kivi2StoresUnderAThirdAndForksStayIndependent) {
   auto m = stories();
   Engine e(m, make(ctx_of(*m), "quest",
