@@ -591,7 +591,9 @@ TrainSummary run_training(const TrainOptions& opts) {
   // The induction probe: mean NLL and top-1 accuracy on the second copy of a repeated random id
   // sequence (first id of the copy excluded: it is not predictable). It falls from ~ln(vocab) to
   // ~0 when induction heads form -- the ability every retrieval task rests on -- so the log shows
-  // when (and whether) that happened, long before retrieval accuracy moves.
+  // when (and whether) that happened, long before retrieval accuracy moves. Its copy distance is
+  // fixed (48), so a model trained only on repeats of that one length could pass it by position
+  // alone (configs/models/README.md); repeat_drill varies the length, so a pass means matching.
   const int64_t probe_n =
       std::min<int64_t>({48, (cfg.stages.front().seq_len - 1) / 2, tok->vocab_size() - 3});
   const auto probe_rows = induction_rows(*tok, std::max<int64_t>(probe_n, 0), 8);
