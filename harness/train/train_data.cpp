@@ -113,6 +113,18 @@ void TrainData::fill_text(std::vector<int64_t>& out, size_t len, uint64_t seed) 
   out.resize(len);
 }
 
+std::string TrainData::random_text(std::mt19937_64& rng, int64_t n) const {
+  if (n <= 0) return "";
+  // A random span of n training tokens (every token equally likely to start it), decoded.
+  uint64_t pick = uniform_index(rng, static_cast<uint64_t>(train_tokens()));
+  size_t ci = 0;
+  while (pick >= train_[ci].size()) pick -= train_[ci++].size();
+  const auto& src = train_[ci];
+  const size_t start = std::min<size_t>(pick, src.size() - static_cast<size_t>(n));
+  return tok_->decode(std::vector<int64_t>(src.begin() + static_cast<std::ptrdiff_t>(start),
+                                           src.begin() + static_cast<std::ptrdiff_t>(start + n)));
+}
+
 std::vector<int64_t> TrainData::drill_tokens(const TrainTaskMix& t, int64_t target,
                                              uint64_t seed) const {
   std::mt19937_64 rng(seed);
@@ -132,16 +144,7 @@ std::vector<int64_t> TrainData::drill_tokens(const TrainTaskMix& t, int64_t targ
   }
   // About 20 tokens per needle and 40 per question-answer; the rest is book text in pairs + 1 gaps.
   const int64_t gap = std::max<int64_t>(0, (target - pairs * 60) / (pairs + 1));
-  auto filler = [&](int64_t n) -> std::string {
-    if (n <= 0) return "";
-    uint64_t pick = uniform_index(rng, static_cast<uint64_t>(train_tokens()));
-    size_t ci = 0;
-    while (pick >= train_[ci].size()) pick -= train_[ci++].size();
-    const auto& src = train_[ci];
-    const size_t start = std::min<size_t>(pick, src.size() - static_cast<size_t>(n));
-    return tok_->decode(std::vector<int64_t>(src.begin() + static_cast<std::ptrdiff_t>(start),
-                                             src.begin() + static_cast<std::ptrdiff_t>(start + n)));
-  };
+  auto filler = [&](int64_t n) { return random_text(rng, n); };
   std::string text;
   for (int64_t i = 0; i < pairs; ++i)
     text += filler(gap) + " One of the special magic numbers for " + keys[i] + " is: " + vals[i] + ". ";
@@ -178,16 +181,7 @@ std::vector<int64_t> TrainData::copy_drill_tokens(const TrainTaskMix& t, int64_t
   const int64_t list_tokens = static_cast<int64_t>(tok_->encode(list).size());
   const int64_t gap = std::max<int64_t>(0, target - 2 * list_tokens - 4);
   const int64_t n = gap > 0 ? static_cast<int64_t>(uniform_index(rng, static_cast<uint64_t>(gap + 1))) : 0;
-  std::string filler;
-  if (n > 0) {
-    uint64_t pick = uniform_index(rng, static_cast<uint64_t>(train_tokens()));
-    size_t ci = 0;
-    while (pick >= train_[ci].size()) pick -= train_[ci++].size();
-    const auto& src = train_[ci];
-    const size_t start = std::min<size_t>(pick, src.size() - static_cast<size_t>(n));
-    filler = tok_->decode(std::vector<int64_t>(src.begin() + static_cast<std::ptrdiff_t>(start),
-                                               src.begin() + static_cast<std::ptrdiff_t>(start + n)));
-  }
+  const std::string filler = random_text(rng, n);
   std::vector<int64_t> ids = {tok_->bos_id()};
   auto e = tok_->encode(list + "\n" + filler + "\nAgain: " + list);
   ids.insert(ids.end(), e.begin(), e.end());
@@ -201,11 +195,12 @@ std::vector<int64_t> TrainData::repeat_drill_tokens(const TrainTaskMix& t, int64
   // `n` distinct token ids drawn uniformly from the vocabulary (never BOS, EOS or UNK), then the
   // same ids `repeats` - 1 more times. Each id is unique within one copy, so "find this token's
   // previous occurrence, predict its successor" is exact: the canonical data on which induction
-  // heads form. Uniform ids matter: measured on this trainer (2-layer, d 128, 2,048 ids), ids
-  // drawn from the text's own distribution left the repeat as costly as the first copy after 600
-  // steps, uniform ids made it nearly free (0.06 nats) by step 300 -- a frequent-token first copy
-  // is cheap to predict from unigram statistics and hides the copy signal. Digits and records need
-  // the harder multi-token match (a digit recurs within one number), which the other drills train.
+  // heads form. Uniform ids matter: ids drawn from the text's own distribution (cheap to predict
+  // from unigram statistics, which hides the copy signal) left the repeat as costly as the first
+  // copy after 600 steps on this trainer. n varies per row on purpose: with one fixed length a
+  // single RoPE offset head copies without matching anything (configs/models/README.md). Digits
+  // and records need the harder multi-token match (a digit recurs within one number), which the
+  // other drills train.
   const int64_t repeats = t.params.value("repeats", int64_t{2});
   KVB_CHECK(repeats >= 2 && repeats <= 8, "repeat_drill: 2 <= repeats <= 8");
   const int64_t most = std::max<int64_t>(4, (target - 1) / repeats);

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -41,6 +42,8 @@ class TrainData {
   static std::string training_text(const TrainConfig& cfg, const std::string& data_dir);
 
  private:
+  // A random span of `n` training tokens, decoded ("" for n <= 0): drill filler.
+  std::string random_text(std::mt19937_64& rng, int64_t n) const;
   // Appends BOS + a random span of training text to `out` until it holds `len` tokens.
   void fill_text(std::vector<int64_t>& out, size_t len, uint64_t seed) const;
   // BOS + prompt + " answer." + EOS of a task sample with the given target length.
