@@ -113,6 +113,14 @@ void TrainData::fill_text(std::vector<int64_t>& out, size_t len, uint64_t seed) 
   out.resize(len);
 }
 
+std::vector<int64_t> TrainData::bos_text_eos(const std::string& text) const {
+  std::vector<int64_t> ids = {tok_->bos_id()};
+  auto e = tok_->encode(text);
+  ids.insert(ids.end(), e.begin(), e.end());
+  ids.push_back(tok_->eos_id());
+  return ids;
+}
+
 std::string TrainData::random_text(std::mt19937_64& rng, int64_t n) const {
   if (n <= 0) return "";
   // A random span of n training tokens (every token equally likely to start it), decoded.
@@ -156,11 +164,7 @@ std::vector<int64_t> TrainData::drill_tokens(const TrainTaskMix& t, int64_t targ
     text += "What is the special magic number for " + keys[i] +
             " mentioned in the provided text? The special magic number for " + keys[i] +
             " mentioned in the provided text is " + vals[i] + ".\n";
-  std::vector<int64_t> ids = {tok_->bos_id()};
-  auto e = tok_->encode(text);
-  ids.insert(ids.end(), e.begin(), e.end());
-  ids.push_back(tok_->eos_id());
-  return ids;
+  return bos_text_eos(text);
 }
 
 std::vector<int64_t> TrainData::copy_drill_tokens(const TrainTaskMix& t, int64_t target,
@@ -182,11 +186,7 @@ std::vector<int64_t> TrainData::copy_drill_tokens(const TrainTaskMix& t, int64_t
   const int64_t gap = std::max<int64_t>(0, target - 2 * list_tokens - 4);
   const int64_t n = gap > 0 ? static_cast<int64_t>(uniform_index(rng, static_cast<uint64_t>(gap + 1))) : 0;
   const std::string filler = random_text(rng, n);
-  std::vector<int64_t> ids = {tok_->bos_id()};
-  auto e = tok_->encode(list + "\n" + filler + "\nAgain: " + list);
-  ids.insert(ids.end(), e.begin(), e.end());
-  ids.push_back(tok_->eos_id());
-  return ids;
+  return bos_text_eos(list + "\n" + filler + "\nAgain: " + list);
 }
 
 std::vector<int64_t> TrainData::repeat_drill_tokens(const TrainTaskMix& t, int64_t target,
@@ -262,11 +262,7 @@ std::vector<int64_t> TrainData::task_tokens(const TrainTaskMix& t, int64_t targe
     try {
       SampleSet set = generate_task(*tok_, spec);
       const TaskSample& s = set.samples.at(0);
-      std::vector<int64_t> ids = {tok_->bos_id()};
-      auto p = tok_->encode(s.prompt() + " " + join(s.answers, ", ") + ".");
-      ids.insert(ids.end(), p.begin(), p.end());
-      ids.push_back(tok_->eos_id());
-      return ids;
+      return bos_text_eos(s.prompt() + " " + join(s.answers, ", ") + ".");
     } catch (const Error&) {
       if (attempt >= 40) throw;
     }

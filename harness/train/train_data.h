@@ -42,6 +42,8 @@ class TrainData {
   static std::string training_text(const TrainConfig& cfg, const std::string& data_dir);
 
  private:
+  // BOS + the text's tokens + EOS: one synthetic sample as a row prefix.
+  std::vector<int64_t> bos_text_eos(const std::string& text) const;
   // A random span of `n` training tokens, decoded ("" for n <= 0): drill filler.
   std::string random_text(std::mt19937_64& rng, int64_t n) const;
   // Appends BOS + a random span of training text to `out` until it holds `len` tokens.
