@@ -169,18 +169,6 @@ class EvictingKvCache : public KvCache {
   const EvictionPolicy& policy() const { return *policy_; }
 
  private:
-  // A codec stream that deep-copies with its head (fork).
-  struct StreamBox {
-    std::unique_ptr<CodecStream> p;
-    StreamBox() = default;
-    StreamBox(const StreamBox& o) : p(o.p ? o.p->clone() : nullptr) {}
-    StreamBox& operator=(const StreamBox& o) {
-      p = o.p ? o.p->clone() : nullptr;
-      return *this;
-    }
-    StreamBox(StreamBox&&) = default;
-    StreamBox& operator=(StreamBox&&) = default;
-  };
   struct Head {
     at::Tensor kv;  // [2, cap, head_dim]; undefined with a codec
     // With a codec: the kept keys and values are the streams' rows followed by `pend` pending rows

@@ -106,6 +106,19 @@ class KvCodec {
   virtual int64_t query_window() const { return 0; }
 };
 
+// A codec stream that deep-copies with its owner (stores copy their sequences on fork).
+struct StreamBox {
+  std::unique_ptr<CodecStream> p;
+  StreamBox() = default;
+  StreamBox(const StreamBox& o) : p(o.p ? o.p->clone() : nullptr) {}
+  StreamBox& operator=(const StreamBox& o) {
+    p = o.p ? o.p->clone() : nullptr;
+    return *this;
+  }
+  StreamBox(StreamBox&&) = default;
+  StreamBox& operator=(StreamBox&&) = default;
+};
+
 std::unique_ptr<KvCodec> make_plain_codec(RowDtype dtype);
 
 // How one tensor (K or V) is quantized.

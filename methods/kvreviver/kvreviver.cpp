@@ -201,16 +201,19 @@ const KvReviverKvCache::Seq& KvReviverKvCache::seq(int64_t id) const {
 }
 
 void KvReviverKvCache::reallocate(Head& h, int64_t cap) {
-  // Fresh vectors so that the capacity really is `cap` (shrinking frees).
-  std::vector<float> k(static_cast<size_t>(cap * D_)), v(static_cast<size_t>(cap * D_));
+  // Fresh vectors so that the capacity really is `cap` (shrinking frees). With a codec the rows
+  // live in the streams and the pending buffers: only the per-entry arrays have a capacity.
+  if (!opts_.codec) {
+    std::vector<float> k(static_cast<size_t>(cap * D_)), v(static_cast<size_t>(cap * D_));
+    std::copy(h.k.begin(), h.k.begin() + h.len * D_, k.begin());
+    std::copy(h.v.begin(), h.v.begin() + h.len * D_, v.begin());
+    h.k.swap(k);
+    h.v.swap(v);
+  }
   std::vector<int32_t> idx(static_cast<size_t>(cap));
   std::vector<float> acc(static_cast<size_t>(cap));
-  std::copy(h.k.begin(), h.k.begin() + h.len * D_, k.begin());
-  std::copy(h.v.begin(), h.v.begin() + h.len * D_, v.begin());
   std::copy(h.idx.begin(), h.idx.begin() + h.len, idx.begin());
   std::copy(h.acc.begin(), h.acc.begin() + h.len, acc.begin());
-  h.k.swap(k);
-  h.v.swap(v);
   h.idx.swap(idx);
   h.acc.swap(acc);
   h.cap = cap;
@@ -224,11 +227,38 @@ void KvReviverKvCache::reserve(Head& h, int64_t need) {
 
 void KvReviverKvCache::compact(Head& h, const std::vector<int64_t>& keep) {
   const int64_t k = static_cast<int64_t>(keep.size());
+  if (opts_.codec) {
+    // Stream rows are dropped by keep_rows (never re-encoded); pending rows compact in place.
+    const int64_t S = h.len - h.pend;
+    std::vector<int64_t> in_stream;
+    int64_t np = 0;
+    for (int64_t slot : keep) {
+      if (slot < S) {
+        in_stream.push_back(slot);
+        continue;
+      }
+      const int64_t src = slot - S;  // ascending: src >= np, forward copies never clobber
+      if (src != np) {
+        std::memcpy(h.pk.data() + np * D_, h.pk.data() + src * D_, sizeof(float) * D_);
+        std::memcpy(h.pv.data() + np * D_, h.pv.data() + src * D_, sizeof(float) * D_);
+      }
+      ++np;
+    }
+    if (h.ks.p && static_cast<int64_t>(in_stream.size()) < S) {
+      h.ks.p->keep_rows(in_stream);
+      h.vs.p->keep_rows(in_stream);
+    }
+    h.pend = np;
+    h.pk.resize(static_cast<size_t>(np * D_));
+    h.pv.resize(static_cast<size_t>(np * D_));
+  }
   for (int64_t r = 0; r < k; ++r) {
     const int64_t s = keep[r];
     if (s == r) continue;  // ascending: s > r, forward copies never clobber
-    std::memcpy(h.k.data() + r * D_, h.k.data() + s * D_, sizeof(float) * D_);
-    std::memcpy(h.v.data() + r * D_, h.v.data() + s * D_, sizeof(float) * D_);
+    if (!opts_.codec) {
+      std::memcpy(h.k.data() + r * D_, h.k.data() + s * D_, sizeof(float) * D_);
+      std::memcpy(h.v.data() + r * D_, h.v.data() + s * D_, sizeof(float) * D_);
+    }
     h.idx[r] = h.idx[s];
     h.acc[r] = h.acc[s];
   }
@@ -236,6 +266,37 @@ void KvReviverKvCache::compact(Head& h, const std::vector<int64_t>& keep) {
   h.len = k;
   const int64_t target = round_up(k + 1, kGranule);
   if (h.cap > target + kGranule) reallocate(h, target);
+}
+
+void KvReviverKvCache::exact_rows(const Head& h, const float** K, const float** V,
+                                  std::vector<float>* kbuf, std::vector<float>* vbuf) const {
+  if (!opts_.codec) {
+    *K = h.k.data();
+    *V = h.v.data();
+    return;
+  }
+  const int64_t S = h.len - h.pend;
+  kbuf->resize(static_cast<size_t>(std::max<int64_t>(1, h.len) * D_));
+  vbuf->resize(kbuf->size());
+  if (S > 0) {
+    h.ks.p->decode(kbuf->data());
+    h.vs.p->decode(vbuf->data());
+  }
+  std::copy(h.pk.begin(), h.pk.begin() + h.pend * D_, kbuf->begin() + S * D_);
+  std::copy(h.pv.begin(), h.pv.begin() + h.pend * D_, vbuf->begin() + S * D_);
+  *K = kbuf->data();
+  *V = vbuf->data();
+}
+
+void KvReviverKvCache::flush_pending(Head& h) {
+  if (!opts_.codec || h.pend == 0) return;
+  h.ks.p->append(h.pk.data(), h.pend);
+  h.vs.p->append(h.pv.data(), h.pend);
+  h.pend = 0;
+  h.pk.clear();
+  h.pv.clear();
+  h.pk.shrink_to_fit();
+  h.pv.shrink_to_fit();
 }
 
 void KvReviverKvCache::ensure_rope(int64_t n_pos) {
@@ -261,6 +322,11 @@ void KvReviverKvCache::begin_step(const StepBatch& batch) {
           s.heads[l][h].sk = kvreviver::CountSketch(opts_.depth, opts_.width, D_, hs);
           s.heads[l][h].sv = kvreviver::CountSketch(opts_.depth, opts_.width, D_, hs + 1);
           s.heads[l][h].mb = kvreviver::MergeBuckets(opts_.width, D_, opts_.keys_pre_rope);
+          if (opts_.codec) {
+            s.heads[l][h].ks.p = opts_.codec->make_stream(KvKind::kKey, static_cast<int>(l), D_, D_);
+            s.heads[l][h].vs.p =
+                opts_.codec->make_stream(KvKind::kValue, static_cast<int>(l), D_, D_);
+          }
         }
       }
     }
@@ -370,16 +436,26 @@ at::Tensor KvReviverKvCache::attend(const LayerInput& in) {
           attn_norm_v_ += sq_norm(hd.shadow_v.data() + t * D_, D_);
         }
       }
-      // Append the step's tokens to the exact region.
+      // Append the step's tokens to the exact region (with a codec: as pending fp32 rows).
       const int64_t past = hd.len, rows = past + n;
       KVB_CHECK(rows <= hd.cap, "kvreviver: attend before begin_step reserved room");
+      if (opts_.codec) {
+        hd.pk.resize(static_cast<size_t>((hd.pend + n) * D_));
+        hd.pv.resize(hd.pk.size());
+      }
       for (int64_t i = 0; i < n; ++i) {
         const int64_t src = ((start + i) * Hkv_ + h) * D_;
-        std::memcpy(hd.k.data() + (past + i) * D_, Kin + src, sizeof(float) * D_);
-        std::memcpy(hd.v.data() + (past + i) * D_, Vin + src, sizeof(float) * D_);
+        float* kd = opts_.codec ? hd.pk.data() + (hd.pend + i) * D_ : hd.k.data() + (past + i) * D_;
+        float* vd = opts_.codec ? hd.pv.data() + (hd.pend + i) * D_ : hd.v.data() + (past + i) * D_;
+        std::memcpy(kd, Kin + src, sizeof(float) * D_);
+        std::memcpy(vd, Vin + src, sizeof(float) * D_);
         hd.idx[past + i] = static_cast<int32_t>(s.seen + i);
         hd.acc[past + i] = 0.f;
       }
+      if (opts_.codec) hd.pend += n;
+      hd.len = rows;
+      const float *EK = nullptr, *EV = nullptr;
+      exact_rows(hd, &EK, &EV, &scratch_ek_, &scratch_ev_);
       // One softmax over [vague (all visible) | exact entries (causal for the new rows)].
       scratch_p_.resize(static_cast<size_t>(nv + rows));
       float* p = scratch_p_.data();
@@ -397,7 +473,7 @@ at::Tensor KvReviverKvCache::attend(const LayerInput& in) {
             mx = std::max(mx, p[j]);
           }
           for (int64_t j = 0; j < m; ++j) {
-            const float* kj = hd.k.data() + j * D_;
+            const float* kj = EK + j * D_;
             float dot = 0.f;
             for (int64_t d = 0; d < D_; ++d) dot += qi[d] * kj[d];
             p[nv + j] = dot * scale;
@@ -419,7 +495,7 @@ at::Tensor KvReviverKvCache::attend(const LayerInput& in) {
           }
           for (int64_t j = 0; j < m; ++j) {
             const float w = p[nv + j];
-            const float* vj = hd.v.data() + j * D_;
+            const float* vj = EV + j * D_;
             for (int64_t d = 0; d < D_; ++d) oi[d] += w * vj[d];
             hd.acc[j] += w * inv;
           }
@@ -430,7 +506,6 @@ at::Tensor KvReviverKvCache::attend(const LayerInput& in) {
           }
         }
       }
-      hd.len = rows;
     }
   }
   return out;
@@ -448,7 +523,11 @@ void KvReviverKvCache::evict_head(Seq& s, int layer, int64_t head) {
   for (int64_t j = 0; j < recent_from; ++j) cand.push_back(j);
   std::vector<int64_t> keep = top_k_slots(hd.acc.data(), cand, heavy);
   for (int64_t j = recent_from; j < hd.len; ++j) keep.push_back(j);
-  // Fold the evicted entries into the sketches.
+  // Fold the evicted entries into the buckets / sketches: with a codec, as the codec gives them
+  // back (the exact rows of earlier steps are gone; this step's rows are still exact).
+  const float *EK = nullptr, *EV = nullptr;
+  std::vector<float> kbuf, vbuf;
+  if (opts_.revive) exact_rows(hd, &EK, &EV, &kbuf, &vbuf);
   std::vector<float> row(static_cast<size_t>(D_)), rec(static_cast<size_t>(D_)),
       rec_v(static_cast<size_t>(D_));
   size_t ki = 0;
@@ -461,7 +540,7 @@ void KvReviverKvCache::evict_head(Seq& s, int layer, int64_t head) {
     if (!opts_.revive) continue;
     const int32_t t = hd.idx[j];
     const uint64_t key = kvreviver::token_key(t, s.epoch[t]);
-    std::memcpy(row.data(), hd.k.data() + j * D_, sizeof(float) * D_);
+    std::memcpy(row.data(), EK + j * D_, sizeof(float) * D_);
     if (opts_.keys_pre_rope) {
       ensure_rope(static_cast<int64_t>(s.pos[t]) + 1);
       const int64_t p = s.pos[t];
@@ -472,29 +551,29 @@ void KvReviverKvCache::evict_head(Seq& s, int layer, int64_t head) {
     int64_t bucket = -1;
     if (merge()) {
       // Error right after insertion against the bucket's centroid (in the merged space).
-      bucket = hd.mb.add(row.data(), hd.v.data() + j * D_, s.pos[t]);
+      bucket = hd.mb.add(row.data(), EV + j * D_, s.pos[t]);
       hd.mb.centroid(bucket, rec.data(), rec_v.data());
       evict_err_k_ += sq_dist(rec.data(), row.data(), D_);
-      evict_err_v_ += sq_dist(rec_v.data(), hd.v.data() + j * D_, D_);
+      evict_err_v_ += sq_dist(rec_v.data(), EV + j * D_, D_);
     } else {
       hd.sk.add(key, row.data());
-      hd.sv.add(key, hd.v.data() + j * D_);
+      hd.sv.add(key, EV + j * D_);
       // Error right after insertion (rotation-invariant: measured in the sketched space).
       hd.sk.reconstruct(key, rec.data());
       evict_err_k_ += sq_dist(rec.data(), row.data(), D_);
       hd.sv.reconstruct(key, rec.data());
-      evict_err_v_ += sq_dist(rec.data(), hd.v.data() + j * D_, D_);
+      evict_err_v_ += sq_dist(rec.data(), EV + j * D_, D_);
     }
     evict_norm_k_ += sq_norm(row.data(), D_);
-    evict_norm_v_ += sq_norm(hd.v.data() + j * D_, D_);
+    evict_norm_v_ += sq_norm(EV + j * D_, D_);
     if (opts_.measure_error) {
       const size_t need = static_cast<size_t>((t + 1) * D_);
       if (hd.shadow_k.size() < need) {
         hd.shadow_k.resize(std::max(need, static_cast<size_t>(s.seen * D_)));
         hd.shadow_v.resize(hd.shadow_k.size());
       }
-      std::memcpy(hd.shadow_k.data() + t * D_, hd.k.data() + j * D_, sizeof(float) * D_);
-      std::memcpy(hd.shadow_v.data() + t * D_, hd.v.data() + j * D_, sizeof(float) * D_);
+      std::memcpy(hd.shadow_k.data() + t * D_, EK + j * D_, sizeof(float) * D_);
+      std::memcpy(hd.shadow_v.data() + t * D_, EV + j * D_, sizeof(float) * D_);
       if (merge()) {
         if (hd.assign.size() < static_cast<size_t>(t + 1))
           hd.assign.resize(std::max<size_t>(t + 1, static_cast<size_t>(s.seen)), -1);
@@ -510,8 +589,12 @@ void KvReviverKvCache::end_step(const StepBatch& batch) {
     Seq& s = seq(batch.seq_ids[b]);
     s.seen += s.step_tokens;
     s.step_tokens = 0;
-    for (int l = 0; l < L_; ++l)
-      for (int64_t h = 0; h < Hkv_; ++h) evict_head(s, l, h);
+    for (int l = 0; l < L_; ++l) {
+      for (int64_t h = 0; h < Hkv_; ++h) {
+        evict_head(s, l, h);
+        flush_pending(s.heads[l][h]);  // evict, then encode what is kept
+      }
+    }
   }
 }
 
@@ -561,10 +644,24 @@ Footprint KvReviverKvCache::footprint() const {
     for (const auto& layer : s.heads) {
       for (const auto& h : layer) {
         entries += h.len;
-        f.device_payload_bytes += h.len * entry_bytes;
         f.device_metadata_bytes += h.len * 4 + h.sk.bytes() + h.sv.bytes() + h.mb.bytes();
         f.device_index_bytes += h.len * 4;
-        f.device_reserved_bytes += (h.cap - h.len) * (entry_bytes + 8);
+        if (opts_.codec) {
+          // The codec's bytes: codes + full-precision rows are payload, scales and minimums
+          // metadata, live masks index; this step's pending rows are fp32 payload.
+          CodecBytes cb;
+          if (h.ks.p) {
+            cb += h.ks.p->bytes();
+            cb += h.vs.p->bytes();
+          }
+          f.device_payload_bytes += cb.payload_bytes() + 2 * h.pend * D_ * 4;
+          f.device_metadata_bytes += cb.metadata_bytes;
+          f.device_index_bytes += cb.index_bytes;
+          f.device_reserved_bytes += cb.reserved_bytes + (h.cap - h.len) * 8;
+        } else {
+          f.device_payload_bytes += h.len * entry_bytes;
+          f.device_reserved_bytes += (h.cap - h.len) * (entry_bytes + 8);
+        }
       }
     }
     f.device_index_bytes += static_cast<int64_t>(s.pos.size() + s.epoch.size()) * 4;
@@ -586,6 +683,8 @@ std::map<std::string, double> KvReviverKvCache::counters() const {
   c["evicted_entries"] = static_cast<double>(evicted_entries_);
   c["evicted_tokens"] = static_cast<double>(evicted_entries_) / static_cast<double>(L_ * Hkv_);
   c["stale_sketch_tokens"] = static_cast<double>(stale_sketch_tokens_);
+  if (opts_.codec)
+    for (const auto& [k, v] : opts_.codec->describe()) c["codec." + k] = v;
   double kept = 0, seen = 0, sketch = 0, vague = 0, shadow = 0, heads = 0, used = 0, merged = 0,
          bucket_bytes = 0;
   for (const auto& [id, s] : seqs_) {
@@ -655,14 +754,17 @@ std::vector<HeadSnapshot> KvReviverKvCache::probe_view(int layer, int64_t seq_id
       reconstruct(s, hd, vague, rk.data(), rv.data());
     }
     // Merge both sets in token order.
+    const float *EK = nullptr, *EV = nullptr;
+    std::vector<float> kbuf, vbuf;
+    exact_rows(hd, &EK, &EV, &kbuf, &vbuf);
     at::Tensor K = at::empty({n, D_}, at::kFloat), V = at::empty({n, D_}, at::kFloat);
     std::vector<int64_t> index;
     int64_t a = 0, e = 0;
     while (a < nv || e < hd.len) {
       const bool take_vague = e >= hd.len || (a < nv && vague[a] < hd.idx[e]);
       const int64_t r = static_cast<int64_t>(index.size());
-      const float* ks = take_vague ? rk.data() + a * D_ : hd.k.data() + e * D_;
-      const float* vs = take_vague ? rv.data() + a * D_ : hd.v.data() + e * D_;
+      const float* ks = take_vague ? rk.data() + a * D_ : EK + e * D_;
+      const float* vs = take_vague ? rv.data() + a * D_ : EV + e * D_;
       std::memcpy(K.data_ptr<float>() + r * D_, ks, sizeof(float) * D_);
       std::memcpy(V.data_ptr<float>() + r * D_, vs, sizeof(float) * D_);
       index.push_back(take_vague ? vague[a++] : hd.idx[e++]);
@@ -744,6 +846,10 @@ MethodInfo kvreviver_info() {
                                 "(merge) each token's bucket, NOT in the ledger, to report the "
                                 "reconstruction error at attention time (merge: probe_view "
                                 "needs it)"));
+  for (auto& c : codec_params()) {
+    c.doc = "exact region: " + c.doc + " (the buckets / sketches stay fp32 running sums)";
+    m.params.push_back(c);
+  }
   m.caps.evicts = true;
   return m;
 }
@@ -761,6 +867,7 @@ std::unique_ptr<KvCache> make_kvreviver(const CacheContext& ctx, const nlohmann:
   o.keys_pre_rope = p.at("keys_pre_rope").get<bool>();
   o.seed = static_cast<uint64_t>(p.at("seed").get<int64_t>());
   o.measure_error = p.at("measure_error").get<bool>();
+  o.codec = parse_codec(p, "kvreviver", ctx.config.head_dim);
   return std::make_unique<KvReviverKvCache>(ctx, o);
 }
 

@@ -20,6 +20,9 @@
 // own position, merge mode at the bucket's count-weighted mean position, rounded.
 // Attention is one softmax over the exact region and the vague entries. revive=false drops the
 // vague tokens instead (the same exact region, eviction only: the ablation). CPU fp32 only.
+// `codec` stores the exact region (fp16/bf16 rows, KIVI, per-token quantization): a step's rows
+// stay fp32 until its end_step (after the eviction), then go to the codec; evicted rows are
+// folded as the codec gives them back. The buckets / sketches stay fp32 (running sums).
 
 #include <ATen/core/Tensor.h>
 
@@ -32,6 +35,7 @@
 #include "harness/kv/kv_cache.h"
 #include "harness/kv/method.h"
 #include "methods/common/evicting_kv_cache.h"
+#include "methods/common/kv_codec.h"
 
 namespace kvb {
 namespace kvreviver {
@@ -110,6 +114,7 @@ class KvReviverKvCache : public KvCache {
     bool revive = true;         // attend reconstructed vague tokens (false: evict only)
     bool keys_pre_rope = true;  // fold keys with RoPE removed (re-rotated on reconstruction)
     uint64_t seed = 0;
+    std::shared_ptr<const KvCodec> codec;  // null: exact region fp32
     bool measure_error = false;  // keep shadow copies of vague rows (and, merge mode, each
                                  // token's bucket; not in the ledger) to measure the
                                  // reconstruction error at attention time (merge mode: also
@@ -141,7 +146,12 @@ class KvReviverKvCache : public KvCache {
 
  private:
   struct Head {
-    std::vector<float> k, v;   // [cap, head_dim]: exact keys (post-RoPE) and values
+    std::vector<float> k, v;   // [cap, head_dim]: exact keys (post-RoPE) and values; no codec
+    // With a codec: the exact entries are the streams' rows followed by `pend` fp32 rows of the
+    // current step (they reach the streams at end_step, after the eviction).
+    StreamBox ks, vs;
+    std::vector<float> pk, pv;  // [pend, head_dim]
+    int64_t pend = 0;
     std::vector<int32_t> idx;  // [cap] token index, ascending over 0..len-1
     std::vector<float> acc;    // [cap] accumulated attention
     int64_t len = 0, cap = 0;
@@ -164,6 +174,11 @@ class KvReviverKvCache : public KvCache {
   void reallocate(Head& h, int64_t cap);
   void reserve(Head& h, int64_t need);
   void compact(Head& h, const std::vector<int64_t>& keep);
+  // The exact entries' keys and values, [len, head_dim] each: the head's own arrays, or (codec)
+  // the streams decoded into `kbuf` / `vbuf` followed by the pending rows.
+  void exact_rows(const Head& h, const float** K, const float** V, std::vector<float>* kbuf,
+                  std::vector<float>* vbuf) const;
+  void flush_pending(Head& h);
   void ensure_rope(int64_t n_pos);
   bool merge() const { return opts_.reconstruction == Reconstruction::kMerge; }
   // Merge mode: the centroids of a head's buckets, keys post-RoPE: [used, head_dim] each.
@@ -181,7 +196,7 @@ class KvReviverKvCache : public KvCache {
   std::unordered_map<int64_t, Seq> seqs_;
   at::Tensor rope_cos_, rope_sin_, rope_nsin_;  // [n, head_dim / 2] fp32
   int64_t rope_len_ = 0;
-  std::vector<float> scratch_p_, scratch_k_, scratch_v_, scratch_bias_;
+  std::vector<float> scratch_p_, scratch_k_, scratch_v_, scratch_bias_, scratch_ek_, scratch_ev_;
   // Counters.
   int64_t evicted_entries_ = 0, stale_sketch_tokens_ = 0;
   double evict_err_k_ = 0, evict_norm_k_ = 0, evict_err_v_ = 0, evict_norm_v_ = 0;

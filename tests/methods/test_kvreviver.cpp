@@ -6,10 +6,13 @@
 // Merge mode: the buckets on hand-made rows, a bucket of identical tokens = their exact attention,
 // attention = softmax over probe_view (centroids re-rotated at the rounded mean position), a wide
 // merge = full attention, the ledger by hand, determinism, merge beats sketch at the defaults.
+// With a codec (KvReviverCodec): the exact region's bytes are the codec's, eviction-only equals
+// H2O with the same codec, and revival still beats eviction when the rows are 2-bit.
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 
@@ -78,9 +81,10 @@ struct Driver {
   }
 };
 
-at::Tensor trace(std::unique_ptr<KvCache> kv, std::unique_ptr<Engine>* engine = nullptr) {
+at::Tensor trace(std::unique_ptr<KvCache> kv, std::unique_ptr<Engine>* engine = nullptr,
+                 int64_t prefill_chunk = 7) {
   EngineOptions o;
-  o.prefill_chunk = 7;
+  o.prefill_chunk = prefill_chunk;
   auto e = std::make_unique<Engine>(stories(), std::move(kv), o);
   std::vector<int64_t> prompt = {1};
   for (int i = 0; i < 39; ++i) prompt.push_back(260 + (i * 13) % 250);
@@ -701,6 +705,92 @@ TEST(KvReviverModel, MergeIsDeterministicSeedFreeAndBeatsTheSketchAtTheDefaults)
   RecordProperty("max_logit_diff_sketch_default", std::to_string(sketch));
   EXPECT_GT(merge, 1e-3);  // something was merged
   EXPECT_LT(merge, sketch);
+}
+
+// ---------------------------------------------------------------- the exact region's codec
+
+TEST(KvReviverCodec, Fp16HalvesTheExactPayloadAndKeepsTheLogitsClose) {
+  auto m = stories();
+  std::unique_ptr<Engine> e32, e16;
+  at::Tensor a = trace(make(ctx_of(*m), {{"budget", 1.0}}), &e32);
+  at::Tensor b = trace(make(ctx_of(*m), {{"budget", 1.0}, {"codec", "fp16"}}), &e16);
+  EXPECT_LT(max_diff(a, b), 0.05);
+  EXPECT_GT(max_diff(a, b), 0.0);  // the fp16 rounding is really applied
+  const Footprint f32 = e32->kv().footprint(), f16 = e16->kv().footprint();
+  EXPECT_EQ(f32.device_payload_bytes, 50 * 1280);
+  EXPECT_EQ(f16.device_payload_bytes, 50 * 640);
+  EXPECT_EQ(f16.device_metadata_bytes, f32.device_metadata_bytes);  // scores only
+  EXPECT_EQ(f16.logical_bytes, f32.logical_bytes);
+  EXPECT_EQ(f16.tokens_held, 50);
+}
+
+TEST(KvReviverCodec, EvictionOnlyEqualsH2OWithTheSameCodec) {
+  // revive=false is H2O's rule (recent half + heavy hitters by summed attention, keys post-RoPE);
+  // both hold a decode step's rows exact until its end and then encode what is kept. The prompt
+  // is one chunk here: the eviction store holds all prompt rows exact until the end of prefill,
+  // kvreviver encodes after every chunk (its eviction runs per chunk; with 7-token chunks the two
+  // differ by the later chunks attending the earlier ones encoded).
+  auto m = stories();
+  for (const char* codec : {"none", "kivi-2", "pertoken-4"}) {
+    nlohmann::json codec_p = {{"budget", 0.25}, {"codec", codec}, {"codec_residual", 0}};
+    auto rp = codec_p;
+    rp["revive"] = false;
+    auto hp = codec_p;
+    hp["position_mode"] = "absolute";
+    at::Tensor a = trace(make(ctx_of(*m), rp), nullptr, 64);
+    at::Tensor b = trace(MethodRegistry::instance().create("h2o", ctx_of(*m), hp), nullptr, 64);
+    EXPECT_LT(max_diff(a, b), 1e-4) << codec;
+    if (std::string(codec) == "none") continue;
+    nlohmann::json plain = {{"budget", 0.25}, {"revive", false}};
+    EXPECT_GT(max_diff(a, trace(make(ctx_of(*m), plain), nullptr, 64)), 1e-3)
+        << codec << ": the codec is applied";
+  }
+}
+
+TEST(KvReviverCodec, Kivi2ExactRegionStoresLessRevivalStillHelpsAndForksStayApart) {
+  auto m = stories();
+  at::Tensor ref =
+      trace(MethodRegistry::instance().create("full", ctx_of(*m), nlohmann::json::object()));
+  nlohmann::json p = {{"budget", 0.25}, {"codec", "kivi-2"}, {"codec_residual", 0}};
+  const double revived = max_diff(trace(make(ctx_of(*m), p)), ref);
+  auto ev = p;
+  ev["revive"] = false;
+  const double evicted = max_diff(trace(make(ctx_of(*m), ev)), ref);
+  RecordProperty("max_logit_diff_kivi2_merge", std::to_string(revived));
+  RecordProperty("max_logit_diff_kivi2_evict_only", std::to_string(evicted));
+  EXPECT_LT(revived, evicted);
+
+  EngineOptions eo;
+  eo.prefill_chunk = 64;
+  Engine e(m, make(ctx_of(*m), p), eo);
+  Engine e32(m, make(ctx_of(*m), {{"budget", 0.25}}), eo);
+  std::vector<int64_t> t = {1};
+  for (int64_t i = 1; i < 255; ++i) t.push_back(3 + (i * 37 + i * i) % 500);
+  int64_t s = e.new_sequence();
+  e.prefill({s}, {t});
+  e32.prefill({e32.new_sequence()}, {t});
+  const Footprint f = e.kv().footprint(), f32 = e32.kv().footprint();
+  EXPECT_EQ(f.tokens_held, 63);
+  EXPECT_EQ(f.logical_bytes, f32.logical_bytes);
+  // 2-bit codes + fp16 scale/min per group: well under a third of the fp32 exact payload.
+  EXPECT_LT(static_cast<double>(f.device_payload_bytes), 0.2 * f32.device_payload_bytes);
+  EXPECT_GT(f.device_metadata_bytes, f32.device_metadata_bytes);  // + the codec's scales
+  EXPECT_LT(f.physical_bytes(), f32.physical_bytes());
+  for (int l = 0; l < 5; ++l)  // the buckets are the same size (fp32 sums), only the exact rows shrink
+    for (int64_t h = 0; h < 4; ++h) EXPECT_EQ(rev(e.kv()).buckets(s, l, h).tokens(), 255 - 63);
+  const auto c = e.kv().counters();
+  EXPECT_TRUE(std::any_of(c.begin(), c.end(),
+                          [](const auto& kv) { return kv.first.rfind("codec.", 0) == 0; }));
+
+  int64_t b = e.fork(s);
+  at::Tensor la = e.decode({s}, {300});
+  EXPECT_TRUE(at::equal(la, e.decode({b}, {300})));
+  EXPECT_TRUE(la.isfinite().all().item<bool>());
+  EXPECT_GT(max_diff(e.decode({s}, {301}), e.decode({b}, {302})), 1e-3);
+  // Truncation drops exact entries from the codec's streams too.
+  e.kv().truncate(s, 200);
+  EXPECT_EQ(e.kv().seq_len(s), 200);
+  EXPECT_TRUE(e.decode({s}, {300}).isfinite().all().item<bool>());
 }
 
 }  // namespace
