@@ -9,6 +9,7 @@ if(NOT KVB_WITH_CUDA STREQUAL "OFF")
     set(CMAKE_CUDA_ARCHITECTURES ${KVB_CUDA_ARCHS})
     set(CMAKE_CUDA_STANDARD 17)
     set(KVB_HAVE_CUDA ON)
+    find_package(CUDAToolkit REQUIRED)  # here too: the harness's CUDA adapters need its headers
   elseif(KVB_WITH_CUDA STREQUAL "ON")
     message(FATAL_ERROR "KVB_WITH_CUDA=ON but no CUDA compiler was found")
   endif()

@@ -12,7 +12,11 @@ namespace kvb {
 
 PagedKvCache::PagedKvCache(const ModelConfig& config, c10::Device device, c10::ScalarType dtype,
                            Options opts)
-    : config_(config), device_(device), dtype_(dtype), block_size_(opts.block_size) {
+    : config_(config),
+      device_(device),
+      dtype_(dtype),
+      block_size_(opts.block_size),
+      decode_kernel_(opts.decode_kernel) {
   KVB_CHECK(block_size_ >= 1 && block_size_ <= 4096, "paged KV: block_size ", block_size_,
             " is outside [1, 4096]");
   k_pool_.resize(config_.n_layers);
@@ -80,7 +84,16 @@ void PagedKvCache::begin_step(const StepBatch& batch) {
   step_gather_.clear();
   step_page_indptr_.assign(1, 0);
   step_page_indices_.clear();
-  const bool want_gather = !(device_.is_cpu() && dtype_ == at::kFloat);
+  // A decode step (one new token per sequence) off the CPU fp32 path goes through the decode
+  // kernel when it supports the shapes; the others gather rows for LibTorch.
+  bool decode_step = B > 0;
+  for (int64_t b = 0; b < B; ++b) decode_step = decode_step && batch.new_tokens(b) == 1;
+  step_kernel_decode_ =
+      decode_kernel_ && decode_step && !(device_.is_cpu() && dtype_ == at::kFloat) &&
+      kernels::paged_decode_supported(device_, dtype_, config_.head_dim, config_.n_heads,
+                                      config_.n_kv_heads)
+          .empty();
+  const bool want_gather = !(device_.is_cpu() && dtype_ == at::kFloat) && !step_kernel_decode_;
   for (int64_t b = 0; b < B; ++b) {
     Seq& s = seqs_[batch.seq_ids[b]];  // a new id starts an empty sequence
     KVB_CHECK(s.len == batch.past_lens[b], "paged KV: sequence ", batch.seq_ids[b], " holds ",
@@ -112,7 +125,15 @@ void PagedKvCache::begin_step(const StepBatch& batch) {
       step_gather_.push_back(at::tensor(g, at::kLong).to(device_));
     }
   }
-  if (want_gather) step_slots_ = at::tensor(slots, at::kLong).to(device_);
+  if (!(device_.is_cpu() && dtype_ == at::kFloat)) step_slots_ = at::tensor(slots, at::kLong).to(device_);
+  if (step_kernel_decode_) {
+    step_decode_.page_indptr = step_page_indptr_;
+    step_decode_.page_indices = step_page_indices_;
+    step_decode_.kv_lens.resize(static_cast<size_t>(B));
+    for (int64_t b = 0; b < B; ++b)
+      step_decode_.kv_lens[b] = static_cast<int32_t>(batch.past_lens[b] + 1);
+    step_decode_.upload(device_);
+  }
   step_slots_host_ = std::move(slots);
 }
 
@@ -137,6 +158,9 @@ at::Tensor PagedKvCache::attend(const LayerInput& in) {
   at::Tensor vf = v_pool_[l].view({-1, H, D});
   kf.index_copy_(0, step_slots_, *in.k);
   vf.index_copy_(0, step_slots_, *in.v);
+  if (step_kernel_decode_)
+    return kernels::paged_decode_attention(*in.q, k_pool_[l], v_pool_[l], step_decode_,
+                                           in.sm_scale);
   return attend_torch(in);
 }
 

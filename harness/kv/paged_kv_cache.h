@@ -1,7 +1,10 @@
 #pragma once
 // The engine's own KV store: vLLM-style fixed-size blocks in one pool per layer, block tables shared by
 // all layers, reference-counted blocks so that fork() shares a prefix and copies a block only when a
-// branch writes into it (copy-on-write).
+// branch writes into it (copy-on-write). Attention: CPU fp32 through the CPU paged-attention kernel;
+// decode steps in fp16/bf16 (CPU or CUDA) through the decode-attention kernels
+// (kernels/torch/paged_decode_torch.h) unless `decode_kernel` is off; everything else (prefill
+// on other dtypes or devices) through LibTorch over the gathered rows.
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
@@ -12,6 +15,7 @@
 
 #include "harness/formats/model_config.h"
 #include "harness/kv/kv_cache.h"
+#include "kernels/torch/paged_decode_torch.h"
 
 namespace kvb {
 
@@ -20,6 +24,7 @@ class PagedKvCache : public KvCache {
   struct Options {
     int64_t block_size = 16;
     int64_t initial_blocks = 64;
+    bool decode_kernel = true;  // decode steps through the decode-attention kernel when supported
   };
   PagedKvCache(const ModelConfig& config, c10::Device device, c10::ScalarType dtype,
                Options opts);
@@ -39,6 +44,8 @@ class PagedKvCache : public KvCache {
   int64_t blocks_in_use() const;
   int64_t capacity_blocks() const { return capacity_; }
   const std::vector<int32_t>& block_table(int64_t seq_id) const;
+  // Whether the latest step ran through the decode-attention kernel (tests, A/B runs).
+  bool last_step_used_decode_kernel() const { return step_kernel_decode_; }
 
   // Gathers a sequence's keys or values for one layer: [len, num_kv_heads, head_dim] (tests, probes).
   // Between begin_step and end_step the step's tokens are included once attend has written them
@@ -64,6 +71,7 @@ class PagedKvCache : public KvCache {
   c10::Device device_;
   c10::ScalarType dtype_;
   int64_t block_size_;
+  bool decode_kernel_;
   int64_t capacity_ = 0;
   std::vector<at::Tensor> k_pool_;  // per layer: [capacity, block_size, num_kv_heads, head_dim]
   std::vector<at::Tensor> v_pool_;
@@ -77,6 +85,8 @@ class PagedKvCache : public KvCache {
   std::vector<at::Tensor> step_gather_;    // per batch entry: [len_after] int64 slots, device
   std::vector<int32_t> step_page_indptr_;  // [batch + 1] (CPU kernel)
   std::vector<int32_t> step_page_indices_;
+  bool step_kernel_decode_ = false;          // this step runs through the decode kernel
+  kernels::PagedDecodeTables step_decode_;  // its tables (host + device copy)
 };
 
 }  // namespace kvb

@@ -13,7 +13,11 @@ MethodInfo paged_info() {
   m.summary = "vLLM-style paged KV: fixed-size blocks, block tables, copy-on-write fork";
   m.paper = "Kwon et al., Efficient Memory Management for LLM Serving with PagedAttention, SOSP 2023";
   m.params = {int_param("block_size", 16, 1, 4096, "tokens per block"),
-              int_param("initial_blocks", 64, 1, 1 << 24, "blocks allocated up front (the pool doubles when full)")};
+              int_param("initial_blocks", 64, 1, 1 << 24, "blocks allocated up front (the pool doubles when full)"),
+              bool_param("decode_kernel", true,
+                         "decode steps in fp16/bf16 (CPU or CUDA) through kvbench's decode-attention "
+                         "kernel (kernels/torch/paged_decode_torch.h) when it supports the shapes; "
+                         "false: LibTorch over the gathered rows (an A/B switch)")};
   return m;
 }
 
@@ -21,6 +25,7 @@ std::unique_ptr<KvCache> make_paged(const CacheContext& ctx, const nlohmann::jso
   PagedKvCache::Options o;
   o.block_size = p["block_size"].get<int64_t>();
   o.initial_blocks = p["initial_blocks"].get<int64_t>();
+  o.decode_kernel = p["decode_kernel"].get<bool>();
   return std::make_unique<PagedKvCache>(ctx.config, ctx.device, ctx.dtype, o);
 }
 
