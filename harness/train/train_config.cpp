@@ -153,8 +153,10 @@ TrainConfig parse_train_config(const nlohmann::json& j, const std::string& src) 
 
   KVB_CHECK(j.contains("data"), src, ": missing 'data'");
   const auto& d = j.at("data");
-  check_keys(d, {"corpora", "heldout_fraction", "synthetic_fraction", "min_task_tokens", "tasks"}, src,
-             "data");
+  check_keys(d,
+             {"corpora", "heldout_fraction", "synthetic_fraction", "min_task_tokens", "tasks",
+              "answer_loss_weight"},
+             src, "data");
   get(d, "corpora", &c.corpora, src, "data");
   KVB_CHECK(!c.corpora.empty(), src, ": 'data.corpora' must name at least one corpus");
   get(d, "heldout_fraction", &c.heldout_fraction, src, "data");
@@ -164,6 +166,9 @@ TrainConfig parse_train_config(const nlohmann::json& j, const std::string& src) 
   KVB_CHECK(c.synthetic_fraction >= 0 && c.synthetic_fraction <= 1, src,
             ": 'data.synthetic_fraction' must be in [0, 1]");
   get(d, "min_task_tokens", &c.min_task_tokens, src, "data");
+  get(d, "answer_loss_weight", &c.answer_loss_weight, src, "data");
+  KVB_CHECK(c.answer_loss_weight > 0 && c.answer_loss_weight <= 1000, src,
+            ": 'data.answer_loss_weight' must be in (0, 1000]");
   if (d.contains("tasks")) c.tasks = parse_tasks(d.at("tasks"), src, "data.tasks");
   KVB_CHECK(c.synthetic_fraction == 0 || !c.tasks.empty(), src,
             ": 'data.synthetic_fraction' > 0 needs 'data.tasks'");

@@ -47,6 +47,10 @@ struct TrainConfig {
   double heldout_fraction = 0.02;
   double synthetic_fraction = 0.5;  // probability that a row starts with a synthetic task
   int64_t min_task_tokens = 128;    // task prompt lengths are drawn from [min_task_tokens, seq_len]
+  // Loss weight of the answer tokens of retrieval rows (passkey, niah_*: the tokens after the
+  // answer prefix), against 1 for every other token; 1 = the plain LM loss. The answer is a few
+  // tokens of a row of hundreds, so its gradient is tiny unless weighted.
+  double answer_loss_weight = 1.0;
   std::vector<TrainTaskMix> tasks;
 
   // AdamW with linear warm-up and cosine decay to min_lr_ratio * lr over all stages' steps.

@@ -230,7 +230,8 @@ std::vector<int64_t> TrainData::repeat_drill_tokens(const TrainTaskMix& t, int64
 }
 
 std::vector<int64_t> TrainData::task_tokens(const TrainTaskMix& t, int64_t target,
-                                            uint64_t seed) const {
+                                            uint64_t seed, int64_t* answer_begin) const {
+  if (answer_begin) *answer_begin = -1;
   // The training-only drills take only their own parameters (the RULER tasks check theirs).
   static const std::map<std::string, std::set<std::string>> kDrillParams = {
       {"recall_drill", {"pairs", "digits"}}, {"copy_drill", {"items"}}, {"repeat_drill", {"repeats", "fill"}}};
@@ -262,7 +263,15 @@ std::vector<int64_t> TrainData::task_tokens(const TrainTaskMix& t, int64_t targe
     try {
       SampleSet set = generate_task(*tok_, spec);
       const TaskSample& s = set.samples.at(0);
-      return bos_text_eos(s.prompt() + " " + join(s.answers, ", ") + ".");
+      std::vector<int64_t> ids = bos_text_eos(s.prompt() + " " + join(s.answers, ", ") + ".");
+      if (answer_begin) {
+        // The answer starts where the prompt's own tokens stop matching (BOS first).
+        const auto prompt = tok_->encode(s.prompt());
+        size_t n = 0;
+        while (n < prompt.size() && 1 + n < ids.size() && ids[1 + n] == prompt[n]) ++n;
+        *answer_begin = static_cast<int64_t>(1 + n);
+      }
+      return ids;
     } catch (const Error&) {
       if (attempt >= 40) throw;
     }
@@ -287,8 +296,13 @@ TrainRow TrainData::row(int64_t step, int64_t row, int64_t seq_len) const {
     const TrainTaskMix& t = tasks[ti];
     const int64_t lo = std::min(cfg_.min_task_tokens, seq_len);
     const int64_t target = lo + static_cast<int64_t>(uniform_index(rng, static_cast<uint64_t>(seq_len - lo + 1)));
-    r.tokens = task_tokens(t, target, rng());
+    int64_t answer = -1;
+    r.tokens = task_tokens(t, target, rng(), &answer);
     r.task = t.task;
+    if (answer >= 0 && answer < static_cast<int64_t>(std::min(len, r.tokens.size()))) {
+      r.answer_begin = answer;
+      r.answer_end = static_cast<int64_t>(std::min(len, r.tokens.size()));
+    }
     if (r.tokens.size() > len) r.tokens.resize(len);
   }
   fill_text(r.tokens, len, rng());

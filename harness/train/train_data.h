@@ -21,6 +21,9 @@ class Tokenizer;
 struct TrainRow {
   std::vector<int64_t> tokens;  // seq_len + 1 ids: inputs are [0, seq_len), targets [1, seq_len]
   std::string task;             // the synthetic task at the row's start ("" for text only)
+  // A retrieval row's answer (the tokens after the answer prefix: the answer, "." and EOS), as
+  // indices into `tokens`, [answer_begin, answer_end); -1 when the row has none (text, drills).
+  int64_t answer_begin = -1, answer_end = -1;
 };
 
 class TrainData {
@@ -49,7 +52,9 @@ class TrainData {
   // Appends BOS + a random span of training text to `out` until it holds `len` tokens.
   void fill_text(std::vector<int64_t>& out, size_t len, uint64_t seed) const;
   // BOS + prompt + " answer." + EOS of a task sample with the given target length.
-  std::vector<int64_t> task_tokens(const TrainTaskMix& t, int64_t target, uint64_t seed) const;
+  // answer_begin (optional): where a RULER task's answer starts in the returned ids (else -1).
+  std::vector<int64_t> task_tokens(const TrainTaskMix& t, int64_t target, uint64_t seed,
+                                   int64_t* answer_begin = nullptr) const;
   // The "recall_drill" training task: `pairs` needles ("One of the special magic numbers for
   // <key> is: <value>.") spread through book text, then every key asked in a shuffled order with
   // its answer (RULER's niah question and answer prefix), so one row carries `pairs` retrieval

@@ -624,17 +624,37 @@ TrainSummary run_training(const TrainOptions& opts) {
     const TrainStage& st = cfg.stage_at(step);
     std::vector<int64_t> flat;
     flat.reserve(static_cast<size_t>(st.batch_size * (st.seq_len + 1)));
+    // Per-target loss weights when answers are weighted: target t of a row predicts token t + 1.
+    const bool weighted = cfg.answer_loss_weight != 1.0;
+    std::vector<float> tw;
+    if (weighted) tw.assign(static_cast<size_t>(st.batch_size * st.seq_len), 1.f);
     for (int64_t r = 0; r < st.batch_size; ++r) {
       auto row = data.row(step, r, st.seq_len);
       flat.insert(flat.end(), row.tokens.begin(), row.tokens.end());
+      if (weighted && row.answer_begin >= 1)
+        for (int64_t j = row.answer_begin; j < row.answer_end; ++j)
+          tw[static_cast<size_t>(r * st.seq_len + j - 1)] = static_cast<float>(cfg.answer_loss_weight);
     }
     at::Tensor ids = at::tensor(flat, at::kLong).view({st.batch_size, st.seq_len + 1}).to(dev);
     at::Tensor logits = train_forward(w, mc, ids.narrow(1, 0, st.seq_len), rope_cos, rope_sin, dt);
-    at::Tensor loss = at::cross_entropy_loss(logits.view({-1, mc.vocab_size}),
-                                             ids.narrow(1, 1, st.seq_len).reshape({-1}));
+    // `loss` is what is optimised; `plain` (the unweighted mean, logged) stays comparable across
+    // recipes.
+    at::Tensor loss, plain;
+    if (weighted) {
+      at::Tensor ce = at::cross_entropy_loss(logits.view({-1, mc.vocab_size}),
+                                             ids.narrow(1, 1, st.seq_len).reshape({-1}), {},
+                                             at::Reduction::None);
+      at::Tensor wt = at::tensor(tw, at::kFloat).to(dev).to(ce.scalar_type());
+      loss = (ce * wt).sum() / wt.sum();
+      plain = ce.detach().mean();
+    } else {
+      loss = at::cross_entropy_loss(logits.view({-1, mc.vocab_size}),
+                                    ids.narrow(1, 1, st.seq_len).reshape({-1}));
+      plain = loss.detach();
+    }
     for (auto& t : w.tensors) t.mutable_grad() = at::Tensor();
     loss.backward();
-    const double loss_v = loss.item<double>();
+    const double loss_v = plain.item<double>();
     KVB_CHECK(std::isfinite(loss_v), "step ", step, ": the loss is not finite (", loss_v,
               "); lower optim.lr or raise optim.warmup_steps. Checkpoints up to step ",
               step - step % cfg.checkpoint_every, " are kept");

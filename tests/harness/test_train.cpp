@@ -340,6 +340,55 @@ TEST(TrainData, AStageCanCarryItsOwnMix) {
   EXPECT_THROW(parse_train_config(bad, "recipe"), Error);
 }
 
+TEST(TrainData, RetrievalRowsMarkTheirAnswerAndWeightedTrainingDiffers) {
+  // Rows of 256 tokens: a passkey prompt needs over 100 of tok512's tokens.
+  auto j = tiny_recipe(3);
+  j["model"]["max_seq_len"] = 256;
+  j["data"]["synthetic_fraction"] = 1.0;
+  j["data"]["min_task_tokens"] = 160;
+  j["stages"] = {{{"steps", 3}, {"seq_len", 256}, {"batch_size", 2}}};
+  const TrainConfig cfg = parse_train_config(j, "recipe");
+  auto tok = std::make_shared<const Tokenizer>(cfg.tokenizer_path);
+  TrainData data(cfg, tok, test::data_dir());
+  int marked = 0;
+  for (int64_t r = 0; r < 8; ++r) {
+    const TrainRow row = data.row(2, r, 256);
+    ASSERT_EQ(row.task, "passkey");
+    if (row.answer_begin < 0) continue;  // the answer fell past the row's end
+    ++marked;
+    ASSERT_LT(row.answer_begin, row.answer_end);
+    ASSERT_LE(row.answer_end, static_cast<int64_t>(row.tokens.size()));
+    const std::vector<int64_t> before(row.tokens.begin() + 1, row.tokens.begin() + row.answer_begin);
+    const std::vector<int64_t> answer(row.tokens.begin() + row.answer_begin,
+                                      row.tokens.begin() + row.answer_end);
+    // The prompt ends with the answer prefix; the span is " <5 digits>." (+ EOS when it fits).
+    const std::string pre = tok->decode(before), ans = tok->decode(answer);
+    EXPECT_EQ(pre.substr(pre.size() - 15), "The pass key is") << pre;
+    std::string digits;
+    for (char ch : ans) if (ch >= '0' && ch <= '9') digits += ch;
+    EXPECT_EQ(digits.size(), 5u) << ans;
+    EXPECT_NE(pre.find("The pass key is " + digits + "."), std::string::npos) << "the needle";
+  }
+  EXPECT_GE(marked, 4);
+  // Text rows carry no answer.
+  auto t = tiny_recipe(4);
+  t["data"]["synthetic_fraction"] = 0.0;
+  const TrainConfig tc = parse_train_config(t, "recipe");
+  EXPECT_EQ(TrainData(tc, tok, test::data_dir()).row(1, 0, 64).answer_begin, -1);
+  // The weight is validated, and changes the trajectory (same seed, same rows).
+  auto bad = j;
+  bad["data"]["answer_loss_weight"] = 0;
+  EXPECT_THROW(parse_train_config(bad, "recipe"), Error);
+  const std::string dir = test::make_temp_dir("train-answer-weight");
+  auto plain = j, heavy = j;
+  heavy["data"]["answer_loss_weight"] = 20;
+  const TrainSummary a = run_training(options(write_recipe(dir, plain), dir + "/a"));
+  std::filesystem::create_directories(dir + "/h");
+  const TrainSummary b = run_training(options(write_recipe(dir + "/h", heavy), dir + "/b"));
+  EXPECT_TRUE(std::isfinite(b.last_loss));
+  EXPECT_NE(a.last_loss, b.last_loss);
+}
+
 // The shipped testbed (models/kvb-testbed) read through the HF loader and run by the engine gives
 // the trainer's own forward, and reproduces the held-out loss the trainer recorded at its last step
 // (TRAINING.md), on the same held-out windows rebuilt from the recipe inside TRAINING.md.
