@@ -21,6 +21,14 @@ bytes=$(stat -c %s "$DST/model.safetensors")
 name=$(sed -n 's/^# Training record: //p' "$DST/TRAINING.md")
 summary=$(sed -n '/^- /p' "$DST/TRAINING.md" | head -n 8)
 heldout=$(awk '/^## Held-out/{f=1} /^## Recipe/{f=0} f && /^\|/' "$DST/TRAINING.md")
+# A recipe that starts from another run's checkpoint (init_from: runs/train/PREV/checkpoints/step-N)
+# needs that run first, stopped at step N (a finished run keeps only its two newest checkpoints).
+init=$(python3 -c 'import json,re,sys; m=re.search(r"```json\n(.*?)```", open(sys.argv[1]).read(), re.S); print(json.loads(m.group(1)).get("init_from", "") if m else "")' "$DST/TRAINING.md")
+first=""
+if [[ "$init" =~ runs/train/([^/]+)/checkpoints/step-0*([0-9]+)\.safetensors ]]; then
+  first="kvbench train -c configs/models/${BASH_REMATCH[1]}.json --threads 2 --stop-after ${BASH_REMATCH[2]}   # the init_from checkpoint
+"
+fi
 accuracy="(not generated: run scripts/testbed-accuracy.sh --set model=$DST)"
 if [ "${KVB_SKIP_ACCURACY:-0}" != 1 ]; then
   accuracy=$(KVB_DB="results/testbed-accuracy.sqlite" bash scripts/testbed-accuracy.sh --set model="$DST")
@@ -39,8 +47,8 @@ $summary
 ## Reproduce
 
 \`\`\`
-kvbench train -c configs/models/$name.json --threads 2   # resumable; spm_train makes the same tokenizer
-scripts/release-testbed.sh                                # copies runs/train/$name/model here, writes this file
+${first}kvbench train -c configs/models/$name.json --threads 2   # resumable
+scripts/release-testbed.sh runs/train/$name/model          # copies the export here, writes this file
 scripts/testbed-accuracy.sh                               # the accuracy table below
 \`\`\`
 Rows are a pure function of (seed, step, row) and resume is exact, so the same command on the same

@@ -149,6 +149,7 @@ QaSampleResult run_qa_sample(std::shared_ptr<Model> model, const Tokenizer& tok,
     x.full_prediction = full[i];
     x.score = score_answer(it.metric, x.prediction, it.answers, it.all_classes);
     x.full_score = score_answer(it.metric, x.full_prediction, it.answers, it.all_classes);
+    x.answers = it.answers;
     r.items.push_back(x);
   }
   return r;
@@ -160,7 +161,8 @@ nlohmann::json QaSampleResult::to_json() const {
     items_j.push_back({{"prediction", i.prediction},
                        {"full_prediction", i.full_prediction},
                        {"score", i.score},
-                       {"full_score", i.full_score}});
+                       {"full_score", i.full_score},
+                       {"answers", i.answers}});
   const Footprint& f = ledger.fp;
   return {{"items", items_j},
           {"context_tokens", context_tokens},
@@ -179,8 +181,11 @@ nlohmann::json QaSampleResult::to_json() const {
 
 QaSampleResult QaSampleResult::from_json(const nlohmann::json& j) {
   QaSampleResult r;
-  for (const auto& i : j.at("items"))
-    r.items.push_back({i.at("prediction"), i.at("full_prediction"), i.at("score"), i.at("full_score")});
+  for (const auto& i : j.at("items")) {
+    QaItemResult x{i.at("prediction"), i.at("full_prediction"), i.at("score"), i.at("full_score"), {}};
+    if (i.contains("answers")) x.answers = i.at("answers").get<std::vector<std::string>>();  // older rows lack it
+    r.items.push_back(std::move(x));
+  }
   r.context_tokens = j.at("context_tokens");
   const auto& l = j.at("ledger");
   r.ledger.tokens_seen = l.at("tokens_seen");

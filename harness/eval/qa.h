@@ -47,6 +47,7 @@ struct QaOptions {
 struct QaItemResult {
   std::string prediction, full_prediction;
   double score = 0, full_score = 0;
+  std::vector<std::string> answers;  // the references (stored so a sample can be read alone)
 };
 
 struct QaSampleResult {

@@ -5,6 +5,7 @@
 
 #include "datasets/recall_task.h"
 #include "harness/common/error.h"
+#include "harness/eval/qa.h"
 #include "harness/eval/run_config.h"
 #include "harness/eval/runner.h"
 #include "harness/store/results_db.h"
@@ -114,6 +115,11 @@ TEST(Qa, LongBenchFixtureRunsAndBadLinesNameFileAndLine) {
   auto j = nlohmann::json::parse(db.samples(o.run_id)[0].output_json);
   EXPECT_EQ(j["meta"]["jsonl_bad_lines_skipped"], 1);
   EXPECT_EQ(j["items"][0]["prediction"], j["items"][0]["full_prediction"]);
+  // The references are stored with the sample, and survive the round trip.
+  ASSERT_TRUE(j["items"][0]["answers"].is_array());
+  EXPECT_FALSE(j["items"][0]["answers"].empty());
+  EXPECT_EQ(QaSampleResult::from_json(j).items[0].answers,
+            j["items"][0]["answers"].get<std::vector<std::string>>());
 }
 
 }  // namespace
