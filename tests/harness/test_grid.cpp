@@ -6,11 +6,13 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <filesystem>
 #include <thread>
 
 #include "harness/common/error.h"
 #include "harness/eval/grid.h"
 #include "tests/harness/grid_test_util.h"
+#include "tests/support/test_support.h"
 
 namespace kvb {
 namespace {
@@ -110,6 +112,31 @@ TEST(Grid, GenericParamAxisAndExcludeByResolvedValue) {
   // Excluding by a default value works through the resolved config (window 256 is the default).
   g["exclude"].push_back(json::parse(R"({"protocol.window": 256, "method.params.block_size": 32})"));
   EXPECT_EQ(expand_grid(g, no_input_checks()).cells.size(), 1u);
+}
+
+// Every grid the repository ships (configs/grids) expands with its models and datasets found: a
+// renamed parameter, method or dataset breaks here, not in a user's grid run. The testbed grids
+// need models/kvb-testbed (shipped by scripts/release-testbed.sh).
+TEST(Grid, EveryShippedGridExpandsWithItsInputs) {
+  namespace fs = std::filesystem;
+  const fs::path root = fs::path(test::fixtures_dir()).parent_path().parent_path();
+  const bool testbed = fs::exists(root / "models" / "kvb-testbed" / "model.safetensors");
+  int checked = 0;
+  for (const auto& e : fs::directory_iterator(root / "configs" / "grids")) {
+    if (e.path().extension() != ".json") continue;
+    if (!testbed && read_file(e.path().string()).find("\"kvb-testbed\"") != std::string::npos) continue;
+    GridOptions o;
+    o.models_dir = test::models_dir();
+    o.data_dir = test::data_dir();
+    try {
+      const GridPlan plan = load_grid(e.path().string(), o);
+      EXPECT_FALSE(plan.cells.empty()) << e.path();
+      ++checked;
+    } catch (const Error& err) {
+      ADD_FAILURE() << e.path() << ": " << err.what();
+    }
+  }
+  EXPECT_GE(checked, 3);
 }
 
 TEST(Grid, ShardsPartitionTheCellsByIndexModuloN) {
