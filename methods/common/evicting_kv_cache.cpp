@@ -241,28 +241,7 @@ void EvictingKvCache::compact(Head& h, const std::vector<int64_t>& keep) {
     prev = s;
   }
   if (opts_.codec) {
-    const int64_t S = h.len - h.pend;  // rows held by the streams
-    std::vector<int64_t> in_stream;
-    int64_t np = 0;
-    for (int64_t slot : keep) {
-      if (slot < S) {
-        in_stream.push_back(slot);
-      } else {  // pending rows compact in place (ascending, so forward copies are safe)
-        const int64_t src = slot - S;
-        if (src != np) {
-          std::memcpy(h.pk.data() + np * D_, h.pk.data() + src * D_, sizeof(float) * D_);
-          std::memcpy(h.pv.data() + np * D_, h.pv.data() + src * D_, sizeof(float) * D_);
-        }
-        ++np;
-      }
-    }
-    if (h.ks.p && static_cast<int64_t>(in_stream.size()) < S) {
-      h.ks.p->keep_rows(in_stream);
-      h.vs.p->keep_rows(in_stream);
-    }
-    h.pend = np;
-    h.pk.resize(static_cast<size_t>(np * D_));
-    h.pv.resize(static_cast<size_t>(np * D_));
+    keep_codec_rows(h.ks, h.vs, h.pk, h.pv, &h.pend, h.len, D_, keep);
     h.pk.shrink_to_fit();
     h.pv.shrink_to_fit();
   } else if (fast_) {

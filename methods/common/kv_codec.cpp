@@ -603,4 +603,30 @@ std::map<std::string, double> QuantCodec::describe() const {
   return d;
 }
 
+void keep_codec_rows(StreamBox& ks, StreamBox& vs, std::vector<float>& pk, std::vector<float>& pv,
+                     int64_t* pend, int64_t len, int64_t dim, const std::vector<int64_t>& keep) {
+  const int64_t S = len - *pend;  // rows held by the streams
+  std::vector<int64_t> in_stream;
+  int64_t np = 0;
+  for (int64_t slot : keep) {
+    if (slot < S) {
+      in_stream.push_back(slot);
+      continue;
+    }
+    const int64_t src = slot - S;  // ascending: src >= np, forward copies never clobber
+    if (src != np) {
+      std::memcpy(pk.data() + np * dim, pk.data() + src * dim, sizeof(float) * dim);
+      std::memcpy(pv.data() + np * dim, pv.data() + src * dim, sizeof(float) * dim);
+    }
+    ++np;
+  }
+  if (ks.p && static_cast<int64_t>(in_stream.size()) < S) {
+    ks.p->keep_rows(in_stream);
+    vs.p->keep_rows(in_stream);
+  }
+  *pend = np;
+  pk.resize(static_cast<size_t>(np * dim));
+  pv.resize(static_cast<size_t>(np * dim));
+}
+
 }  // namespace kvb

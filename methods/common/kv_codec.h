@@ -119,6 +119,14 @@ struct StreamBox {
   StreamBox& operator=(StreamBox&&) = default;
 };
 
+// Eviction over a K/V pair held as codec streams followed by `*pend` pending fp32 rows ([*pend,
+// dim] each in pk / pv; `len` rows in all): keeps the rows at the ascending slots `keep` (into
+// [stream rows | pending rows]), dropping stream rows with keep_rows (never re-encoded) and
+// compacting the pending rows in place. The stores that hold a step's rows exact until its end
+// (eviction stores, kvreviver) share it.
+void keep_codec_rows(StreamBox& ks, StreamBox& vs, std::vector<float>& pk, std::vector<float>& pv,
+                     int64_t* pend, int64_t len, int64_t dim, const std::vector<int64_t>& keep);
+
 std::unique_ptr<KvCodec> make_plain_codec(RowDtype dtype);
 
 // How one tensor (K or V) is quantized.

@@ -227,31 +227,7 @@ void KvReviverKvCache::reserve(Head& h, int64_t need) {
 
 void KvReviverKvCache::compact(Head& h, const std::vector<int64_t>& keep) {
   const int64_t k = static_cast<int64_t>(keep.size());
-  if (opts_.codec) {
-    // Stream rows are dropped by keep_rows (never re-encoded); pending rows compact in place.
-    const int64_t S = h.len - h.pend;
-    std::vector<int64_t> in_stream;
-    int64_t np = 0;
-    for (int64_t slot : keep) {
-      if (slot < S) {
-        in_stream.push_back(slot);
-        continue;
-      }
-      const int64_t src = slot - S;  // ascending: src >= np, forward copies never clobber
-      if (src != np) {
-        std::memcpy(h.pk.data() + np * D_, h.pk.data() + src * D_, sizeof(float) * D_);
-        std::memcpy(h.pv.data() + np * D_, h.pv.data() + src * D_, sizeof(float) * D_);
-      }
-      ++np;
-    }
-    if (h.ks.p && static_cast<int64_t>(in_stream.size()) < S) {
-      h.ks.p->keep_rows(in_stream);
-      h.vs.p->keep_rows(in_stream);
-    }
-    h.pend = np;
-    h.pk.resize(static_cast<size_t>(np * D_));
-    h.pv.resize(static_cast<size_t>(np * D_));
-  }
+  if (opts_.codec) keep_codec_rows(h.ks, h.vs, h.pk, h.pv, &h.pend, h.len, D_, keep);
   for (int64_t r = 0; r < k; ++r) {
     const int64_t s = keep[r];
     if (s == r) continue;  // ascending: s > r, forward copies never clobber
