@@ -22,12 +22,31 @@ name=$(sed -n 's/^# Training record: //p' "$DST/TRAINING.md")
 summary=$(sed -n '/^- /p' "$DST/TRAINING.md" | head -n 8)
 heldout=$(awk '/^## Held-out/{f=1} /^## Recipe/{f=0} f && /^\|/' "$DST/TRAINING.md")
 # A recipe that starts from another run's checkpoint (init_from: runs/train/PREV/checkpoints/step-N)
-# needs that run first, stopped at step N (a finished run keeps only its two newest checkpoints).
-init=$(python3 -c 'import json,re,sys; m=re.search(r"```json\n(.*?)```", open(sys.argv[1]).read(), re.S); print(json.loads(m.group(1)).get("init_from", "") if m else "")' "$DST/TRAINING.md")
-first=""
-if [[ "$init" =~ runs/train/([^/]+)/checkpoints/step-0*([0-9]+)\.safetensors ]]; then
-  first="kvbench train -c configs/models/${BASH_REMATCH[1]}.json --threads 2 --stop-after ${BASH_REMATCH[2]}   # the init_from checkpoint
-"
+# needs that run first, stopped at step N (a finished run keeps only its two newest checkpoints);
+# PREV's recipe (configs/models/PREV.json) may itself start from another: the whole chain, oldest first.
+first=$(python3 - "$DST/TRAINING.md" <<'PY'
+import json, re, sys
+m = re.search(r"```json\n(.*?)```", open(sys.argv[1]).read(), re.S)
+init = json.loads(m.group(1)).get("init_from", "") if m else ""
+cmds = []
+while True:
+    r = re.search(r"runs/train/([^/]+)/checkpoints/step-0*([0-9]+)\.safetensors", init)
+    if not r:
+        break
+    prev, step = r.group(1), r.group(2)
+    cmds.append(f"kvbench train -c configs/models/{prev}.json --threads 2 --stop-after {step}   # init_from of the next")
+    try:
+        init = json.load(open(f"configs/models/{prev}.json")).get("init_from", "")
+    except OSError:
+        break
+print("".join(c + "\n" for c in reversed(cmds)), end="")
+PY
+)
+origin="recipe \`configs/models/$name.json\`"
+if [ -n "$first" ]; then
+  first="$first"$'\n'
+  origin="recipes chained by \`init_from\`, the last \`configs/models/$name.json\`: see Reproduce; the
+curve of every part and what each changed are in configs/models/README.md"
 fi
 accuracy="(not generated: run scripts/testbed-accuracy.sh --set model=$DST)"
 if [ "${KVB_SKIP_ACCURACY:-0}" != 1 ]; then
@@ -36,7 +55,7 @@ fi
 cat > "$DST/README.md" <<MD
 # kvb-testbed: a small retrieval-capable model for KV-cache compression tests
 
-Trained from scratch by \`kvbench train\` (recipe \`configs/models/$name.json\`), in the Hugging Face
+Trained from scratch by \`kvbench train\` ($origin), in the Hugging Face
 layout the loader reads: \`kvbench run --set model=kvb-testbed ...\` finds it (the repository's models/
 directory is on the model path). It exists because stories260K cannot recall anything from far back, so
 on it every compression method looks alike; here the full cache retrieves and a cache that drops the
