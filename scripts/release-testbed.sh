@@ -24,27 +24,39 @@ heldout=$(awk '/^## Held-out/{f=1} /^## Recipe/{f=0} f && /^\|/' "$DST/TRAINING.
 # A recipe that starts from another run's checkpoint (init_from: runs/train/PREV/checkpoints/step-N)
 # needs that run first, stopped at step N (a finished run keeps only its two newest checkpoints);
 # PREV's recipe (configs/models/PREV.json) may itself start from another: the whole chain, oldest first.
-first=$(python3 - "$DST/TRAINING.md" <<'PY'
+chain=$(python3 - "$DST/TRAINING.md" <<'PY'
 import json, re, sys
 m = re.search(r"```json\n(.*?)```", open(sys.argv[1]).read(), re.S)
 init = json.loads(m.group(1)).get("init_from", "") if m else ""
-cmds = []
+parts = []
 while True:
     r = re.search(r"runs/train/([^/]+)/checkpoints/step-0*([0-9]+)\.safetensors", init)
     if not r:
         break
-    prev, step = r.group(1), r.group(2)
-    cmds.append(f"kvbench train -c configs/models/{prev}.json --threads 2 --stop-after {step}   # init_from of the next")
+    parts.append(f"{r.group(1)} {r.group(2)}")
     try:
-        init = json.load(open(f"configs/models/{prev}.json")).get("init_from", "")
+        init = json.load(open(f"configs/models/{r.group(1)}.json")).get("init_from", "")
     except OSError:
         break
-print("".join(c + "\n" for c in reversed(cmds)), end="")
+print("\n".join(reversed(parts)))
 PY
 )
+# Each earlier part's own record (curve, held-out, recipe) ships as TRAINING-<recipe>.md: export it
+# first (kvbench train -c RECIPE --export-only writes runs/train/RECIPE/model at its newest checkpoint).
+first=""
+while read -r prev step; do
+  [ -n "$prev" ] || continue
+  first+="kvbench train -c configs/models/$prev.json --threads 2 --stop-after $step   # init_from of the next"$'\n'
+  rec="runs/train/$prev/model/TRAINING.md"
+  if [ -f "$rec" ]; then
+    cp "$rec" "$DST/TRAINING-$prev.md"
+  else
+    echo "release-testbed: no $rec (run: kvbench train -c configs/models/$prev.json --export-only); its record is not shipped" >&2
+  fi
+done <<<"$chain"
+(cd "$DST" && sha256sum model.safetensors tokenizer.model config.json TRAINING*.md > SHA256SUMS)
 origin="recipe \`configs/models/$name.json\`"
 if [ -n "$first" ]; then
-  first="$first"$'\n'
   origin="recipes chained by \`init_from\`, the last \`configs/models/$name.json\`: see Reproduce; the
 curve of every part and what each changed are in configs/models/README.md"
 fi
@@ -96,6 +108,7 @@ Full cache vs StreamingLLM, SnapKV and H2O at a 25% budget, the context compress
 
 $accuracy
 
-The full training record (curve, recipe) is TRAINING.md.
+The full training record (curve, held-out loss, recipe) is TRAINING.md; the earlier parts' records, when
+the model came from chained recipes, are TRAINING-<recipe>.md.
 MD
 du -sh "$DST"

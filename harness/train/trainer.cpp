@@ -183,6 +183,19 @@ std::string training_summary(const TrainConfig& cfg, const ModelConfig& mc, cons
       (j.contains("loss") ? train : held).push_back(j);
     }
   }
+  // Only what led to the exported weights: rows past the checkpoint (a run stopped or killed after
+  // it) go, and a step logged twice (re-run after a resume) keeps its last row.
+  auto trim = [steps](std::vector<nlohmann::json>& rows) {
+    std::map<int64_t, nlohmann::json> by_step;
+    for (auto& j : rows) {
+      const int64_t st = j.value("step", int64_t{0});
+      if (st <= steps) by_step[st] = std::move(j);
+    }
+    rows.clear();
+    for (auto& [st, j] : by_step) rows.push_back(std::move(j));
+  };
+  trim(train);
+  trim(held);
   int64_t tokens = 0;
   for (int64_t s = 0; s < steps; ++s) tokens += cfg.stage_at(s).batch_size * cfg.stage_at(s).seq_len;
   double seconds = 0;  // summed per invocation: elapsed_s restarts at each resume

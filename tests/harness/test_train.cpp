@@ -185,12 +185,20 @@ TEST(Train, MaxSecondsStopsWithACheckpointThatExports) {
   char buf[64];
   std::snprintf(buf, sizeof buf, "/checkpoints/step-%07lld.safetensors", static_cast<long long>(r.steps_done));
   EXPECT_TRUE(fs::exists(dir + "/out" + buf)) << buf;
+  // A row past the checkpoint (as a run killed after it leaves) stays out of the exported record.
+  const long long past = static_cast<long long>(r.steps_done) + 5;
+  std::ofstream(dir + "/out/train_log.jsonl", std::ios::app)
+      << "{\"step\":" << past << ",\"seq_len\":64,\"loss\":9.25,\"lr\":0.001,\"tok_per_s\":1}\n";
   o.max_seconds = 0;
   o.export_only = true;
   auto e = run_training(o);
   ASSERT_FALSE(e.model_dir.empty());
   EXPECT_TRUE(at::equal(checkpoint_tensor(dir + "/out", r.steps_done, "param/embed"),
                         load_model(e.model_dir)->weights.embedding));
+  std::ifstream md(e.model_dir + "/TRAINING.md");
+  const std::string rec((std::istreambuf_iterator<char>(md)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(rec.find("| " + std::to_string(past) + " |"), std::string::npos) << rec;
+  EXPECT_EQ(rec.find("9.2500"), std::string::npos);
 }
 
 TEST(Train, LossGoesDown) {
