@@ -3,12 +3,14 @@
 // residual of the R most recent tokens (keys: chunked, quantized R at a time; values: a sliding
 // window). Only completed groups are quantized, never the whole cache again. Physical storage:
 // packed codes + metadata + residual (methods/common/kv_codec.h) in a keep-everything store
-// (codec_kv_cache.h).
+// (codec_kv_cache.h), or the paged KIVI layout read and written by the kernels
+// (kivi_kernel_kv_cache.h): `store`.
 
 #include "harness/common/error.h"
 #include "harness/kv/method_registry.h"
 #include "methods/common/codec_kv_cache.h"
 #include "methods/common/kv_codec.h"
+#include "methods/kivi/kivi_kernel_kv_cache.h"
 
 namespace kvb {
 namespace {
@@ -38,7 +40,13 @@ MethodInfo kivi_info() {
       string_param("key_mode", "per_channel", {"per_channel", "per_token"},
                    "per_channel: KIVI keys; per_token: keys like values (the ablation)"),
       string_param("residual_dtype", "fp16", {"fp16", "bf16", "fp32"},
-                   "storage of the full-precision residual (KIVI: fp16)")};
+                   "storage of the full-precision residual (KIVI: fp16)"),
+      string_param(
+          "store", "auto", {"auto", "codec", "kernel"},
+          "codec: the CPU codec store (decodes to fp32, exact attention: the accuracy "
+          "reference); kernel: the paged KIVI layout with the fused dequantize-attention decode "
+          "kernel (CPU or CUDA; 2/4/8 bits, per-channel keys, fp16/bf16 residual); auto: kernel "
+          "on CUDA, codec elsewhere")};
   m.caps.quantizes = true;
   return m;
 }
@@ -69,6 +77,30 @@ std::unique_ptr<KvCache> make_kivi(const CacheContext& ctx, const nlohmann::json
   QuantSpec vs = QuantCodec::kivi_value(vb, channel_group, R, rd);
   const std::string name = "kivi-k" + std::to_string(kb) + "v" + std::to_string(vb) + "-g" +
                            std::to_string(G) + "-r" + std::to_string(R);
+  const std::string store = p["store"];
+  if (store == "kernel" || (store == "auto" && ctx.device.is_cuda())) {
+    KVB_CHECK(per_channel, "method kivi.store=", store,
+              ": key_mode per_token has no kernel (the KIVI layout keeps keys per channel); use "
+              "store=codec on the CPU");
+    KVB_CHECK(rd != RowDtype::kF32, "method kivi.store=", store,
+              ": the kernels keep the residual in fp16 or bf16 (residual_dtype fp32 requested)");
+    kernels::KiviLayout L;
+    L.num_kv_heads = static_cast<int32_t>(ctx.config.n_kv_heads);
+    L.head_dim = static_cast<int32_t>(hd);
+    L.page_size = static_cast<int32_t>(G);
+    L.k_bits = kb;
+    L.v_bits = vb;
+    L.v_group_size = static_cast<int32_t>(channel_group);
+    L.residual_length = static_cast<int32_t>(R);
+    const std::string why = kernels::kivi_layout_check(L);
+    KVB_CHECK(why.empty(), "method kivi.store=", store, ": the KIVI kernel layout refuses k_bits ",
+              kb, ", v_bits ", vb, ", group_size ", G, ", residual_length ", R, " on head_dim ", hd,
+              ": ", why);
+    return std::make_unique<KiviKernelKvCache>(
+        ctx, L, rd == RowDtype::kBF16 ? c10::kBFloat16 : c10::kHalf, "kivi",
+        std::map<std::string, double>{{"group_size_requested", static_cast<double>(G)},
+                                      {"channel_group_adapted", channel_group != G ? 1.0 : 0.0}});
+  }
   auto codec = std::make_shared<QuantCodec>(name, ks, vs);
   return std::make_unique<CodecKvCache>(
       ctx, codec, "kivi",
