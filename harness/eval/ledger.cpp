@@ -76,6 +76,10 @@ std::vector<Metric> ledger_metrics(const std::vector<LedgerEntry>& entries, bool
       {"remote_bytes", remote / n, "bytes", D::kNone},
       {"tokens_held", held / n, "tokens", D::kNone},
       {"compression_ratio", phys > 0 ? base / phys : 0.0, "x", D::kHigher},
+      // Tiering methods (host or remote copies): what stays on the device, and its ratio.
+      {"device_bytes", (phys - host - remote) / n, "bytes", D::kLower},
+      {"device_compression_ratio", phys - host - remote > 0 ? base / (phys - host - remote) : 0.0,
+       "x", D::kHigher},
       {"bytes_per_token", seen > 0 ? phys / seen : 0.0, "bytes", D::kLower},
       {"simulated", simulated ? 1.0 : 0.0, "", D::kNone},
       {"peak_memory_bytes", static_cast<double>(peak_rss_bytes()), "bytes", D::kLower},

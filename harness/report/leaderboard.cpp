@@ -99,6 +99,14 @@ std::string direction_text(Direction d) {
 
 std::string bytes_text(double v) { return std::isfinite(v) ? fmt("%.0f", v) : "–"; }
 std::string ratio_text(double v) { return std::isfinite(v) ? fmt("%.2f", v) + "×" : "–"; }
+// The ratio over all tiers, and the device's own when a method keeps copies on the host (tiering).
+std::string ratio_text(const LeaderRow& r) {
+  std::string s = ratio_text(r.compression_ratio);
+  const double host = metric_or_nan(r.metrics, "host_bytes") + metric_or_nan(r.metrics, "remote_bytes");
+  const double dev = metric_or_nan(r.metrics, "device_compression_ratio");
+  if (std::isfinite(host) && host > 0 && std::isfinite(dev)) s += " (device " + ratio_text(dev) + ")";
+  return s;
+}
 std::string tok_s_text(const std::optional<double>& v) { return v ? fmt("%.0f", *v) : "–"; }
 std::string percent_text(double v) { return std::isfinite(v) ? fmt("%.1f", 100 * v) + "%" : "–"; }
 
@@ -731,7 +739,7 @@ std::string leaderboard_markdown(const Leaderboard& lb) {
         continue;
       }
       s << "| " << r.rank << " | " << md_escape(r.label) << " | " << bytes_text(r.bytes_per_token) << " | "
-        << ratio_text(r.compression_ratio) << " | " << format_value(r.value) << " | "
+        << ratio_text(r) << " | " << format_value(r.value) << " | "
         << format_delta(r.deltas.at(t.metric)) << " |";
       for (const auto& m : t.secondary)
         s << " " << format_value(metric_or_nan(r.metrics, m)) << " | " << format_delta(r.deltas.at(m)) << " |";
@@ -894,7 +902,7 @@ footer{color:#596275;font-size:12px;margin:30px 0}
       }
       s << "<tr class=\"row" << (r.pareto_memory ? " front" : "") << (base ? " base" : "") << "\" data-hash=\""
         << r.config_hash << "\"><td>" << r.rank << "</td><td class=\"l\">" << html_escape(r.label) << "</td><td>"
-        << bytes_text(r.bytes_per_token) << "</td><td>" << ratio_text(r.compression_ratio) << "</td><td>"
+        << bytes_text(r.bytes_per_token) << "</td><td>" << ratio_text(r) << "</td><td>"
         << format_value(r.value) << "</td><td class=\"l ci\">" << delta_html(r.deltas.at(t.metric)) << "</td>";
       for (const auto& m : t.secondary)
         s << "<td>" << format_value(metric_or_nan(r.metrics, m)) << "</td><td class=\"l ci\">"

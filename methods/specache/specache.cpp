@@ -1,0 +1,336 @@
+// specache: SpeCache (Jie et al., ICML 2025, arXiv 2503.16163): a low-bit KIVI copy of the whole
+// cache on the device, the full-precision copy in host memory, and at each decode step the top-k
+// most-attended positions of every KV head swapped in exact from the host, predicted one step ahead
+// so the transfer can overlap compute. Nothing is dropped.
+//
+// Here (see README.md): the low-bit copy is the KIVI codec (methods/common/kv_codec.h), the host
+// copy fp16 rows in host memory (the ledger's host tier), and the top-k is chosen by a `predictor`:
+//   previous  the previous decode step's query (a one-step-ahead predictor without the paper's
+//             speculative token; the first decode step after a prompt reads the low-bit cache only,
+//             as the paper's pre-decoding step)
+//   oracle    the current query (what SpeCache reads when its speculative token is always right:
+//             the upper bound of its accuracy)
+// Every decode step also scores both sets when it can and records their overlap.
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+
+#include "harness/common/error.h"
+#include "harness/kv/attention.h"
+#include "harness/kv/method_registry.h"
+#include "kvb/kernels/half.h"
+#include "methods/common/kv_codec.h"
+
+namespace kvb {
+namespace {
+
+struct SpecacheOptions {
+  int32_t bits = 2;
+  int64_t group = 64;
+  int64_t residual = 64;
+  int64_t top_k = 64;
+  bool oracle = false;
+};
+
+// Top-k stored positions of one KV head for the query rows q[g] (g in the head's group), by the
+// group-mean of softmax probabilities over the stored keys plus the current key (which is then
+// left out). K: [len, W] fp32 rows; kcur: the current key row [W]. Ties go to the lower position.
+std::vector<int64_t> top_positions(const float* q, int64_t group, const float* K, const float* kcur,
+                                   int64_t len, int64_t W, int64_t head, int64_t D, float scale,
+                                   int64_t k, std::vector<float>& logit, std::vector<float>& prob) {
+  logit.resize(static_cast<size_t>(len + 1));
+  prob.assign(static_cast<size_t>(len), 0.0f);
+  for (int64_t g = 0; g < group; ++g) {
+    const float* qg = q + g * D;
+    float mx = -INFINITY;
+    for (int64_t j = 0; j <= len; ++j) {
+      const float* kj = (j < len ? K + j * W : kcur) + head * D;
+      float s = 0;
+      for (int64_t c = 0; c < D; ++c) s += qg[c] * kj[c];
+      logit[j] = s * scale;
+      mx = std::max(mx, logit[j]);
+    }
+    double sum = 0;
+    for (int64_t j = 0; j <= len; ++j) sum += std::exp(static_cast<double>(logit[j] - mx));
+    for (int64_t j = 0; j < len; ++j)
+      prob[j] += static_cast<float>(std::exp(static_cast<double>(logit[j] - mx)) / sum);
+  }
+  std::vector<int64_t> idx(static_cast<size_t>(len));
+  std::iota(idx.begin(), idx.end(), 0);
+  const int64_t kk = std::min(k, len);
+  std::partial_sort(idx.begin(), idx.begin() + kk, idx.end(), [&](int64_t a, int64_t b) {
+    return prob[a] > prob[b] || (prob[a] == prob[b] && a < b);
+  });
+  idx.resize(static_cast<size_t>(kk));
+  std::sort(idx.begin(), idx.end());
+  return idx;
+}
+
+class SpecacheKvCache : public KvCache {
+ public:
+  SpecacheKvCache(const CacheContext& ctx, SpecacheOptions o) : ctx_(ctx), o_(o) {
+    KVB_CHECK(ctx_.device.is_cpu(), "specache: the codec store runs on the CPU only so far (device ",
+              ctx_.device.str(), " requested)");
+    const auto& c = ctx_.config;
+    const int64_t cg = adapt_channel_group(o_.group, c.head_dim);
+    codec_ = std::make_shared<QuantCodec>(
+        "specache-" + std::to_string(o_.bits) + "bit",
+        QuantCodec::kivi_key(o_.bits, o_.group, o_.residual, RowDtype::kF16),
+        QuantCodec::kivi_value(o_.bits, cg, o_.residual, RowDtype::kF16));
+    QuantCodec::validate(codec_->spec(KvKind::kKey, 0), c.head_dim, "method specache keys");
+    QuantCodec::validate(codec_->spec(KvKind::kValue, 0), c.head_dim, "method specache values");
+    channel_group_ = cg;
+  }
+
+  std::string name() const override { return "specache"; }
+
+  void begin_step(const StepBatch& batch) override {
+    for (int64_t b = 0; b < batch.batch_size(); ++b) {
+      const int64_t id = batch.seq_ids[b];
+      auto it = seqs_.find(id);
+      if (it == seqs_.end()) it = seqs_.emplace(id, new_seq()).first;
+      KVB_CHECK(it->second.len == batch.past_lens[b], "specache: sequence ", id, " holds ",
+                it->second.len, " tokens but the step says ", batch.past_lens[b]);
+    }
+  }
+
+  at::Tensor attend(const LayerInput& in) override {
+    const StepBatch& batch = *in.batch;
+    const auto& c = ctx_.config;
+    const int64_t W = c.kv_dim(), D = c.head_dim, Hkv = c.n_kv_heads, G = c.group_size();
+    std::vector<at::Tensor> outs;
+    for (int64_t b = 0; b < batch.batch_size(); ++b) {
+      Seq& s = seqs_.at(batch.seq_ids[b]);
+      Layer& y = s.layers[in.layer];
+      const int64_t n = batch.new_tokens(b), start = batch.q_indptr[b], len = s.len, L = len + n;
+      at::Tensor q = in.q->narrow(0, start, n);
+      at::Tensor qf = q.to(at::kFloat).contiguous();
+      at::Tensor kn = in.k->narrow(0, start, n).to(at::kFloat).contiguous();
+      at::Tensor vn = in.v->narrow(0, start, n).to(at::kFloat).contiguous();
+      k_scratch_.resize(static_cast<size_t>(L * W));
+      v_scratch_.resize(static_cast<size_t>(L * W));
+      y.k.p->decode(k_scratch_.data());
+      y.v.p->decode(v_scratch_.data());
+      std::memcpy(k_scratch_.data() + len * W, kn.data_ptr<float>(), static_cast<size_t>(n * W * 4));
+      std::memcpy(v_scratch_.data() + len * W, vn.data_ptr<float>(), static_cast<size_t>(n * W * 4));
+      if (n == 1 && len > 0) swap_in_exact(y, qf.data_ptr<float>(), kn.data_ptr<float>(), len, W, D,
+                                           Hkv, G, in.sm_scale, in.layer);
+      if (n > 1) y.prev_q.clear();  // a prompt or chunk: the next decode step has no prediction
+      auto opts = at::TensorOptions().dtype(at::kFloat);
+      at::Tensor K = at::from_blob(k_scratch_.data(), {L, Hkv, D}, opts);
+      at::Tensor V = at::from_blob(v_scratch_.data(), {L, Hkv, D}, opts);
+      if (q.scalar_type() != at::kFloat) {
+        K = K.to(q.scalar_type());
+        V = V.to(q.scalar_type());
+      }
+      outs.push_back(attend_dense(q, K, V, in.sm_scale));
+      // The new rows enter both tiers: low-bit on the device, fp16 on the host.
+      y.k.p->append(kn.data_ptr<float>(), n);
+      y.v.p->append(vn.data_ptr<float>(), n);
+      append_host(y.hk, kn.data_ptr<float>(), n * W);
+      append_host(y.hv, vn.data_ptr<float>(), n * W);
+    }
+    return outs.size() == 1 ? outs[0] : at::cat(outs, 0);
+  }
+
+  void end_step(const StepBatch& batch) override {
+    for (int64_t b = 0; b < batch.batch_size(); ++b) seqs_.at(batch.seq_ids[b]).len += batch.new_tokens(b);
+  }
+  void release(int64_t seq_id) override { seqs_.erase(seq_id); }
+  void fork(int64_t src_id, int64_t dst_id) override {
+    KVB_CHECK(seqs_.count(dst_id) == 0, "specache: fork target ", dst_id, " already exists");
+    auto it = seqs_.find(src_id);
+    KVB_CHECK(it != seqs_.end(), "specache: unknown sequence ", src_id);
+    Seq copy = it->second;  // StreamBox deep-copies
+    seqs_.emplace(dst_id, std::move(copy));
+  }
+  void truncate(int64_t seq_id, int64_t new_len) override {
+    auto it = seqs_.find(seq_id);
+    KVB_CHECK(it != seqs_.end(), "specache: unknown sequence ", seq_id);
+    Seq& s = it->second;
+    KVB_CHECK(new_len >= 0 && new_len <= s.len, "specache: cannot truncate sequence ", seq_id, " of ",
+              s.len, " tokens to ", new_len);
+    const auto keep = static_cast<size_t>(new_len * ctx_.config.kv_dim());
+    for (auto& y : s.layers) {
+      y.k.p->truncate(new_len);
+      y.v.p->truncate(new_len);
+      y.hk.resize(keep);
+      y.hv.resize(keep);
+      y.prev_q.clear();
+    }
+    s.len = new_len;
+  }
+  int64_t seq_len(int64_t seq_id) const override {
+    auto it = seqs_.find(seq_id);
+    return it == seqs_.end() ? 0 : it->second.len;
+  }
+
+  Footprint footprint() const override {
+    const auto& c = ctx_.config;
+    CodecBytes cb;
+    Footprint f;
+    const int64_t row_bytes = c.head_dim * 2;  // one fp16 row of one head
+    for (const auto& [id, s] : seqs_) {
+      for (const auto& y : s.layers) {
+        cb += y.k.p->bytes();
+        cb += y.v.p->bytes();
+        f.host_bytes += static_cast<int64_t>((y.hk.size() + y.hv.size()) * sizeof(uint16_t));
+      }
+      // The device buffer of swapped-in exact rows: top_k K and V rows per layer and KV head.
+      const int64_t used = std::min(o_.top_k, s.len);
+      f.device_payload_bytes += c.n_layers * c.n_kv_heads * 2 * used * row_bytes;
+      f.device_reserved_bytes += c.n_layers * c.n_kv_heads * 2 * (o_.top_k - used) * row_bytes;
+      f.tokens_held += s.len;
+    }
+    f.device_payload_bytes += cb.payload_bytes();
+    f.device_metadata_bytes = cb.metadata_bytes;
+    f.device_index_bytes = cb.index_bytes;
+    f.device_reserved_bytes += cb.reserved_bytes;
+    f.logical_bytes =
+        f.tokens_held * c.kv_bytes_per_token(static_cast<int64_t>(c10::elementSize(ctx_.dtype)));
+    return f;
+  }
+
+  std::map<std::string, double> counters() const override {
+    std::map<std::string, double> m = codec_->describe();
+    m["top_k"] = static_cast<double>(o_.top_k);
+    m["predictor_oracle"] = o_.oracle ? 1 : 0;
+    m["v_group_size"] = static_cast<double>(channel_group_);
+    m["swap_steps"] = swap_steps_;  // (layer, sequence) decode reads that swapped rows in
+    m["lowbit_only_reads"] = lowbit_only_;  // ... that had no prediction (first step after a prompt)
+    m["exact_rows_per_head_step"] = swap_heads_ > 0 ? swapped_rows_ / swap_heads_ : 0;
+    m["host_to_device_bytes_per_step"] =
+        decode_steps_ > 0 ? swapped_rows_ * 2 * ctx_.config.head_dim * 2 / decode_steps_ : 0;
+    if (overlap_n_ > 0) m["predictor_overlap"] = overlap_sum_ / overlap_n_;
+    CodecBytes cb;
+    for (const auto& [id, s] : seqs_)
+      for (const auto& y : s.layers) {
+        cb += y.k.p->bytes();
+        cb += y.v.p->bytes();
+      }
+    m["lowbit_bits_per_element"] = cb.bits_per_element();
+    return m;
+  }
+
+ private:
+  struct Layer {
+    StreamBox k, v;                  // the low-bit device copy
+    std::vector<uint16_t> hk, hv;    // the host copy: fp16 rows [rows, kv_dim]
+    std::vector<float> prev_q;       // the previous decode step's query rows [num_qo_heads * D]
+  };
+  struct Seq {
+    std::vector<Layer> layers;
+    int64_t len = 0;
+  };
+
+  Seq new_seq() const {
+    const auto& c = ctx_.config;
+    Seq s;
+    s.layers.resize(static_cast<size_t>(c.n_layers));
+    for (int l = 0; l < c.n_layers; ++l) {
+      s.layers[l].k.p = codec_->make_stream(KvKind::kKey, l, c.kv_dim(), c.head_dim);
+      s.layers[l].v.p = codec_->make_stream(KvKind::kValue, l, c.kv_dim(), c.head_dim);
+    }
+    return s;
+  }
+
+  static void append_host(std::vector<uint16_t>& h, const float* x, int64_t count) {
+    const size_t at = h.size();
+    h.resize(at + static_cast<size_t>(count));
+    for (int64_t i = 0; i < count; ++i) h[at + i] = kernels::float_to_half(x[i]);
+  }
+
+  // Overwrites, per KV head, the predicted top-k stored rows of the scratch with the host's exact
+  // rows. q: the current query rows [Hq * D]; kcur: the current key row [W].
+  void swap_in_exact(Layer& y, const float* q, const float* kcur, int64_t len, int64_t W,
+                     int64_t D, int64_t Hkv, int64_t G, float scale, int layer) {
+    const bool have_prev = !y.prev_q.empty();
+    const float* pred = o_.oracle ? q : (have_prev ? y.prev_q.data() : nullptr);
+    if (layer == 0) ++decode_steps_;
+    if (!pred) {
+      ++lowbit_only_;
+    } else {
+      ++swap_steps_;
+      for (int64_t h = 0; h < Hkv; ++h) {
+        std::vector<int64_t> sel = top_positions(pred + h * G * D, G, k_scratch_.data(), kcur, len, W,
+                                                 h, D, scale, o_.top_k, logit_, prob_);
+        if (have_prev) {  // how well a one-step-old query predicts the current one's top-k
+          std::vector<int64_t> other =
+              o_.oracle ? top_positions(y.prev_q.data() + h * G * D, G, k_scratch_.data(), kcur,
+                                        len, W, h, D, scale, o_.top_k, logit_, prob_)
+                        : top_positions(q + h * G * D, G, k_scratch_.data(), kcur, len, W, h, D,
+                                        scale, o_.top_k, logit_, prob_);
+          std::vector<int64_t> both;
+          std::set_intersection(sel.begin(), sel.end(), other.begin(), other.end(),
+                                std::back_inserter(both));
+          overlap_sum_ += sel.empty() ? 1.0 : static_cast<double>(both.size()) / sel.size();
+          overlap_n_ += 1;
+        }
+        for (int64_t j : sel)
+          for (int64_t c = 0; c < D; ++c) {
+            k_scratch_[j * W + h * D + c] = kernels::half_to_float(y.hk[j * W + h * D + c]);
+            v_scratch_[j * W + h * D + c] = kernels::half_to_float(y.hv[j * W + h * D + c]);
+          }
+        swapped_rows_ += static_cast<double>(sel.size());
+        swap_heads_ += 1;
+      }
+    }
+    y.prev_q.assign(q, q + G * Hkv * D);
+  }
+
+  CacheContext ctx_;
+  SpecacheOptions o_;
+  std::shared_ptr<QuantCodec> codec_;
+  int64_t channel_group_ = 0;
+  std::unordered_map<int64_t, Seq> seqs_;
+  std::vector<float> k_scratch_, v_scratch_, logit_, prob_;
+  double swap_steps_ = 0, lowbit_only_ = 0, swapped_rows_ = 0, swap_heads_ = 0;
+  double decode_steps_ = 0, overlap_sum_ = 0, overlap_n_ = 0;
+};
+
+MethodInfo specache_info() {
+  MethodInfo m;
+  m.name = "specache";
+  m.summary =
+      "SpeCache: low-bit KIVI copy on the device, fp16 copy on the host, top-k exact rows swapped "
+      "in per decode step (predicted one step ahead)";
+  m.paper =
+      "Jie et al., SpeCache: Speculative Key-Value Caching for Efficient Generation of LLMs, ICML "
+      "2025 (arXiv 2503.16163)";
+  m.params = {
+      int_param("bits", 2, 2, 4, "low-bit copy: 2, 3 or 4 bits (the paper: 1 or 2; 1 has no codec here)"),
+      int_param("group_size", 64, 1, 4096,
+                "KIVI group: tokens per key group; channels per value group (adapted to head_dim)"),
+      int_param("residual_length", 64, 0, 1 << 20,
+                "fp16 residual of the newest tokens in the low-bit copy (a multiple of group_size)"),
+      int_param("top_k", 64, 1, 1 << 20, "exact rows swapped in per KV head and decode step"),
+      string_param("predictor", "previous", {"previous", "oracle"},
+                   "previous: the last decode step's query picks the rows (no speculative token); "
+                   "oracle: the current query (a speculative token that is always right)")};
+  m.caps.quantizes = true;
+  m.caps.tiers = true;
+  m.caps.query_aware = true;
+  return m;
+}
+
+std::unique_ptr<KvCache> make_specache(const CacheContext& ctx, const nlohmann::json& p) {
+  SpecacheOptions o;
+  o.bits = p["bits"].get<int32_t>();
+  o.group = p["group_size"].get<int64_t>();
+  o.residual = p["residual_length"].get<int64_t>();
+  o.top_k = p["top_k"].get<int64_t>();
+  o.oracle = p["predictor"] == "oracle";
+  KVB_CHECK(o.residual % o.group == 0, "method specache.residual_length: ", o.residual,
+            " is not a multiple of group_size ", o.group,
+            " (keys are quantized per channel when the residual fills)");
+  return std::make_unique<SpecacheKvCache>(ctx, o);
+}
+
+}  // namespace
+}  // namespace kvb
+
+KVB_REGISTER_METHOD(specache, kvb::specache_info, kvb::make_specache);

@@ -1,0 +1,143 @@
+// specache on the real stories260K: with every row swapped in it is the full cache (fp16 host
+// rows); swapped-in rows beat the plain low-bit copy and the oracle predictor beats the one-step-old
+// query; the ledger splits the device tier (codes + metadata + residual + the swap buffer) from the
+// host copy exactly; fork; parameter errors.
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include "harness/common/error.h"
+#include "harness/engine/engine.h"
+#include "harness/eval/run_config.h"
+#include "harness/eval/runner.h"
+#include "harness/eval/stream.h"
+#include "harness/kv/method_registry.h"
+#include "methods/common/kv_codec.h"
+#include "tests/support/test_support.h"
+
+namespace kvb {
+namespace {
+
+std::shared_ptr<Model> stories() {
+  static std::shared_ptr<Model> m = load_model(test::models_dir() + "/stories260K");
+  return m;
+}
+
+std::unique_ptr<KvCache> make(const std::string& name, const nlohmann::json& params) {
+  CacheContext ctx{stories()->config, stories()->device, stories()->dtype};
+  return MethodRegistry::instance().create(name, ctx, params);
+}
+
+std::vector<std::vector<int64_t>> story_windows(int window, int count) {
+  nlohmann::json cfg = resolve_run_config(nlohmann::json::parse(
+      "{\"model\": \"stories260K\", \"method\": \"full\", \"protocol\": {\"name\": \"stream\", "
+      "\"dataset\": \"tinystories-valid-sample\", \"window\": " +
+      std::to_string(window) + ", \"max_windows\": " + std::to_string(count) + "}}"));
+  std::string hash;
+  auto ws = stream_windows(test::models_dir() + "/stories260K/tok512.model", cfg["protocol"],
+                           test::data_dir(), &hash);
+  std::vector<std::vector<int64_t>> out;
+  for (auto& w : ws) out.push_back(w.tokens);
+  return out;
+}
+
+double mean_kl(const std::string& method, const nlohmann::json& params,
+               std::map<std::string, double>* counters = nullptr) {
+  double sum = 0;
+  int64_t n = 0;
+  for (const auto& w : story_windows(256, 2)) {
+    StreamSampleResult r = run_stream_sample(stories(), method, params, w, StreamOptions{});
+    for (float k : r.kl) sum += k;
+    n += static_cast<int64_t>(r.kl.size());
+    if (counters) *counters = r.counters;
+  }
+  return sum / static_cast<double>(n);
+}
+
+TEST(Specache, EveryRowSwappedInIsTheFullCacheAtFp16) {
+  EXPECT_LT(mean_kl("specache", {{"top_k", 100000}, {"predictor", "oracle"}}), 1e-5);
+}
+
+TEST(Specache, SwappedRowsBeatTheLowBitCopyAndTheOracleBeatsTheOldQuery) {
+  const double kivi =
+      mean_kl("kivi", {{"k_bits", 2}, {"v_bits", 2}, {"group_size", 64}, {"residual_length", 64}});
+  std::map<std::string, double> cp, co;
+  const double prev = mean_kl("specache", {{"top_k", 16}}, &cp);
+  const double oracle = mean_kl("specache", {{"top_k", 16}, {"predictor", "oracle"}}, &co);
+  EXPECT_LT(prev, 0.5 * kivi) << "kivi " << kivi;
+  EXPECT_LT(oracle, 0.5 * prev);
+  // The old query's top-16 overlaps the current one's, partly.
+  ASSERT_TRUE(cp.count("predictor_overlap"));
+  EXPECT_GT(cp.at("predictor_overlap"), 0.2);
+  EXPECT_LT(cp.at("predictor_overlap"), 1.0);
+  // 16 rows per head and step, fewer only while a window's first tokens are fewer than 16.
+  EXPECT_GT(cp.at("exact_rows_per_head_step"), 15);
+  EXPECT_LE(cp.at("exact_rows_per_head_step"), 16);
+  std::cerr << "kivi " << kivi << ", previous " << prev << ", oracle " << oracle << ", overlap "
+            << cp.at("predictor_overlap") << "\n";
+  EXPECT_GT(co.at("swap_steps"), cp.at("swap_steps"));  // the oracle also swaps on the first step
+}
+
+TEST(Specache, LedgerSplitsTheDeviceTierFromTheHostCopy) {
+  auto m = stories();
+  const auto& c = m->config;
+  Engine e(m, make("specache", {{"top_k", 16}}));
+  int64_t a = e.new_sequence(), b = e.new_sequence();
+  std::vector<int64_t> pa = {1}, pb = {1};
+  for (int i = 1; i < 150; ++i) pa.push_back(3 + (i * 37) % 500);
+  for (int i = 1; i < 40; ++i) pb.push_back(3 + (i * 11) % 500);
+  e.prefill({a, b}, {pa, pb});
+  for (int i = 0; i < 10; ++i) e.decode({a, b}, {300 + i, 400 + i});
+  const Footprint f = e.kv().footprint();
+  const int64_t tokens = 160 + 50;
+  EXPECT_EQ(f.tokens_held, tokens);
+  EXPECT_EQ(f.host_bytes, tokens * c.n_layers * 2 * c.kv_dim() * 2);  // fp16 K and V
+  QuantCodec codec("ref", QuantCodec::kivi_key(2, 64, 64, RowDtype::kF16),
+                   QuantCodec::kivi_value(2, adapt_channel_group(64, c.head_dim), 64,
+                                          RowDtype::kF16));
+  CodecBytes want;
+  for (int64_t len : {160, 50})
+    for (int l = 0; l < c.n_layers; ++l)
+      for (KvKind k : {KvKind::kKey, KvKind::kValue})
+        want += codec.expected_bytes(k, l, c.kv_dim(), len);
+  const int64_t swap_buffer = 2 * c.n_layers * c.n_kv_heads * 2 * 16 * c.head_dim * 2;
+  EXPECT_EQ(f.device_payload_bytes, want.payload_bytes() + swap_buffer);
+  EXPECT_EQ(f.device_metadata_bytes, want.metadata_bytes);
+  const auto counters = e.kv().counters();
+  // The first decode step after the prompts had no prediction (per layer and sequence).
+  EXPECT_EQ(counters.at("lowbit_only_reads"), 2 * c.n_layers);
+  EXPECT_EQ(counters.at("swap_steps"), 9 * 2 * c.n_layers);
+}
+
+TEST(Specache, ForkedBranchesContinueAlike) {
+  auto m = stories();
+  Engine e(m, make("specache", {{"top_k", 8}}));
+  int64_t a = e.new_sequence();
+  std::vector<int64_t> p = {1};
+  for (int i = 1; i < 120; ++i) p.push_back(3 + (i * 29) % 500);
+  e.prefill({a}, {p});
+  e.decode({a}, {301});
+  const int64_t f = e.fork(a);
+  for (int i = 0; i < 5; ++i) {
+    at::Tensor x = e.decode({a}, {310 + i}), y = e.decode({f}, {310 + i});
+    EXPECT_TRUE(at::equal(x, y)) << i;
+  }
+}
+
+TEST(Specache, RefusesBadParametersNamingThem) {
+  auto expect_error = [&](const nlohmann::json& p, const std::string& want) {
+    try {
+      make("specache", p);
+      ADD_FAILURE() << "accepted " << p.dump();
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
+    }
+  };
+  expect_error({{"residual_length", 40}}, "residual_length");
+  expect_error({{"bits", 8}}, "bits");
+  expect_error({{"predictor", "speculative"}}, "predictor");
+  expect_error({{"topk", 4}}, "topk");
+}
+
+}  // namespace
+}  // namespace kvb
