@@ -109,7 +109,7 @@ json stream_cfg(const std::string& model, const json& method) {
 }
 
 // One stream sample of 4 tokens: per-token KL `kl`, nll_sum, agreeing tokens, `bytes` of KV held.
-json stream_sample(double kl, double nll_sum, int agree, int64_t bytes) {
+json stream_sample(double kl, double nll_sum, int agree, int64_t bytes, int64_t host_bytes = 0) {
   return {{"tokens", 4},
           {"nll_sum", nll_sum},
           {"kl", {kl, kl, kl, kl}},
@@ -124,9 +124,9 @@ json stream_sample(double kl, double nll_sum, int agree, int64_t bytes) {
             {"device_metadata_bytes", 0},
             {"device_index_bytes", 0},
             {"device_reserved_bytes", 0},
-            {"host_bytes", 0},
+            {"host_bytes", host_bytes},
             {"remote_bytes", 0},
-            {"logical_bytes", bytes},
+            {"logical_bytes", bytes + host_bytes},
             {"tokens_held", 4}}}};
 }
 
@@ -284,6 +284,30 @@ TEST(Leaderboard, RanksAtMeasuredBytesWithPairedCisFrontiersAndFlags) {
   EXPECT_EQ(table_for(by_ppl, "m", "stream").secondary, std::vector<std::string>{"kl_mean"});
   o.metric = "kl_meen";
   EXPECT_THROW(build_leaderboard(db, o), Error);
+}
+
+TEST(Leaderboard, TieringRowsShowTheDeviceRatioBesideTheTotal) {
+  // A tiering method keeps 100 B on the device and a 400 B copy on the host: 0.8x over all tiers
+  // (it holds more than the full cache), 4x on the device. Both numbers appear; a device-only row
+  // shows one.
+  const std::string dir = test::make_temp_dir("lb-tier");
+  ResultsDb db(dir + "/db.sqlite");
+  std::vector<json> full, tier;
+  for (int i = 0; i < 4; ++i) {
+    full.push_back(stream_sample(0.0, 4.0, 4, 400));
+    tier.push_back(stream_sample(0.01, 4.1, 4, 100, 400));
+  }
+  add_stream_run(db, stream_cfg("m", {{"name", "full"}, {"params", json::object()}}), full);
+  add_stream_run(db, stream_cfg("m", {{"name", "tier"}, {"params", json::object()}}), tier);
+  LeaderboardOptions o;
+  const Leaderboard lb = build_leaderboard(db, o);
+  const LeaderTable& t = table_for(lb, "m", "stream");
+  ASSERT_EQ(t.rows.size(), 2u);
+  EXPECT_DOUBLE_EQ(t.rows[1].compression_ratio, 0.8);
+  EXPECT_DOUBLE_EQ(t.rows[1].metrics.at("device_compression_ratio"), 4.0);
+  const std::string md = leaderboard_markdown(lb);
+  EXPECT_NE(md.find("| 0.80× (device 4.00×) |"), std::string::npos) << md;
+  EXPECT_NE(md.find("| 1.00× |"), std::string::npos) << md;
 }
 
 TEST(Leaderboard, FormatsAreCompleteAndDeterministicUnderTheSeed) {
