@@ -101,7 +101,7 @@ class SpecacheKvCache : public KvCache {
   at::Tensor attend(const LayerInput& in) override {
     const StepBatch& batch = *in.batch;
     const auto& c = ctx_.config;
-    const int64_t W = c.kv_dim(), D = c.head_dim, Hkv = c.n_kv_heads, G = c.group_size();
+    const int64_t W = c.kv_dim(), D = c.head_dim;
     std::vector<at::Tensor> outs;
     for (int64_t b = 0; b < batch.batch_size(); ++b) {
       Seq& s = seqs_.at(batch.seq_ids[b]);
@@ -117,17 +117,37 @@ class SpecacheKvCache : public KvCache {
       y.v.p->decode(v_scratch_.data());
       std::memcpy(k_scratch_.data() + len * W, kn.data_ptr<float>(), static_cast<size_t>(n * W * 4));
       std::memcpy(v_scratch_.data() + len * W, vn.data_ptr<float>(), static_cast<size_t>(n * W * 4));
-      if (n == 1 && len > 0) swap_in_exact(y, qf.data_ptr<float>(), kn.data_ptr<float>(), len, W, D,
-                                           Hkv, G, in.sm_scale, in.layer);
-      if (n > 1) y.prev_q.clear();  // a prompt or chunk: the next decode step has no prediction
-      auto opts = at::TensorOptions().dtype(at::kFloat);
-      at::Tensor K = at::from_blob(k_scratch_.data(), {L, Hkv, D}, opts);
-      at::Tensor V = at::from_blob(v_scratch_.data(), {L, Hkv, D}, opts);
-      if (q.scalar_type() != at::kFloat) {
-        K = K.to(q.scalar_type());
-        V = V.to(q.scalar_type());
+      const float* qp = qf.data_ptr<float>();
+      const int64_t qrow = c.n_heads * D;
+      if (len == 0) {  // a prompt from its start: exact, and no prediction for the next step
+        y.prev_q.clear();
+        outs.push_back(attend_dense(q, as_tensor(k_scratch_, L).to(q.scalar_type()),
+                                    as_tensor(v_scratch_, L).to(q.scalar_type()), in.sm_scale));
+      } else if (n == 1) {  // a decode step: swap in place, then attend
+        const float* prev = y.prev_q.empty() ? nullptr : y.prev_q.data();
+        if (in.layer == 0) ++decode_steps_;
+        swap_in_exact(y, k_scratch_.data(), v_scratch_.data(), o_.oracle ? qp : prev, qp, prev,
+                      kn.data_ptr<float>(), len, in.sm_scale);
+        outs.push_back(attend_dense(q, as_tensor(k_scratch_, L).to(q.scalar_type()),
+                                    as_tensor(v_scratch_, L).to(q.scalar_type()), in.sm_scale));
+      } else {
+        // Several rows after a history (a later prompt chunk, a qa question): each row reads its
+        // own mix, predicted by the row before it (the first by the last decode query, if any).
+        std::vector<at::Tensor> rows;
+        for (int64_t i = 0; i < n; ++i) {
+          const int64_t Li = len + i + 1;
+          row_k_.assign(k_scratch_.begin(), k_scratch_.begin() + Li * W);
+          row_v_.assign(v_scratch_.begin(), v_scratch_.begin() + Li * W);
+          const float* prev =
+              i > 0 ? qp + (i - 1) * qrow : (y.prev_q.empty() ? nullptr : y.prev_q.data());
+          swap_in_exact(y, row_k_.data(), row_v_.data(), o_.oracle ? qp + i * qrow : prev,
+                        qp + i * qrow, prev, kn.data_ptr<float>() + i * W, len, in.sm_scale);
+          rows.push_back(attend_dense(q.narrow(0, i, 1), as_tensor(row_k_, Li).to(q.scalar_type()),
+                                      as_tensor(row_v_, Li).to(q.scalar_type()), in.sm_scale));
+        }
+        outs.push_back(at::cat(rows, 0));
       }
-      outs.push_back(attend_dense(q, K, V, in.sm_scale));
+      if (len > 0) y.prev_q.assign(qp + (n - 1) * qrow, qp + n * qrow);
       // The new rows enter both tiers: low-bit on the device, fp16 on the host.
       y.k.p->append(kn.data_ptr<float>(), n);
       y.v.p->append(vn.data_ptr<float>(), n);
@@ -244,42 +264,46 @@ class SpecacheKvCache : public KvCache {
     for (int64_t i = 0; i < count; ++i) h[at + i] = kernels::float_to_half(x[i]);
   }
 
-  // Overwrites, per KV head, the predicted top-k stored rows of the scratch with the host's exact
-  // rows. q: the current query rows [Hq * D]; kcur: the current key row [W].
-  void swap_in_exact(Layer& y, const float* q, const float* kcur, int64_t len, int64_t W,
-                     int64_t D, int64_t Hkv, int64_t G, float scale, int layer) {
-    const bool have_prev = !y.prev_q.empty();
-    const float* pred = o_.oracle ? q : (have_prev ? y.prev_q.data() : nullptr);
-    if (layer == 0) ++decode_steps_;
+  // [rows, Hkv, D] fp32 view of a host buffer (rows <= its size / kv_dim).
+  at::Tensor as_tensor(std::vector<float>& buf, int64_t rows) const {
+    return at::from_blob(buf.data(), {rows, ctx_.config.n_kv_heads, ctx_.config.head_dim},
+                         at::TensorOptions().dtype(at::kFloat));
+  }
+
+  // Overwrites, per KV head, the top-k of the `len` stored rows of kbuf / vbuf ([len.., W]) with the
+  // host's exact rows; the top-k is chosen by the query rows `pred` ([Hq * D]; null: no prediction,
+  // the low-bit rows stay). cur: the row's own query; prev: the one-step-old query (null: none),
+  // whose top-k is compared with the current one's (predictor_overlap). kcur: the row's key [W].
+  void swap_in_exact(Layer& y, float* kbuf, float* vbuf, const float* pred, const float* cur,
+                     const float* prev, const float* kcur, int64_t len, float scale) {
+    const auto& c = ctx_.config;
+    const int64_t W = c.kv_dim(), D = c.head_dim, Hkv = c.n_kv_heads, G = c.group_size();
     if (!pred) {
       ++lowbit_only_;
-    } else {
-      ++swap_steps_;
-      for (int64_t h = 0; h < Hkv; ++h) {
-        std::vector<int64_t> sel = top_positions(pred + h * G * D, G, k_scratch_.data(), kcur, len, W,
-                                                 h, D, scale, o_.top_k, logit_, prob_);
-        if (have_prev) {  // how well a one-step-old query predicts the current one's top-k
-          std::vector<int64_t> other =
-              o_.oracle ? top_positions(y.prev_q.data() + h * G * D, G, k_scratch_.data(), kcur,
-                                        len, W, h, D, scale, o_.top_k, logit_, prob_)
-                        : top_positions(q + h * G * D, G, k_scratch_.data(), kcur, len, W, h, D,
-                                        scale, o_.top_k, logit_, prob_);
-          std::vector<int64_t> both;
-          std::set_intersection(sel.begin(), sel.end(), other.begin(), other.end(),
-                                std::back_inserter(both));
-          overlap_sum_ += sel.empty() ? 1.0 : static_cast<double>(both.size()) / sel.size();
-          overlap_n_ += 1;
-        }
-        for (int64_t j : sel)
-          for (int64_t c = 0; c < D; ++c) {
-            k_scratch_[j * W + h * D + c] = kernels::half_to_float(y.hk[j * W + h * D + c]);
-            v_scratch_[j * W + h * D + c] = kernels::half_to_float(y.hv[j * W + h * D + c]);
-          }
-        swapped_rows_ += static_cast<double>(sel.size());
-        swap_heads_ += 1;
-      }
+      return;
     }
-    y.prev_q.assign(q, q + G * Hkv * D);
+    ++swap_steps_;
+    for (int64_t h = 0; h < Hkv; ++h) {
+      std::vector<int64_t> sel = top_positions(pred + h * G * D, G, kbuf, kcur, len, W, h, D, scale,
+                                               o_.top_k, logit_, prob_);
+      if (prev) {  // how well a one-step-old query predicts the current one's top-k
+        std::vector<int64_t> a = top_positions(prev + h * G * D, G, kbuf, kcur, len, W, h, D, scale,
+                                               o_.top_k, logit_, prob_);
+        std::vector<int64_t> b = top_positions(cur + h * G * D, G, kbuf, kcur, len, W, h, D, scale,
+                                               o_.top_k, logit_, prob_);
+        std::vector<int64_t> both;
+        std::set_intersection(a.begin(), a.end(), b.begin(), b.end(), std::back_inserter(both));
+        overlap_sum_ += b.empty() ? 1.0 : static_cast<double>(both.size()) / b.size();
+        overlap_n_ += 1;
+      }
+      for (int64_t j : sel)
+        for (int64_t e = 0; e < D; ++e) {
+          kbuf[j * W + h * D + e] = kernels::half_to_float(y.hk[j * W + h * D + e]);
+          vbuf[j * W + h * D + e] = kernels::half_to_float(y.hv[j * W + h * D + e]);
+        }
+      swapped_rows_ += static_cast<double>(sel.size());
+      swap_heads_ += 1;
+    }
   }
 
   CacheContext ctx_;
@@ -287,7 +311,7 @@ class SpecacheKvCache : public KvCache {
   std::shared_ptr<QuantCodec> codec_;
   int64_t channel_group_ = 0;
   std::unordered_map<int64_t, Seq> seqs_;
-  std::vector<float> k_scratch_, v_scratch_, logit_, prob_;
+  std::vector<float> k_scratch_, v_scratch_, row_k_, row_v_, logit_, prob_;
   double swap_steps_ = 0, lowbit_only_ = 0, swapped_rows_ = 0, swap_heads_ = 0;
   double decode_steps_ = 0, overlap_sum_ = 0, overlap_n_ = 0;
 };

@@ -58,6 +58,37 @@ TEST(Specache, EveryRowSwappedInIsTheFullCacheAtFp16) {
   EXPECT_LT(mean_kl("specache", {{"top_k", 100000}, {"predictor", "oracle"}}), 1e-5);
 }
 
+TEST(Specache, ALaterPromptChunkSwapsRowByRow) {
+  // A question after a compressed context (qa): each of its rows reads its own mix. With every row
+  // swapped in it matches the full cache; with a small top-k, the question's rows are counted as
+  // swap reads (predicted by the row before) and beat the low-bit copy alone.
+  auto m = stories();
+  std::vector<int64_t> ctx = {1}, question;
+  for (int i = 1; i < 150; ++i) ctx.push_back(3 + (i * 37) % 500);
+  for (int i = 0; i < 12; ++i) question.push_back(20 + (i * 13) % 300);
+  auto logits = [&](const std::string& method, const nlohmann::json& p,
+                    std::map<std::string, double>* counters) {
+    Engine e(m, make(method, p));
+    const int64_t a = e.new_sequence();
+    e.prefill({a}, {ctx});
+    at::Tensor out = e.prefill({a}, {question}, nullptr, /*call_end_prefill=*/false);
+    if (counters) *counters = e.kv().counters();
+    return out;
+  };
+  std::map<std::string, double> all, few;
+  at::Tensor full = logits("full", {}, nullptr);
+  at::Tensor exact = logits("specache", {{"top_k", 100000}, {"predictor", "oracle"}}, &all);
+  at::Tensor some = logits("specache", {{"top_k", 8}}, &few);
+  at::Tensor lowbit = logits("kivi", {{"k_bits", 2}, {"v_bits", 2}, {"group_size", 64},
+                                      {"residual_length", 64}}, nullptr);
+  EXPECT_LT((exact - full).abs().max().item<double>(), 1e-2);
+  EXPECT_EQ(all.at("swap_steps"), 12 * m->config.n_layers);
+  // Row 0 has no earlier query (no decode yet): low-bit only; rows 1..11 are predicted.
+  EXPECT_EQ(few.at("lowbit_only_reads"), m->config.n_layers);
+  EXPECT_EQ(few.at("swap_steps"), 11 * m->config.n_layers);
+  EXPECT_LT((some - full).abs().max().item<double>(), (lowbit - full).abs().max().item<double>());
+}
+
 TEST(Specache, SwappedRowsBeatTheLowBitCopyAndTheOracleBeatsTheOldQuery) {
   const double kivi =
       mean_kl("kivi", {{"k_bits", 2}, {"v_bits", 2}, {"group_size", 64}, {"residual_length", 64}});
