@@ -27,9 +27,14 @@ void check(bool ok, const Args&... parts) {
 
 bool ring_kv_dtype(c10::ScalarType t, KvDtype* out) {
   switch (t) {
-    case at::kHalf: *out = KvDtype::kF16; return true;
-    case at::kBFloat16: *out = KvDtype::kBF16; return true;
-    default: return false;
+    case at::kHalf:
+      *out = KvDtype::kF16;
+      return true;
+    case at::kBFloat16:
+      *out = KvDtype::kBF16;
+      return true;
+    default:
+      return false;
   }
 }
 
@@ -208,8 +213,8 @@ at::Tensor kivi_decode_attention(const at::Tensor& q, const KiviLayout& l, const
                                  const KiviStepTables& t, float sm_scale) {
   const int64_t B = static_cast<int64_t>(t.kv_lens_after.size());
   check_rings(l, k_ring, v_ring, B);
-  check(q.dim() == 3 && q.size(0) == B && q.size(2) == l.head_dim,
-        "kivi decode: q must be [", B, ", heads, ", l.head_dim, "] (got ", q.sizes(), ")");
+  check(q.dim() == 3 && q.size(0) == B && q.size(2) == l.head_dim, "kivi decode: q must be [", B,
+        ", heads, ", l.head_dim, "] (got ", q.sizes(), ")");
   check(q.scalar_type() == k_ring.scalar_type() && q.device() == k_ring.device(),
         "kivi decode: q and the rings differ in dtype or device");
   const std::string why = kivi_kernel_supported(q.device(), q.scalar_type(), l, q.size(1));
@@ -272,8 +277,9 @@ std::pair<at::Tensor, at::Tensor> kivi_dequantize(const KiviLayout& l, const Kiv
   const int64_t H = l.num_kv_heads, D = l.head_dim, P = l.page_size;
   const int64_t U = kivi_residual_capacity(l);
   const int64_t kq = kivi_k_quant_len(l, n), vq = kivi_v_quant_len(l, n);
-  check(static_cast<int64_t>(pages.size()) >= kivi_pages_needed(l, n), "kivi dequantize: ",
-        pages.size(), " pages for ", n, " tokens (", kivi_pages_needed(l, n), " needed)");
+  check(static_cast<int64_t>(pages.size()) >= kivi_pages_needed(l, n),
+        "kivi dequantize: ", pages.size(), " pages for ", n, " tokens (", kivi_pages_needed(l, n),
+        " needed)");
   const c10::Device dev = pools.k_codes.device();
   auto idx = [&](int64_t count) {
     std::vector<int64_t> ids(pages.begin(), pages.begin() + count);

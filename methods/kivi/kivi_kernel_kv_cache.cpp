@@ -37,9 +37,10 @@ KiviKernelKvCache::KiviKernelKvCache(const CacheContext& ctx, const kernels::Kiv
       name_(std::move(name)),
       extra_counters_(std::move(extra_counters)),
       U_(kernels::kivi_residual_capacity(layout)) {
-  KVB_CHECK(layout_.num_kv_heads == ctx_.config.n_kv_heads && layout_.head_dim == ctx_.config.head_dim,
-            name_, ": the KIVI layout's heads (", layout_.num_kv_heads, " x ", layout_.head_dim,
-            ") do not match the model's (", ctx_.config.n_kv_heads, " x ", ctx_.config.head_dim, ")");
+  KVB_CHECK(
+      layout_.num_kv_heads == ctx_.config.n_kv_heads && layout_.head_dim == ctx_.config.head_dim,
+      name_, ": the KIVI layout's heads (", layout_.num_kv_heads, " x ", layout_.head_dim,
+      ") do not match the model's (", ctx_.config.n_kv_heads, " x ", ctx_.config.head_dim, ")");
   const std::string why =
       kernels::kivi_kernel_supported(ctx_.device, ring_dtype_, layout_, ctx_.config.n_heads);
   KVB_CHECK(why.empty(), name_, ": the KIVI kernels cannot serve this configuration on ",
@@ -49,8 +50,10 @@ KiviKernelKvCache::KiviKernelKvCache(const CacheContext& ctx, const kernels::Kiv
   auto ropts = at::TensorOptions().dtype(ring_dtype_).device(ctx_.device);
   for (int l = 0; l < ctx_.config.n_layers; ++l) {
     pools_.push_back(kernels::kivi_pools_empty(layout_, page_capacity_, ctx_.device));
-    k_ring_.push_back(at::zeros({ring_capacity_, U_, layout_.num_kv_heads, layout_.head_dim}, ropts));
-    v_ring_.push_back(at::zeros({ring_capacity_, U_, layout_.num_kv_heads, layout_.head_dim}, ropts));
+    k_ring_.push_back(
+        at::zeros({ring_capacity_, U_, layout_.num_kv_heads, layout_.head_dim}, ropts));
+    v_ring_.push_back(
+        at::zeros({ring_capacity_, U_, layout_.num_kv_heads, layout_.head_dim}, ropts));
   }
   for (int64_t i = page_capacity_ - 1; i >= 0; --i) free_pages_.push_back(static_cast<int32_t>(i));
   for (int64_t i = ring_capacity_ - 1; i >= 0; --i) free_rings_.push_back(static_cast<int32_t>(i));
@@ -75,7 +78,8 @@ int32_t KiviKernelKvCache::alloc_page() {
       for (at::Tensor* t : {&p.k_codes, &p.k_scales, &p.k_mins, &p.v_codes, &p.v_scales, &p.v_mins})
         *t = grown(*t, cap);
     }
-    for (int64_t i = cap - 1; i >= page_capacity_; --i) free_pages_.push_back(static_cast<int32_t>(i));
+    for (int64_t i = cap - 1; i >= page_capacity_; --i)
+      free_pages_.push_back(static_cast<int32_t>(i));
     page_capacity_ = cap;
   }
   const int32_t id = free_pages_.back();
@@ -88,7 +92,8 @@ int32_t KiviKernelKvCache::alloc_ring_row() {
     const int64_t cap = ring_capacity_ * 2;
     for (auto& r : k_ring_) r = grown(r, cap);
     for (auto& r : v_ring_) r = grown(r, cap);
-    for (int64_t i = cap - 1; i >= ring_capacity_; --i) free_rings_.push_back(static_cast<int32_t>(i));
+    for (int64_t i = cap - 1; i >= ring_capacity_; --i)
+      free_rings_.push_back(static_cast<int32_t>(i));
     ring_capacity_ = cap;
   }
   const int32_t id = free_rings_.back();
@@ -287,7 +292,8 @@ Footprint KiviKernelKvCache::footprint() const {
     f.tokens_held += s.len;
   }
   const int64_t rings = static_cast<int64_t>(seqs_.size());
-  f.device_payload_bytes = L * (pages * kernels::kivi_page_code_bytes(layout_) + residual_rows * row_bytes);
+  f.device_payload_bytes =
+      L * (pages * kernels::kivi_page_code_bytes(layout_) + residual_rows * row_bytes);
   f.device_metadata_bytes = L * pages * kernels::kivi_page_meta_bytes(layout_);
   f.device_index_bytes = pages * 4 + rings * 4;  // page tables and ring rows, shared by the layers
   f.device_reserved_bytes = L * ((page_capacity_ - pages) * page_bytes +
@@ -323,8 +329,8 @@ std::vector<HeadSnapshot> KiviKernelKvCache::probe_view(int layer, int64_t seq_i
   at::Tensor index = at::arange(n, at::kLong);
   std::vector<HeadSnapshot> out;
   for (int64_t h = 0; h < layout_.num_kv_heads; ++h)
-    out.push_back({K.select(1, h).to(at::kCPU).contiguous(), V.select(1, h).to(at::kCPU).contiguous(),
-                   index});
+    out.push_back({K.select(1, h).to(at::kCPU).contiguous(),
+                   V.select(1, h).to(at::kCPU).contiguous(), index});
   return out;
 }
 

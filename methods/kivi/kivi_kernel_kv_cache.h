@@ -9,8 +9,8 @@
 // metadata rounded as quantize.h. What differs, and why:
 //   - decode steps (one token per sequence) append first and then attend through the kernel, which
 //     reads the current token from the store: at the step where the key residual fills (one step in
-//     R) that token's key is attended quantized (KIVI's code, and the codec store, attend it at full
-//     precision and quantize after). The kernel has no log-sum-exp output to merge a separate
+//     R) that token's key is attended quantized (KIVI's code, and the codec store, attend it at
+//     full precision and quantize after). The kernel has no log-sum-exp output to merge a separate
 //     current-token term with.
 //   - q is cast to the residual's dtype (fp16 by default) for the kernel; the output back.
 //   - steps with several tokens per sequence attend exactly (attend_dense): a fresh sequence over
@@ -89,7 +89,7 @@ class KiviKernelKvCache : public KvCache {
   std::map<std::string, double> extra_counters_;
   int64_t U_;  // ring capacity
 
-  std::vector<kernels::KiviPools> pools_;  // per layer
+  std::vector<kernels::KiviPools> pools_;    // per layer
   std::vector<at::Tensor> k_ring_, v_ring_;  // per layer: [ring_capacity, U, H, D]
   int64_t page_capacity_ = 0, ring_capacity_ = 0;
   std::vector<int32_t> free_pages_, free_rings_;

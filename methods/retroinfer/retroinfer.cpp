@@ -1,5 +1,5 @@
-// retroinfer: RetroInfer (Chen et al., VLDB 2026, arXiv 2505.02922): the KV cache as a vector store.
-// After the prompt, each KV head's middle keys (all but the first `sinks` and the last
+// retroinfer: RetroInfer (Chen et al., VLDB 2026, arXiv 2505.02922): the KV cache as a vector
+// store. After the prompt, each KV head's middle keys (all but the first `sinks` and the last
 // `steady_recent` prompt tokens) are clustered (wave_index.h) and move to the host tier; the device
 // keeps the steady zone (sinks + the recent tail) exactly, and per cluster its centroid, value sum
 // and size. Attention (tripartite, one softmax per query head):
@@ -9,9 +9,9 @@
 //   estimation zone  the next `estimation_ratio` of the clusters through their centroid: softmax
 //                    mass n_j exp(z_j), numerator exp(z_j) V_j (V_j the value sum);
 //   the rest of the clusters is ignored.
-// Every `reindex_every` tokens that pass the tail, the oldest of them are clustered and indexed too.
-// Retrieved clusters come from the host through a device cache of `cache_multiple` x the retrieval
-// zone per KV head (LRU): hits and the bytes a miss moves are counted.
+// Every `reindex_every` tokens that pass the tail, the oldest of them are clustered and indexed
+// too. Retrieved clusters come from the host through a device cache of `cache_multiple` x the
+// retrieval zone per KV head (LRU): hits and the bytes a miss moves are counted.
 
 #include <ATen/ATen.h>
 
@@ -85,8 +85,8 @@ class RetroinferKvCache : public KvCache {
  public:
   RetroinferKvCache(const CacheContext& ctx, RetroOptions o) : ctx_(ctx), o_(o) {
     KVB_CHECK(ctx_.device.is_cpu() && ctx_.dtype == at::kFloat,
-              "retroinfer: this store runs on the CPU in fp32 only so far (", ctx_.device.str(), " ",
-              c10::toString(ctx_.dtype), " requested)");
+              "retroinfer: this store runs on the CPU in fp32 only so far (", ctx_.device.str(),
+              " ", c10::toString(ctx_.dtype), " requested)");
   }
 
   std::string name() const override { return "retroinfer"; }
@@ -129,8 +129,8 @@ class RetroinferKvCache : public KvCache {
       for (int64_t i = 0; i < n; ++i)
         for (int64_t h = 0; h < Hkv; ++h)
           attend_row(s, y, h, qf.data_ptr<float>() + (i * Hq + h * c.group_size()) * D,
-                     o.data_ptr<float>() + (i * Hq + h * c.group_size()) * D, past + i,
-                     in.sm_scale, n == 1);
+                     o.data_ptr<float>() + (i * Hq + h * c.group_size()) * D, past + i, in.sm_scale,
+                     n == 1);
       outs.push_back(o.to(q.scalar_type()));
     }
     return outs.size() == 1 ? outs[0] : at::cat(outs, 0);
@@ -152,7 +152,8 @@ class RetroinferKvCache : public KvCache {
   void end_prefill(int64_t seq_id) override {
     Seq& s = seq(seq_id);
     if (s.indexed) return;
-    const int64_t begin = std::min(o_.sinks, s.len), end = std::max(begin, s.len - o_.steady_recent);
+    const int64_t begin = std::min(o_.sinks, s.len),
+                  end = std::max(begin, s.len - o_.steady_recent);
     s.indexed = true;
     s.tail_start = end;
     index_span(s, begin, end);
@@ -168,8 +169,8 @@ class RetroinferKvCache : public KvCache {
     Seq& s = seq(seq_id);
     KVB_CHECK(new_len >= 0 && new_len <= s.len, "retroinfer: cannot truncate sequence ", seq_id,
               " of ", s.len, " tokens to ", new_len);
-    KVB_CHECK(!s.indexed || new_len >= s.tail_start, "retroinfer: cannot truncate sequence ", seq_id,
-              " to ", new_len, " tokens: tokens before ", s.tail_start,
+    KVB_CHECK(!s.indexed || new_len >= s.tail_start, "retroinfer: cannot truncate sequence ",
+              seq_id, " to ", new_len, " tokens: tokens before ", s.tail_start,
               " are clustered in the index (truncate within the steady tail only)");
     const auto keep = static_cast<size_t>(new_len * ctx_.config.kv_dim());
     for (auto& y : s.layers) {
@@ -197,10 +198,10 @@ class RetroinferKvCache : public KvCache {
           // Device: steady rows (K and V), per cluster centroid + value sum (fp32) + size, and the
           // cached clusters' rows. Host: the indexed rows and their cluster page map.
           f.device_payload_bytes += 2 * (s.len - indexed) * row;
-          f.device_metadata_bytes +=
-              static_cast<int64_t>(hd.clusters.size()) * (2 * row + 4);
+          f.device_metadata_bytes += static_cast<int64_t>(hd.clusters.size()) * (2 * row + 4);
           for (int64_t cid : hd.cache.ids())
-            f.device_payload_bytes += 2 * static_cast<int64_t>(hd.clusters[cid].members.size()) * row;
+            f.device_payload_bytes +=
+                2 * static_cast<int64_t>(hd.clusters[cid].members.size()) * row;
           f.host_bytes += 2 * indexed * row + indexed * 4;
         }
     }
@@ -266,17 +267,17 @@ class RetroinferKvCache : public KvCache {
     const int64_t W = c.kv_dim(), D = c.head_dim;
     for (auto& y : s.layers)
       for (int64_t h = 0; h < c.n_kv_heads; ++h) {
-        std::vector<Cluster> add =
-            retroinfer::build_clusters(y.k.data() + h * D, y.v.data() + h * D, W, D, begin, end,
-                                       o_.clusters);
+        std::vector<Cluster> add = retroinfer::build_clusters(
+            y.k.data() + h * D, y.v.data() + h * D, W, D, begin, end, o_.clusters);
         auto& cl = y.heads[h].clusters;
-        cl.insert(cl.end(), std::make_move_iterator(add.begin()), std::make_move_iterator(add.end()));
+        cl.insert(cl.end(), std::make_move_iterator(add.begin()),
+                  std::make_move_iterator(add.end()));
       }
   }
 
   // One query row's group (G query heads of KV head h) at position `pos`: q, out [G, D].
-  void attend_row(Seq& s, Layer& y, int64_t h, const float* q, float* out, int64_t pos,
-                  float scale, bool decode) {
+  void attend_row(Seq& s, Layer& y, int64_t h, const float* q, float* out, int64_t pos, float scale,
+                  bool decode) {
     const auto& c = ctx_.config;
     const int64_t W = c.kv_dim(), D = c.head_dim, G = c.group_size();
     Head& hd = y.heads[h];
@@ -295,7 +296,8 @@ class RetroinferKvCache : public KvCache {
     }
     std::vector<int64_t> order(static_cast<size_t>(C));
     std::iota(order.begin(), order.end(), 0);
-    std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return agg[a] > agg[b]; });
+    std::stable_sort(order.begin(), order.end(),
+                     [&](int64_t a, int64_t b) { return agg[a] > agg[b]; });
     const auto zone = [&](double ratio) {
       return static_cast<int64_t>(std::ceil(ratio * static_cast<double>(C) - 1e-9));
     };
@@ -303,10 +305,11 @@ class RetroinferKvCache : public KvCache {
     const int64_t E = std::min(C - R, zone(o_.estimation_ratio));
     // Exact tokens: sinks, the tail up to pos, the retrieved clusters' members.
     std::vector<int32_t> exact;
-    for (int64_t t = 0; t < std::min(o_.sinks, s.tail_start); ++t) exact.push_back(static_cast<int32_t>(t));
+    for (int64_t t = 0; t < std::min(o_.sinks, s.tail_start); ++t)
+      exact.push_back(static_cast<int32_t>(t));
     for (int64_t t = s.tail_start; t <= pos; ++t) exact.push_back(static_cast<int32_t>(t));
-    const size_t cache_cap =
-        static_cast<size_t>(std::max<double>(1.0, std::ceil(o_.cache_multiple * static_cast<double>(R))));
+    const size_t cache_cap = static_cast<size_t>(
+        std::max<double>(1.0, std::ceil(o_.cache_multiple * static_cast<double>(R))));
     std::vector<int64_t> evicted;
     for (int64_t r = 0; r < R; ++r) {
       const Cluster& cl = hd.clusters[order[r]];
@@ -338,7 +341,8 @@ class RetroinferKvCache : public KvCache {
       }
       for (int64_t r = 0; r < E; ++r) {  // estimation: log n_j + z_j, value V_j / n_j
         const Cluster& cl = hd.clusters[order[R + r]];
-        logit[exact.size() + r] = z[g * C + order[R + r]] + std::log(static_cast<float>(cl.members.size()));
+        logit[exact.size() + r] =
+            z[g * C + order[R + r]] + std::log(static_cast<float>(cl.members.size()));
         mx = std::max(mx, logit[exact.size() + r]);
       }
       double sum = 0;

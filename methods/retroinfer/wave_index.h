@@ -16,9 +16,9 @@
 namespace kvb::retroinfer {
 
 struct Cluster {
-  std::vector<float> centroid;  // [head_dim] mean of the members' keys
-  std::vector<float> value_sum; // [head_dim] sum of the members' values
-  std::vector<int32_t> members; // token positions, ascending
+  std::vector<float> centroid;   // [head_dim] mean of the members' keys
+  std::vector<float> value_sum;  // [head_dim] sum of the members' values
+  std::vector<int32_t> members;  // token positions, ascending
 };
 
 struct ClusterOptions {
@@ -28,7 +28,8 @@ struct ClusterOptions {
 };
 
 // Clusters tokens [begin, end) of one head. k, v: row j at k + j * stride (head_dim floats).
-std::vector<Cluster> build_clusters(const float* k, const float* v, int64_t stride, int64_t head_dim,
-                                    int64_t begin, int64_t end, const ClusterOptions& o);
+std::vector<Cluster> build_clusters(const float* k, const float* v, int64_t stride,
+                                    int64_t head_dim, int64_t begin, int64_t end,
+                                    const ClusterOptions& o);
 
 }  // namespace kvb::retroinfer

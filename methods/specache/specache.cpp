@@ -73,8 +73,9 @@ std::vector<int64_t> top_positions(const float* q, int64_t group, const float* K
 class SpecacheKvCache : public KvCache {
  public:
   SpecacheKvCache(const CacheContext& ctx, SpecacheOptions o) : ctx_(ctx), o_(o) {
-    KVB_CHECK(ctx_.device.is_cpu(), "specache: the codec store runs on the CPU only so far (device ",
-              ctx_.device.str(), " requested)");
+    KVB_CHECK(ctx_.device.is_cpu(),
+              "specache: the codec store runs on the CPU only so far (device ", ctx_.device.str(),
+              " requested)");
     const auto& c = ctx_.config;
     const int64_t cg = adapt_channel_group(o_.group, c.head_dim);
     codec_ = std::make_shared<QuantCodec>(
@@ -115,8 +116,10 @@ class SpecacheKvCache : public KvCache {
       v_scratch_.resize(static_cast<size_t>(L * W));
       y.k.p->decode(k_scratch_.data());
       y.v.p->decode(v_scratch_.data());
-      std::memcpy(k_scratch_.data() + len * W, kn.data_ptr<float>(), static_cast<size_t>(n * W * 4));
-      std::memcpy(v_scratch_.data() + len * W, vn.data_ptr<float>(), static_cast<size_t>(n * W * 4));
+      std::memcpy(k_scratch_.data() + len * W, kn.data_ptr<float>(),
+                  static_cast<size_t>(n * W * 4));
+      std::memcpy(v_scratch_.data() + len * W, vn.data_ptr<float>(),
+                  static_cast<size_t>(n * W * 4));
       const float* qp = qf.data_ptr<float>();
       const int64_t qrow = c.n_heads * D;
       if (len == 0) {  // a prompt from its start: exact, and no prediction for the next step
@@ -158,7 +161,8 @@ class SpecacheKvCache : public KvCache {
   }
 
   void end_step(const StepBatch& batch) override {
-    for (int64_t b = 0; b < batch.batch_size(); ++b) seqs_.at(batch.seq_ids[b]).len += batch.new_tokens(b);
+    for (int64_t b = 0; b < batch.batch_size(); ++b)
+      seqs_.at(batch.seq_ids[b]).len += batch.new_tokens(b);
   }
   void release(int64_t seq_id) override { seqs_.erase(seq_id); }
   void fork(int64_t src_id, int64_t dst_id) override {
@@ -172,8 +176,8 @@ class SpecacheKvCache : public KvCache {
     auto it = seqs_.find(seq_id);
     KVB_CHECK(it != seqs_.end(), "specache: unknown sequence ", seq_id);
     Seq& s = it->second;
-    KVB_CHECK(new_len >= 0 && new_len <= s.len, "specache: cannot truncate sequence ", seq_id, " of ",
-              s.len, " tokens to ", new_len);
+    KVB_CHECK(new_len >= 0 && new_len <= s.len, "specache: cannot truncate sequence ", seq_id,
+              " of ", s.len, " tokens to ", new_len);
     const auto keep = static_cast<size_t>(new_len * ctx_.config.kv_dim());
     for (auto& y : s.layers) {
       y.k.p->truncate(new_len);
@@ -221,7 +225,8 @@ class SpecacheKvCache : public KvCache {
     m["predictor_oracle"] = o_.oracle ? 1 : 0;
     m["v_group_size"] = static_cast<double>(channel_group_);
     m["swap_steps"] = swap_steps_;  // (layer, sequence) decode reads that swapped rows in
-    m["lowbit_only_reads"] = lowbit_only_;  // ... that had no prediction (first step after a prompt)
+    m["lowbit_only_reads"] =
+        lowbit_only_;  // ... that had no prediction (first step after a prompt)
     m["exact_rows_per_head_step"] = swap_heads_ > 0 ? swapped_rows_ / swap_heads_ : 0;
     m["host_to_device_bytes_per_step"] =
         decode_steps_ > 0 ? swapped_rows_ * 2 * ctx_.config.head_dim * 2 / decode_steps_ : 0;
@@ -238,9 +243,9 @@ class SpecacheKvCache : public KvCache {
 
  private:
   struct Layer {
-    StreamBox k, v;                  // the low-bit device copy
-    std::vector<uint16_t> hk, hv;    // the host copy: fp16 rows [rows, kv_dim]
-    std::vector<float> prev_q;       // the previous decode step's query rows [num_qo_heads * D]
+    StreamBox k, v;                // the low-bit device copy
+    std::vector<uint16_t> hk, hv;  // the host copy: fp16 rows [rows, kv_dim]
+    std::vector<float> prev_q;     // the previous decode step's query rows [num_qo_heads * D]
   };
   struct Seq {
     std::vector<Layer> layers;
@@ -270,10 +275,11 @@ class SpecacheKvCache : public KvCache {
                          at::TensorOptions().dtype(at::kFloat));
   }
 
-  // Overwrites, per KV head, the top-k of the `len` stored rows of kbuf / vbuf ([len.., W]) with the
-  // host's exact rows; the top-k is chosen by the query rows `pred` ([Hq * D]; null: no prediction,
-  // the low-bit rows stay). cur: the row's own query; prev: the one-step-old query (null: none),
-  // whose top-k is compared with the current one's (predictor_overlap). kcur: the row's key [W].
+  // Overwrites, per KV head, the top-k of the `len` stored rows of kbuf / vbuf ([len.., W]) with
+  // the host's exact rows; the top-k is chosen by the query rows `pred` ([Hq * D]; null: no
+  // prediction, the low-bit rows stay). cur: the row's own query; prev: the one-step-old query
+  // (null: none), whose top-k is compared with the current one's (predictor_overlap). kcur: the
+  // row's key [W].
   void swap_in_exact(Layer& y, float* kbuf, float* vbuf, const float* pred, const float* cur,
                      const float* prev, const float* kcur, int64_t len, float scale) {
     const auto& c = ctx_.config;
@@ -326,11 +332,13 @@ MethodInfo specache_info() {
       "Jie et al., SpeCache: Speculative Key-Value Caching for Efficient Generation of LLMs, ICML "
       "2025 (arXiv 2503.16163)";
   m.params = {
-      int_param("bits", 2, 2, 4, "low-bit copy: 2, 3 or 4 bits (the paper: 1 or 2; 1 has no codec here)"),
+      int_param("bits", 2, 2, 4,
+                "low-bit copy: 2, 3 or 4 bits (the paper: 1 or 2; 1 has no codec here)"),
       int_param("group_size", 64, 1, 4096,
                 "KIVI group: tokens per key group; channels per value group (adapted to head_dim)"),
-      int_param("residual_length", 64, 0, 1 << 20,
-                "fp16 residual of the newest tokens in the low-bit copy (a multiple of group_size)"),
+      int_param(
+          "residual_length", 64, 0, 1 << 20,
+          "fp16 residual of the newest tokens in the low-bit copy (a multiple of group_size)"),
       int_param("top_k", 64, 1, 1 << 20, "exact rows swapped in per KV head and decode step"),
       string_param("predictor", "previous", {"previous", "oracle"},
                    "previous: the last decode step's query picks the rows (no speculative token); "

@@ -5,10 +5,11 @@
 // block) exactly; older blocks are demoted to the slow tier (the host), quantized with keys at
 // higher precision than values (keys per channel over the block's tokens, values per token in
 // channel groups, quantize.h), and leave a per-head summary on the device: each channel's min and
-// max key (fp16). At every query row after the prompt, each KV head ranks the slow blocks by the
-// Quest bound sum_c max(q_c min_c, q_c max_c) (the group's query heads aggregated by max), streams
+// max key (fp16). At every query row once blocks are demoted, each KV head ranks the slow blocks by
+// the Quest bound sum_c max(q_c min_c, q_c max_c) (the group's query heads aggregated by max), streams
 // the top `top_k_blocks` in, dequantizes them and attends over fast tier + those blocks in one
-// softmax. The prompt attends exactly; demotion runs at the end of every step.
+// softmax. Demotion runs at the end of every step; a step attends exactly while nothing has been
+// demoted (a prompt prefilled in one chunk).
 
 #include <ATen/ATen.h>
 
@@ -44,8 +45,9 @@ struct SlowBlock {
   std::vector<uint16_t> k_scales, k_mins, v_scales, v_mins;
   std::vector<uint16_t> key_min, key_max;  // [kv_dim] fp16 (rounded down / up: a safe bound)
   int64_t bytes() const {
-    return static_cast<int64_t>(k_codes.size() + v_codes.size() +
-                                2 * (k_scales.size() + k_mins.size() + v_scales.size() + v_mins.size()));
+    return static_cast<int64_t>(
+        k_codes.size() + v_codes.size() +
+        2 * (k_scales.size() + k_mins.size() + v_scales.size() + v_mins.size()));
   }
 };
 
@@ -80,7 +82,8 @@ class TtkvKvCache : public KvCache {
   at::Tensor attend(const LayerInput& in) override {
     const StepBatch& batch = *in.batch;
     const auto& c = ctx_.config;
-    const int64_t W = c.kv_dim(), D = c.head_dim, Hkv = c.n_kv_heads, Hq = c.n_heads, G = c.group_size();
+    const int64_t W = c.kv_dim(), D = c.head_dim, Hkv = c.n_kv_heads, Hq = c.n_heads,
+                  G = c.group_size();
     std::vector<at::Tensor> outs;
     for (int64_t b = 0; b < batch.batch_size(); ++b) {
       Seq& s = seqs_.at(batch.seq_ids[b]);
@@ -112,7 +115,8 @@ class TtkvKvCache : public KvCache {
           // A head's share of a block (its channels of the codes and metadata) crosses the tiers.
           if (n == 1)
             streamed_decode_bytes_ += static_cast<double>(sel[i * Hkv + h].size()) *
-                                      static_cast<double>(y.slow[0].bytes()) / static_cast<double>(Hkv);
+                                      static_cast<double>(y.slow[0].bytes()) /
+                                      static_cast<double>(Hkv);
         }
       // A decode row also measures how well the bound ranks: every block is dequantized then.
       const bool measure = n == 1 && static_cast<int64_t>(y.slow.size()) > o_.top_k;
@@ -127,8 +131,8 @@ class TtkvKvCache : public KvCache {
       for (int64_t i = 0; i < n; ++i)
         for (int64_t h = 0; h < Hkv; ++h) {
           const float* qi = qf.data_ptr<float>() + (i * Hq + h * G) * D;
-          attend_row(s, y, h, qi, o.data_ptr<float>() + (i * Hq + h * G) * D, past + i,
-                     in.sm_scale, sel[i * Hkv + h], deq);
+          attend_row(s, y, h, qi, o.data_ptr<float>() + (i * Hq + h * G) * D, past + i, in.sm_scale,
+                     sel[i * Hkv + h], deq);
           if (measure) block_recall(y, h, qi, in.sm_scale, sel[i * Hkv + h], deq);
         }
       outs.push_back(o.to(q.scalar_type()));
@@ -164,9 +168,8 @@ class TtkvKvCache : public KvCache {
               " tokens: tokens before ", first_fast, " were demoted to the slow tier (quantized)");
     const int64_t W = ctx_.config.kv_dim();
     const int64_t sink_rows = std::min(s.len, o_.sink_blocks * o_.block);
-    const int64_t keep_rows = new_len >= sink_rows && first_fast > 0
-                                  ? sink_rows + (new_len - first_fast)
-                                  : new_len;
+    const int64_t keep_rows =
+        new_len >= sink_rows && first_fast > 0 ? sink_rows + (new_len - first_fast) : new_len;
     for (auto& y : s.layers) {
       y.k.resize(static_cast<size_t>(keep_rows * W));
       y.v.resize(static_cast<size_t>(keep_rows * W));
@@ -186,7 +189,8 @@ class TtkvKvCache : public KvCache {
       for (const auto& y : s.layers) {
         f.device_payload_bytes += static_cast<int64_t>((y.k.size() + y.v.size()) * sizeof(float));
         for (const auto& blk : y.slow) {
-          f.device_metadata_bytes += static_cast<int64_t>(2 * (blk.key_min.size() + blk.key_max.size()));
+          f.device_metadata_bytes +=
+              static_cast<int64_t>(2 * (blk.key_min.size() + blk.key_max.size()));
           f.host_bytes += blk.bytes();
         }
       }
@@ -207,12 +211,14 @@ class TtkvKvCache : public KvCache {
         {"slow_k_bits_per_element", kernels::group_quant_bits_per_element(kshape_)},
         {"slow_v_bits_per_element", kernels::group_quant_bits_per_element(vshape_)}};
     // Per decoded token, all layers: the slow-tier bytes its KV heads streamed in.
-    if (decode_tokens_ > 0) m["cross_tier_bytes_per_step"] = streamed_decode_bytes_ / decode_tokens_;
+    if (decode_tokens_ > 0)
+      m["cross_tier_bytes_per_step"] = streamed_decode_bytes_ / decode_tokens_;
     if (recall_n_ > 0) m["block_recall"] = recall_sum_ / recall_n_;
     double slow = 0, fast = 0;
     for (const auto& [id, s] : seqs_) {
       slow += static_cast<double>(s.layers.empty() ? 0 : s.layers[0].slow.size()) * o_.block;
-      fast += static_cast<double>(s.len) - (s.layers.empty() ? 0 : s.layers[0].slow.size()) * o_.block;
+      fast +=
+          static_cast<double>(s.len) - (s.layers.empty() ? 0 : s.layers[0].slow.size()) * o_.block;
     }
     m["slow_tokens"] = slow;
     m["fast_tokens"] = fast;
@@ -270,8 +276,10 @@ class TtkvKvCache : public KvCache {
     b.v_codes.resize(static_cast<size_t>(kernels::group_quant_code_bytes(vshape_)));
     b.v_scales.resize(static_cast<size_t>(kernels::group_quant_num_groups(vshape_)));
     b.v_mins.resize(b.v_scales.size());
-    kernels::GroupQuantizeParams kp{kshape_, k, 0, b.k_codes.data(), b.k_scales.data(), b.k_mins.data()};
-    kernels::GroupQuantizeParams vp{vshape_, v, 0, b.v_codes.data(), b.v_scales.data(), b.v_mins.data()};
+    kernels::GroupQuantizeParams kp{kshape_,        k, 0, b.k_codes.data(), b.k_scales.data(),
+                                    b.k_mins.data()};
+    kernels::GroupQuantizeParams vp{vshape_,        v, 0, b.v_codes.data(), b.v_scales.data(),
+                                    b.v_mins.data()};
     kernels::group_quantize_cpu(kp);
     kernels::group_quantize_cpu(vp);
     // The summary comes from the exact keys, rounded outward so it still bounds them.
@@ -292,8 +300,10 @@ class TtkvKvCache : public KvCache {
   std::pair<std::vector<float>, std::vector<float>> dequantize(const SlowBlock& b) const {
     const int64_t W = ctx_.config.kv_dim();
     std::vector<float> k(static_cast<size_t>(o_.block * W)), v(k.size());
-    kernels::GroupDequantizeParams kp{kshape_, b.k_codes.data(), b.k_scales.data(), b.k_mins.data(), k.data(), 0};
-    kernels::GroupDequantizeParams vp{vshape_, b.v_codes.data(), b.v_scales.data(), b.v_mins.data(), v.data(), 0};
+    kernels::GroupDequantizeParams kp{kshape_,         b.k_codes.data(), b.k_scales.data(),
+                                      b.k_mins.data(), k.data(),         0};
+    kernels::GroupDequantizeParams vp{vshape_,         b.v_codes.data(), b.v_scales.data(),
+                                      b.v_mins.data(), v.data(),         0};
     kernels::group_dequantize_cpu(kp);
     kernels::group_dequantize_cpu(vp);
     return {std::move(k), std::move(v)};
@@ -334,7 +344,8 @@ class TtkvKvCache : public KvCache {
     const int64_t sink_rows = o_.sink_blocks * o_.block, first = fast_start(s);
     // Rows: (pointer to K row, pointer to V row) of every token this row reads.
     std::vector<std::pair<const float*, const float*>> rows;
-    for (int64_t r = 0; r < sink_rows; ++r) rows.push_back({&y.k[r * W + h * D], &y.v[r * W + h * D]});
+    for (int64_t r = 0; r < sink_rows; ++r)
+      rows.push_back({&y.k[r * W + h * D], &y.v[r * W + h * D]});
     for (int64_t t = first; t <= pos; ++t) {
       const int64_t r = sink_rows + (t - first);
       rows.push_back({&y.k[r * W + h * D], &y.v[r * W + h * D]});
@@ -367,9 +378,9 @@ class TtkvKvCache : public KvCache {
 
   // Of the slow blocks' attention mass under the dequantized keys (the best the slow tier can
   // tell), the share held by the selected blocks: how well the summary bound ranks.
-  void block_recall(const Layer& y, int64_t h, const float* q, float scale,
-                    const std::vector<int64_t>& sel,
-                    const std::map<int64_t, std::pair<std::vector<float>, std::vector<float>>>& deq) {
+  void block_recall(
+      const Layer& y, int64_t h, const float* q, float scale, const std::vector<int64_t>& sel,
+      const std::map<int64_t, std::pair<std::vector<float>, std::vector<float>>>& deq) {
     const int64_t W = ctx_.config.kv_dim(), D = ctx_.config.head_dim, G = ctx_.config.group_size();
     const int64_t nb = static_cast<int64_t>(y.slow.size());
     std::vector<double> mass(static_cast<size_t>(nb), 0.0);
@@ -439,7 +450,8 @@ std::unique_ptr<KvCache> make_ttkv(const CacheContext& ctx, const nlohmann::json
   o.k_bits = p["k_bits"].get<int32_t>();
   o.v_bits = p["v_bits"].get<int32_t>();
   o.v_group = p["v_group_size"].get<int64_t>();
-  for (auto [name, bits] : {std::pair<const char*, int32_t>{"k_bits", o.k_bits}, {"v_bits", o.v_bits}})
+  for (auto [name, bits] :
+       {std::pair<const char*, int32_t>{"k_bits", o.k_bits}, {"v_bits", o.v_bits}})
     KVB_CHECK(kernels::quant_bits_supported(bits), "method ttkv.", name, ": ", bits,
               " is not a supported width (allowed: 2, 3, 4, 8)");
   return std::make_unique<TtkvKvCache>(ctx, o);

@@ -41,8 +41,8 @@ std::unique_ptr<KvCache> make(const CacheContext& ctx, nlohmann::json params) {
   return MethodRegistry::instance().create("kivi", ctx, params);
 }
 
-const nlohmann::json kParams = {{"k_bits", 4}, {"v_bits", 2}, {"group_size", 32},
-                                {"residual_length", 64}};
+const nlohmann::json kParams = {
+    {"k_bits", 4}, {"v_bits", 2}, {"group_size", 32}, {"residual_length", 64}};
 
 // One step's inputs: per layer q [T, Hq, D], k, v [T, Hkv, D] fp32 (keys with a few loud channels,
 // as real keys have).
@@ -248,7 +248,8 @@ TEST(KiviKernel, EngineOnStoriesDecodesThroughTheKernelCloseToTheCodecStore) {
   static std::shared_ptr<Model> m = load_model(test::models_dir() + "/stories260K");
   CacheContext ctx{m->config, m->device, m->dtype};
   auto run = [&](const std::string& store, std::map<std::string, double>* counters) {
-    Engine e(m, make(ctx, {{"k_bits", 4}, {"v_bits", 4}, {"residual_length", 32}, {"store", store}}));
+    Engine e(m,
+             make(ctx, {{"k_bits", 4}, {"v_bits", 4}, {"residual_length", 32}, {"store", store}}));
     std::vector<int64_t> ids = {e.new_sequence(), e.new_sequence()};
     std::vector<std::vector<int64_t>> prompts(2);
     for (int i = 0; i < 2; ++i) {
@@ -300,8 +301,11 @@ TEST(KiviKernel, CudaStoreMatchesTheCpuStore) {
   for (int bits : {2, 4, 8}) {
     CacheContext cpu{c, c10::Device(c10::kCPU), at::kFloat};
     CacheContext gpu{c, c10::Device("cuda"), at::kHalf};
-    nlohmann::json p = {{"k_bits", bits}, {"v_bits", bits}, {"group_size", 32},
-                        {"residual_length", 64}, {"store", "kernel"}};
+    nlohmann::json p = {{"k_bits", bits},
+                        {"v_bits", bits},
+                        {"group_size", 32},
+                        {"residual_length", 64},
+                        {"store", "kernel"}};
     auto a = make(cpu, p), b = make(gpu, p);
     auto feed = [&](const Step& s) {
       std::vector<at::Tensor> oa = run_step(*a, s);
@@ -311,14 +315,16 @@ TEST(KiviKernel, CudaStoreMatchesTheCpuStore) {
       std::vector<at::Tensor> ob = run_step(*b, h);
       double worst = 0;
       for (size_t l = 0; l < oa.size(); ++l)
-        worst = std::max(worst, (oa[l] - ob[l].to(at::kCPU).to(at::kFloat)).abs().max().item<double>());
+        worst =
+            std::max(worst, (oa[l] - ob[l].to(at::kCPU).to(at::kFloat)).abs().max().item<double>());
       return worst;
     };
     // The CPU store takes fp32 rows and rounds them to fp16 itself; the GPU store gets fp16 rows:
     // the same stored bytes. Prefill is exact attention on both (fp32 vs fp16 compute).
     feed(make_step(c, {1, 2}, {0, 0}, {54, 300}, 11));
     double worst = 0;
-    for (int t = 0; t < 80; ++t) worst = std::max(worst, feed(make_step(c, {1, 2}, {54 + t, 300 + t}, {1, 1}, 40 + t)));
+    for (int t = 0; t < 80; ++t)
+      worst = std::max(worst, feed(make_step(c, {1, 2}, {54 + t, 300 + t}, {1, 1}, 40 + t)));
     EXPECT_LT(worst, 5e-3) << bits << " bits";
     EXPECT_TRUE(dynamic_cast<KiviKernelKvCache&>(*b).last_step_used_decode_kernel());
   }

@@ -74,7 +74,8 @@ TEST(WaveIndex, ClustersPartitionTheSpanWithinSegmentsAndHoldMeansAndSums) {
                                        20, 280, o);
   std::set<int32_t> seen;
   size_t clusters_max = 0;
-  for (int64_t s0 = 20; s0 < 280; s0 += 128) clusters_max += (std::min<int64_t>(280, s0 + 128) - s0 + 15) / 16;
+  for (int64_t s0 = 20; s0 < 280; s0 += 128)
+    clusters_max += (std::min<int64_t>(280, s0 + 128) - s0 + 15) / 16;
   EXPECT_LE(cl.size(), clusters_max);
   EXPECT_GE(cl.size(), clusters_max / 2);
   for (const auto& c : cl) {
@@ -113,7 +114,7 @@ TEST(Retroinfer, EstimationZoneRecoversWhatATightRetrievalBudgetDrops) {
   std::cerr << "KL without estimation " << without << ", with " << with << ", recall "
             << c0.at("attention_mass_recall") << "\n";
   EXPECT_LT(with, 0.9 * without);  // measured: 0.0091 vs 0.0114
-  EXPECT_GT(without, 1e-4);  // the tight budget does lose something
+  EXPECT_GT(without, 1e-4);        // the tight budget does lose something
   EXPECT_LT(c0.at("attention_mass_recall"), 1.0);
   EXPECT_GT(c0.at("attention_mass_recall"), 0.3);
   EXPECT_EQ(c0.at("estimated_clusters_per_read"), 0);

@@ -1,7 +1,7 @@
 // specache on the real stories260K: with every row swapped in it is the full cache (fp16 host
-// rows); swapped-in rows beat the plain low-bit copy and the oracle predictor beats the one-step-old
-// query; the ledger splits the device tier (codes + metadata + residual + the swap buffer) from the
-// host copy exactly; fork; parameter errors.
+// rows); swapped-in rows beat the plain low-bit copy and the oracle predictor beats the
+// one-step-old query; the ledger splits the device tier (codes + metadata + residual + the swap
+// buffer) from the host copy exactly; fork; parameter errors.
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
@@ -79,8 +79,8 @@ TEST(Specache, ALaterPromptChunkSwapsRowByRow) {
   at::Tensor full = logits("full", {}, nullptr);
   at::Tensor exact = logits("specache", {{"top_k", 100000}, {"predictor", "oracle"}}, &all);
   at::Tensor some = logits("specache", {{"top_k", 8}}, &few);
-  at::Tensor lowbit = logits("kivi", {{"k_bits", 2}, {"v_bits", 2}, {"group_size", 64},
-                                      {"residual_length", 64}}, nullptr);
+  at::Tensor lowbit = logits(
+      "kivi", {{"k_bits", 2}, {"v_bits", 2}, {"group_size", 64}, {"residual_length", 64}}, nullptr);
   EXPECT_LT((exact - full).abs().max().item<double>(), 1e-2);
   EXPECT_EQ(all.at("swap_steps"), 12 * m->config.n_layers);
   // Row 0 has no earlier query (no decode yet): low-bit only; rows 1..11 are predicted.
@@ -123,9 +123,9 @@ TEST(Specache, LedgerSplitsTheDeviceTierFromTheHostCopy) {
   const int64_t tokens = 160 + 50;
   EXPECT_EQ(f.tokens_held, tokens);
   EXPECT_EQ(f.host_bytes, tokens * c.n_layers * 2 * c.kv_dim() * 2);  // fp16 K and V
-  QuantCodec codec("ref", QuantCodec::kivi_key(2, 64, 64, RowDtype::kF16),
-                   QuantCodec::kivi_value(2, adapt_channel_group(64, c.head_dim), 64,
-                                          RowDtype::kF16));
+  QuantCodec codec(
+      "ref", QuantCodec::kivi_key(2, 64, 64, RowDtype::kF16),
+      QuantCodec::kivi_value(2, adapt_channel_group(64, c.head_dim), 64, RowDtype::kF16));
   CodecBytes want;
   for (int64_t len : {160, 50})
     for (int l = 0; l < c.n_layers; ++l)

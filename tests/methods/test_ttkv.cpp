@@ -61,7 +61,10 @@ double mean_kl(nlohmann::json params, std::map<std::string, double>* counters) {
 TEST(Ttkv, OldBlocksMoveToTheHostQuantizedWithASummaryOnTheDevice) {
   auto m = stories();
   const auto& c = m->config;
-  Engine e(m, make({{"block_size", 16}, {"sink_blocks", 1}, {"fast_blocks", 2}, {"k_bits", 8},
+  Engine e(m, make({{"block_size", 16},
+                    {"sink_blocks", 1},
+                    {"fast_blocks", 2},
+                    {"k_bits", 8},
                     {"v_bits", 4}}));
   const int64_t a = e.new_sequence();
   std::vector<int64_t> p = {1};
