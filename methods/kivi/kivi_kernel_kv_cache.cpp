@@ -56,6 +56,7 @@ KiviKernelKvCache::KiviKernelKvCache(const CacheContext& ctx, const kernels::Kiv
         at::zeros({ring_capacity_, U_, layout_.num_kv_heads, layout_.head_dim}, ropts));
   }
   for (int64_t i = page_capacity_ - 1; i >= 0; --i) free_pages_.push_back(static_cast<int32_t>(i));
+  refcount_.assign(static_cast<size_t>(page_capacity_), 0);
   for (int64_t i = ring_capacity_ - 1; i >= 0; --i) free_rings_.push_back(static_cast<int32_t>(i));
 }
 
@@ -81,10 +82,41 @@ int32_t KiviKernelKvCache::alloc_page() {
     for (int64_t i = cap - 1; i >= page_capacity_; --i)
       free_pages_.push_back(static_cast<int32_t>(i));
     page_capacity_ = cap;
+    refcount_.resize(static_cast<size_t>(cap), 0);
   }
   const int32_t id = free_pages_.back();
   free_pages_.pop_back();
+  refcount_[id] = 1;
   return id;
+}
+
+void KiviKernelKvCache::unref_page(int32_t id) {
+  if (--refcount_[id] == 0) free_pages_.push_back(id);
+}
+
+void KiviKernelKvCache::own_touched_pages(Seq& s, int64_t before, int64_t after) {
+  const int64_t P = layout_.page_size;
+  // The append writes whole key pages for the key chunks that become due and value rows one by one.
+  const int64_t kb = kernels::kivi_k_quant_len(layout_, before);
+  const int64_t ka = kernels::kivi_k_quant_len(layout_, after);
+  const int64_t vb = kernels::kivi_v_quant_len(layout_, before);
+  const int64_t va = kernels::kivi_v_quant_len(layout_, after);
+  std::vector<int64_t> touched;
+  for (int64_t p = kb / P; p < ka / P; ++p) touched.push_back(p);
+  for (int64_t p = vb / P; p < (va + P - 1) / P; ++p) touched.push_back(p);
+  std::sort(touched.begin(), touched.end());
+  touched.erase(std::unique(touched.begin(), touched.end()), touched.end());
+  for (int64_t p : touched) {
+    if (p >= static_cast<int64_t>(s.pages.size()) || refcount_[s.pages[p]] <= 1) continue;
+    const int32_t old = s.pages[p], fresh = alloc_page();  // may grow (move) the pools
+    for (auto& pool : pools_)
+      for (at::Tensor* t : {&pool.k_codes, &pool.k_scales, &pool.k_mins, &pool.v_codes,
+                            &pool.v_scales, &pool.v_mins})
+        t->select(0, fresh).copy_(t->select(0, old));
+    unref_page(old);
+    s.pages[p] = fresh;
+    ++cow_copies_;
+  }
 }
 
 int32_t KiviKernelKvCache::alloc_ring_row() {
@@ -109,7 +141,7 @@ void KiviKernelKvCache::ensure_pages(Seq& s, int64_t n) {
 void KiviKernelKvCache::free_pages_beyond(Seq& s, int64_t n) {
   const auto need = static_cast<size_t>(kernels::kivi_pages_needed(layout_, n));
   while (s.pages.size() > need) {
-    free_pages_.push_back(s.pages.back());
+    unref_page(s.pages.back());
     s.pages.pop_back();
   }
 }
@@ -135,7 +167,10 @@ void KiviKernelKvCache::begin_step(const StepBatch& batch) {
               " tokens but the step says ", batch.past_lens[b]);
     const int64_t n = batch.new_tokens(b), after = batch.past_lens[b] + n;
     if (n != 1) step_decode_ = false;
-    ensure_pages(seq(id), after);  // may grow the pools; map elements stay where they are
+    // Pages shared with a fork are copied before this step writes them; then the pools grow. (Both
+    // may move the pools; map elements stay where they are.)
+    own_touched_pages(seq(id), batch.past_lens[b], after);
+    ensure_pages(seq(id), after);
     const Seq& s = seq(id);
     t.page_indices.insert(t.page_indices.end(), s.pages.begin(), s.pages.end());
     t.page_indptr.push_back(static_cast<int32_t>(t.page_indices.size()));
@@ -210,28 +245,21 @@ void KiviKernelKvCache::end_step(const StepBatch& batch) {
 void KiviKernelKvCache::release(int64_t seq_id) {
   auto it = seqs_.find(seq_id);
   if (it == seqs_.end()) return;
-  free_pages_.insert(free_pages_.end(), it->second.pages.begin(), it->second.pages.end());
+  for (int32_t p : it->second.pages) unref_page(p);
   free_rings_.push_back(it->second.ring_row);
   seqs_.erase(it);
 }
 
 void KiviKernelKvCache::fork(int64_t src_id, int64_t dst_id) {
   KVB_CHECK(seqs_.count(dst_id) == 0, name_, ": fork target ", dst_id, " already exists");
-  const int64_t n_pages = static_cast<int64_t>(seq(src_id).pages.size());
   Seq d;
   d.len = seq(src_id).len;
   d.ring_row = alloc_ring_row();
-  for (int64_t i = 0; i < n_pages; ++i) d.pages.push_back(alloc_page());
   const Seq& s = seq(src_id);
-  // No sharing: the pages are copied (KIVI pages are written once, so copy-on-write would be a
-  // natural next step for long shared prefixes).
-  std::vector<int64_t> src(s.pages.begin(), s.pages.end()), dst(d.pages.begin(), d.pages.end());
-  if (!src.empty()) {
-    const at::Tensor si = long_tensor(src, ctx_.device), di = long_tensor(dst, ctx_.device);
-    for (auto& p : pools_)
-      for (at::Tensor* t : {&p.k_codes, &p.k_scales, &p.k_mins, &p.v_codes, &p.v_scales, &p.v_mins})
-        t->index_copy_(0, di, t->index_select(0, si));
-  }
+  // Pages are shared (copy-on-write: own_touched_pages copies one before a step writes into it);
+  // the residual ring is per sequence and copied.
+  d.pages = s.pages;
+  for (int32_t p : d.pages) ++refcount_[p];
   for (size_t l = 0; l < k_ring_.size(); ++l) {
     k_ring_[l][d.ring_row].copy_(k_ring_[l][s.ring_row]);
     v_ring_[l][d.ring_row].copy_(v_ring_[l][s.ring_row]);
@@ -283,10 +311,12 @@ Footprint KiviKernelKvCache::footprint() const {
       static_cast<int64_t>(layout_.num_kv_heads) * layout_.head_dim * c10::elementSize(ring_dtype_);
   const int64_t page_bytes =
       kernels::kivi_page_code_bytes(layout_) + kernels::kivi_page_meta_bytes(layout_);
-  int64_t pages = 0, residual_rows = 0;
+  // Pages shared by forks are counted once; each sequence's page table is its own.
+  const int64_t pages = page_capacity_ - static_cast<int64_t>(free_pages_.size());
+  int64_t table_entries = 0, residual_rows = 0;
   Footprint f;
   for (const auto& [id, s] : seqs_) {
-    pages += static_cast<int64_t>(s.pages.size());
+    table_entries += static_cast<int64_t>(s.pages.size());
     residual_rows += (s.len - kernels::kivi_k_quant_len(layout_, s.len)) +
                      (s.len - kernels::kivi_v_quant_len(layout_, s.len));
     f.tokens_held += s.len;
@@ -295,7 +325,7 @@ Footprint KiviKernelKvCache::footprint() const {
   f.device_payload_bytes =
       L * (pages * kernels::kivi_page_code_bytes(layout_) + residual_rows * row_bytes);
   f.device_metadata_bytes = L * pages * kernels::kivi_page_meta_bytes(layout_);
-  f.device_index_bytes = pages * 4 + rings * 4;  // page tables and ring rows, shared by the layers
+  f.device_index_bytes = table_entries * 4 + rings * 4;  // page tables, ring rows (all layers)
   f.device_reserved_bytes = L * ((page_capacity_ - pages) * page_bytes +
                                  (ring_capacity_ * 2 * U_ - residual_rows) * row_bytes);
   f.logical_bytes = f.tokens_held * ctx_.config.kv_bytes_per_token(
@@ -314,6 +344,7 @@ std::map<std::string, double> KiviKernelKvCache::counters() const {
   m["decode_kernel_steps"] = static_cast<double>(decode_kernel_steps_);
   m["exact_steps"] = static_cast<double>(exact_steps_);
   m["dequantized_history_steps"] = static_cast<double>(dequantized_history_steps_);
+  m["cow_page_copies"] = static_cast<double>(cow_copies_);
   const Footprint f = footprint();
   const double elems = static_cast<double>(f.tokens_held) * ctx_.config.n_layers * 2 *
                        static_cast<double>(ctx_.config.kv_dim());

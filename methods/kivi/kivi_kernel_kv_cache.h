@@ -21,9 +21,10 @@
 //     with a live mask.
 //
 // Memory, all physical: pages (codes + metadata) allocated per sequence as the quantized part
-// grows (a page is counted whole once allocated), one ring row [U, kv_heads, head_dim] per live
-// sequence (live residual rows are payload, the rest of the ring reserved), page tables as index
-// bytes, free pages and free ring rows reserved. Pools grow by doubling.
+// grows (a page is counted whole once allocated; fork() shares pages, copied on write), one ring
+// row [U, kv_heads, head_dim] per live sequence (live residual rows are payload, the rest of the
+// ring reserved), page tables as index bytes, free pages and free ring rows reserved. Pools grow by
+// doubling.
 
 #include <ATen/core/Tensor.h>
 
@@ -74,6 +75,10 @@ class KiviKernelKvCache : public KvCache {
   Seq& seq(int64_t id);
   const Seq& seq(int64_t id) const;
   int32_t alloc_page();
+  void unref_page(int32_t id);
+  // Copies the pages of `s` that appending tokens [before, after) writes into and that a fork
+  // shares.
+  void own_touched_pages(Seq& s, int64_t before, int64_t after);
   int32_t alloc_ring_row();
   void ensure_pages(Seq& s, int64_t n);
   void free_pages_beyond(Seq& s, int64_t n);
@@ -93,6 +98,7 @@ class KiviKernelKvCache : public KvCache {
   std::vector<at::Tensor> k_ring_, v_ring_;  // per layer: [ring_capacity, U, H, D]
   int64_t page_capacity_ = 0, ring_capacity_ = 0;
   std::vector<int32_t> free_pages_, free_rings_;
+  std::vector<int32_t> refcount_;  // [page_capacity_] sequences holding each page
   std::unordered_map<int64_t, Seq> seqs_;
 
   // Per step.
@@ -102,6 +108,7 @@ class KiviKernelKvCache : public KvCache {
   bool step_rings_consecutive_ = true;
   at::Tensor step_ring_index_;  // [batch] int64 ring rows, device (when not consecutive)
   int64_t decode_kernel_steps_ = 0, exact_steps_ = 0, dequantized_history_steps_ = 0;
+  int64_t cow_copies_ = 0;
 };
 
 }  // namespace kvb
