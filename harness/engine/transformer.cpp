@@ -39,6 +39,7 @@ at::Tensor forward_cpu_f32(Model& model, KvCache& kv, const std::vector<int64_t>
   at::Tensor k_t = at::empty({T, c.n_kv_heads, HD}, f32);
   at::Tensor kpre_t = at::from_blob(k_pre, {T, c.n_kv_heads, HD}, f32);
   at::Tensor v_t = at::from_blob(v, {T, c.n_kv_heads, HD}, f32);
+  at::Tensor x_t = at::from_blob(x, {T, D}, f32);
   const float* cos = w.rope_cos.data_ptr<float>();
   const float* sin = w.rope_sin.data_ptr<float>();
   const bool inter = c.rope_style == RopeStyle::kInterleaved;
@@ -69,6 +70,7 @@ at::Tensor forward_cpu_f32(Model& model, KvCache& kv, const std::vector<int64_t>
     in.v = &v_t;
     in.batch = &batch;
     in.sm_scale = sm_scale;
+    in.hidden = &x_t;
     at::Tensor attn = kv.attend(in).contiguous();  // [T, n_heads, head_dim]
     k::linear_f32(attn.data_ptr<float>(), L.wo.data_ptr<float>(), nullptr, x, T, Q, D, true);
     k::rms_norm_f32(x, L.ffn_norm.data_ptr<float>(), h, T, D, eps);
@@ -157,6 +159,7 @@ at::Tensor transformer_forward(Model& model, KvCache& kv, const std::vector<int6
     in.v = &v;
     in.batch = &batch;
     in.sm_scale = sm_scale;
+    in.hidden = &x;
     at::Tensor attn = kv.attend(in);  // [T, n_heads, head_dim]
     x = x + at::linear(attn.reshape({T, Q}), L.wo);
     h = rms_norm(x, L.ffn_norm, c.norm_eps);

@@ -128,7 +128,7 @@ std::vector<Metric> perf_metrics(const std::vector<PerfCell>& cells, bool declar
   for (size_t i = 0; i < cells.size(); ++i) {
     const PerfCell& c = cells[i];
     ledger.push_back(c.ledger);
-    for (const std::string suffix : {std::string(i == 0 ? "" : "-"), "_b" + std::to_string(c.batch)}) {
+    for (const std::string& suffix : {std::string(i == 0 ? "" : "-"), "_b" + std::to_string(c.batch)}) {
       if (suffix == "-") continue;
       m.push_back({"prefill_tok_s" + suffix, c.prefill_tok_s, "tok/s", D::kHigher});
       m.push_back({"decode_tok_s" + suffix, c.decode_tok_s, "tok/s", D::kHigher});

@@ -36,6 +36,9 @@ struct LayerInput {
   const at::Tensor* v = nullptr;           // [T, num_kv_heads, head_dim]
   const StepBatch* batch = nullptr;
   float sm_scale = 1.0f;
+  // [T, dim], model dtype: the residual stream entering the layer (before its attention norm), for
+  // methods whose decisions read the hidden state (DMS's eviction adapters). Null where not given.
+  const at::Tensor* hidden = nullptr;
 };
 
 // Bytes a cache holds, by tier and kind (the memory ledger's raw material).

@@ -329,7 +329,7 @@ TrainWeights train_weights_from_model(const ModelWeights& m, const ModelConfig& 
 
 at::Tensor train_forward(const TrainWeights& w, const ModelConfig& c, const at::Tensor& tokens,
                          const at::Tensor& rope_cos, const at::Tensor& rope_sin,
-                         c10::ScalarType dt) {
+                         c10::ScalarType dt, const AttentionBiasFn& bias) {
   const int64_t B = tokens.size(0), T = tokens.size(1);
   const int64_t H = c.n_heads, KVH = c.n_kv_heads, HD = c.head_dim, Q = c.q_dim(), KV = c.kv_dim();
   const int64_t F = c.hidden_dim, G = c.group_size();
@@ -349,6 +349,7 @@ at::Tensor train_forward(const TrainWeights& w, const ModelConfig& c, const at::
     k = k.transpose(1, 2).repeat_interleave(G, 1);           // [B, H, T, HD]: query head h reads h / G
     v = v.transpose(1, 2).repeat_interleave(G, 1);
     at::Tensor s = at::matmul(q, k.transpose(2, 3)).to(at::kFloat).mul(scale);  // [B, H, T, T]
+    if (bias) s = s + bias(l, x).repeat_interleave(G, 1);
     s = s.masked_fill(causal, -std::numeric_limits<float>::infinity());
     at::Tensor p = at::softmax(s, -1).to(dt);
     at::Tensor o = at::matmul(p, v).transpose(1, 2).reshape({B, T, Q});

@@ -14,6 +14,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -44,11 +45,16 @@ TrainWeights init_train_weights(const ModelConfig& c, double std, uint64_t seed,
 TrainWeights train_weights_from_model(const ModelWeights& m, const ModelConfig& c,
                                       const std::string& device);
 
+// An additive attention-score bias per layer, computed from the layer's input x [B, T, D] (the
+// residual stream before its attention norm): [B, n_kv_heads, T, T] fp32, added to the scaled
+// scores of every query head of the KV head's group before the causal mask (DMS's soft eviction).
+using AttentionBiasFn = std::function<at::Tensor(int64_t layer, const at::Tensor& x)>;
+
 // Logits [B, T, V] (fp32) of tokens [B, T] (int64, positions 0..T-1). compute_dtype: fp32, or bf16
-// with fp32 master weights cast per call.
+// with fp32 master weights cast per call. bias: optional (see AttentionBiasFn).
 at::Tensor train_forward(const TrainWeights& w, const ModelConfig& c, const at::Tensor& tokens,
                          const at::Tensor& rope_cos, const at::Tensor& rope_sin,
-                         c10::ScalarType compute_dtype);
+                         c10::ScalarType compute_dtype, const AttentionBiasFn& bias = nullptr);
 
 // Writes a Hugging Face directory (config.json, model.safetensors in fp32, tokenizer.model copied
 // from tokenizer_path) that load_model() reads. Files appear atomically.
