@@ -30,7 +30,7 @@ TEST(Methods, RegistryHoldsExactlyTheMethodFolders) {
 TEST(Methods, EveryMethodBuildsWithDefaultsAndRejectsUnknownParams) {
   auto m = stories();
   for (const auto& n : MethodRegistry::instance().names()) {
-    auto kv = make(*m, n);
+    auto kv = make(*m, n, test::runnable_params(n));
     ASSERT_NE(kv, nullptr) << n;
     try {
       make(*m, n, {{"no_such_param", 1}});

@@ -1,4 +1,5 @@
-// The contract every registered method meets, whatever it is: created with its defaults, it streams
+// The contract every registered method meets, whatever it is: created with its defaults (or, for a
+// method that needs a trained artifact, test::runnable_params), it streams
 // 256 tokens of stories260K on TinyStories (128 prefilled, 128 decoded), its logits stay finite and
 // close to the full cache's, two runs are identical (deterministic under the default seed), and a
 // method that evicts or quantizes holds no more physical bytes than the full cache.
@@ -32,8 +33,9 @@ TEST(RegistryContract, EveryMethodStreamsDeterministicallyWithinTheFullFootprint
   for (const auto& name : reg.names()) {
     SCOPED_TRACE(name);
     const MethodInfo& info = reg.info(name);
-    const auto a = run_stream_sample(m, name, nlohmann::json::object(), windows[0].tokens, so);
-    const auto b = run_stream_sample(m, name, nlohmann::json::object(), windows[0].tokens, so);
+    const nlohmann::json params = test::runnable_params(name);
+    const auto a = run_stream_sample(m, name, params, windows[0].tokens, so);
+    const auto b = run_stream_sample(m, name, params, windows[0].tokens, so);
     ASSERT_EQ(a.tokens, 255);
     double kl = 0;
     for (float x : a.kl) {

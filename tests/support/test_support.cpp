@@ -59,4 +59,9 @@ CommandResult run_kvbench(const std::string& args) {
   return r;
 }
 
+nlohmann::json runnable_params(const std::string& method) {
+  if (method == "dms") return {{"decisions", "evict_all"}, {"window", 64}};
+  return nlohmann::json::object();
+}
+
 }  // namespace kvb::test

@@ -3,6 +3,8 @@
 
 #include <string>
 
+#include <nlohmann/json.hpp>
+
 namespace kvb::test {
 
 std::string models_dir();   // $KVBENCH_MODELS (set by ctest), else ../shared/models
@@ -20,5 +22,11 @@ struct CommandResult {
 };
 // Runs `kvbench <args>` through /bin/sh (args are passed as given: quote them yourself).
 CommandResult run_kvbench(const std::string& args);
+
+// Parameters with which a registered method runs on stories260K without outside artifacts: {} for
+// every method that runs on its defaults. `dms` needs a trained adapter for its learned decisions
+// (tests/methods/test_dms.cpp trains and loads one); the registry-wide contracts run its store with
+// every token evicted once out of a 64-token window.
+nlohmann::json runnable_params(const std::string& method);
 
 }  // namespace kvb::test
