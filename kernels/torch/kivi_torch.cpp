@@ -6,8 +6,8 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
-#include <sstream>
-#include <stdexcept>
+
+#include "kernels/torch/adapter_util.h"
 
 #if KVB_HAVE_CUDA
 #include "kvb_cuda.cuh"
@@ -17,25 +17,9 @@ namespace kvb::kernels {
 
 namespace {
 
-template <typename... Args>
-void check(bool ok, const Args&... parts) {
-  if (ok) return;
-  std::ostringstream os;
-  (os << ... << parts);
-  throw std::invalid_argument(os.str());
-}
-
+// The rings hold fp16 or bf16 (the kernels' residual dtypes).
 bool ring_kv_dtype(c10::ScalarType t, KvDtype* out) {
-  switch (t) {
-    case at::kHalf:
-      *out = KvDtype::kF16;
-      return true;
-    case at::kBFloat16:
-      *out = KvDtype::kBF16;
-      return true;
-    default:
-      return false;
-  }
+  return (t == at::kHalf || t == at::kBFloat16) && to_kv_dtype(t, out);
 }
 
 // Offsets of the concatenated device tables (KiviStepTables::upload's order).

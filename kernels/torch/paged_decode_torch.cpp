@@ -5,9 +5,7 @@
 
 #include <ATen/ATen.h>
 
-#include <sstream>
-#include <stdexcept>
-
+#include "kernels/torch/adapter_util.h"
 #include "kvb/kernels/decode_attention.h"
 
 #if KVB_HAVE_CUDA
@@ -15,29 +13,6 @@
 #endif
 
 namespace kvb::kernels {
-
-namespace {
-
-// kernels/ includes no harness header: errors are std::invalid_argument (the harness reports any
-// std::exception with its message).
-template <typename... Args>
-void check(bool ok, const Args&... parts) {
-  if (ok) return;
-  std::ostringstream os;
-  (os << ... << parts);
-  throw std::invalid_argument(os.str());
-}
-
-bool to_kv_dtype(c10::ScalarType t, KvDtype* out) {
-  switch (t) {
-    case at::kHalf: *out = KvDtype::kF16; return true;
-    case at::kBFloat16: *out = KvDtype::kBF16; return true;
-    case at::kFloat: *out = KvDtype::kF32; return true;
-    default: return false;
-  }
-}
-
-}  // namespace
 
 void PagedDecodeTables::upload(const c10::Device& dev) {
   if (dev.is_cpu()) {
@@ -55,7 +30,8 @@ void PagedDecodeTables::upload(const c10::Device& dev) {
 std::string paged_decode_supported(const c10::Device& device, c10::ScalarType dtype,
                                    int64_t head_dim, int64_t num_qo_heads, int64_t num_kv_heads) {
   KvDtype d;
-  if (!to_kv_dtype(dtype, &d)) return std::string("dtype ") + c10::toString(dtype) + " has no kernel";
+  if (!to_kv_dtype(dtype, &d))
+    return std::string("dtype ") + c10::toString(dtype) + " has no kernel";
   if (num_kv_heads < 1 || num_qo_heads % num_kv_heads != 0) return "query heads do not group";
   if (device.is_cpu()) return "";
   if (!device.is_cuda()) return "device " + device.str() + " has no kernel";
@@ -77,17 +53,17 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_pool,
                                   const at::Tensor& v_pool, const PagedDecodeTables& tables,
                                   float sm_scale) {
   check(q.dim() == 3 && k_pool.dim() == 4 && v_pool.sizes() == k_pool.sizes(),
-            "paged decode: q must be [batch, heads, head_dim] and the pools [pages, page_size, "
-            "kv_heads, head_dim] (got ",
-            q.sizes(), " and ", k_pool.sizes(), ")");
+        "paged decode: q must be [batch, heads, head_dim] and the pools [pages, page_size, "
+        "kv_heads, head_dim] (got ",
+        q.sizes(), " and ", k_pool.sizes(), ")");
   check(q.scalar_type() == k_pool.scalar_type() && q.device() == k_pool.device(),
-            "paged decode: q and the pools differ in dtype or device");
+        "paged decode: q and the pools differ in dtype or device");
   check(k_pool.is_contiguous() && v_pool.is_contiguous(), "paged decode: pools not contiguous");
   const int64_t B = q.size(0), Hq = q.size(1), D = q.size(2), Hkv = k_pool.size(2);
   check(k_pool.size(3) == D, "paged decode: head_dim ", D, " vs pools' ", k_pool.size(3));
   check(static_cast<int64_t>(tables.page_indptr.size()) == B + 1 &&
-                static_cast<int64_t>(tables.kv_lens.size()) == B,
-            "paged decode: page tables for ", tables.kv_lens.size(), " sequences, batch ", B);
+            static_cast<int64_t>(tables.kv_lens.size()) == B,
+        "paged decode: page tables for ", tables.kv_lens.size(), " sequences, batch ", B);
   const std::string why = paged_decode_supported(q.device(), q.scalar_type(), D, Hq, Hkv);
   check(why.empty(), "paged decode: ", why);
   at::Tensor qc = q.contiguous();
@@ -116,7 +92,7 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_pool,
   }
 #if KVB_HAVE_CUDA
   check(tables.device.defined() && tables.device.device() == q.device(),
-            "paged decode: the page tables were not uploaded to ", q.device().str());
+        "paged decode: the page tables were not uploaded to ", q.device().str());
   const int32_t* t = tables.device.data_ptr<int32_t>();
   p.page_indptr = t;
   p.page_indices = t + tables.page_indptr.size();

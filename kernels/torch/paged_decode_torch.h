@@ -9,7 +9,8 @@
 // Shapes (the paged KV cache's pools, NHD):
 //   q               [batch, num_qo_heads, head_dim]       one query token per sequence
 //   k_pool, v_pool  [num_pages, page_size, num_kv_heads, head_dim], q's dtype and device
-//   tables          PagedDecodeTables: CSR page lists and lengths, host int32 (and their device copy)
+//   tables          PagedDecodeTables: CSR page lists and lengths, host int32 (and their device
+//   copy)
 // Returns o [batch, num_qo_heads, head_dim] in q's dtype.
 
 #include <ATen/core/Tensor.h>
@@ -20,8 +21,8 @@
 
 namespace kvb::kernels {
 
-// The per-step page tables of a decode batch. Host vectors always; `device` is the same three arrays
-// concatenated on the pools' device (indptr | indices | kv_lens, int32), made by upload().
+// The per-step page tables of a decode batch. Host vectors always; `device` is the same three
+// arrays concatenated on the pools' device (indptr | indices | kv_lens, int32), made by upload().
 struct PagedDecodeTables {
   std::vector<int32_t> page_indptr;   // [batch + 1]
   std::vector<int32_t> page_indices;  // [page_indptr[batch]]

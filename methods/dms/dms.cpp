@@ -13,6 +13,7 @@
 
 #include "harness/common/error.h"
 #include "harness/kv/method_registry.h"
+#include "methods/common/seq_table.h"
 #include "methods/dms/dms_adapter.h"
 
 namespace kvb {
@@ -33,18 +34,12 @@ class DmsKvCache : public KvCache {
   std::string name() const override { return "dms"; }
 
   void begin_step(const StepBatch& batch) override {
-    for (int64_t b = 0; b < batch.batch_size(); ++b) {
-      const int64_t id = batch.seq_ids[b];
-      auto it = seqs_.find(id);
-      if (it == seqs_.end()) {
-        Seq s;
-        s.layers.resize(static_cast<size_t>(ctx_.config.n_layers));
-        for (auto& y : s.layers) y.heads.resize(static_cast<size_t>(ctx_.config.n_kv_heads));
-        it = seqs_.emplace(id, std::move(s)).first;
-      }
-      KVB_CHECK(it->second.len == batch.past_lens[b], "dms: sequence ", id, " holds ",
-                it->second.len, " tokens but the step says ", batch.past_lens[b]);
-    }
+    seqs_.begin_step(batch, [&] {
+      Seq s;
+      s.layers.resize(static_cast<size_t>(ctx_.config.n_layers));
+      for (auto& y : s.layers) y.heads.resize(static_cast<size_t>(ctx_.config.n_kv_heads));
+      return s;
+    });
   }
 
   at::Tensor attend(const LayerInput& in) override {
@@ -113,20 +108,10 @@ class DmsKvCache : public KvCache {
     }
   }
 
-  void release(int64_t seq_id) override { seqs_.erase(seq_id); }
-  void fork(int64_t src_id, int64_t dst_id) override {
-    KVB_CHECK(seqs_.count(dst_id) == 0, "dms: fork target ", dst_id, " already exists");
-    auto it = seqs_.find(src_id);
-    KVB_CHECK(it != seqs_.end(), "dms: unknown sequence ", src_id);
-    Seq copy = it->second;
-    seqs_.emplace(dst_id, std::move(copy));
-  }
+  void release(int64_t seq_id) override { seqs_.release(seq_id); }
+  void fork(int64_t src_id, int64_t dst_id) override { seqs_.fork(src_id, dst_id); }
   void truncate(int64_t seq_id, int64_t new_len) override {
-    auto it = seqs_.find(seq_id);
-    KVB_CHECK(it != seqs_.end(), "dms: unknown sequence ", seq_id);
-    Seq& s = it->second;
-    KVB_CHECK(new_len >= 0 && new_len <= s.len, "dms: cannot truncate sequence ", seq_id, " of ",
-              s.len, " tokens to ", new_len);
+    Seq& s = seqs_.truncating(seq_id, new_len);
     const int64_t D = ctx_.config.head_dim;
     for (auto& y : s.layers)
       for (auto& hd : y.heads) {
@@ -141,10 +126,7 @@ class DmsKvCache : public KvCache {
       }
     s.len = new_len;
   }
-  int64_t seq_len(int64_t seq_id) const override {
-    auto it = seqs_.find(seq_id);
-    return it == seqs_.end() ? 0 : it->second.len;
-  }
+  int64_t seq_len(int64_t seq_id) const override { return seqs_.len(seq_id); }
 
   Footprint footprint() const override {
     const auto& c = ctx_.config;
@@ -246,7 +228,7 @@ class DmsKvCache : public KvCache {
   std::shared_ptr<const dms::Adapter> adapter_;
   int64_t window_;
   Decisions mode_;
-  std::unordered_map<int64_t, Seq> seqs_;
+  SeqTable<Seq> seqs_{"dms"};
   double seen_ = 0, decisions_ = 0, evict_decisions_ = 0;
 };
 

@@ -25,6 +25,7 @@
 #include "harness/common/error.h"
 #include "harness/kv/attention.h"
 #include "harness/kv/method_registry.h"
+#include "methods/common/seq_table.h"
 #include "methods/retroinfer/wave_index.h"
 
 namespace kvb {
@@ -92,13 +93,7 @@ class RetroinferKvCache : public KvCache {
   std::string name() const override { return "retroinfer"; }
 
   void begin_step(const StepBatch& batch) override {
-    for (int64_t b = 0; b < batch.batch_size(); ++b) {
-      const int64_t id = batch.seq_ids[b];
-      auto it = seqs_.find(id);
-      if (it == seqs_.end()) it = seqs_.emplace(id, new_seq()).first;
-      KVB_CHECK(it->second.len == batch.past_lens[b], "retroinfer: sequence ", id, " holds ",
-                it->second.len, " tokens but the step says ", batch.past_lens[b]);
-    }
+    seqs_.begin_step(batch, [&] { return new_seq(); });
   }
 
   at::Tensor attend(const LayerInput& in) override {
@@ -150,7 +145,7 @@ class RetroinferKvCache : public KvCache {
   }
 
   void end_prefill(int64_t seq_id) override {
-    Seq& s = seq(seq_id);
+    Seq& s = seqs_.at(seq_id);
     if (s.indexed) return;
     const int64_t begin = std::min(o_.sinks, s.len),
                   end = std::max(begin, s.len - o_.steady_recent);
@@ -159,16 +154,10 @@ class RetroinferKvCache : public KvCache {
     index_span(s, begin, end);
   }
 
-  void release(int64_t seq_id) override { seqs_.erase(seq_id); }
-  void fork(int64_t src_id, int64_t dst_id) override {
-    KVB_CHECK(seqs_.count(dst_id) == 0, "retroinfer: fork target ", dst_id, " already exists");
-    Seq copy = seq(src_id);
-    seqs_.emplace(dst_id, std::move(copy));
-  }
+  void release(int64_t seq_id) override { seqs_.release(seq_id); }
+  void fork(int64_t src_id, int64_t dst_id) override { seqs_.fork(src_id, dst_id); }
   void truncate(int64_t seq_id, int64_t new_len) override {
-    Seq& s = seq(seq_id);
-    KVB_CHECK(new_len >= 0 && new_len <= s.len, "retroinfer: cannot truncate sequence ", seq_id,
-              " of ", s.len, " tokens to ", new_len);
+    Seq& s = seqs_.truncating(seq_id, new_len);
     KVB_CHECK(!s.indexed || new_len >= s.tail_start, "retroinfer: cannot truncate sequence ",
               seq_id, " to ", new_len, " tokens: tokens before ", s.tail_start,
               " are clustered in the index (truncate within the steady tail only)");
@@ -179,10 +168,7 @@ class RetroinferKvCache : public KvCache {
     }
     s.len = new_len;
   }
-  int64_t seq_len(int64_t seq_id) const override {
-    auto it = seqs_.find(seq_id);
-    return it == seqs_.end() ? 0 : it->second.len;
-  }
+  int64_t seq_len(int64_t seq_id) const override { return seqs_.len(seq_id); }
 
   Footprint footprint() const override {
     const auto& c = ctx_.config;
@@ -254,11 +240,6 @@ class RetroinferKvCache : public KvCache {
     s.layers.resize(static_cast<size_t>(ctx_.config.n_layers));
     for (auto& y : s.layers) y.heads.resize(static_cast<size_t>(ctx_.config.n_kv_heads));
     return s;
-  }
-  Seq& seq(int64_t id) {
-    auto it = seqs_.find(id);
-    KVB_CHECK(it != seqs_.end(), "retroinfer: unknown sequence ", id);
-    return it->second;
   }
 
   void index_span(Seq& s, int64_t begin, int64_t end) {
@@ -387,7 +368,7 @@ class RetroinferKvCache : public KvCache {
 
   CacheContext ctx_;
   RetroOptions o_;
-  std::unordered_map<int64_t, Seq> seqs_;
+  SeqTable<Seq> seqs_{"retroinfer"};
   double rows_ = 0, retrieved_clusters_ = 0, estimated_clusters_ = 0, exact_tokens_ = 0,
          visible_tokens_ = 0, recall_sum_ = 0, recall_n_ = 0, cache_lookups_ = 0, cache_hits_ = 0,
          miss_bytes_ = 0, decode_rows_ = 0;

@@ -24,6 +24,7 @@
 #include "harness/kv/method_registry.h"
 #include "kvb/kernels/half.h"
 #include "methods/common/kv_codec.h"
+#include "methods/common/seq_table.h"
 
 namespace kvb {
 namespace {
@@ -90,13 +91,7 @@ class SpecacheKvCache : public KvCache {
   std::string name() const override { return "specache"; }
 
   void begin_step(const StepBatch& batch) override {
-    for (int64_t b = 0; b < batch.batch_size(); ++b) {
-      const int64_t id = batch.seq_ids[b];
-      auto it = seqs_.find(id);
-      if (it == seqs_.end()) it = seqs_.emplace(id, new_seq()).first;
-      KVB_CHECK(it->second.len == batch.past_lens[b], "specache: sequence ", id, " holds ",
-                it->second.len, " tokens but the step says ", batch.past_lens[b]);
-    }
+    seqs_.begin_step(batch, [&] { return new_seq(); });
   }
 
   at::Tensor attend(const LayerInput& in) override {
@@ -160,24 +155,11 @@ class SpecacheKvCache : public KvCache {
     return outs.size() == 1 ? outs[0] : at::cat(outs, 0);
   }
 
-  void end_step(const StepBatch& batch) override {
-    for (int64_t b = 0; b < batch.batch_size(); ++b)
-      seqs_.at(batch.seq_ids[b]).len += batch.new_tokens(b);
-  }
-  void release(int64_t seq_id) override { seqs_.erase(seq_id); }
-  void fork(int64_t src_id, int64_t dst_id) override {
-    KVB_CHECK(seqs_.count(dst_id) == 0, "specache: fork target ", dst_id, " already exists");
-    auto it = seqs_.find(src_id);
-    KVB_CHECK(it != seqs_.end(), "specache: unknown sequence ", src_id);
-    Seq copy = it->second;  // StreamBox deep-copies
-    seqs_.emplace(dst_id, std::move(copy));
-  }
+  void end_step(const StepBatch& batch) override { seqs_.end_step(batch); }
+  void release(int64_t seq_id) override { seqs_.release(seq_id); }
+  void fork(int64_t src_id, int64_t dst_id) override { seqs_.fork(src_id, dst_id); }  // deep copies
   void truncate(int64_t seq_id, int64_t new_len) override {
-    auto it = seqs_.find(seq_id);
-    KVB_CHECK(it != seqs_.end(), "specache: unknown sequence ", seq_id);
-    Seq& s = it->second;
-    KVB_CHECK(new_len >= 0 && new_len <= s.len, "specache: cannot truncate sequence ", seq_id,
-              " of ", s.len, " tokens to ", new_len);
+    Seq& s = seqs_.truncating(seq_id, new_len);
     const auto keep = static_cast<size_t>(new_len * ctx_.config.kv_dim());
     for (auto& y : s.layers) {
       y.k.p->truncate(new_len);
@@ -188,10 +170,7 @@ class SpecacheKvCache : public KvCache {
     }
     s.len = new_len;
   }
-  int64_t seq_len(int64_t seq_id) const override {
-    auto it = seqs_.find(seq_id);
-    return it == seqs_.end() ? 0 : it->second.len;
-  }
+  int64_t seq_len(int64_t seq_id) const override { return seqs_.len(seq_id); }
 
   Footprint footprint() const override {
     const auto& c = ctx_.config;
@@ -316,7 +295,7 @@ class SpecacheKvCache : public KvCache {
   SpecacheOptions o_;
   std::shared_ptr<QuantCodec> codec_;
   int64_t channel_group_ = 0;
-  std::unordered_map<int64_t, Seq> seqs_;
+  SeqTable<Seq> seqs_{"specache"};
   std::vector<float> k_scratch_, v_scratch_, row_k_, row_v_, logit_, prob_;
   double swap_steps_ = 0, lowbit_only_ = 0, swapped_rows_ = 0, swap_heads_ = 0;
   double decode_steps_ = 0, overlap_sum_ = 0, overlap_n_ = 0;

@@ -6,10 +6,10 @@
 // higher precision than values (keys per channel over the block's tokens, values per token in
 // channel groups, quantize.h), and leave a per-head summary on the device: each channel's min and
 // max key (fp16). At every query row once blocks are demoted, each KV head ranks the slow blocks by
-// the Quest bound sum_c max(q_c min_c, q_c max_c) (the group's query heads aggregated by max), streams
-// the top `top_k_blocks` in, dequantizes them and attends over fast tier + those blocks in one
-// softmax. Demotion runs at the end of every step; a step attends exactly while nothing has been
-// demoted (a prompt prefilled in one chunk).
+// the Quest bound sum_c max(q_c min_c, q_c max_c) (the group's query heads aggregated by max),
+// streams the top `top_k_blocks` in, dequantizes them and attends over fast tier + those blocks in
+// one softmax. Demotion runs at the end of every step; a step attends exactly while nothing has
+// been demoted (a prompt prefilled in one chunk).
 
 #include <ATen/ATen.h>
 
@@ -24,6 +24,7 @@
 #include "kvb/kernels/half.h"
 #include "kvb/kernels/quantize.h"
 #include "methods/common/kv_codec.h"
+#include "methods/common/seq_table.h"
 
 namespace kvb {
 namespace {
@@ -70,13 +71,7 @@ class TtkvKvCache : public KvCache {
   std::string name() const override { return "ttkv"; }
 
   void begin_step(const StepBatch& batch) override {
-    for (int64_t b = 0; b < batch.batch_size(); ++b) {
-      const int64_t id = batch.seq_ids[b];
-      auto it = seqs_.find(id);
-      if (it == seqs_.end()) it = seqs_.emplace(id, new_seq()).first;
-      KVB_CHECK(it->second.len == batch.past_lens[b], "ttkv: sequence ", id, " holds ",
-                it->second.len, " tokens but the step says ", batch.past_lens[b]);
-    }
+    seqs_.begin_step(batch, [&] { return new_seq(); });
   }
 
   at::Tensor attend(const LayerInput& in) override {
@@ -149,20 +144,10 @@ class TtkvKvCache : public KvCache {
     }
   }
 
-  void release(int64_t seq_id) override { seqs_.erase(seq_id); }
-  void fork(int64_t src_id, int64_t dst_id) override {
-    KVB_CHECK(seqs_.count(dst_id) == 0, "ttkv: fork target ", dst_id, " already exists");
-    auto it = seqs_.find(src_id);
-    KVB_CHECK(it != seqs_.end(), "ttkv: unknown sequence ", src_id);
-    Seq copy = it->second;
-    seqs_.emplace(dst_id, std::move(copy));
-  }
+  void release(int64_t seq_id) override { seqs_.release(seq_id); }
+  void fork(int64_t src_id, int64_t dst_id) override { seqs_.fork(src_id, dst_id); }
   void truncate(int64_t seq_id, int64_t new_len) override {
-    auto it = seqs_.find(seq_id);
-    KVB_CHECK(it != seqs_.end(), "ttkv: unknown sequence ", seq_id);
-    Seq& s = it->second;
-    KVB_CHECK(new_len >= 0 && new_len <= s.len, "ttkv: cannot truncate sequence ", seq_id, " of ",
-              s.len, " tokens to ", new_len);
+    Seq& s = seqs_.truncating(seq_id, new_len);
     const int64_t first_fast = fast_start(s);
     KVB_CHECK(new_len >= first_fast, "ttkv: cannot truncate sequence ", seq_id, " to ", new_len,
               " tokens: tokens before ", first_fast, " were demoted to the slow tier (quantized)");
@@ -176,10 +161,7 @@ class TtkvKvCache : public KvCache {
     }
     s.len = new_len;
   }
-  int64_t seq_len(int64_t seq_id) const override {
-    auto it = seqs_.find(seq_id);
-    return it == seqs_.end() ? 0 : it->second.len;
-  }
+  int64_t seq_len(int64_t seq_id) const override { return seqs_.len(seq_id); }
 
   Footprint footprint() const override {
     const auto& c = ctx_.config;
@@ -415,7 +397,7 @@ class TtkvKvCache : public KvCache {
   CacheContext ctx_;
   TtkvOptions o_;
   kernels::GroupQuantShape kshape_, vshape_;
-  std::unordered_map<int64_t, Seq> seqs_;
+  SeqTable<Seq> seqs_{"ttkv"};
   double decode_tokens_ = 0, streamed_decode_bytes_ = 0, recall_sum_ = 0, recall_n_ = 0;
 };
 

@@ -21,13 +21,9 @@
 namespace kvb {
 namespace {
 
-std::shared_ptr<Model> stories() {
-  static std::shared_ptr<Model> m = load_model(test::models_dir() + "/stories260K");
-  return m;
-}
-
 std::unique_ptr<KvCache> make(const nlohmann::json& params) {
-  CacheContext ctx{stories()->config, stories()->device, stories()->dtype};
+  CacheContext ctx{test::stories260k()->config, test::stories260k()->device,
+                   test::stories260k()->dtype};
   return MethodRegistry::instance().create("dms", ctx, params);
 }
 
@@ -38,7 +34,7 @@ std::vector<int64_t> prompt(int n) {
 }
 
 TEST(Dms, KeepAllIsTheFullCache) {
-  auto m = stories();
+  auto m = test::stories260k();
   Engine full(
       m, MethodRegistry::instance().create("full", CacheContext{m->config, m->device, m->dtype},
                                            nlohmann::json::object()));
@@ -55,7 +51,7 @@ TEST(Dms, KeepAllIsTheFullCache) {
 }
 
 TEST(Dms, EvictAllKeepsTheWindowOfEachHead) {
-  auto m = stories();
+  auto m = test::stories260k();
   const auto& c = m->config;
   Engine e(m, make({{"decisions", "evict_all"}, {"window", 8}}));
   const int64_t a = e.new_sequence();
@@ -70,7 +66,7 @@ TEST(Dms, EvictAllKeepsTheWindowOfEachHead) {
 
 TEST(Dms, AdapterDecisionsArePerHeadAndDelayed) {
   // Head 0 of every layer evicts every token (alpha = 100 * 1 - 5 > 0), heads 1-3 keep all.
-  auto m = stories();
+  auto m = test::stories260k();
   const auto& c = m->config;
   dms::Adapter ad = dms::Adapter::fresh(c, 8);
   for (auto& b : ad.bias) b[0] = 1.0f;
@@ -96,7 +92,7 @@ TEST(Dms, AdapterDecisionsArePerHeadAndDelayed) {
 }
 
 TEST(Dms, TrainerReachesItsTargetAndWritesAnAdapterTheMethodLoads) {
-  auto m = stories();
+  auto m = test::stories260k();
   dms::TrainOptions o;
   o.recipe = test::fixtures_dir() + "/../../configs/models/kvb-testbed-cpu-retrieval-1k.json";
   o.out = test::make_temp_dir("dms-train") + "/adapter.safetensors";
@@ -117,14 +113,8 @@ TEST(Dms, TrainerReachesItsTargetAndWritesAnAdapterTheMethodLoads) {
   EXPECT_EQ(back.window, 16);
   EXPECT_EQ(back.info.at("trained_steps"), "40");
   // Used by the method on unseen text: it evicts, and stays close to the full cache.
-  nlohmann::json cfg = resolve_run_config(nlohmann::json::parse(
-      "{\"model\": \"stories260K\", \"method\": \"full\", \"protocol\": {\"name\": \"stream\", "
-      "\"dataset\": \"tinystories-valid-sample\", \"window\": 256, \"max_windows\": 1}}"));
-  std::string hash;
-  auto ws = stream_windows(test::models_dir() + "/stories260K/tok512.model", cfg["protocol"],
-                           test::data_dir(), &hash);
-  StreamSampleResult s =
-      run_stream_sample(m, "dms", {{"adapter", o.out}}, ws.at(0).tokens, StreamOptions{});
+  StreamSampleResult s = run_stream_sample(m, "dms", {{"adapter", o.out}},
+                                           test::story_windows(256, 1).at(0), StreamOptions{});
   EXPECT_GT(s.counters.at("realized_cr"), 1.3);
   double kl = 0;
   for (float v : s.kl) kl += v;
@@ -145,7 +135,7 @@ TEST(Dms, RefusesMissingOrForeignAdaptersNamingThem) {
                "/nonexistent/adapter.safetensors");
   expect_error({{"decisions", "keep_all"}}, "dms.window");
   // An adapter made for another shape.
-  ModelConfig other = stories()->config;
+  ModelConfig other = test::stories260k()->config;
   other.n_layers += 1;
   const std::string path = test::make_temp_dir("dms-bad") + "/adapter.safetensors";
   dms::Adapter::fresh(other, 8).save(path);

@@ -19,13 +19,9 @@
 namespace kvb {
 namespace {
 
-std::shared_ptr<Model> stories() {
-  static std::shared_ptr<Model> m = load_model(test::models_dir() + "/stories260K");
-  return m;
-}
-
 std::unique_ptr<KvCache> make(const std::string& name, nlohmann::json params) {
-  CacheContext ctx{stories()->config, stories()->device, stories()->dtype};
+  CacheContext ctx{test::stories260k()->config, test::stories260k()->device,
+                   test::stories260k()->dtype};
   return MethodRegistry::instance().create(name, ctx, params);
 }
 
@@ -37,25 +33,12 @@ std::vector<int64_t> tiny_prompt(int64_t n, int64_t salt) {
   return p;
 }
 
-// The first TinyStories windows of `window` tokens, as the stream protocol cuts them.
-std::vector<std::vector<int64_t>> story_windows(int window, int count) {
-  nlohmann::json cfg = resolve_run_config(nlohmann::json::parse(
-      "{\"model\": \"stories260K\", \"method\": \"full\", \"protocol\": {\"name\": \"stream\", "
-      "\"dataset\": \"tinystories-valid-sample\", \"window\": " +
-      std::to_string(window) + ", \"max_windows\": " + std::to_string(count) + "}}"));
-  std::string hash;
-  auto ws = stream_windows(test::models_dir() + "/stories260K/tok512.model", cfg["protocol"],
-                           test::data_dir(), &hash);
-  std::vector<std::vector<int64_t>> out;
-  for (auto& w : ws) out.push_back(w.tokens);
-  return out;
-}
-
 double mean_kl(const std::string& method, const nlohmann::json& params, int windows = 2) {
   double sum = 0;
   int64_t n = 0;
-  for (const auto& w : story_windows(256, windows)) {
-    StreamSampleResult r = run_stream_sample(stories(), method, params, w, StreamOptions{});
+  for (const auto& w : test::story_windows(256, windows)) {
+    StreamSampleResult r =
+        run_stream_sample(test::stories260k(), method, params, w, StreamOptions{});
     for (float k : r.kl) sum += k;
     n += static_cast<int64_t>(r.kl.size());
   }
@@ -63,7 +46,7 @@ double mean_kl(const std::string& method, const nlohmann::json& params, int wind
 }
 
 TEST(KiviLedger, FootprintEqualsTheCodecClosedFormAndDeclaredBits) {
-  auto m = stories();
+  auto m = test::stories260k();
   const auto& c = m->config;
   ASSERT_EQ(c.head_dim, 8);  // the case this test is about: G = 32 channels cannot fit a head
   Engine e(m, make("kivi", {{"residual_length", 32}}));
@@ -135,7 +118,7 @@ TEST(KiviFidelity, EightBitsCloseToFullAndErrorFallsWithBits) {
 }
 
 TEST(KiviGroups, OnlyCompletedGroupsAreQuantizedAndNeverAgain) {
-  auto m = stories();
+  auto m = test::stories260k();
   const int64_t G = 8, R = 16;
   Engine e(m, make("kivi", {{"group_size", G}, {"residual_length", R}, {"k_bits", 3}}));
   int64_t s = e.new_sequence();
@@ -164,7 +147,7 @@ TEST(KiviGroups, OnlyCompletedGroupsAreQuantizedAndNeverAgain) {
 at::Tensor trace(std::unique_ptr<KvCache> kv) {
   EngineOptions o;
   o.prefill_chunk = 7;
-  Engine e(stories(), std::move(kv), o);
+  Engine e(test::stories260k(), std::move(kv), o);
   int64_t s = e.new_sequence();
   std::vector<at::Tensor> rows;
   e.prefill({s}, {tiny_prompt(60, 3)},
@@ -198,7 +181,7 @@ TEST(KiviResidual, CoveringEverythingEqualsTheFullCache) {
 }
 
 TEST(KiviResidual, PerTokenKeysAblationAndPresets) {
-  Engine e(stories(),
+  Engine e(test::stories260k(),
            make("kivi", {{"key_mode", "per_token"}, {"residual_length", 16}, {"group_size", 16}}));
   int64_t s = e.new_sequence();
   e.prefill({s}, {tiny_prompt(50, 4)});
@@ -207,7 +190,7 @@ TEST(KiviResidual, PerTokenKeysAblationAndPresets) {
   EXPECT_EQ(ctr["k_group_size"], 8);  // channels, adapted to head_dim
   // Sliding residual for per-token keys: 50 - 16 tokens encoded, one unit each.
   EXPECT_EQ(codec_cache(e).stream(s, 0, KvKind::kKey).encoded_units().size(), 34u);
-  Engine e4(stories(), make("kivi", {{"preset", "kivi-4"}}));
+  Engine e4(test::stories260k(), make("kivi", {{"preset", "kivi-4"}}));
   auto c4 = codec_cache(e4).counters();
   EXPECT_EQ(c4["k_bits"], 4);
   EXPECT_EQ(c4["v_bits"], 4);
@@ -215,7 +198,7 @@ TEST(KiviResidual, PerTokenKeysAblationAndPresets) {
 }
 
 TEST(KiviStore, ForkAndTruncateKeepEncodedBytes) {
-  auto m = stories();
+  auto m = test::stories260k();
   const auto& c = m->config;
   Engine e(m, make("kivi", {{"residual_length", 32}}));
   int64_t a = e.new_sequence();

@@ -22,27 +22,10 @@
 namespace kvb {
 namespace {
 
-std::shared_ptr<Model> stories() {
-  static std::shared_ptr<Model> m = load_model(test::models_dir() + "/stories260K");
-  return m;
-}
-
 std::unique_ptr<KvCache> make(const nlohmann::json& params) {
-  CacheContext ctx{stories()->config, stories()->device, stories()->dtype};
+  CacheContext ctx{test::stories260k()->config, test::stories260k()->device,
+                   test::stories260k()->dtype};
   return MethodRegistry::instance().create("retroinfer", ctx, params);
-}
-
-std::vector<std::vector<int64_t>> story_windows(int window, int count) {
-  nlohmann::json cfg = resolve_run_config(nlohmann::json::parse(
-      "{\"model\": \"stories260K\", \"method\": \"full\", \"protocol\": {\"name\": \"stream\", "
-      "\"dataset\": \"tinystories-valid-sample\", \"window\": " +
-      std::to_string(window) + ", \"max_windows\": " + std::to_string(count) + "}}"));
-  std::string hash;
-  auto ws = stream_windows(test::models_dir() + "/stories260K/tok512.model", cfg["protocol"],
-                           test::data_dir(), &hash);
-  std::vector<std::vector<int64_t>> out;
-  for (auto& w : ws) out.push_back(w.tokens);
-  return out;
 }
 
 // KL to the full cache over 2 windows of 256, the first 160 tokens prefilled (and clustered), the
@@ -54,8 +37,8 @@ double mean_kl(nlohmann::json params, std::map<std::string, double>* counters = 
   so.prefill_tokens = 160;
   double sum = 0;
   int64_t n = 0;
-  for (const auto& w : story_windows(256, 2)) {
-    StreamSampleResult r = run_stream_sample(stories(), "retroinfer", params, w, so);
+  for (const auto& w : test::story_windows(256, 2)) {
+    StreamSampleResult r = run_stream_sample(test::stories260k(), "retroinfer", params, w, so);
     for (float k : r.kl) sum += k;
     n += static_cast<int64_t>(r.kl.size());
     if (counters) *counters = r.counters;
@@ -126,7 +109,7 @@ TEST(Retroinfer, EstimationZoneRecoversWhatATightRetrievalBudgetDrops) {
 }
 
 TEST(Retroinfer, LedgerPutsTheClusteredRowsOnTheHost) {
-  auto m = stories();
+  auto m = test::stories260k();
   const auto& cfg = m->config;
   Engine e(m, make({{"sinks", 4}, {"steady_recent", 16}, {"retrieval_ratio", 0.1}}));
   const int64_t a = e.new_sequence();
@@ -148,7 +131,7 @@ TEST(Retroinfer, LedgerPutsTheClusteredRowsOnTheHost) {
 }
 
 TEST(Retroinfer, ForkedBranchesContinueAlikeAndTruncationStaysInTheTail) {
-  auto m = stories();
+  auto m = test::stories260k();
   Engine e(m, make({{"steady_recent", 16}, {"retrieval_ratio", 0.1}}));
   const int64_t a = e.new_sequence();
   std::vector<int64_t> p = {1};

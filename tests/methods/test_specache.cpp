@@ -18,35 +18,19 @@
 namespace kvb {
 namespace {
 
-std::shared_ptr<Model> stories() {
-  static std::shared_ptr<Model> m = load_model(test::models_dir() + "/stories260K");
-  return m;
-}
-
 std::unique_ptr<KvCache> make(const std::string& name, const nlohmann::json& params) {
-  CacheContext ctx{stories()->config, stories()->device, stories()->dtype};
+  CacheContext ctx{test::stories260k()->config, test::stories260k()->device,
+                   test::stories260k()->dtype};
   return MethodRegistry::instance().create(name, ctx, params);
-}
-
-std::vector<std::vector<int64_t>> story_windows(int window, int count) {
-  nlohmann::json cfg = resolve_run_config(nlohmann::json::parse(
-      "{\"model\": \"stories260K\", \"method\": \"full\", \"protocol\": {\"name\": \"stream\", "
-      "\"dataset\": \"tinystories-valid-sample\", \"window\": " +
-      std::to_string(window) + ", \"max_windows\": " + std::to_string(count) + "}}"));
-  std::string hash;
-  auto ws = stream_windows(test::models_dir() + "/stories260K/tok512.model", cfg["protocol"],
-                           test::data_dir(), &hash);
-  std::vector<std::vector<int64_t>> out;
-  for (auto& w : ws) out.push_back(w.tokens);
-  return out;
 }
 
 double mean_kl(const std::string& method, const nlohmann::json& params,
                std::map<std::string, double>* counters = nullptr) {
   double sum = 0;
   int64_t n = 0;
-  for (const auto& w : story_windows(256, 2)) {
-    StreamSampleResult r = run_stream_sample(stories(), method, params, w, StreamOptions{});
+  for (const auto& w : test::story_windows(256, 2)) {
+    StreamSampleResult r =
+        run_stream_sample(test::stories260k(), method, params, w, StreamOptions{});
     for (float k : r.kl) sum += k;
     n += static_cast<int64_t>(r.kl.size());
     if (counters) *counters = r.counters;
@@ -62,7 +46,7 @@ TEST(Specache, ALaterPromptChunkSwapsRowByRow) {
   // A question after a compressed context (qa): each of its rows reads its own mix. With every row
   // swapped in it matches the full cache; with a small top-k, the question's rows are counted as
   // swap reads (predicted by the row before) and beat the low-bit copy alone.
-  auto m = stories();
+  auto m = test::stories260k();
   std::vector<int64_t> ctx = {1}, question;
   for (int i = 1; i < 150; ++i) ctx.push_back(3 + (i * 37) % 500);
   for (int i = 0; i < 12; ++i) question.push_back(20 + (i * 13) % 300);
@@ -110,7 +94,7 @@ TEST(Specache, SwappedRowsBeatTheLowBitCopyAndTheOracleBeatsTheOldQuery) {
 }
 
 TEST(Specache, LedgerSplitsTheDeviceTierFromTheHostCopy) {
-  auto m = stories();
+  auto m = test::stories260k();
   const auto& c = m->config;
   Engine e(m, make("specache", {{"top_k", 16}}));
   int64_t a = e.new_sequence(), b = e.new_sequence();
@@ -141,7 +125,7 @@ TEST(Specache, LedgerSplitsTheDeviceTierFromTheHostCopy) {
 }
 
 TEST(Specache, ForkedBranchesContinueAlike) {
-  auto m = stories();
+  auto m = test::stories260k();
   Engine e(m, make("specache", {{"top_k", 8}}));
   int64_t a = e.new_sequence();
   std::vector<int64_t> p = {1};

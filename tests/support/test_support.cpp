@@ -9,6 +9,10 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "harness/eval/run_config.h"
+#include "harness/eval/runner.h"
+#include "harness/model/model.h"
+
 namespace kvb::test {
 
 static std::string env_or(const char* name, const std::string& fallback) {
@@ -57,6 +61,24 @@ CommandResult run_kvbench(const std::string& args) {
   std::remove(out.c_str());
   std::remove(err.c_str());
   return r;
+}
+
+std::shared_ptr<Model> stories260k() {
+  static std::shared_ptr<Model> m = load_model(models_dir() + "/stories260K");
+  return m;
+}
+
+std::vector<std::vector<int64_t>> story_windows(int window, int count) {
+  nlohmann::json cfg = resolve_run_config(nlohmann::json::parse(
+      "{\"model\": \"stories260K\", \"method\": \"full\", \"protocol\": {\"name\": \"stream\", "
+      "\"dataset\": \"tinystories-valid-sample\", \"window\": " +
+      std::to_string(window) + ", \"max_windows\": " + std::to_string(count) + "}}"));
+  std::string hash;
+  auto ws = stream_windows(models_dir() + "/stories260K/tok512.model", cfg["protocol"], data_dir(),
+                           &hash);
+  std::vector<std::vector<int64_t>> out;
+  for (auto& w : ws) out.push_back(w.tokens);
+  return out;
 }
 
 nlohmann::json runnable_params(const std::string& method) {

@@ -1,15 +1,21 @@
 #pragma once
 // Shared helpers for the LibTorch-side tests: where the real models and data are, running the CLI.
 
-#include <string>
-
+#include <cstdint>
+#include <memory>
 #include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+namespace kvb {
+class Model;
+}
 
 namespace kvb::test {
 
-std::string models_dir();   // $KVBENCH_MODELS (set by ctest), else ../shared/models
-std::string data_dir();     // $KVBENCH_DATA, else ../shared/data
-std::string fixtures_dir(); // tests/fixtures in the source tree
+std::string models_dir();      // $KVBENCH_MODELS (set by ctest), else ../shared/models
+std::string data_dir();        // $KVBENCH_DATA, else ../shared/data
+std::string fixtures_dir();    // tests/fixtures in the source tree
 std::string kvbench_binary();  // $KVB_BINARY (set by ctest)
 
 // A fresh empty directory under the system temp dir, removed by the OS eventually.
@@ -22,6 +28,12 @@ struct CommandResult {
 };
 // Runs `kvbench <args>` through /bin/sh (args are passed as given: quote them yourself).
 CommandResult run_kvbench(const std::string& args);
+
+// stories260K from models_dir(), loaded once per process (CPU fp32).
+std::shared_ptr<Model> stories260k();
+// The first `count` TinyStories validation windows of `window` tokens (stories260K's tokenizer), as
+// the stream protocol cuts them.
+std::vector<std::vector<int64_t>> story_windows(int window, int count);
 
 // Parameters with which a registered method runs on stories260K without outside artifacts: {} for
 // every method that runs on its defaults. `dms` needs a trained adapter for its learned decisions
