@@ -33,18 +33,6 @@ std::vector<int64_t> tiny_prompt(int64_t n, int64_t salt) {
   return p;
 }
 
-double mean_kl(const std::string& method, const nlohmann::json& params, int windows = 2) {
-  double sum = 0;
-  int64_t n = 0;
-  for (const auto& w : test::story_windows(256, windows)) {
-    StreamSampleResult r =
-        run_stream_sample(test::stories260k(), method, params, w, StreamOptions{});
-    for (float k : r.kl) sum += k;
-    n += static_cast<int64_t>(r.kl.size());
-  }
-  return sum / static_cast<double>(n);
-}
-
 TEST(KiviLedger, FootprintEqualsTheCodecClosedFormAndDeclaredBits) {
   auto m = test::stories260k();
   const auto& c = m->config;
@@ -91,9 +79,9 @@ TEST(KiviFidelity, EightBitsCloseToFullAndErrorFallsWithBits) {
   auto params = [](int kb, int vb) {
     return nlohmann::json{{"k_bits", kb}, {"v_bits", vb}, {"residual_length", 32}};
   };
-  const double kl8 = mean_kl("kivi", params(8, 8));
-  const double kl4 = mean_kl("kivi", params(4, 4));
-  const double kl2 = mean_kl("kivi", params(2, 2));
+  const double kl8 = test::mean_story_kl("kivi", params(8, 8));
+  const double kl4 = test::mean_story_kl("kivi", params(4, 4));
+  const double kl2 = test::mean_story_kl("kivi", params(2, 2));
   RecordProperty("kl_k8v8", std::to_string(kl8));
   RecordProperty("kl_k4v4", std::to_string(kl4));
   RecordProperty("kl_k2v2", std::to_string(kl2));
@@ -102,7 +90,8 @@ TEST(KiviFidelity, EightBitsCloseToFullAndErrorFallsWithBits) {
   EXPECT_LT(kl8, kl4);
   EXPECT_LT(kl4, kl2);
   // Keys are the sensitive half (equal total bits: K4V2 = 5 + 6, K2V4 = 3 + 8 bits per element).
-  const double k4v2 = mean_kl("kivi", params(4, 2)), k2v4 = mean_kl("kivi", params(2, 4));
+  const double k4v2 = test::mean_story_kl("kivi", params(4, 2)),
+               k2v4 = test::mean_story_kl("kivi", params(2, 4));
   RecordProperty("kl_k4v2", std::to_string(k4v2));
   RecordProperty("kl_k2v4", std::to_string(k2v4));
   EXPECT_LT(4 * k4v2, k2v4);
@@ -111,7 +100,8 @@ TEST(KiviFidelity, EightBitsCloseToFullAndErrorFallsWithBits) {
   nlohmann::json tok = params(2, 8);
   tok["key_mode"] = "per_token";
   tok["residual_length"] = 16;
-  const double chan2 = mean_kl("kivi", params(2, 8)), tok2 = mean_kl("kivi", tok);
+  const double chan2 = test::mean_story_kl("kivi", params(2, 8)),
+               tok2 = test::mean_story_kl("kivi", tok);
   RecordProperty("kl_k2v8_per_channel", std::to_string(chan2));
   RecordProperty("kl_k2v8_per_token", std::to_string(tok2));
   EXPECT_LT(4 * chan2, tok2);

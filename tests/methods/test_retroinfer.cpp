@@ -33,17 +33,7 @@ std::unique_ptr<KvCache> make(const nlohmann::json& params) {
 double mean_kl(nlohmann::json params, std::map<std::string, double>* counters = nullptr) {
   params["steady_recent"] = 16;
   params["reindex_every"] = 32;
-  StreamOptions so;
-  so.prefill_tokens = 160;
-  double sum = 0;
-  int64_t n = 0;
-  for (const auto& w : test::story_windows(256, 2)) {
-    StreamSampleResult r = run_stream_sample(test::stories260k(), "retroinfer", params, w, so);
-    for (float k : r.kl) sum += k;
-    n += static_cast<int64_t>(r.kl.size());
-    if (counters) *counters = r.counters;
-  }
-  return sum / static_cast<double>(n);
+  return test::mean_story_kl("retroinfer", params, 2, 160, counters);
 }
 
 TEST(WaveIndex, ClustersPartitionTheSpanWithinSegmentsAndHoldMeansAndSums) {

@@ -24,22 +24,8 @@ std::unique_ptr<KvCache> make(const std::string& name, const nlohmann::json& par
   return MethodRegistry::instance().create(name, ctx, params);
 }
 
-double mean_kl(const std::string& method, const nlohmann::json& params,
-               std::map<std::string, double>* counters = nullptr) {
-  double sum = 0;
-  int64_t n = 0;
-  for (const auto& w : test::story_windows(256, 2)) {
-    StreamSampleResult r =
-        run_stream_sample(test::stories260k(), method, params, w, StreamOptions{});
-    for (float k : r.kl) sum += k;
-    n += static_cast<int64_t>(r.kl.size());
-    if (counters) *counters = r.counters;
-  }
-  return sum / static_cast<double>(n);
-}
-
 TEST(Specache, EveryRowSwappedInIsTheFullCacheAtFp16) {
-  EXPECT_LT(mean_kl("specache", {{"top_k", 100000}, {"predictor", "oracle"}}), 1e-5);
+  EXPECT_LT(test::mean_story_kl("specache", {{"top_k", 100000}, {"predictor", "oracle"}}), 1e-5);
 }
 
 TEST(Specache, ALaterPromptChunkSwapsRowByRow) {
@@ -74,11 +60,12 @@ TEST(Specache, ALaterPromptChunkSwapsRowByRow) {
 }
 
 TEST(Specache, SwappedRowsBeatTheLowBitCopyAndTheOracleBeatsTheOldQuery) {
-  const double kivi =
-      mean_kl("kivi", {{"k_bits", 2}, {"v_bits", 2}, {"group_size", 64}, {"residual_length", 64}});
+  const double kivi = test::mean_story_kl(
+      "kivi", {{"k_bits", 2}, {"v_bits", 2}, {"group_size", 64}, {"residual_length", 64}});
   std::map<std::string, double> cp, co;
-  const double prev = mean_kl("specache", {{"top_k", 16}}, &cp);
-  const double oracle = mean_kl("specache", {{"top_k", 16}, {"predictor", "oracle"}}, &co);
+  const double prev = test::mean_story_kl("specache", {{"top_k", 16}}, 2, 1, &cp);
+  const double oracle =
+      test::mean_story_kl("specache", {{"top_k", 16}, {"predictor", "oracle"}}, 2, 1, &co);
   EXPECT_LT(prev, 0.5 * kivi) << "kivi " << kivi;
   EXPECT_LT(oracle, 0.5 * prev);
   // The old query's top-16 overlaps the current one's, partly.

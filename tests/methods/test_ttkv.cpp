@@ -28,17 +28,7 @@ std::unique_ptr<KvCache> make(const nlohmann::json& params) {
 double mean_kl(nlohmann::json params, std::map<std::string, double>* counters) {
   params["block_size"] = 16;
   params["fast_blocks"] = 2;
-  StreamOptions so;
-  so.prefill_tokens = 128;
-  double sum = 0;
-  int64_t n = 0;
-  for (const auto& w : test::story_windows(256, 2)) {
-    StreamSampleResult r = run_stream_sample(test::stories260k(), "ttkv", params, w, so);
-    for (float k : r.kl) sum += k;
-    n += static_cast<int64_t>(r.kl.size());
-    *counters = r.counters;
-  }
-  return sum / static_cast<double>(n);
+  return test::mean_story_kl("ttkv", params, 2, 128, counters);
 }
 
 TEST(Ttkv, OldBlocksMoveToTheHostQuantizedWithASummaryOnTheDevice) {

@@ -11,6 +11,7 @@
 
 #include "harness/eval/run_config.h"
 #include "harness/eval/runner.h"
+#include "harness/eval/stream.h"
 #include "harness/model/model.h"
 
 namespace kvb::test {
@@ -79,6 +80,21 @@ std::vector<std::vector<int64_t>> story_windows(int window, int count) {
   std::vector<std::vector<int64_t>> out;
   for (auto& w : ws) out.push_back(w.tokens);
   return out;
+}
+
+double mean_story_kl(const std::string& method, const nlohmann::json& params, int windows,
+                     int64_t prefill_tokens, std::map<std::string, double>* counters) {
+  StreamOptions so;
+  so.prefill_tokens = prefill_tokens;
+  double sum = 0;
+  int64_t n = 0;
+  for (const auto& w : story_windows(256, windows)) {
+    StreamSampleResult r = run_stream_sample(stories260k(), method, params, w, so);
+    for (float k : r.kl) sum += k;
+    n += static_cast<int64_t>(r.kl.size());
+    if (counters) *counters = r.counters;
+  }
+  return sum / static_cast<double>(n);
 }
 
 nlohmann::json runnable_params(const std::string& method) {

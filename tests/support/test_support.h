@@ -2,6 +2,7 @@
 // Shared helpers for the LibTorch-side tests: where the real models and data are, running the CLI.
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -34,6 +35,12 @@ std::shared_ptr<Model> stories260k();
 // The first `count` TinyStories validation windows of `window` tokens (stories260K's tokenizer), as
 // the stream protocol cuts them.
 std::vector<std::vector<int64_t>> story_windows(int window, int count);
+
+// Mean KL(full || method) per scored token over the first `windows` TinyStories windows of 256
+// tokens on stories260K (the stream protocol, `prefill_tokens` prefilled), and the last window's
+// counters when `counters` is given.
+double mean_story_kl(const std::string& method, const nlohmann::json& params, int windows = 2,
+                     int64_t prefill_tokens = 1, std::map<std::string, double>* counters = nullptr);
 
 // Parameters with which a registered method runs on stories260K without outside artifacts: {} for
 // every method that runs on its defaults. `dms` needs a trained adapter for its learned decisions
