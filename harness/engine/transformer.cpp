@@ -4,6 +4,7 @@
 
 #include <cmath>
 
+#include "harness/common/error.h"
 #include "kvb/kernels/cpu_ops.h"
 
 namespace kvb {
@@ -15,7 +16,8 @@ namespace {
 // ~30 LibTorch dispatches per layer of the generic path. The KV seam is unchanged: the cache gets the
 // same tensors (views of this step's buffers) and returns the attention output.
 at::Tensor forward_cpu_f32(Model& model, KvCache& kv, const std::vector<int64_t>& tokens,
-                           const StepBatch& batch, const std::vector<int64_t>& logit_rows) {
+                           const StepBatch& batch, const std::vector<int64_t>& logit_rows,
+                           const at::Tensor* input_embeds) {
   namespace k = kernels;
   const ModelConfig& c = model.config;
   const ModelWeights& w = model.weights;
@@ -34,7 +36,12 @@ at::Tensor forward_cpu_f32(Model& model, KvCache& kv, const std::vector<int64_t>
   float* gu = v + T * KV;
   float* act = gu + T * 2 * F;
   const float* emb = w.embedding.data_ptr<float>();
-  for (int64_t t = 0; t < T; ++t) std::copy(emb + tokens[t] * D, emb + (tokens[t] + 1) * D, x + t * D);
+  if (input_embeds) {
+    at::Tensor e = input_embeds->to(at::kCPU, at::kFloat).contiguous();
+    std::copy(e.data_ptr<float>(), e.data_ptr<float>() + T * D, x);
+  } else {
+    for (int64_t t = 0; t < T; ++t) std::copy(emb + tokens[t] * D, emb + (tokens[t] + 1) * D, x + t * D);
+  }
   at::Tensor q_t = at::empty({T, c.n_heads, HD}, f32);
   at::Tensor k_t = at::empty({T, c.n_kv_heads, HD}, f32);
   at::Tensor kpre_t = at::from_blob(k_pre, {T, c.n_kv_heads, HD}, f32);
@@ -121,7 +128,8 @@ at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tens
 }
 
 at::Tensor transformer_forward(Model& model, KvCache& kv, const std::vector<int64_t>& tokens,
-                               const StepBatch& batch, const std::vector<int64_t>& logit_rows) {
+                               const StepBatch& batch, const std::vector<int64_t>& logit_rows,
+                               const at::Tensor* input_embeds) {
   const ModelConfig& c = model.config;
   const ModelWeights& w = model.weights;
   const int64_t T = static_cast<int64_t>(tokens.size());
@@ -130,15 +138,20 @@ at::Tensor transformer_forward(Model& model, KvCache& kv, const std::vector<int6
   int64_t max_pos = 0;
   for (int64_t p : batch.positions) max_pos = std::max(max_pos, p);
   model.ensure_rope_len(max_pos + 1);
+  if (input_embeds) {
+    KVB_CHECK(input_embeds->dim() == 2 && input_embeds->size(0) == T && input_embeds->size(1) == c.dim,
+              "transformer_forward: input_embeds must be [", T, ", ", c.dim, "]");
+  }
   if (dev.is_cpu() && model.dtype == at::kFloat) {
-    return forward_cpu_f32(model, kv, tokens, batch, logit_rows);
+    return forward_cpu_f32(model, kv, tokens, batch, logit_rows, input_embeds);
   }
 
   at::Tensor ids = at::tensor(tokens, at::kLong).to(dev);
   at::Tensor pos = at::tensor(batch.positions, at::kLong).to(dev);
   at::Tensor cos = w.rope_cos.index_select(0, pos);  // [T, head_dim / 2]
   at::Tensor sin = w.rope_sin.index_select(0, pos);
-  at::Tensor x = w.embedding.index_select(0, ids);   // [T, dim]
+  at::Tensor x = input_embeds ? input_embeds->to(dev, model.dtype)
+                              : w.embedding.index_select(0, ids);  // [T, dim]
   const float sm_scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
 
   kv.begin_step(batch);

@@ -12,9 +12,12 @@
 namespace kvb {
 
 // tokens: [T] ids in the batch's packed order. logit_rows: which of the T rows need logits (empty:
-// all). Returns [rows, vocab] fp32 logits on the model's device.
+// all). Returns [rows, vocab] fp32 logits on the model's device. input_embeds: optional [T, dim]
+// rows fed instead of the tokens' embeddings (soft tokens such as KV Packet's header and trailer;
+// `tokens` then only counts the rows).
 at::Tensor transformer_forward(Model& model, KvCache& kv, const std::vector<int64_t>& tokens,
-                               const StepBatch& batch, const std::vector<int64_t>& logit_rows);
+                               const StepBatch& batch, const std::vector<int64_t>& logit_rows,
+                               const at::Tensor* input_embeds = nullptr);
 
 // RMSNorm in fp32: x * rsqrt(mean(x^2) + eps) * weight, returned in x's dtype.
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);

@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "harness/common/error.h"
+
 namespace kvb {
 
 enum class Phase { kPrefill, kDecode };
@@ -22,10 +24,17 @@ struct StepBatch {
   std::vector<int64_t> past_lens;  // [batch], tokens each sequence held before this step
   std::vector<int64_t> positions;  // [T], RoPE positions of the step's tokens
   Phase phase = Phase::kPrefill;
+  // Empty, or [batch]: 1 where the sequence's last new row is a lookahead row (SpeCache's
+  // speculative token): attended like the others, its KV not kept, so the sequence grows by one
+  // row fewer. Only stores that ask for it (KvCache::wants_lookahead) get such steps.
+  std::vector<uint8_t> lookahead;
 
   int64_t batch_size() const { return static_cast<int64_t>(seq_ids.size()); }
   int64_t num_tokens() const { return q_indptr.empty() ? 0 : q_indptr.back(); }
   int64_t new_tokens(int64_t b) const { return q_indptr[b + 1] - q_indptr[b]; }
+  bool has_lookahead(int64_t b) const { return !lookahead.empty() && lookahead[b] != 0; }
+  // The new rows the sequence keeps.
+  int64_t kept_tokens(int64_t b) const { return new_tokens(b) - (has_lookahead(b) ? 1 : 0); }
 };
 
 struct LayerInput {
@@ -69,6 +78,31 @@ struct HeadSnapshot {
   at::Tensor index;  // [n_kept], int64: the token's index in the sequence (0 = first token)
 };
 
+// One part of a spliced sequence (KvCache::splice): a sequence's tokens, its keys moved `shift`
+// positions on.
+struct SpliceSource {
+  int64_t seq_id = 0;
+  int64_t shift = 0;
+};
+
+// How a document-reuse method (KV Packet) caches a context: split into documents of about
+// `doc_tokens` tokens (0: the whole context is one document), each prefilled alone from position 0 as
+// [header_ids, header, document, trailer] and the caches spliced (KvCache::splice) behind the BOS at
+// query time. header / trailer: soft input rows [rows, dim] in the model's dtype and on its device
+// (KV Packet's trained ones); undefined: none. header_ids: tokens before the header (e.g. a BOS per
+// document). All empty: plain concatenation of separately prefilled documents.
+struct DocumentReuse {
+  int64_t doc_tokens = 0;
+  std::vector<int64_t> header_ids;
+  at::Tensor header;
+  at::Tensor trailer;
+  // Cache rows a document gets beyond its own tokens.
+  int64_t extra_rows() const {
+    return static_cast<int64_t>(header_ids.size()) + (header.defined() ? header.size(0) : 0) +
+           (trailer.defined() ? trailer.size(0) : 0);
+  }
+};
+
 class KvCache {
  public:
   virtual ~KvCache() = default;
@@ -95,6 +129,24 @@ class KvCache {
   virtual std::map<std::string, double> counters() const { return {}; }
   // Per KV head, what this store holds for `seq_id` at `layer` (see HeadSnapshot); empty: not supported.
   virtual std::vector<HeadSnapshot> probe_view(int layer, int64_t seq_id) const { return {}; }
+
+  // Speculative lookahead (SpeCache): a store that answers true gets decode steps of [x_t, guess]
+  // per sequence, the guess being the engine's prediction of the token after x_t, flagged in
+  // StepBatch::lookahead; it attends both rows and keeps only x_t's. Its first decode step after
+  // a prompt or fork is preceded by a lookahead-only step [x_t] that makes the first guess.
+  virtual bool wants_lookahead() const { return false; }
+
+  // Document reuse: dst (a new sequence) becomes the concatenation of the sources' tokens in order,
+  // each source's keys re-rotated by its shift (harness/kv/rope_shift.h) -- caches prefilled
+  // separately, each from position 0, placed one after another without recomputing a token. The
+  // sources stay as they are.
+  virtual bool supports_splice() const { return false; }
+  virtual void splice(int64_t dst_id, const std::vector<SpliceSource>& sources) {
+    KVB_FAIL(name(), ": this store cannot splice sequences (document reuse needs a store that can)");
+  }
+  // Document reuse: how this method caches documents. Null: it does not reuse documents, and the qa
+  // protocol prefills the whole context as one sequence (full recomputation).
+  virtual const DocumentReuse* document_reuse() const { return nullptr; }
 };
 
 }  // namespace kvb

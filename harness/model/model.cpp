@@ -271,7 +271,7 @@ void load_synthetic(Model& m, const std::string& preset, const LoadOptions& opts
 
 }  // namespace
 
-void compute_rope_tables(const ModelConfig& c, int64_t n_pos, at::Tensor* cos, at::Tensor* sin) {
+std::vector<double> rope_inv_freq(const ModelConfig& c) {
   const int64_t half = c.head_dim / 2;
   std::vector<double> inv_freq(half);
   for (int64_t i = 0; i < half; ++i) {
@@ -297,6 +297,12 @@ void compute_rope_tables(const ModelConfig& c, int64_t n_pos, at::Tensor* cos, a
   } else if (rs.type == "linear") {
     for (auto& f : inv_freq) f /= rs.factor;
   }
+  return inv_freq;
+}
+
+void compute_rope_tables(const ModelConfig& c, int64_t n_pos, at::Tensor* cos, at::Tensor* sin) {
+  const int64_t half = c.head_dim / 2;
+  const std::vector<double> inv_freq = rope_inv_freq(c);
   at::Tensor cs = at::empty({n_pos, half}, at::kFloat), sn = at::empty({n_pos, half}, at::kFloat);
   float* pc = cs.data_ptr<float>();
   float* ps = sn.data_ptr<float>();

@@ -71,7 +71,10 @@ c10::ScalarType parse_dtype(const std::string& s);
 std::string dtype_name(c10::ScalarType t);
 int64_t dtype_bytes(c10::ScalarType t);
 
-// RoPE tables for a config: cos/sin of pos * inv_freq[i], with linear or Llama-3 frequency scaling.
+// RoPE's per-pair angular frequencies for a config (head_dim / 2 of them), with linear or Llama-3
+// frequency scaling applied.
+std::vector<double> rope_inv_freq(const ModelConfig& c);
+// RoPE tables for a config: cos/sin of pos * inv_freq[i].
 void compute_rope_tables(const ModelConfig& c, int64_t n_pos, at::Tensor* cos, at::Tensor* sin);
 
 }  // namespace kvb

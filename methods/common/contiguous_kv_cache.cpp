@@ -4,6 +4,7 @@
 
 #include "harness/common/error.h"
 #include "harness/kv/attention.h"
+#include "harness/kv/rope_shift.h"
 
 namespace kvb {
 
@@ -77,6 +78,38 @@ void ContiguousKvCache::fork(int64_t src_id, int64_t dst_id) {
   for (const auto& t : it->second.k) copy.k.push_back(t.clone());  // dense: no sharing
   for (const auto& t : it->second.v) copy.v.push_back(t.clone());
   seqs_[dst_id] = std::move(copy);
+}
+
+void ContiguousKvCache::splice(int64_t dst_id, const std::vector<SpliceSource>& sources) {
+  KVB_CHECK(seqs_.count(dst_id) == 0, name_, ": splice target ", dst_id, " already exists");
+  KVB_CHECK(!sources.empty(), name_, ": splice needs at least one source");
+  int64_t total = 0;
+  for (const auto& src : sources) {
+    auto it = seqs_.find(src.seq_id);
+    KVB_CHECK(it != seqs_.end(), name_, ": splice source ", src.seq_id, " is unknown");
+    KVB_CHECK(it->second.in_flight == 0, name_, ": splice source ", src.seq_id, " is mid-step");
+    total += it->second.len;
+  }
+  Seq dst;
+  if (mode_ == Mode::kReserve) {
+    KVB_CHECK(total <= reserve_tokens_, name_, ": the spliced sequence needs ", total,
+              " tokens but max_seq_len reserves ", reserve_tokens_);
+    reallocate(dst, reserve_tokens_);
+  } else {
+    reallocate(dst, std::max<int64_t>(16, total));
+  }
+  for (int64_t l = 0; l < ctx_.config.n_layers; ++l) {
+    int64_t at = 0;
+    for (const auto& src : sources) {
+      const Seq& s = seqs_.at(src.seq_id);
+      if (s.len == 0) continue;
+      dst.k[l].narrow(0, at, s.len).copy_(rope_shift(s.k[l].narrow(0, 0, s.len), ctx_.config, src.shift));
+      dst.v[l].narrow(0, at, s.len).copy_(s.v[l].narrow(0, 0, s.len));
+      at += s.len;
+    }
+  }
+  dst.len = total;
+  seqs_[dst_id] = std::move(dst);
 }
 
 void ContiguousKvCache::truncate(int64_t seq_id, int64_t new_len) {

@@ -29,6 +29,8 @@ class ContiguousKvCache : public KvCache {
   int64_t seq_len(int64_t seq_id) const override;
   Footprint footprint() const override;
   std::vector<HeadSnapshot> probe_view(int layer, int64_t seq_id) const override;
+  bool supports_splice() const override { return true; }
+  void splice(int64_t dst_id, const std::vector<SpliceSource>& sources) override;
 
  private:
   struct Seq {
