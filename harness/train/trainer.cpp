@@ -54,11 +54,19 @@ at::Tensor rms_norm_ag(const at::Tensor& x, const at::Tensor& w, double eps) {
   return (xf * inv * w).to(x.scalar_type());
 }
 
-// Rotates x [B, T, H, hd] by cos/sin [T, hd/2] in the HF half-split style (RopeStyle::kHalf).
-at::Tensor rope_half(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+// Rotates x [B, T, H, hd] by cos/sin [T, hd/2]: pairs (i, i + hd/2) in the HF half-split style (what
+// the trainer's own models use), or adjacent pairs (2i, 2i + 1) for models loaded with interleaved
+// RoPE (llama2.c checkpoints), whose frozen weights adapters are trained on.
+at::Tensor rope_train(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                      RopeStyle style) {
   const int64_t half = x.size(3) / 2;
   at::Tensor c = cos.view({1, cos.size(0), 1, half}).to(x.scalar_type());
   at::Tensor s = sin.view({1, sin.size(0), 1, half}).to(x.scalar_type());
+  if (style == RopeStyle::kInterleaved) {
+    at::Tensor pairs = x.reshape({x.size(0), x.size(1), x.size(2), half, 2});
+    at::Tensor a = pairs.select(4, 0), b = pairs.select(4, 1);
+    return at::stack({a * c - b * s, a * s + b * c}, 4).reshape(x.sizes());
+  }
   at::Tensor a = x.narrow(3, 0, half), b = x.narrow(3, half, half);
   return at::cat({a * c - b * s, b * c + a * s}, 3);
 }
@@ -330,20 +338,27 @@ TrainWeights train_weights_from_model(const ModelWeights& m, const ModelConfig& 
 at::Tensor train_forward(const TrainWeights& w, const ModelConfig& c, const at::Tensor& tokens,
                          const at::Tensor& rope_cos, const at::Tensor& rope_sin,
                          c10::ScalarType dt, const AttentionBiasFn& bias) {
-  const int64_t B = tokens.size(0), T = tokens.size(1);
+  return train_forward_embeds(w, c, at::embedding(w.at("embed").to(dt), tokens), rope_cos, rope_sin,
+                              dt, bias);
+}
+
+at::Tensor train_forward_embeds(const TrainWeights& w, const ModelConfig& c, const at::Tensor& embeds,
+                                const at::Tensor& rope_cos, const at::Tensor& rope_sin,
+                                c10::ScalarType dt, const AttentionBiasFn& bias) {
+  const int64_t B = embeds.size(0), T = embeds.size(1);
   const int64_t H = c.n_heads, KVH = c.n_kv_heads, HD = c.head_dim, Q = c.q_dim(), KV = c.kv_dim();
   const int64_t F = c.hidden_dim, G = c.group_size();
   auto W = [&](const std::string& n) { return w.at(n).to(dt); };
   at::Tensor cos = rope_cos.narrow(0, 0, T), sin = rope_sin.narrow(0, 0, T);
-  at::Tensor x = at::embedding(W("embed"), tokens);  // [B, T, D]
-  at::Tensor causal = at::ones({T, T}, at::TensorOptions().dtype(at::kBool).device(tokens.device()))
+  at::Tensor x = embeds.to(dt);  // [B, T, D]
+  at::Tensor causal = at::ones({T, T}, at::TensorOptions().dtype(at::kBool).device(embeds.device()))
                           .triu(1);
   const double scale = 1.0 / std::sqrt(static_cast<double>(HD));
   for (int64_t l = 0; l < c.n_layers; ++l) {
     at::Tensor h = rms_norm_ag(x, w.at(layer_name(l, "attn_norm")), c.norm_eps);
     at::Tensor qkv = at::linear(h, W(layer_name(l, "wqkv")));  // [B, T, Q + 2KV]
-    at::Tensor q = rope_half(qkv.narrow(2, 0, Q).view({B, T, H, HD}), cos, sin);
-    at::Tensor k = rope_half(qkv.narrow(2, Q, KV).reshape({B, T, KVH, HD}), cos, sin);
+    at::Tensor q = rope_train(qkv.narrow(2, 0, Q).reshape({B, T, H, HD}), cos, sin, c.rope_style);
+    at::Tensor k = rope_train(qkv.narrow(2, Q, KV).reshape({B, T, KVH, HD}), cos, sin, c.rope_style);
     at::Tensor v = qkv.narrow(2, Q + KV, KV).reshape({B, T, KVH, HD});
     q = q.transpose(1, 2);                                   // [B, H, T, HD]
     k = k.transpose(1, 2).repeat_interleave(G, 1);           // [B, H, T, HD]: query head h reads h / G

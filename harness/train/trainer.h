@@ -7,7 +7,7 @@
 // a seeded CPU generator.
 //
 // Parameters are kept in the engine's fused layout (wqkv = q|k|v rows, w13 = gate|up rows), RoPE in
-// the HF half-split style, so the forward here is the engine's computation written for autograd
+// the HF half-split style (a loaded model's own style when adapters are trained on it), so the forward here is the engine's computation written for autograd
 // (full causal attention over [B, T] instead of a KV cache); train_test checks that the exported model
 // gives the trainer's logits through the HF loader and the engine.
 
@@ -55,6 +55,12 @@ using AttentionBiasFn = std::function<at::Tensor(int64_t layer, const at::Tensor
 at::Tensor train_forward(const TrainWeights& w, const ModelConfig& c, const at::Tensor& tokens,
                          const at::Tensor& rope_cos, const at::Tensor& rope_sin,
                          c10::ScalarType compute_dtype, const AttentionBiasFn& bias = nullptr);
+
+// train_forward over input embeddings [B, T, D] instead of token ids: soft tokens (KV Packet's header
+// and trailer) are rows like any other, and gradients reach them.
+at::Tensor train_forward_embeds(const TrainWeights& w, const ModelConfig& c, const at::Tensor& embeds,
+                                const at::Tensor& rope_cos, const at::Tensor& rope_sin,
+                                c10::ScalarType compute_dtype, const AttentionBiasFn& bias = nullptr);
 
 // Writes a Hugging Face directory (config.json, model.safetensors in fp32, tokenizer.model copied
 // from tokenizer_path) that load_model() reads. Files appear atomically.

@@ -171,6 +171,25 @@ TEST(Train, ExportedModelGivesTheTrainersLogitsThroughTheEngine) {
   EXPECT_TRUE(at::equal(checkpoint_tensor(dir + "/out", 4, "param/embed"), model->weights.embedding));
 }
 
+// Adapters (DMS, KV Packet) train on a loaded model's frozen weights through train_forward: it must
+// compute the engine's logits for llama2.c checkpoints too, whose RoPE pairs are interleaved.
+TEST(Train, TrainForwardMatchesTheEngineOnAnInterleavedRopeModel) {
+  auto m = test::stories260k();
+  ASSERT_EQ(m->config.rope_style, RopeStyle::kInterleaved);
+  std::vector<int64_t> ids = {1};
+  for (int i = 1; i < 120; ++i) ids.push_back(3 + (i * 53) % 500);
+  Engine e(m, make_default_kv(*m));
+  const int64_t seq = e.new_sequence();
+  std::vector<at::Tensor> rows;
+  e.prefill({seq}, {ids}, [&](const at::Tensor& l, int64_t) { rows.push_back(l); });
+  TrainWeights w = train_weights_from_model(m->weights, m->config, "cpu");
+  at::Tensor cos, sin;
+  compute_rope_tables(m->config, 120, &cos, &sin);
+  at::NoGradGuard ng;
+  at::Tensor t = train_forward(w, m->config, at::tensor(ids, at::kLong).view({1, -1}), cos, sin, at::kFloat)[0];
+  EXPECT_LT((t - at::cat(rows, 0)).abs().max().item<double>(), 1e-3);
+}
+
 TEST(Train, MaxSecondsStopsWithACheckpointThatExports) {
   const std::string dir = test::make_temp_dir("train-max-seconds");
   auto j = tiny_recipe(100000);
