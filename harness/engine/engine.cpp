@@ -33,12 +33,15 @@ int64_t Engine::new_sequence() {
 void Engine::release(int64_t seq) {
   kv_->release(seq);
   pos_.erase(seq);
+  guess_.erase(seq);
 }
 
 int64_t Engine::fork(int64_t src) {
   const int64_t id = next_id_++;
   kv_->fork(src, id);
   pos_[id] = position(src);
+  auto g = guess_.find(src);
+  if (g != guess_.end()) guess_[id] = g->second;
   return id;
 }
 
@@ -50,9 +53,11 @@ int64_t Engine::position(int64_t seq) const {
 
 at::Tensor Engine::step(const std::vector<int64_t>& seqs,
                         const std::vector<std::vector<int64_t>>& chunks, Phase phase,
-                        bool all_logits) {
+                        bool all_logits, const at::Tensor* embeds,
+                        const std::vector<uint8_t>* lookahead) {
   StepBatch batch;
   batch.phase = phase;
+  if (lookahead) batch.lookahead = *lookahead;
   batch.q_indptr.push_back(0);
   std::vector<int64_t> tokens, rows;
   for (size_t b = 0; b < seqs.size(); ++b) {
@@ -67,10 +72,56 @@ at::Tensor Engine::step(const std::vector<int64_t>& seqs,
       tokens.push_back(t);
       batch.positions.push_back(p++);
     }
+    if (batch.has_lookahead(static_cast<int64_t>(b))) --p;  // the lookahead row is not kept
     batch.q_indptr.push_back(static_cast<int64_t>(tokens.size()));
     if (!all_logits) rows.push_back(batch.q_indptr.back() - 1);
   }
-  return transformer_forward(*model_, *kv_, tokens, batch, rows);
+  return transformer_forward(*model_, *kv_, tokens, batch, rows, embeds);
+}
+
+at::Tensor Engine::prefill_embeds(int64_t seq, const at::Tensor& embeds, bool call_end_prefill) {
+  KVB_CHECK(embeds.dim() == 2 && embeds.size(1) == model_->config.dim && embeds.size(0) > 0,
+            "engine: prefill_embeds needs [n > 0, ", model_->config.dim, "] rows");
+  const int64_t n = embeds.size(0);
+  guess_.erase(seq);
+  at::Tensor last;
+  for (int64_t done = 0; done < n;) {
+    const int64_t c = std::min<int64_t>(opts_.prefill_chunk, n - done);
+    // Placeholder ids: only their count matters when embeddings are given.
+    std::vector<std::vector<int64_t>> chunk = {std::vector<int64_t>(c, 0)};
+    at::Tensor rows = embeds.narrow(0, done, c);
+    last = step({seq}, chunk, Phase::kPrefill, false, &rows);
+    done += c;
+  }
+  if (call_end_prefill) kv_->end_prefill(seq);
+  return last;
+}
+
+at::Tensor Engine::embed(const std::vector<int64_t>& tokens) const {
+  for (int64_t t : tokens)
+    KVB_CHECK(t >= 0 && t < model_->config.vocab_size, "token id ", t,
+              " is outside the vocabulary [0, ", model_->config.vocab_size, ")");
+  at::Tensor ids = at::tensor(tokens, at::kLong).to(model_->device);
+  return model_->weights.embedding.index_select(0, ids);
+}
+
+int64_t Engine::compose(const std::vector<int64_t>& parts) {
+  KVB_CHECK(!parts.empty(), "engine: compose needs at least one part");
+  KVB_CHECK(kv_->supports_splice(), "engine: store ", kv_->name(),
+            " cannot splice sequences (document reuse)");
+  std::vector<SpliceSource> src;
+  int64_t at = 0;
+  for (int64_t p : parts) {
+    const int64_t len = position(p);
+    KVB_CHECK(kv_->seq_len(p) == len, "engine: compose part ", p, " holds ", kv_->seq_len(p),
+              " tokens of ", len, " positions (an evicting store cannot be composed)");
+    src.push_back({p, at});
+    at += len;
+  }
+  const int64_t id = next_id_++;
+  kv_->splice(id, src);
+  pos_[id] = at;
+  return id;
 }
 
 at::Tensor Engine::prefill(const std::vector<int64_t>& seqs,
@@ -78,6 +129,7 @@ at::Tensor Engine::prefill(const std::vector<int64_t>& seqs,
                            const LogitsCallback& cb, bool call_end_prefill) {
   KVB_CHECK(seqs.size() == tokens.size() && !seqs.empty(), "engine: prefill needs one token list per sequence");
   const int64_t B = static_cast<int64_t>(seqs.size());
+  for (int64_t s : seqs) guess_.erase(s);  // a guess is for the token after the last one
   std::vector<size_t> done(B, 0);
   std::vector<at::Tensor> last(B);
   const bool all = static_cast<bool>(cb);
@@ -111,9 +163,39 @@ at::Tensor Engine::prefill(const std::vector<int64_t>& seqs,
 }
 
 at::Tensor Engine::decode(const std::vector<int64_t>& seqs, const std::vector<int64_t>& tokens) {
+  if (kv_->wants_lookahead()) return decode_with_lookahead(seqs, tokens);
   std::vector<std::vector<int64_t>> chunks;
   for (int64_t t : tokens) chunks.push_back({t});
   return step(seqs, chunks, Phase::kDecode, false);
+}
+
+at::Tensor Engine::decode_with_lookahead(const std::vector<int64_t>& seqs,
+                                         const std::vector<int64_t>& tokens) {
+  KVB_CHECK(seqs.size() == tokens.size(), "engine: decode needs one token per sequence");
+  // Pre-decoding: a sequence without a guess runs its token alone as a lookahead row (nothing
+  // kept); the argmax of its logits is the first guess.
+  std::vector<int64_t> fresh, fresh_tokens;
+  for (size_t b = 0; b < seqs.size(); ++b)
+    if (!guess_.count(seqs[b])) {
+      fresh.push_back(seqs[b]);
+      fresh_tokens.push_back(tokens[b]);
+    }
+  if (!fresh.empty()) {
+    std::vector<std::vector<int64_t>> chunks;
+    for (int64_t t : fresh_tokens) chunks.push_back({t});
+    const std::vector<uint8_t> all(fresh.size(), 1);
+    at::Tensor first = step(fresh, chunks, Phase::kDecode, false, nullptr, &all).argmax(-1).to(at::kCPU);
+    for (size_t i = 0; i < fresh.size(); ++i) guess_[fresh[i]] = first[static_cast<int64_t>(i)].item<int64_t>();
+  }
+  std::vector<std::vector<int64_t>> chunks;
+  for (size_t b = 0; b < seqs.size(); ++b) chunks.push_back({tokens[b], guess_.at(seqs[b])});
+  const std::vector<uint8_t> all(seqs.size(), 1);
+  at::Tensor logits = step(seqs, chunks, Phase::kDecode, true, nullptr, &all);  // [2B, vocab]
+  const int64_t B = static_cast<int64_t>(seqs.size());
+  at::Tensor rows = logits.view({B, 2, -1});
+  at::Tensor next = rows.select(1, 1).argmax(-1).to(at::kCPU);
+  for (int64_t b = 0; b < B; ++b) guess_[seqs[b]] = next[b].item<int64_t>();
+  return rows.select(1, 0).contiguous();
 }
 
 GenerateResult Engine::generate(const std::vector<std::vector<int64_t>>& prompts,

@@ -62,7 +62,20 @@ class Engine {
   at::Tensor prefill(const std::vector<int64_t>& seqs,
                      const std::vector<std::vector<int64_t>>& tokens,
                      const LogitsCallback& cb = nullptr, bool call_end_prefill = true);
-  // One token per sequence: [batch, vocab] fp32.
+  // Feeds rows of input embeddings [n, dim] to one sequence (chunked like prefill): soft tokens such
+  // as KV Packet's header and trailer around a document's token embeddings. Returns the last row's
+  // logits [1, vocab] fp32.
+  at::Tensor prefill_embeds(int64_t seq, const at::Tensor& embeds, bool call_end_prefill = true);
+  // The input embeddings of tokens: [n, dim], model dtype and device.
+  at::Tensor embed(const std::vector<int64_t>& tokens) const;
+  // Document reuse: a new sequence holding the parts' caches one after another (each part's keys
+  // re-rotated to its place, KvCache::splice); its next position is the sum of the parts'. The
+  // parts are left as they are. Every part must have started at position 0.
+  int64_t compose(const std::vector<int64_t>& parts);
+
+  // One token per sequence: [batch, vocab] fp32. With a store that wants lookahead rows (SpeCache's
+  // speculative token) each sequence's step is [token, guess], the guess being the greedy argmax
+  // of the previous step's lookahead row (the first one from a lookahead-only step over the token).
   at::Tensor decode(const std::vector<int64_t>& seqs, const std::vector<int64_t>& tokens);
 
   GenerateResult generate(const std::vector<std::vector<int64_t>>& prompts,
@@ -71,13 +84,16 @@ class Engine {
 
  private:
   at::Tensor step(const std::vector<int64_t>& seqs, const std::vector<std::vector<int64_t>>& chunks,
-                  Phase phase, bool all_logits);
+                  Phase phase, bool all_logits, const at::Tensor* embeds = nullptr,
+                  const std::vector<uint8_t>* lookahead = nullptr);
+  at::Tensor decode_with_lookahead(const std::vector<int64_t>& seqs, const std::vector<int64_t>& tokens);
 
   std::shared_ptr<Model> model_;
   std::unique_ptr<KvCache> kv_;
   EngineOptions opts_;
   int64_t next_id_ = 0;
   std::unordered_map<int64_t, int64_t> pos_;  // seq -> next position
+  std::unordered_map<int64_t, int64_t> guess_;  // seq -> guessed next token (lookahead stores)
 };
 
 // The engine's default store: the paged cache at the model's dtype and device.

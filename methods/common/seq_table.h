@@ -29,10 +29,10 @@ class SeqTable {
                 it->second.len, " tokens but the step says ", batch.past_lens[b]);
     }
   }
-  // Adds the step's new tokens to each sequence's length.
+  // Adds the step's kept new tokens to each sequence's length (a lookahead row is not kept).
   void end_step(const StepBatch& batch) {
     for (int64_t b = 0; b < batch.batch_size(); ++b)
-      at(batch.seq_ids[b]).len += batch.new_tokens(b);
+      at(batch.seq_ids[b]).len += batch.kept_tokens(b);
   }
 
   Seq& at(int64_t id) {

@@ -5,12 +5,14 @@
 //
 // Here (see README.md): the low-bit copy is the KIVI codec (methods/common/kv_codec.h), the host
 // copy fp16 rows in host memory (the ledger's host tier), and the top-k is chosen by a `predictor`:
-//   previous  the previous decode step's query (a one-step-ahead predictor without the paper's
-//             speculative token; the first decode step after a prompt reads the low-bit cache only,
-//             as the paper's pre-decoding step)
-//   oracle    the current query (what SpeCache reads when its speculative token is always right:
-//             the upper bound of its accuracy)
-// Every decode step also scores both sets when it can and records their overlap.
+//   speculative  the paper's: every decode step runs two rows, the real token and a speculative one
+//                (the engine's guess of the next token, KvCache::wants_lookahead); the speculative
+//                row's query picks the next step's top-k, and its KV is thrown away. The first
+//                decode step after a prompt is preceded by a lookahead-only row (pre-decoding).
+//   previous     the previous decode step's query (one step ahead without a speculative token)
+//   oracle       the current query (a speculative token that is always right: the upper bound)
+// Every decode step also scores the predicted and the true top-k when it can and records their
+// overlap; with speculative tokens, how often the guess was the real next token.
 
 #include <ATen/ATen.h>
 
@@ -29,12 +31,14 @@
 namespace kvb {
 namespace {
 
+enum class Predictor { kSpeculative, kPrevious, kOracle };
+
 struct SpecacheOptions {
   int32_t bits = 2;
   int64_t group = 64;
   int64_t residual = 64;
   int64_t top_k = 64;
-  bool oracle = false;
+  Predictor predictor = Predictor::kSpeculative;
 };
 
 // Top-k stored positions of one KV head for the query rows q[g] (g in the head's group), by the
@@ -89,6 +93,7 @@ class SpecacheKvCache : public KvCache {
   }
 
   std::string name() const override { return "specache"; }
+  bool wants_lookahead() const override { return o_.predictor == Predictor::kSpeculative; }
 
   void begin_step(const StepBatch& batch) override {
     seqs_.begin_step(batch, [&] { return new_seq(); });
@@ -117,6 +122,27 @@ class SpecacheKvCache : public KvCache {
                   static_cast<size_t>(n * W * 4));
       const float* qp = qf.data_ptr<float>();
       const int64_t qrow = c.n_heads * D;
+      const bool oracle = o_.predictor == Predictor::kOracle;
+      if (batch.has_lookahead(b)) {
+        // A speculative decode step: [x_t, guess] (or the guess-making [x_t] alone). Both rows
+        // read one mix, predicted by the last speculative query; only x_t's KV is kept.
+        const int64_t real = n - 1;
+        const float* pred = y.prev_q.empty() ? nullptr : y.prev_q.data();
+        if (in.layer == 0 && real == 1) {
+          ++decode_steps_;
+          score_guess(s, in, start);
+        }
+        swap_in_exact(y, k_scratch_.data(), v_scratch_.data(), pred, qp, real == 1 ? pred : nullptr,
+                      kn.data_ptr<float>(), len, in.sm_scale);
+        outs.push_back(attend_dense(q, as_tensor(k_scratch_, L).to(q.scalar_type()),
+                                    as_tensor(v_scratch_, L).to(q.scalar_type()), in.sm_scale));
+        y.prev_q.assign(qp + (n - 1) * qrow, qp + n * qrow);
+        y.k.p->append(kn.data_ptr<float>(), real);
+        y.v.p->append(vn.data_ptr<float>(), real);
+        append_host(y.hk, kn.data_ptr<float>(), real * W);
+        append_host(y.hv, vn.data_ptr<float>(), real * W);
+        continue;
+      }
       if (len == 0) {  // a prompt from its start: exact, and no prediction for the next step
         y.prev_q.clear();
         outs.push_back(attend_dense(q, as_tensor(k_scratch_, L).to(q.scalar_type()),
@@ -124,7 +150,7 @@ class SpecacheKvCache : public KvCache {
       } else if (n == 1) {  // a decode step: swap in place, then attend
         const float* prev = y.prev_q.empty() ? nullptr : y.prev_q.data();
         if (in.layer == 0) ++decode_steps_;
-        swap_in_exact(y, k_scratch_.data(), v_scratch_.data(), o_.oracle ? qp : prev, qp, prev,
+        swap_in_exact(y, k_scratch_.data(), v_scratch_.data(), oracle ? qp : prev, qp, prev,
                       kn.data_ptr<float>(), len, in.sm_scale);
         outs.push_back(attend_dense(q, as_tensor(k_scratch_, L).to(q.scalar_type()),
                                     as_tensor(v_scratch_, L).to(q.scalar_type()), in.sm_scale));
@@ -138,7 +164,7 @@ class SpecacheKvCache : public KvCache {
           row_v_.assign(v_scratch_.begin(), v_scratch_.begin() + Li * W);
           const float* prev =
               i > 0 ? qp + (i - 1) * qrow : (y.prev_q.empty() ? nullptr : y.prev_q.data());
-          swap_in_exact(y, row_k_.data(), row_v_.data(), o_.oracle ? qp + i * qrow : prev,
+          swap_in_exact(y, row_k_.data(), row_v_.data(), oracle ? qp + i * qrow : prev,
                         qp + i * qrow, prev, kn.data_ptr<float>() + i * W, len, in.sm_scale);
           rows.push_back(attend_dense(q.narrow(0, i, 1), as_tensor(row_k_, Li).to(q.scalar_type()),
                                       as_tensor(row_v_, Li).to(q.scalar_type()), in.sm_scale));
@@ -168,6 +194,7 @@ class SpecacheKvCache : public KvCache {
       y.hv.resize(keep);
       y.prev_q.clear();
     }
+    s.guess_k.clear();
     s.len = new_len;
   }
   int64_t seq_len(int64_t seq_id) const override { return seqs_.len(seq_id); }
@@ -201,7 +228,9 @@ class SpecacheKvCache : public KvCache {
   std::map<std::string, double> counters() const override {
     std::map<std::string, double> m = codec_->describe();
     m["top_k"] = static_cast<double>(o_.top_k);
-    m["predictor_oracle"] = o_.oracle ? 1 : 0;
+    m["predictor_oracle"] = o_.predictor == Predictor::kOracle ? 1 : 0;
+    m["predictor_speculative"] = o_.predictor == Predictor::kSpeculative ? 1 : 0;
+    if (guesses_ > 0) m["speculative_hit_rate"] = guess_hits_ / guesses_;
     m["v_group_size"] = static_cast<double>(channel_group_);
     m["swap_steps"] = swap_steps_;  // (layer, sequence) decode reads that swapped rows in
     m["lowbit_only_reads"] =
@@ -229,7 +258,28 @@ class SpecacheKvCache : public KvCache {
   struct Seq {
     std::vector<Layer> layers;
     int64_t len = 0;
+    // Layer 0's pre-RoPE key of the last speculative row: it depends on the token alone, so the
+    // next step's real row has the same key exactly when the guess was right.
+    std::vector<float> guess_k;
   };
+
+  // At layer 0 of a speculative step: was the previous step's guess this step's real token? Then
+  // keeps this step's guess row's key for the next comparison.
+  void score_guess(Seq& s, const LayerInput& in, int64_t start) {
+    const int64_t W = ctx_.config.kv_dim();
+    at::Tensor k = in.k_pre_rope->narrow(0, start, 2).to(at::kFloat).contiguous();
+    const float* real = k.data_ptr<float>();
+    if (!s.guess_k.empty()) {
+      double diff = 0, norm = 0;
+      for (int64_t i = 0; i < W; ++i) {
+        diff = std::max(diff, static_cast<double>(std::fabs(real[i] - s.guess_k[i])));
+        norm = std::max(norm, static_cast<double>(std::fabs(real[i])));
+      }
+      guess_hits_ += diff <= 1e-5 * std::max(1.0, norm) ? 1 : 0;
+      guesses_ += 1;
+    }
+    s.guess_k.assign(real + W, real + 2 * W);
+  }
 
   Seq new_seq() const {
     const auto& c = ctx_.config;
@@ -298,7 +348,7 @@ class SpecacheKvCache : public KvCache {
   SeqTable<Seq> seqs_{"specache"};
   std::vector<float> k_scratch_, v_scratch_, row_k_, row_v_, logit_, prob_;
   double swap_steps_ = 0, lowbit_only_ = 0, swapped_rows_ = 0, swap_heads_ = 0;
-  double decode_steps_ = 0, overlap_sum_ = 0, overlap_n_ = 0;
+  double decode_steps_ = 0, overlap_sum_ = 0, overlap_n_ = 0, guess_hits_ = 0, guesses_ = 0;
 };
 
 MethodInfo specache_info() {
@@ -319,9 +369,11 @@ MethodInfo specache_info() {
           "residual_length", 64, 0, 1 << 20,
           "fp16 residual of the newest tokens in the low-bit copy (a multiple of group_size)"),
       int_param("top_k", 64, 1, 1 << 20, "exact rows swapped in per KV head and decode step"),
-      string_param("predictor", "previous", {"previous", "oracle"},
-                   "previous: the last decode step's query picks the rows (no speculative token); "
-                   "oracle: the current query (a speculative token that is always right)")};
+      string_param("predictor", "speculative", {"speculative", "previous", "oracle"},
+                   "speculative: the paper's speculative token (each decode step also runs the "
+                   "engine's guess of the next token; its query picks the next step's rows); "
+                   "previous: the last decode step's query (no speculative token); oracle: the "
+                   "current query (a speculative token that is always right)")};
   m.caps.quantizes = true;
   m.caps.tiers = true;
   m.caps.query_aware = true;
@@ -334,7 +386,10 @@ std::unique_ptr<KvCache> make_specache(const CacheContext& ctx, const nlohmann::
   o.group = p["group_size"].get<int64_t>();
   o.residual = p["residual_length"].get<int64_t>();
   o.top_k = p["top_k"].get<int64_t>();
-  o.oracle = p["predictor"] == "oracle";
+  const std::string pred = p["predictor"];
+  o.predictor = pred == "oracle"     ? Predictor::kOracle
+                : pred == "previous" ? Predictor::kPrevious
+                                     : Predictor::kSpeculative;
   KVB_CHECK(o.residual % o.group == 0, "method specache.residual_length: ", o.residual,
             " is not a multiple of group_size ", o.group,
             " (keys are quantized per channel when the residual fills)");

@@ -1,6 +1,6 @@
 // specache on the real stories260K: with every row swapped in it is the full cache (fp16 host
-// rows); swapped-in rows beat the plain low-bit copy and the oracle predictor beats the
-// one-step-old query; the ledger splits the device tier (codes + metadata + residual + the swap
+// rows); swapped-in rows beat the plain low-bit copy, the speculative token beats the one-step-old
+// query and the oracle beats both; a speculative step keeps only the real row; the ledger splits the device tier (codes + metadata + residual + the swap
 // buffer) from the host copy exactly; fork; parameter errors.
 
 #include <ATen/ATen.h>
@@ -62,12 +62,25 @@ TEST(Specache, ALaterPromptChunkSwapsRowByRow) {
 TEST(Specache, SwappedRowsBeatTheLowBitCopyAndTheOracleBeatsTheOldQuery) {
   const double kivi = test::mean_story_kl(
       "kivi", {{"k_bits", 2}, {"v_bits", 2}, {"group_size", 64}, {"residual_length", 64}});
-  std::map<std::string, double> cp, co;
-  const double prev = test::mean_story_kl("specache", {{"top_k", 16}}, 2, 1, &cp);
+  std::map<std::string, double> cp, co, cs;
+  const double prev = test::mean_story_kl("specache", {{"top_k", 16}, {"predictor", "previous"}}, 2, 1, &cp);
+  const double spec = test::mean_story_kl("specache", {{"top_k", 16}}, 2, 1, &cs);
   const double oracle =
       test::mean_story_kl("specache", {{"top_k", 16}, {"predictor", "oracle"}}, 2, 1, &co);
   EXPECT_LT(prev, 0.5 * kivi) << "kivi " << kivi;
   EXPECT_LT(oracle, 0.5 * prev);
+  // The speculative query is the next token's (at the right position, after the real token) when
+  // the guess is right, and near it when not: between the old query and the oracle. The stream
+  // protocol feeds the reference text, and each guess is conditioned on the one before it (the
+  // paper's chain: the speculative row's argmax), so few guesses are exactly right (9% measured).
+  EXPECT_LT(spec, prev);
+  EXPECT_GT(spec, oracle);
+  ASSERT_TRUE(cs.count("speculative_hit_rate"));
+  EXPECT_GT(cs.at("speculative_hit_rate"), 0.02);
+  EXPECT_LT(cs.at("speculative_hit_rate"), 0.95);
+  EXPECT_GT(cs.at("predictor_overlap"), cp.at("predictor_overlap"));
+  std::cerr << "speculative " << spec << ", hit rate " << cs.at("speculative_hit_rate")
+            << ", overlap " << cs.at("predictor_overlap") << "\n";
   // The old query's top-16 overlaps the current one's, partly.
   ASSERT_TRUE(cp.count("predictor_overlap"));
   EXPECT_GT(cp.at("predictor_overlap"), 0.2);
@@ -83,7 +96,7 @@ TEST(Specache, SwappedRowsBeatTheLowBitCopyAndTheOracleBeatsTheOldQuery) {
 TEST(Specache, LedgerSplitsTheDeviceTierFromTheHostCopy) {
   auto m = test::stories260k();
   const auto& c = m->config;
-  Engine e(m, make("specache", {{"top_k", 16}}));
+  Engine e(m, make("specache", {{"top_k", 16}, {"predictor", "previous"}}));
   int64_t a = e.new_sequence(), b = e.new_sequence();
   std::vector<int64_t> pa = {1}, pb = {1};
   for (int i = 1; i < 150; ++i) pa.push_back(3 + (i * 37) % 500);
@@ -109,6 +122,36 @@ TEST(Specache, LedgerSplitsTheDeviceTierFromTheHostCopy) {
   // The first decode step after the prompts had no prediction (per layer and sequence).
   EXPECT_EQ(counters.at("lowbit_only_reads"), 2 * c.n_layers);
   EXPECT_EQ(counters.at("swap_steps"), 9 * 2 * c.n_layers);
+}
+
+TEST(Specache, ASpeculativeStepKeepsOnlyTheRealRow) {
+  auto m = test::stories260k();
+  const auto& c = m->config;
+  std::vector<int64_t> p = {1};
+  for (int i = 1; i < 150; ++i) p.push_back(3 + (i * 37) % 500);
+  Engine e(m, make("specache", {{"top_k", 16}}));
+  ASSERT_TRUE(e.kv().wants_lookahead());
+  const int64_t a = e.new_sequence();
+  e.prefill({a}, {p});
+  for (int i = 0; i < 10; ++i) {
+    at::Tensor l = e.decode({a}, {300 + i});
+    EXPECT_EQ(l.size(0), 1);
+  }
+  EXPECT_EQ(e.kv().seq_len(a), 160);
+  EXPECT_EQ(e.position(a), 160);
+  EXPECT_EQ(e.kv().footprint().host_bytes, 160 * c.n_layers * 2 * c.kv_dim() * 2);
+  const auto k = e.kv().counters();
+  // Pre-decoding reads the low-bit copy alone; every real step after it is predicted.
+  EXPECT_EQ(k.at("lowbit_only_reads"), c.n_layers);
+  EXPECT_EQ(k.at("swap_steps"), 10 * c.n_layers);
+  // The fed tokens are not what the model predicts: the guesses miss.
+  EXPECT_LT(k.at("speculative_hit_rate"), 0.5);
+  // Fed its own greedy tokens, every guess but the first is right.
+  Engine g(m, make("specache", {{"top_k", 16}}));
+  const int64_t s = g.new_sequence();
+  at::Tensor l = g.prefill({s}, {p});
+  for (int i = 0; i < 12; ++i) l = g.decode({s}, {l[0].argmax().item<int64_t>()});
+  EXPECT_GT(g.kv().counters().at("speculative_hit_rate"), 0.85);
 }
 
 TEST(Specache, ForkedBranchesContinueAlike) {
@@ -137,7 +180,7 @@ TEST(Specache, RefusesBadParametersNamingThem) {
   };
   expect_error({{"residual_length", 40}}, "residual_length");
   expect_error({{"bits", 8}}, "bits");
-  expect_error({{"predictor", "speculative"}}, "predictor");
+  expect_error({{"predictor", "psychic"}}, "predictor");
   expect_error({{"topk", 4}}, "topk");
 }
 
