@@ -40,5 +40,6 @@ void register_compare(CLI::App& app);
 void register_train(CLI::App& app);
 void register_kvtuner_search(CLI::App& app);
 void register_dms_train(CLI::App& app);
+void register_packet_train(CLI::App& app);
 
 }  // namespace kvb::cli

@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 #include <sys/stat.h>
 
+#include <chrono>
 #include <fstream>
 
 #include "datasets/corpus.h"
@@ -13,6 +14,7 @@
 #include "harness/common/sha256.h"
 #include "harness/common/strings.h"
 #include "harness/engine/engine.h"
+#include "harness/eval/documents.h"
 #include "harness/formats/longbench_jsonl.h"
 #include "harness/formats/tokenizer.h"
 #include "harness/kv/method_registry.h"
@@ -57,7 +59,12 @@ struct Answers {
   std::vector<std::string> predictions;
   LedgerEntry ledger;
   int64_t context_tokens = 0;
+  QaTiming timing;
 };
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
 
 Answers answer_all(std::shared_ptr<Model> model, const Tokenizer& tok, const std::string& method,
                    const nlohmann::json& params, const QaSample& s, const QaOptions& opts) {
@@ -72,15 +79,35 @@ Answers answer_all(std::shared_ptr<Model> model, const Tokenizer& tok, const std
   Answers a;
   a.context_tokens = static_cast<int64_t>(ctx_ids.size());
   const int64_t per_token = model->config.kv_bytes_per_token(dtype_bytes(model->dtype));
-  if (opts.mode == "query_agnostic") {
-    const int64_t seq = e.new_sequence();
-    e.prefill({seq}, {ctx_ids});  // end_prefill: the method compresses the context here
+  const DocumentReuse* reuse = e.kv().document_reuse();
+  if (opts.mode == "query_agnostic" || reuse) {
+    // With document reuse the documents never see the question, so both modes take this route.
+    int64_t seq = 0;
+    if (reuse) {
+      const DocumentPrefill d = prefill_documents(e, *reuse, ctx_ids, tok);
+      seq = d.seq;
+      a.timing.documents = d.documents;
+      a.timing.document_prefill_s = d.document_prefill_s;
+      a.timing.context_s = d.splice_s;
+    } else {
+      auto t0 = std::chrono::steady_clock::now();
+      seq = e.new_sequence();
+      e.prefill({seq}, {ctx_ids});  // end_prefill: the method compresses the context here
+      a.timing.context_s = seconds_since(t0);
+      a.timing.prefill_tokens = a.context_tokens;
+    }
     a.ledger.fp = e.kv().footprint();
     a.ledger.tokens_seen = a.context_tokens;
     a.ledger.baseline_bytes = a.context_tokens * per_token;
     for (const auto& item : s.items) {
+      const auto q = tok.encode(item.question);
+      auto t0 = std::chrono::steady_clock::now();
       const int64_t f = e.fork(seq);
-      at::Tensor logits = e.prefill({f}, {tok.encode(item.question)}, nullptr, /*call_end_prefill=*/false);
+      at::Tensor logits = e.prefill({f}, {q}, nullptr, /*call_end_prefill=*/false);
+      if (a.predictions.empty()) {
+        a.timing.question_s = seconds_since(t0);
+        a.timing.prefill_tokens += static_cast<int64_t>(q.size());
+      }
       a.predictions.push_back(greedy_answer(e, tok, f, logits, s.max_new_tokens, s.stop));
       e.release(f);
     }
@@ -88,8 +115,12 @@ Answers answer_all(std::shared_ptr<Model> model, const Tokenizer& tok, const std
     for (const auto& item : s.items) {
       const int64_t seq = e.new_sequence();
       const auto ids = concat(ctx_ids, tok.encode(item.question));
+      auto t0 = std::chrono::steady_clock::now();
       at::Tensor logits = e.prefill({seq}, {ids});
       if (a.predictions.empty()) {
+        a.timing.context_s = 0;  // the context is prefilled with the question
+        a.timing.question_s = seconds_since(t0);
+        a.timing.prefill_tokens = static_cast<int64_t>(ids.size());
         a.ledger.fp = e.kv().footprint();
         a.ledger.tokens_seen = static_cast<int64_t>(ids.size());
         a.ledger.baseline_bytes = a.ledger.tokens_seen * per_token;
@@ -142,6 +173,7 @@ QaSampleResult run_qa_sample(std::shared_ptr<Model> model, const Tokenizer& tok,
   std::vector<std::string> full = method == "full" ? mine.predictions : full_answers(model, tok, s, opts);
   r.context_tokens = mine.context_tokens;
   r.ledger = mine.ledger;
+  r.timing = mine.timing;
   for (size_t i = 0; i < s.items.size(); ++i) {
     const QaItem& it = s.items[i];
     QaItemResult x;
@@ -166,6 +198,12 @@ nlohmann::json QaSampleResult::to_json() const {
   const Footprint& f = ledger.fp;
   return {{"items", items_j},
           {"context_tokens", context_tokens},
+          {"timing",
+           {{"context_s", timing.context_s},
+            {"question_s", timing.question_s},
+            {"prefill_tokens", timing.prefill_tokens},
+            {"documents", timing.documents},
+            {"document_prefill_s", timing.document_prefill_s}}},
           {"ledger",
            {{"tokens_seen", ledger.tokens_seen},
             {"baseline_bytes", ledger.baseline_bytes},
@@ -187,6 +225,11 @@ QaSampleResult QaSampleResult::from_json(const nlohmann::json& j) {
     r.items.push_back(std::move(x));
   }
   r.context_tokens = j.at("context_tokens");
+  if (j.contains("timing")) {  // rows stored before timings were recorded lack it
+    const auto& t = j.at("timing");
+    r.timing = {t.at("context_s"), t.at("question_s"), t.at("prefill_tokens"), t.at("documents"),
+                t.at("document_prefill_s")};
+  }
   const auto& l = j.at("ledger");
   r.ledger.tokens_seen = l.at("tokens_seen");
   r.ledger.baseline_bytes = l.at("baseline_bytes");
@@ -222,6 +265,27 @@ std::vector<Metric> qa_metrics(const std::vector<QaSampleResult>& samples, bool 
                            {"agreement_with_full", agree / n, "", D::kHigher},
                            {"questions", static_cast<double>(n), "", D::kNone}};
   for (auto& x : m) x.n = n;
+  double ttft = 0, tokens = 0, docs = 0, doc_s = 0;
+  int64_t timed = 0;
+  for (const auto& s : samples) {
+    if (s.timing.context_s < 0 || s.timing.question_s < 0) continue;
+    ttft += s.timing.context_s + s.timing.question_s;
+    tokens += static_cast<double>(s.timing.prefill_tokens);
+    docs += static_cast<double>(s.timing.documents);
+    doc_s += s.timing.document_prefill_s;
+    ++timed;
+  }
+  if (timed > 0) {
+    const double k = 1.0 / static_cast<double>(timed);
+    std::vector<Metric> t = {{"ttft_ms", 1e3 * ttft * k, "ms", D::kLower},
+                             {"query_prefill_tokens", tokens * k, "", D::kLower}};
+    if (docs > 0) {
+      t.push_back({"documents", docs * k, "", D::kNone});
+      t.push_back({"document_prefill_ms", 1e3 * doc_s * k, "ms", D::kNone});
+    }
+    for (auto& x : t) x.n = timed;
+    m.insert(m.end(), t.begin(), t.end());
+  }
   auto l = ledger_metrics(ledger, declared_simulated);
   m.insert(m.end(), l.begin(), l.end());
   return m;

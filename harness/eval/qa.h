@@ -50,9 +50,22 @@ struct QaItemResult {
   std::vector<std::string> answers;  // the references (stored so a sample can be read alone)
 };
 
+// Where a sample's time to first token went (wall clock on the run's machine). At query time a
+// context is either prefilled (context_s: its prefill, compression included) or, with document reuse,
+// spliced from caches prefilled earlier (context_s: the splice; document_prefill_s: the offline
+// per-document prefills, not part of the time to first token). question_s: the first question's
+// prefill. prefill_tokens: tokens run through the model at query time.
+struct QaTiming {
+  double context_s = -1, question_s = -1;  // -1: not recorded (rows stored before timings existed)
+  int64_t prefill_tokens = 0;
+  int64_t documents = 0;
+  double document_prefill_s = 0;
+};
+
 struct QaSampleResult {
   std::vector<QaItemResult> items;
   int64_t context_tokens = 0;
+  QaTiming timing;
   LedgerEntry ledger;  // the method's cache right after the context (what every question reads)
   nlohmann::json to_json() const;
   static QaSampleResult from_json(const nlohmann::json& j);
@@ -62,7 +75,9 @@ QaSampleResult run_qa_sample(std::shared_ptr<Model> model, const Tokenizer& tok,
                              const std::string& method, const nlohmann::json& method_params,
                              const QaSample& sample, const QaOptions& opts);
 
-// accuracy, full_accuracy, agreement_with_full (identical predictions), questions, + the ledger.
+// accuracy, full_accuracy, agreement_with_full (identical predictions), questions, + the ledger; where
+// timings were recorded: ttft_ms (context ready + first question prefilled), query_prefill_tokens,
+// and with document reuse documents and document_prefill_ms.
 std::vector<Metric> qa_metrics(const std::vector<QaSampleResult>& samples, bool declared_simulated);
 
 // The samples a qa run answers, from its protocol parameters (synthetic RULER tasks, story recall,

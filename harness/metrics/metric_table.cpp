@@ -61,7 +61,10 @@ const std::vector<MetricInfo>& table() {
       {"prefill_tok_s", "tokens/s", kHigher, "prompt tokens processed per second during prefill"},
       {"decode_tok_s", "tokens/s", kHigher,
        "generated tokens per second during decode, whole batch"},
-      {"ttft_ms", "ms", kLower, "time to first token: request start to the first generated token"},
+      {"ttft_ms", "ms", kLower,
+       "time to first token: request start to the first generated token (perf); qa: the context "
+       "made ready at query time (its prefill, or the splice of cached documents) plus the first "
+       "question's prefill"},
       {"tpot_ms", "ms", kLower, "time per output token after the first"},
       // ---- memory ----
       {"physical_bytes", "bytes", kLower,

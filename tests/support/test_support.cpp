@@ -99,6 +99,7 @@ double mean_story_kl(const std::string& method, const nlohmann::json& params, in
 
 nlohmann::json runnable_params(const std::string& method) {
   if (method == "dms") return {{"decisions", "evict_all"}, {"window", 64}};
+  if (method == "kv_packet") return {{"wrap", "none"}};
   return nlohmann::json::object();
 }
 

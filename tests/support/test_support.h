@@ -45,7 +45,8 @@ double mean_story_kl(const std::string& method, const nlohmann::json& params, in
 // Parameters with which a registered method runs on stories260K without outside artifacts: {} for
 // every method that runs on its defaults. `dms` needs a trained adapter for its learned decisions
 // (tests/methods/test_dms.cpp trains and loads one); the registry-wide contracts run its store with
-// every token evicted once out of a 64-token window.
+// every token evicted once out of a 64-token window; `kv_packet` runs with wrap=none (its trained
+// header and trailer are a file; test_kv_packet trains one).
 nlohmann::json runnable_params(const std::string& method);
 
 }  // namespace kvb::test
