@@ -797,7 +797,9 @@ TEST(EvictStore, BatchedSequencesMatchSeparateRuns) {
       std::vector<at::Tensor> rows = {alone.prefill({s}, {which == 0 ? a : b})};
       for (int t = 0; t < 5; ++t) rows.push_back(alone.decode({s}, {(which == 0 ? 300 : 400) + t}));
       for (size_t i = 0; i < rows.size(); ++i)
-        EXPECT_LT(max_diff(rows[i][0], joint[i][which]), 1e-5)
+        // Logits (magnitude ~10): BLAS blocks a batch differently from one row (1.2e-5 seen on an
+        // AMD EPYC); a wrong kept set would move them by far more.
+        EXPECT_LT(max_diff(rows[i][0], joint[i][which]), 5e-5)
             << n << " seq " << which << " step " << i;
       EXPECT_EQ(evict(alone.kv()).kept_indices(s, 3, 1),
                 evict(together.kv()).kept_indices(which == 0 ? sa : sb, 3, 1))

@@ -75,7 +75,8 @@ TEST(WaveIndex, ClustersPartitionTheSpanWithinSegmentsAndHoldMeansAndSums) {
 
 TEST(Retroinfer, EveryClusterRetrievedIsExactAttention) {
   std::map<std::string, double> c;
-  EXPECT_LT(mean_kl({{"retrieval_ratio", 1.0}, {"estimation_ratio", 0.0}}, &c), 1e-8);
+  // fp32 rounding alone: 1.1e-8 on an AMD EPYC; a missing cluster costs orders of magnitude more.
+  EXPECT_LT(mean_kl({{"retrieval_ratio", 1.0}, {"estimation_ratio", 0.0}}, &c), 1e-7);
   EXPECT_NEAR(c.at("attention_mass_recall"), 1.0, 1e-6);
   EXPECT_GT(c.at("clusters"), 0);
 }
