@@ -10,6 +10,10 @@
 
 #include "harness/cli/cli_common.h"
 #include "harness/common/error.h"
+#include <ATen/ATen.h>
+
+#include "harness/model/model.h"
+#include "methods/kv_packet/packet_adapter.h"
 #include "methods/kv_packet/packet_train.h"
 
 namespace kvb::cli {
@@ -34,6 +38,7 @@ void register_packet_train(CLI::App& app) {
     kv_packet::TrainOptions o;
     std::string tasks = "passkey,niah_single_1,niah_single_2";
     std::string doc_tokens = "64,128,256";
+    std::string eval;
     bool quiet = false;
   };
   auto a = std::make_shared<Args>();
@@ -42,7 +47,11 @@ void register_packet_train(CLI::App& app) {
       "KV Packet: train the soft header and trailer that wrap separately cached documents "
       "(distillation from the full-context model); writes the adapter for method kv_packet");
   add_model_options(sub, &a->model);
-  sub->add_option("--out,-o", a->o.out, "adapter path (.safetensors)")->required();
+  sub->add_option("--out,-o", a->o.out, "adapter path (.safetensors); required unless --eval");
+  sub->add_option("--eval", a->eval,
+                  "evaluate instead of training: none | bos | an adapter file -- the KL to the "
+                  "full-context teacher per answer token on the samples (use another --seed than "
+                  "the training one)");
   sub->add_option("--tasks", a->tasks, "comma-separated synthetic tasks of the training samples")
       ->capture_default_str();
   sub->add_option("--length", a->o.length, "prompt tokens per training sample")->capture_default_str();
@@ -77,6 +86,27 @@ void register_packet_train(CLI::App& app) {
       a->o.doc_tokens.push_back(v);
     }
     auto model = load_model_from_args(a->model);
+    if (!a->eval.empty()) {
+      at::Tensor header = at::zeros({0, model->config.dim}), trailer = header;
+      if (a->eval == "bos") {
+        header = model->weights.embedding.narrow(0, model->config.bos_id, 1).to(at::kFloat).clone();
+      } else if (a->eval != "none") {
+        const auto ad = kv_packet::Adapter::load(a->eval, model->config);
+        header = ad.header;
+        trailer = ad.trailer;
+      }
+      const kv_packet::EvalResult r = kv_packet::evaluate_wrap(model, a->o, header, trailer);
+      nlohmann::json j = {{"eval", a->eval},
+                          {"samples", r.samples},
+                          {"kl", r.kl},
+                          {"argmax_agreement", r.argmax_agreement},
+                          {"teacher_answers_correct", r.teacher_answers_correct},
+                          {"doc_tokens", a->o.doc_tokens},
+                          {"seed", a->o.seed}};
+      std::cout << j.dump(2) << "\n";
+      return;
+    }
+    KVB_CHECK(!a->o.out.empty(), "packet-train: --out is required (or --eval to evaluate)");
     const kv_packet::TrainResult r = kv_packet::train_adapter(model, a->o);
     nlohmann::json j = {{"adapter", a->o.out},
                         {"steps", r.steps},

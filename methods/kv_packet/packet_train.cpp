@@ -93,20 +93,26 @@ at::Tensor student_query_logits(const TrainWeights& w, const ModelConfig& c, con
   return logits.narrow(0, T - static_cast<int64_t>(query.size()), static_cast<int64_t>(query.size()));
 }
 
-TrainResult train_adapter(const std::shared_ptr<Model>& model, const TrainOptions& o) {
-  const ModelConfig& c = model->config;
-  KVB_CHECK(model->device.is_cpu(), "packet-train: runs on the CPU so far");
-  KVB_CHECK(!model->tokenizer_path.empty(), "packet-train: model ", c.name, " has no tokenizer");
+namespace {
+
+void check_options(const Model& model, const TrainOptions& o) {
+  KVB_CHECK(model.device.is_cpu(), "packet-train: runs on the CPU so far");
+  KVB_CHECK(!model.tokenizer_path.empty(), "packet-train: model ", model.config.name,
+            " has no tokenizer");
   KVB_CHECK(!o.tasks.empty(), "packet-train: no tasks given");
-  KVB_CHECK(o.steps >= 1 && o.batch >= 1 && o.samples >= 1, "packet-train: steps, batch and samples must be >= 1");
+  KVB_CHECK(o.steps >= 1 && o.batch >= 1 && o.samples >= 1,
+            "packet-train: steps, batch and samples must be >= 1");
   KVB_CHECK(!o.doc_tokens.empty(), "packet-train: no document size given");
   for (int64_t d : o.doc_tokens)
     KVB_CHECK(d >= 0, "packet-train: --doc-tokens ", d, " is negative");
-  const Tokenizer tok(model->tokenizer_path);
+}
 
-  // Training samples and the teacher's answers (the evaluation sets use other seeds).
+// The samples of o.tasks at o.length from o.seed, cut into documents, with the teacher's answers.
+std::vector<Sample> make_samples(const std::shared_ptr<Model>& model, const Tokenizer& tok,
+                                 const TrainOptions& o, double* teacher_right) {
+  const ModelConfig& c = model->config;
   std::vector<Sample> data;
-  double teacher_right = 0;
+  *teacher_right = 0;
   for (size_t ti = 0; ti < o.tasks.size(); ++ti) {
     TaskSpec spec;
     spec.task = o.tasks[ti];
@@ -127,13 +133,51 @@ TrainResult train_adapter(const std::shared_ptr<Model>& model, const TrainOption
       prompt.insert(prompt.end(), s.query.begin(), s.query.end());
       const auto ans = teacher_answer(model, tok, prompt, std::max<int64_t>(1, t.max_new_tokens),
                                       &s.teacher_logp);
-      teacher_right += score_answer(t.metric, tok.decode(ans), t.answers, {});
+      *teacher_right += score_answer(t.metric, tok.decode(ans), t.answers, {});
       s.answer_len = static_cast<int64_t>(ans.size());
       s.query.insert(s.query.end(), ans.begin(), ans.end() - 1);
       data.push_back(std::move(s));
     }
-    if (o.log) o.log("task " + spec.task + ": " + std::to_string(set.samples.size()) + " samples, teacher answers ready");
+    if (o.log)
+      o.log("task " + spec.task + ": " + std::to_string(set.samples.size()) +
+            " samples, teacher answers ready");
   }
+  *teacher_right /= static_cast<double>(std::max<size_t>(1, data.size()));
+  return data;
+}
+
+int64_t max_rows(const std::vector<Sample>& data, int64_t wrap) {
+  int64_t max_len = 0;
+  for (const auto& s : data) {
+    int64_t len = 1 + static_cast<int64_t>(s.query.size());
+    for (const auto& d : s.docs) len += static_cast<int64_t>(d.size()) + wrap;
+    max_len = std::max(max_len, len);
+  }
+  return max_len;
+}
+
+// KL(teacher || student) per answer token of one sample, and whether the student's argmax matches
+// the teacher's answer at every position.
+at::Tensor sample_kl(const TrainWeights& w, const ModelConfig& c, const Sample& s,
+                     const at::Tensor& header, const at::Tensor& trailer, const at::Tensor& cos,
+                     const at::Tensor& sin, bool* argmax_agrees) {
+  const int64_t Q = static_cast<int64_t>(s.query.size());
+  at::Tensor logits = student_query_logits(w, c, header, trailer, s.docs, s.query, cos, sin);
+  // Query row Q - answer_len predicts the first answer token (the question's last row).
+  at::Tensor logp_s = at::log_softmax(logits.narrow(0, Q - s.answer_len, s.answer_len), -1);
+  if (argmax_agrees)
+    *argmax_agrees = logp_s.argmax(-1).eq(s.teacher_logp.argmax(-1)).all().item<bool>();
+  return (s.teacher_logp.exp() * (s.teacher_logp - logp_s)).sum(-1).mean();
+}
+
+}  // namespace
+
+TrainResult train_adapter(const std::shared_ptr<Model>& model, const TrainOptions& o) {
+  const ModelConfig& c = model->config;
+  check_options(*model, o);
+  const Tokenizer tok(model->tokenizer_path);
+  double teacher_right = 0;
+  std::vector<Sample> data = make_samples(model, tok, o, &teacher_right);
   const int64_t N = static_cast<int64_t>(data.size());
 
   TrainWeights w = train_weights_from_model(model->weights, c, "cpu");
@@ -147,15 +191,8 @@ TrainResult train_adapter(const std::shared_ptr<Model>& model, const TrainOption
     m2.push_back(at::zeros_like(*p));
   }
   const double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
-  int64_t max_len = 0;
-  const int64_t wrap = o.header_rows + o.trailer_rows;
-  for (const auto& s : data) {
-    int64_t len = 1 + static_cast<int64_t>(s.query.size());
-    for (const auto& d : s.docs) len += static_cast<int64_t>(d.size()) + wrap;
-    max_len = std::max(max_len, len);
-  }
   at::Tensor cos, sin;
-  compute_rope_tables(c, max_len, &cos, &sin);
+  compute_rope_tables(c, max_rows(data, o.header_rows + o.trailer_rows), &cos, &sin);
 
   std::mt19937_64 rng(o.seed);
   std::vector<int64_t> order(N);
@@ -164,7 +201,7 @@ TrainResult train_adapter(const std::shared_ptr<Model>& model, const TrainOption
 
   TrainResult res;
   res.samples = N;
-  res.teacher_answers_correct = teacher_right / static_cast<double>(N);
+  res.teacher_answers_correct = teacher_right;
   double kl_acc = 0;
   int64_t acc_n = 0;
   bool first_interval = true;
@@ -172,11 +209,7 @@ TrainResult train_adapter(const std::shared_ptr<Model>& model, const TrainOption
     double kl_step = 0;
     for (int64_t r = 0; r < o.batch; ++r) {
       const Sample& s = data[order[(step * o.batch + r) % N]];
-      const int64_t Q = static_cast<int64_t>(s.query.size());
-      at::Tensor logits = student_query_logits(w, c, a.header, a.trailer, s.docs, s.query, cos, sin);
-      // Query row Q - answer_len predicts the first answer token (the question's last row).
-      at::Tensor logp_s = at::log_softmax(logits.narrow(0, Q - s.answer_len, s.answer_len), -1);
-      at::Tensor kl = (s.teacher_logp.exp() * (s.teacher_logp - logp_s)).sum(-1).mean();
+      at::Tensor kl = sample_kl(w, c, s, a.header, a.trailer, cos, sin, nullptr);
       (kl / static_cast<double>(o.batch)).backward();
       kl_step += kl.item<double>() / static_cast<double>(o.batch);
     }
@@ -227,6 +260,29 @@ TrainResult train_adapter(const std::shared_ptr<Model>& model, const TrainOption
                  {"kl_last", std::to_string(res.kl_last)},
                  {"teacher_answers_correct", std::to_string(res.teacher_answers_correct)}});
   return res;
+}
+
+EvalResult evaluate_wrap(const std::shared_ptr<Model>& model, const TrainOptions& o,
+                         const at::Tensor& header, const at::Tensor& trailer) {
+  const ModelConfig& c = model->config;
+  check_options(*model, o);
+  const Tokenizer tok(model->tokenizer_path);
+  EvalResult r;
+  std::vector<Sample> data = make_samples(model, tok, o, &r.teacher_answers_correct);
+  TrainWeights w = train_weights_from_model(model->weights, c, "cpu");
+  at::Tensor cos, sin;
+  compute_rope_tables(c, max_rows(data, header.size(0) + trailer.size(0)), &cos, &sin);
+  at::NoGradGuard ng;
+  double kl = 0, agree = 0;
+  for (const auto& s : data) {
+    bool same = false;
+    kl += sample_kl(w, c, s, header, trailer, cos, sin, &same).item<double>();
+    agree += same ? 1 : 0;
+  }
+  r.samples = static_cast<int64_t>(data.size());
+  r.kl = kl / static_cast<double>(r.samples);
+  r.argmax_agreement = agree / static_cast<double>(r.samples);
+  return r;
 }
 
 }  // namespace kvb::kv_packet

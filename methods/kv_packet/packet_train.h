@@ -58,6 +58,18 @@ struct TrainResult {
 
 TrainResult train_adapter(const std::shared_ptr<Model>& model, const TrainOptions& o);
 
+// How well a wrapping reproduces the full-context teacher on the samples `o` describes (its tasks,
+// length, document sizes, samples and seed; steps and batch unused): the mean KL(teacher ||
+// student) per answer token, and the fraction of samples whose every answer position keeps the
+// teacher's argmax. header / trailer: [rows, dim] fp32, rows may be 0 (plain concatenation); a BOS
+// header is the BOS token's embedding row.
+struct EvalResult {
+  int64_t samples = 0;
+  double kl = 0, argmax_agreement = 0, teacher_answers_correct = 0;
+};
+EvalResult evaluate_wrap(const std::shared_ptr<Model>& model, const TrainOptions& o,
+                         const at::Tensor& header, const at::Tensor& trailer);
+
 // The student's forward for one sample: input rows [BOS] + [header, doc_i, trailer] per document +
 // query, the block-diagonal mask above, positions 0.. in order. Returns the query rows' logits
 // [query.size(), vocab] fp32. header / trailer: [rows, dim] fp32 (rows may be 0; they may require
