@@ -12,6 +12,7 @@
 #include "harness/model/model.h"
 #include "harness/train/train_config.h"
 #include "harness/train/train_data.h"
+#include "harness/train/adapter_adam.h"
 #include "harness/train/trainer.h"
 #include "methods/dms/dms_adapter.h"
 
@@ -40,12 +41,7 @@ TrainResult train_adapter(const std::shared_ptr<Model>& model, const TrainOption
       t->requires_grad_(true);
       params.push_back(t);
     }
-  std::vector<at::Tensor> m1, m2;
-  for (auto* p : params) {
-    m1.push_back(at::zeros_like(*p));
-    m2.push_back(at::zeros_like(*p));
-  }
-  const double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
+  AdapterAdam adam(params);
 
   const int64_t T = o.seq_len, W = o.window;
   // far[i][j] = 1 where key j is outside query i's window (i - j > W): there the keep probability
@@ -91,18 +87,7 @@ TrainResult train_adapter(const std::shared_ptr<Model>& model, const TrainOption
     at::Tensor realized = at::stack(evict).narrow(2, 0, counted).mean();
     at::Tensor loss = kl + o.compression_weight * at::relu(target - realized);
     loss.backward();
-    {
-      at::NoGradGuard ng;
-      const double bc1 = 1 - std::pow(beta1, step + 1), bc2 = 1 - std::pow(beta2, step + 1);
-      for (size_t i = 0; i < params.size(); ++i) {
-        at::Tensor g = params[i]->grad();
-        if (!g.defined()) continue;
-        m1[i].mul_(beta1).add_(g, 1 - beta1);
-        m2[i].mul_(beta2).addcmul_(g, g, 1 - beta2);
-        params[i]->addcdiv_(m1[i], (m2[i] / bc2).sqrt_().add_(eps), -o.lr / bc1);
-        params[i]->grad().zero_();
-      }
-    }
+    adam.step(o.lr, step);
     kl_acc += kl.item<double>();
     frac_acc += realized.item<double>();
     tgt_acc += target;

@@ -15,6 +15,7 @@
 #include "harness/metrics/portable_random.h"
 #include "harness/metrics/text_metrics.h"
 #include "harness/model/model.h"
+#include "harness/train/adapter_adam.h"
 #include "harness/train/trainer.h"
 #include "methods/kv_packet/packet_adapter.h"
 
@@ -184,13 +185,8 @@ TrainResult train_adapter(const std::shared_ptr<Model>& model, const TrainOption
   for (auto& t : w.tensors) t.requires_grad_(false);
   Adapter a = Adapter::fresh(c, o.header_rows, o.trailer_rows, o.init_std, o.seed);
   std::vector<at::Tensor*> params = {&a.header, &a.trailer};
-  std::vector<at::Tensor> m1, m2;
-  for (auto* p : params) {
-    p->requires_grad_(true);
-    m1.push_back(at::zeros_like(*p));
-    m2.push_back(at::zeros_like(*p));
-  }
-  const double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
+  for (auto* p : params) p->requires_grad_(true);
+  AdapterAdam adam(params);
   at::Tensor cos, sin;
   compute_rope_tables(c, max_rows(data, o.header_rows + o.trailer_rows), &cos, &sin);
 
@@ -213,19 +209,7 @@ TrainResult train_adapter(const std::shared_ptr<Model>& model, const TrainOption
       (kl / static_cast<double>(o.batch)).backward();
       kl_step += kl.item<double>() / static_cast<double>(o.batch);
     }
-    {
-      at::NoGradGuard ng;
-      const double lr = o.lr * (1.0 - static_cast<double>(step) / static_cast<double>(o.steps));
-      const double bc1 = 1 - std::pow(beta1, step + 1), bc2 = 1 - std::pow(beta2, step + 1);
-      for (size_t i = 0; i < params.size(); ++i) {
-        at::Tensor g = params[i]->grad();
-        if (!g.defined()) continue;
-        m1[i].mul_(beta1).add_(g, 1 - beta1);
-        m2[i].mul_(beta2).addcmul_(g, g, 1 - beta2);
-        params[i]->addcdiv_(m1[i], (m2[i] / bc2).sqrt_().add_(eps), -lr / bc1);
-        params[i]->grad().zero_();
-      }
-    }
+    adam.step(o.lr * (1.0 - static_cast<double>(step) / static_cast<double>(o.steps)), step);
     kl_acc += kl_step;
     ++acc_n;
     if ((step + 1) % o.log_every == 0 || step + 1 == o.steps) {
