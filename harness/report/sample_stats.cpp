@@ -42,6 +42,7 @@ const std::vector<SampleMetricDef>& sample_metric_defs(const std::string& protoc
       {"accuracy", "fraction", D::kHigher, "", false},
       {"agreement_with_full", "fraction", D::kHigher, "", false},
       {"bytes_per_token", "bytes/token", D::kLower, "", false},
+      {"ttft_ms", "ms", D::kLower, "", false},
   };
   // Other task protocols: every known task metric a sample reports as a number.
   static const std::vector<SampleMetricDef> task = [] {
@@ -99,6 +100,10 @@ RunSamples extract_samples(const std::string& protocol, const std::vector<Sample
       put("accuracy", score, n);
       put("full_accuracy", full, n);
       put("agreement_with_full", agree, n);
+      if (j.contains("timing") && j["timing"].is_object()) {  // rows stored before timings lack it
+        const double c = num_or(j["timing"], "context_s", -1), q = num_or(j["timing"], "question_s", -1);
+        if (c >= 0 && q >= 0) put("ttft_ms", 1e3 * (c + q), 1);
+      }
     } else if (protocol == "perf") {
       put("decode_tok_s", num_or(j, "decode_tok_s", NAN), 1);
       put("prefill_tok_s", num_or(j, "prefill_tok_s", NAN), 1);

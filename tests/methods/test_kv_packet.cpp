@@ -18,6 +18,7 @@
 #include "harness/formats/tokenizer.h"
 #include "harness/kv/method_registry.h"
 #include "harness/kv/rope_shift.h"
+#include "harness/report/leaderboard.h"
 #include "harness/store/results_db.h"
 #include "harness/train/trainer.h"
 #include "methods/dms/dms_adapter.h"
@@ -221,6 +222,17 @@ TEST(KvPacket, QaDocumentRouteRecordsItsWorkAndOverhead) {
   EXPECT_NEAR(metric(none.metrics, "compression_ratio"), 1.0, 1e-9);
   const double ctx = prompt - q;  // the context's tokens, BOS included
   EXPECT_NEAR(metric(bos.metrics, "compression_ratio"), ctx / (ctx + docs), 0.01);
+  // The leaderboard's qa table shows the query-time work beside accuracy, paired against full.
+  const Leaderboard lb = build_leaderboard(db, LeaderboardOptions{});
+  ASSERT_EQ(lb.tables.size(), 1u);
+  const LeaderTable& t = lb.tables[0];
+  EXPECT_EQ(t.secondary, std::vector<std::string>{"ttft_ms"});
+  ASSERT_EQ(t.rows.size(), 3u);
+  for (const auto& r : t.rows)
+    if (r.method == "kv_packet") {
+      EXPECT_EQ(r.deltas.at("ttft_ms").status, "ok");
+      EXPECT_EQ(r.deltas.at("ttft_ms").n, 1u);
+    }
 }
 
 TEST(KvPacket, TrainerLowersItsKlAndWritesAnAdapterTheMethodLoads) {
