@@ -6,6 +6,7 @@
 
 #include "harness/common/error.h"
 #include "harness/kv/attention.h"
+#include "harness/kv/rope_shift.h"
 
 namespace kvb {
 
@@ -95,6 +96,32 @@ void CodecKvCache::fork(int64_t src_id, int64_t dst_id) {
   for (const auto& t : it->second.k) copy.k.push_back(t->clone());  // no sharing yet
   for (const auto& t : it->second.v) copy.v.push_back(t->clone());
   seqs_.emplace(dst_id, std::move(copy));
+}
+
+void CodecKvCache::splice(int64_t dst_id, const std::vector<SpliceSource>& sources) {
+  KVB_CHECK(seqs_.count(dst_id) == 0, name_, ": splice target ", dst_id, " already exists");
+  KVB_CHECK(!sources.empty(), name_, ": splice needs at least one source");
+  for (const auto& src : sources)
+    KVB_CHECK(seqs_.count(src.seq_id), name_, ": splice source ", src.seq_id, " is unknown");
+  const auto& c = ctx_.config;
+  const int64_t W = c.kv_dim();
+  Seq dst = new_seq();
+  std::vector<float> rows;
+  for (const auto& src : sources) {
+    const Seq& s = seqs_.at(src.seq_id);
+    if (s.len == 0) continue;
+    rows.resize(static_cast<size_t>(s.len * W));
+    for (int l = 0; l < c.n_layers; ++l) {
+      s.k[l]->decode(rows.data());
+      at::Tensor k = at::from_blob(rows.data(), {s.len, c.n_kv_heads, c.head_dim}, at::kFloat);
+      at::Tensor moved = rope_shift(k, c, src.shift).contiguous();
+      dst.k[l]->append(moved.data_ptr<float>(), s.len);
+      s.v[l]->decode(rows.data());
+      dst.v[l]->append(rows.data(), s.len);
+    }
+    dst.len += s.len;
+  }
+  seqs_.emplace(dst_id, std::move(dst));
 }
 
 void CodecKvCache::truncate(int64_t seq_id, int64_t new_len) {

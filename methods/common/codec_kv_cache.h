@@ -43,6 +43,12 @@ class CodecKvCache : public KvCache {
   // element), encoded_bits_per_element (codes + metadata per encoded element), k_/v_ variants,
   // full_precision_fraction, scratch_bytes_peak.
   std::map<std::string, double> counters() const override;
+  // Document reuse over a codec: each source's rows are decoded, its keys re-rotated, and the rows
+  // appended to dst's streams, which encode them again (keys quantized per channel across tokens
+  // are re-quantized in groups that now straddle the sources: a second rounding, which the
+  // fidelity metrics see; per-token codecs re-encode values onto the same grid).
+  bool supports_splice() const override { return true; }
+  void splice(int64_t dst_id, const std::vector<SpliceSource>& sources) override;
 
   const KvCodec& codec() const { return *codec_; }
   // For tests and tools: the stream of one sequence, layer and tensor.

@@ -2,27 +2,36 @@
 // caches. Documents are prefilled alone, each wrapped in a trained soft header and trailer
 // (packet_adapter.h), and placed one after another at query time with their keys re-rotated (the
 // store's splice); only the question is prefilled then. The store is the dense per-sequence cache of
-// `full`: what differs from `full` is the qa protocol's document route, which this store's
-// document_reuse() turns on. The protocols without documents (stream, probe, perf) run it as `full`.
+// `full` (or, with a `codec`, the codec store: packets kept quantized): what differs from `full` is
+// the qa protocol's document route, which this store's document_reuse() turns on. The protocols
+// without documents (stream, probe, perf) run it as `full` (or as that codec store).
 
 #include <ATen/ATen.h>
 
 #include "harness/common/error.h"
 #include "harness/kv/method_registry.h"
+#include "methods/common/codec_kv_cache.h"
 #include "methods/common/contiguous_kv_cache.h"
+#include "methods/common/eviction_select.h"
 #include "methods/kv_packet/packet_adapter.h"
 
 namespace kvb {
 namespace {
 
-class KvPacketCache : public ContiguousKvCache {
+// A store that can splice, declaring how documents are cached (composition by subclassing the
+// store: the dense one, or the codec store).
+template <class Store>
+class KvPacketCache : public Store {
  public:
-  KvPacketCache(const CacheContext& ctx, DocumentReuse reuse)
-      : ContiguousKvCache(ctx, Mode::kGrow, 0, "kv_packet"), reuse_(std::move(reuse)) {}
+  template <class... Args>
+  explicit KvPacketCache(DocumentReuse reuse, Args&&... args)
+      : Store(std::forward<Args>(args)...), reuse_(std::move(reuse)) {}
   const DocumentReuse* document_reuse() const override { return &reuse_; }
   std::map<std::string, double> counters() const override {
-    return {{"doc_tokens", static_cast<double>(reuse_.doc_tokens)},
-            {"rows_per_document", static_cast<double>(reuse_.extra_rows())}};
+    std::map<std::string, double> m = Store::counters();
+    m["doc_tokens"] = static_cast<double>(reuse_.doc_tokens);
+    m["rows_per_document"] = static_cast<double>(reuse_.extra_rows());
+    return m;
   }
 
  private:
@@ -49,6 +58,7 @@ MethodInfo kv_packet_info() {
                 "tokens per document: the qa context is cut into documents of about this many "
                 "tokens, at a sentence end where one is near (0: the whole context is one "
                 "document)")};
+  for (auto& c : codec_params()) m.params.push_back(c);  // packets kept quantized (CPU codec store)
   return m;
 }
 
@@ -72,7 +82,11 @@ std::unique_ptr<KvCache> make_kv_packet(const CacheContext& ctx, const nlohmann:
               ", which uses no adapter (set wrap=adapter)");
     if (wrap == "bos") r.header_ids = {ctx.config.bos_id};
   }
-  return std::make_unique<KvPacketCache>(ctx, std::move(r));
+  if (auto codec = parse_codec(p, "kv_packet", ctx.config.head_dim))
+    return std::make_unique<KvPacketCache<CodecKvCache>>(std::move(r), ctx, codec, "kv_packet");
+  return std::make_unique<KvPacketCache<ContiguousKvCache>>(std::move(r), ctx,
+                                                            ContiguousKvCache::Mode::kGrow, 0,
+                                                            "kv_packet");
 }
 
 }  // namespace

@@ -190,6 +190,40 @@ TEST(KvPacket, DocumentRouteComputesTheTrainingForward) {
   EXPECT_GT((recomputed - route).abs().max().item<double>(), 0.1);
 }
 
+// The document route's question logits with the packets kept in a codec store.
+at::Tensor route_logits(const nlohmann::json& params) {
+  auto m = test::stories260k();
+  Tokenizer tok(m->tokenizer_path);
+  Engine e(m, make("kv_packet", params));
+  std::vector<int64_t> ctx_ids = {m->config.bos_id};
+  for (int64_t t : tok.encode("Lily had a little cat. The cat liked to sleep in the sun. One day the cat "
+                              "ran into the garden and hid under a big red flower. Lily looked and "
+                              "looked. At last she found the cat under the flower and they went home."))
+    ctx_ids.push_back(t);
+  const DocumentPrefill d = prefill_documents(e, *e.kv().document_reuse(), ctx_ids, tok);
+  return e.prefill({d.seq}, {tok.encode("Where did the cat hide? Under a big red")}, nullptr, false);
+}
+
+TEST(KvPacket, PacketsComposeWithACodecStore) {
+  const nlohmann::json base = {{"wrap", "bos"}, {"doc_tokens", 24}};
+  auto with = [&](const std::string& codec) {
+    nlohmann::json p = base;
+    p["codec"] = codec;
+    p["codec_residual"] = 0;
+    return p;
+  };
+  const at::Tensor dense = route_logits(base);
+  const double fp16 = (route_logits(with("fp16")) - dense).abs().max().item<double>();
+  const double kivi4 = (route_logits(with("kivi-4")) - dense).abs().max().item<double>();
+  const double kivi2 = (route_logits(with("kivi-2")) - dense).abs().max().item<double>();
+  EXPECT_LT(fp16, 2e-2);  // fp16 rows re-rotated: rounding only
+  EXPECT_GT(kivi4, fp16);
+  EXPECT_GT(kivi2, kivi4);  // fewer bits, further from the dense packets
+  EXPECT_LT(kivi4, 2.0);
+  std::cerr << "logit error vs dense packets: fp16 " << fp16 << ", kivi-4 " << kivi4 << ", kivi-2 "
+            << kivi2 << "\n";
+}
+
 TEST(KvPacket, QaDocumentRouteRecordsItsWorkAndOverhead) {
   std::string dir = test::make_temp_dir("kvpacket-qa");
   ResultsDb db(dir + "/db.sqlite");
