@@ -60,6 +60,7 @@ struct Answers {
   LedgerEntry ledger;
   int64_t context_tokens = 0;
   QaTiming timing;
+  std::map<std::string, double> counters;
 };
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
@@ -129,6 +130,7 @@ Answers answer_all(std::shared_ptr<Model> model, const Tokenizer& tok, const std
       e.release(seq);
     }
   }
+  a.counters = e.kv().counters();
   return a;
 }
 
@@ -174,6 +176,7 @@ QaSampleResult run_qa_sample(std::shared_ptr<Model> model, const Tokenizer& tok,
   r.context_tokens = mine.context_tokens;
   r.ledger = mine.ledger;
   r.timing = mine.timing;
+  r.counters = mine.counters;
   for (size_t i = 0; i < s.items.size(); ++i) {
     const QaItem& it = s.items[i];
     QaItemResult x;
@@ -198,6 +201,7 @@ nlohmann::json QaSampleResult::to_json() const {
   const Footprint& f = ledger.fp;
   return {{"items", items_j},
           {"context_tokens", context_tokens},
+          {"counters", counters},
           {"timing",
            {{"context_s", timing.context_s},
             {"question_s", timing.question_s},
@@ -225,6 +229,7 @@ QaSampleResult QaSampleResult::from_json(const nlohmann::json& j) {
     r.items.push_back(std::move(x));
   }
   r.context_tokens = j.at("context_tokens");
+  r.counters = j.value("counters", std::map<std::string, double>{});
   if (j.contains("timing")) {  // rows stored before timings were recorded lack it
     const auto& t = j.at("timing");
     r.timing = {t.at("context_s"), t.at("question_s"), t.at("prefill_tokens"), t.at("documents"),

@@ -8,6 +8,7 @@
 // The full cache answers the same samples under the same schedule (computed once, cached on disk by
 // content hash), so every answer is paired with the uncompressed one.
 
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -66,6 +67,7 @@ struct QaSampleResult {
   std::vector<QaItemResult> items;
   int64_t context_tokens = 0;
   QaTiming timing;
+  std::map<std::string, double> counters;  // the method's counters after the last answer
   LedgerEntry ledger;  // the method's cache right after the context (what every question reads)
   nlohmann::json to_json() const;
   static QaSampleResult from_json(const nlohmann::json& j);

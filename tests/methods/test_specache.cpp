@@ -10,7 +10,9 @@
 #include "harness/engine/engine.h"
 #include "harness/eval/run_config.h"
 #include "harness/eval/runner.h"
+#include "harness/eval/qa.h"
 #include "harness/eval/stream.h"
+#include "harness/formats/tokenizer.h"
 #include "harness/kv/method_registry.h"
 #include "methods/common/kv_codec.h"
 #include "tests/support/test_support.h"
@@ -152,6 +154,22 @@ TEST(Specache, ASpeculativeStepKeepsOnlyTheRealRow) {
   at::Tensor l = g.prefill({s}, {p});
   for (int i = 0; i < 12; ++i) l = g.decode({s}, {l[0].argmax().item<int64_t>()});
   EXPECT_GT(g.kv().counters().at("speculative_hit_rate"), 0.85);
+}
+
+TEST(Specache, QaSamplesCarryTheStoresCounters) {
+  // The qa protocol stores the method's counters with each sample, as stream does: here how often
+  // SpeCache's guesses were right while it answered greedily.
+  QaSample s;
+  s.key = "k";
+  s.context = "Tom had a red ball. He liked to play with the ball every day. One day the ball went up a tree.";
+  s.items.push_back({"Tom had a red", {"ball"}, "exact_match", {}});
+  s.max_new_tokens = 8;
+  QaOptions o;
+  Tokenizer tok(test::stories260k()->tokenizer_path);
+  const QaSampleResult r = run_qa_sample(test::stories260k(), tok, "specache", nlohmann::json{{"top_k", 8}}, s, o);
+  ASSERT_TRUE(r.counters.count("speculative_hit_rate"));
+  EXPECT_GT(r.counters.at("speculative_hit_rate"), 0.5);
+  EXPECT_EQ(QaSampleResult::from_json(r.to_json()).counters, r.counters);
 }
 
 TEST(Specache, ForkedBranchesContinueAlike) {
