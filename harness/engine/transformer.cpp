@@ -146,12 +146,12 @@ at::Tensor transformer_forward(Model& model, KvCache& kv, const std::vector<int6
     return forward_cpu_f32(model, kv, tokens, batch, logit_rows, input_embeds);
   }
 
-  at::Tensor ids = at::tensor(tokens, at::kLong).to(dev);
   at::Tensor pos = at::tensor(batch.positions, at::kLong).to(dev);
   at::Tensor cos = w.rope_cos.index_select(0, pos);  // [T, head_dim / 2]
   at::Tensor sin = w.rope_sin.index_select(0, pos);
-  at::Tensor x = input_embeds ? input_embeds->to(dev, model.dtype)
-                              : w.embedding.index_select(0, ids);  // [T, dim]
+  at::Tensor x = input_embeds  // [T, dim]
+                     ? input_embeds->to(dev, model.dtype)
+                     : w.embedding.index_select(0, at::tensor(tokens, at::kLong).to(dev));
   const float sm_scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
 
   kv.begin_step(batch);
