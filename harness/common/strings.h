@@ -17,6 +17,8 @@ std::string nearest_name(std::string_view name, const std::vector<std::string>& 
 std::string did_you_mean(std::string_view name, const std::vector<std::string>& candidates);
 
 std::string join(const std::vector<std::string>& parts, std::string_view sep);
+// Pieces between separators, empty ones kept ("a,,b" -> a, "", b; "" -> one empty piece).
+std::vector<std::string> split(std::string_view s, char sep);
 bool starts_with(std::string_view s, std::string_view prefix);
 bool ends_with(std::string_view s, std::string_view suffix);
 

@@ -59,6 +59,39 @@ const std::vector<ProtocolSpec>& protocol_specs() {
         string_param("batch_sizes", "1", {}, "comma-separated batch sizes, e.g. \"1,16\""),
         int_param("repeats", 3, 1, 1000, "timed repeats after one warm-up"),
         int_param("prefill_chunk", 512, 1, 1 << 22, "tokens per prefill step")}},
+      {"serve",
+       "trace-driven serving: the method's measured footprint (on the run's model, scaled to a "
+       "target's shapes) in a continuous-batching simulation under a KV pool, an allocator and a "
+       "prefix store; capacity, waste, hit rates and preemptions exact, times from a roofline",
+       {string_param("trace", "conversation", {},
+                     "conversation | synthetic (the Mooncake traces in the data path) or a JSONL path"),
+        int_param("max_requests", 1000, 0, 1 << 30, "first n requests of the trace (0: all)"),
+        int_param("trace_block_tokens", 512, 1, 1 << 20, "tokens per hash_ids block of the trace"),
+        string_param("target", "llama-3.1-8b", {}, "synthetic preset whose shapes are served"),
+        float_param("kv_pool_gib", 100, 1e-6, 1e9, "device memory for KV (GiB)"),
+        string_param("allocator", "paged", {"paged", "contiguous_max", "pow2", "oracle"},
+                     "paged blocks, or contiguous reservations of the max context, the final "
+                     "length rounded to a power of two, or exactly the final length"),
+        int_param("block_tokens", 16, 1, 1 << 20, "paged allocator's block size"),
+        int_param("max_num_seqs", 256, 1, 1 << 20, "running requests at most"),
+        int_param("max_batched_tokens", 8192, 1, 1 << 24, "tokens per iteration"),
+        float_param("time_scale", 1.0, 1e-9, 1e9, "arrival times x this (0.5: twice the load)"),
+        float_param("prefix_cache_gib", 0, -1, 1e9, "prefix store capacity (GiB); 0: none; -1: unlimited"),
+        string_param("prefix_policy", "lru", {"lru", "lfu", "fifo", "s3fifo"}, "prefix store eviction"),
+        string_param("prefix_store", "host", {},
+                     "host (loads at prefix_load_gbps) | redis-local (a private redis-server, "
+                     "measured) | redis://HOST:PORT | unix://PATH"),
+        float_param("hbm_gbps", 4300, 1e-3, 1e9, "device memory bandwidth (H200 copy, measured)"),
+        float_param("tflops", 790, 1e-3, 1e9, "device matmul rate (H200 bf16 GEMM, measured)"),
+        float_param("prefix_load_gbps", 55, 1e-3, 1e9, "prefix store to device (PCIe Gen5 H2D)"),
+        float_param("iteration_overhead_ms", 0.3, 0, 1e6, "fixed time per iteration"),
+        float_param("slo_ttft_ms", 5000, 0, 1e12, "time-to-first-token objective"),
+        float_param("slo_tpot_ms", 100, 0, 1e12, "time-per-output-token objective"),
+        string_param("dataset", "tinystories-valid-sample", {}, "text the footprint probe runs on"),
+        string_param("probe_lengths", "128,256,384,480", {},
+                     "comma-separated prompt lengths the footprint is measured at"),
+        int_param("probe_decode_tokens", 16, 0, 1 << 20, "greedy steps after each probe prefill"),
+        int_param("prefill_chunk", 512, 1, 1 << 22, "tokens per prefill step of the probe")}},
   };
   return specs;
 }

@@ -6,10 +6,13 @@
 #include <chrono>
 
 #include "harness/common/error.h"
+#include "harness/common/strings.h"
 #include "harness/eval/ledger.h"
 #include "harness/eval/perf.h"
 #include "harness/eval/probe.h"
 #include "harness/eval/qa.h"
+#include "harness/eval/serve.h"
+#include "datasets/corpus.h"
 #include "harness/formats/tokenizer.h"
 #include "harness/eval/run_config.h"
 #include "harness/eval/stream.h"
@@ -25,6 +28,19 @@
 namespace kvb {
 
 namespace {
+
+std::vector<int64_t> parse_lengths(const std::string& s, const char* key, int64_t max) {
+  std::vector<int64_t> out;
+  for (const std::string& item : split(s, ',')) {
+    char* end = nullptr;
+    const long long v = std::strtoll(item.c_str(), &end, 10);
+    KVB_CHECK(!item.empty() && end && *end == '\0' && v >= 2 && v <= max, "config.protocol.", key,
+              ": '", item, "' is not a length in [2, ", max, "]");
+    out.push_back(v);
+  }
+  KVB_CHECK(!out.empty(), "config.protocol.", key, ": empty");
+  return out;
+}
 
 std::vector<int64_t> parse_batches(const std::string& s) {
   std::vector<int64_t> out;
@@ -215,6 +231,45 @@ RunOutcome execute_run(const nlohmann::json& resolved, ResultsDb& db, const RunE
       std::vector<PerfCell> cells;
       for (const auto& s : db.samples(run_id)) cells.push_back(PerfCell::from_json(nlohmann::json::parse(s.output_json)));
       out.metrics = perf_metrics(cells, declared_simulated);
+    } else if (protocol == "serve") {
+      KVB_CHECK(dtype_bytes(model->dtype) == 2, "config.dtype: the serve protocol measures the "
+                "method's footprint in the serving dtype: use bf16 or fp16, not ",
+                resolved["dtype"].get<std::string>());
+      KVB_CHECK(!model->tokenizer_path.empty(), model->source, ": the serve protocol needs a tokenizer");
+      out.samples_total = 2;
+      if (!done.count(0)) {
+        const int64_t decode = proto["probe_decode_tokens"];
+        const auto lengths = parse_lengths(proto["probe_lengths"], "probe_lengths",
+                                           model->config.max_seq_len - decode);
+        nlohmann::json wp = {{"dataset", proto["dataset"]}, {"stride", 0}, {"max_windows", 1},
+                             {"window", *std::max_element(lengths.begin(), lengths.end())}};
+        std::string dataset_hash;
+        auto windows = stream_windows(model->tokenizer_path, wp, env.data_dir, &dataset_hash);
+        KVB_CHECK(!windows.empty(), proto["dataset"].get<std::string>(), ": no text for the footprint probe");
+        auto points = measure_footprint_points(model, method, method_params, windows[0].tokens, lengths,
+                                               decode, proto["prefill_chunk"]);
+        nlohmann::json j = footprint_sample_json(
+            points, static_cast<double>(model->config.kv_bytes_per_token(dtype_bytes(model->dtype))));
+        j["dataset_hash"] = dataset_hash;
+        db.add_sample(run_id, 0, "footprint", j.dump());
+        out.samples_computed++;
+        log("footprint measured at " + std::to_string(points.size()) + " lengths");
+      }
+      nlohmann::json footprint;
+      for (const auto& s : db.samples(run_id))
+        if (s.index == 0) footprint = nlohmann::json::parse(s.output_json);
+      if (!done.count(1)) {
+        nlohmann::json sim = serve_simulation_sample(proto, footprint, resolve_data_dir(env.data_dir),
+                                                     resolved["seed"].get<uint64_t>());
+        db.add_sample(run_id, 1, "simulation", sim.dump());
+        out.samples_computed++;
+        log("simulated " + std::to_string(sim["trace"]["requests"].get<int64_t>()) + " requests");
+      }
+      nlohmann::json sim;
+      for (const auto& s : db.samples(run_id))
+        if (s.index == 1) sim = nlohmann::json::parse(s.output_json);
+      out.metrics = serve_metrics(footprint, sim);
+      out.metrics.push_back({"simulated", declared_simulated ? 1.0 : 0.0, "", Direction::kNone});
     } else {
       KVB_FAIL("protocol '", protocol, "' has no runner");
     }

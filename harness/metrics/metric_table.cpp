@@ -76,6 +76,23 @@ const std::vector<MetricInfo>& table() {
       {"compression_ratio", "x", kHigher, "baseline_bytes / physical_bytes"},
       {"bytes_per_token", "bytes/token", kLower, "physical_bytes / number of cached tokens"},
       {"peak_memory_bytes", "bytes", kLower, "peak device memory allocated during the run"},
+      // ---- serving (serve protocol: a trace through a continuous-batching simulation driven by
+      // the method's measured footprint; times from a roofline model, so simulated) ----
+      {"serve_slo_attainment", "fraction", kHigher,
+       "requests meeting both the TTFT and the TPOT objective (rejected ones fail)"},
+      {"serve_output_tok_s", "tokens/s", kHigher, "output tokens per simulated second over the trace"},
+      {"serve_ttft_ms_p50", "ms", kLower, "median time to first token, queueing included"},
+      {"serve_ttft_ms_p90", "ms", kLower, "90th-percentile time to first token"},
+      {"serve_ttft_ms_p99", "ms", kLower, "99th-percentile time to first token"},
+      {"serve_tpot_ms_p50", "ms", kLower, "median per-request time per output token"},
+      {"serve_tpot_ms_p99", "ms", kLower, "99th-percentile per-request time per output token"},
+      {"serve_prefix_hit_rate", "fraction", kHigher,
+       "prompt tokens served from the prefix store (a compressed method fits more blocks)"},
+      {"serve_mean_running", "requests", kHigher,
+       "time-weighted requests running at once (what the KV pool admits)"},
+      {"serve_allocator_waste", "fraction", kLower,
+       "time-weighted share of reserved KV bytes holding no live token"},
+      {"serve_preemptions", "", kLower, "requests preempted (freed and recomputed) for lack of KV room"},
   };
   return kMetrics;
 }

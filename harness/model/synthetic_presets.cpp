@@ -18,6 +18,8 @@ struct Preset {
 constexpr Preset kPresets[] = {
     {"llama-2-7b", 4096, 11008, 32, 32, 32, 32000, 4096, 10000.0, false, false, false},
     {"llama-3-8b", 4096, 14336, 32, 32, 8, 128256, 8192, 500000.0, true, false, false},
+    // Llama-3.1-8B: the same shapes with a 128K context (long serving traces need it).
+    {"llama-3.1-8b", 4096, 14336, 32, 32, 8, 128256, 131072, 500000.0, true, false, false},
     {"mistral-7b", 4096, 14336, 32, 32, 8, 32000, 32768, 1000000.0, false, false, false},
     {"qwen2-7b", 3584, 18944, 28, 28, 4, 152064, 32768, 1000000.0, false, true, false},
     // Small shapes for CPU tests: the stories260K geometry, and a 1B-class and a tiny-but-head_dim-64.

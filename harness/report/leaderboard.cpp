@@ -40,6 +40,7 @@ std::string default_metric(const std::string& protocol, const std::vector<std::m
   };
   if (protocol == "stream" && present("kl_mean")) return "kl_mean";
   if (protocol == "perf" && present("decode_tok_s")) return "decode_tok_s";
+  if (protocol == "serve" && present("serve_slo_attainment")) return "serve_slo_attainment";
   if (present("accuracy")) return "accuracy";  // qa
   if (protocol == "probe" && present("attn_output_rel_err")) return "attn_output_rel_err";
   for (const auto& m : all_metrics())  // task metrics first ("accuracy when present")
@@ -479,6 +480,12 @@ Leaderboard build_leaderboard(ResultsDb& db, const LeaderboardOptions& options) 
       t.direction = stored_info[t.metric].second == Direction::kHigher ? Direction::kHigher : Direction::kLower;
     }
     if (t.protocol == "stream") t.secondary = {t.metric == "ppl" ? "kl_mean" : "ppl"};
+    if (t.protocol == "serve") {
+      // What the capacity bought: latency, hits, concurrency (one run per config: no CIs here).
+      for (const char* m : {"serve_ttft_ms_p90", "serve_tpot_ms_p50", "serve_prefix_hit_rate",
+                            "serve_mean_running", "serve_preemptions"})
+        if (m != t.metric) t.secondary.push_back(m);
+    }
     if (t.protocol == "qa" && t.metric != "ttft_ms") {
       // The query-time work beside accuracy (document reuse trades it), when every finished run
       // of the table recorded it.
@@ -687,7 +694,8 @@ Leaderboard build_leaderboard(ResultsDb& db, const LeaderboardOptions& options) 
               did_you_mean(options.metric, names));
   }
   std::stable_sort(lb.tables.begin(), lb.tables.end(), [](const LeaderTable& a, const LeaderTable& b) {
-    auto rank = [](const std::string& p) { return p == "perf" ? 1 : 0; };  // accuracy tables first
+    // Accuracy tables first, then speed, then serving.
+    auto rank = [](const std::string& p) { return p == "perf" ? 1 : p == "serve" ? 2 : 0; };
     if (rank(a.protocol) != rank(b.protocol)) return rank(a.protocol) < rank(b.protocol);
     if (a.model != b.model) return a.model < b.model;
     if (a.dataset != b.dataset) return a.dataset < b.dataset;

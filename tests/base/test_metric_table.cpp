@@ -48,6 +48,17 @@ TEST(MetricTable, HarnessMetricsArePresent) {
       {"compression_ratio", "x", "higher"},
       {"bytes_per_token", "bytes/token", "lower"},
       {"peak_memory_bytes", "bytes", "lower"},
+      {"serve_slo_attainment", "fraction", "higher"},
+      {"serve_output_tok_s", "tokens/s", "higher"},
+      {"serve_ttft_ms_p50", "ms", "lower"},
+      {"serve_ttft_ms_p90", "ms", "lower"},
+      {"serve_ttft_ms_p99", "ms", "lower"},
+      {"serve_tpot_ms_p50", "ms", "lower"},
+      {"serve_tpot_ms_p99", "ms", "lower"},
+      {"serve_prefix_hit_rate", "fraction", "higher"},
+      {"serve_mean_running", "requests", "higher"},
+      {"serve_allocator_waste", "fraction", "lower"},
+      {"serve_preemptions", "", "lower"},
   };
   for (const auto& e : expected) {
     ASSERT_TRUE(is_known_metric(e.name)) << e.name;

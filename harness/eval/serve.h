@@ -1,0 +1,54 @@
+#pragma once
+// The `serve` protocol: what a KV method buys a serving instance. Two samples:
+//   0 "footprint"  - the method's real store runs on the run's model over real text at a few
+//                    lengths (prefill, then a few greedy decode steps); its ledger gives device and
+//                    host bytes per sequence as a function of length (a FootprintCurve).
+//   1 "simulation" - that curve, scaled to a target model's shapes, drives a trace-driven serving
+//                    simulation (harness/serve/serving_sim.h): continuous batching under a KV pool,
+//                    an allocator, a prefix store (host, or a real Redis on loopback whose measured
+//                    bandwidth sets the load rate), a roofline time model. Capacity, waste, hit rates
+//                    and preemptions are exact accounting; times are simulated (flagged as such).
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "harness/model/model.h"
+#include "harness/serve/footprint_curve.h"
+#include "harness/serve/serving_sim.h"
+#include "harness/store/results_db.h"
+
+namespace kvb {
+
+// Per length L in `lengths`: a fresh store, prefill of tokens[0:L], decode_tokens greedy steps; the
+// point is (L + decode_tokens, device bytes, host + remote bytes). tokens must be long enough.
+std::vector<FootprintPoint> measure_footprint_points(std::shared_ptr<Model> model,
+                                                     const std::string& method,
+                                                     const nlohmann::json& method_params,
+                                                     const std::vector<int64_t>& tokens,
+                                                     const std::vector<int64_t>& lengths,
+                                                     int64_t decode_tokens, int64_t prefill_chunk);
+
+// The time model's view of a synthetic preset (bf16 weights and KV).
+ServeTarget serve_target(const std::string& preset);
+
+// "conversation" | "synthetic" (the Mooncake traces under the data path) or a JSONL path.
+std::string serve_trace_path(const std::string& name, const std::string& data_dir);
+
+nlohmann::json serve_result_json(const ServeResult& r);
+
+// Sample 0's JSON: the points, whether bytes are proportional in length, the run's bytes per token.
+nlohmann::json footprint_sample_json(const std::vector<FootprintPoint>& points,
+                                     double run_kv_bytes_per_token);
+
+// Sample 1: reads the trace, scales the footprint curve to the target, measures the Redis prefix
+// store when the protocol names one, simulates. `proto` is the resolved serve protocol.
+nlohmann::json serve_simulation_sample(const nlohmann::json& proto, const nlohmann::json& footprint,
+                                       const std::string& data_dir, uint64_t seed);
+
+// Run-level metrics from the two samples' JSON.
+std::vector<Metric> serve_metrics(const nlohmann::json& footprint, const nlohmann::json& simulation);
+
+}  // namespace kvb

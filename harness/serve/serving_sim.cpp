@@ -1,0 +1,428 @@
+#include "harness/serve/serving_sim.h"
+
+#include <algorithm>
+#include <cmath>
+#include <deque>
+#include <limits>
+
+#include "harness/common/error.h"
+#include "harness/common/strings.h"
+#include "harness/metrics/statistics.h"
+
+namespace kvb {
+
+KvAllocator parse_kv_allocator(const std::string& name) {
+  static const std::vector<std::string> names = {"paged", "contiguous_max", "pow2", "oracle"};
+  if (name == "paged") return KvAllocator::kPaged;
+  if (name == "contiguous_max") return KvAllocator::kContiguousMax;
+  if (name == "pow2") return KvAllocator::kPow2;
+  if (name == "oracle") return KvAllocator::kOracle;
+  KVB_FAIL("allocator: unknown allocator '", name, "'", did_you_mean(name, names), "; known: ",
+           join(names, ", "));
+}
+
+const char* kv_allocator_name(KvAllocator a) {
+  switch (a) {
+    case KvAllocator::kPaged: return "paged";
+    case KvAllocator::kContiguousMax: return "contiguous_max";
+    case KvAllocator::kPow2: return "pow2";
+    case KvAllocator::kOracle: return "oracle";
+  }
+  return "?";
+}
+
+double ServeRequestResult::tpot_ms() const {
+  return output > 1 ? (finish_ms - first_token_ms) / static_cast<double>(output - 1) : 0.0;
+}
+
+namespace {
+
+struct Request {
+  size_t index = 0;         // in the trace
+  int64_t prompt = 0;       // tokens whose KV must exist before the next token (input, or input +
+                            // generated after a preemption: vLLM's recompute)
+  int64_t kv_tokens = 0;    // tokens whose KV is held
+  int64_t generated = 0;    // output tokens emitted so far
+  double reserved = 0;      // bytes reserved in the pool
+  double ready_ms = 0;      // prefix-store load finished
+  bool fresh = false;       // admitted in this iteration, not yet given any token
+  bool in_prefill() const { return kv_tokens < prompt; }
+};
+
+// Admission leaves this share of the pool for growth (vLLM's watermark is 1% of the blocks).
+constexpr double kAdmitFraction = 0.99;
+
+int64_t round_up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
+
+int64_t next_pow2(int64_t n) {
+  int64_t p = 1;
+  while (p < n) p <<= 1;
+  return p;
+}
+
+class Simulator {
+ public:
+  Simulator(const RequestTrace& trace, const FootprintCurve& kv, const ServeTarget& target,
+            const ServeHardware& hw, const ServeConfig& config)
+      : trace_(trace), kv_(kv), target_(target), hw_(hw), cfg_(config) {
+    KVB_CHECK(cfg_.kv_pool_bytes > 0, "serve: kv pool bytes ", cfg_.kv_pool_bytes, " (must be > 0)");
+    KVB_CHECK(cfg_.block_tokens >= 1, "serve: block_tokens ", cfg_.block_tokens, " (must be >= 1)");
+    KVB_CHECK(cfg_.max_num_seqs >= 1, "serve: max_num_seqs ", cfg_.max_num_seqs);
+    KVB_CHECK(cfg_.max_batched_tokens >= 1, "serve: max_batched_tokens ", cfg_.max_batched_tokens);
+    KVB_CHECK(cfg_.time_scale > 0, "serve: time_scale ", cfg_.time_scale, " (must be > 0)");
+    KVB_CHECK(hw_.hbm_gbps > 0 && hw_.tflops > 0 && hw_.prefix_load_gbps > 0,
+              "serve: hardware bandwidths and FLOP rate must be > 0");
+    KVB_CHECK(target_.max_context > 0, "serve: target max_context ", target_.max_context);
+    result_.requests = static_cast<int64_t>(trace.requests.size());
+    result_.per_request.resize(trace.requests.size());
+    for (size_t i = 0; i < trace.requests.size(); ++i) {
+      const TraceRequest& t = trace.requests[i];
+      ServeRequestResult& r = result_.per_request[i];
+      r.arrival_ms = static_cast<double>(t.timestamp_ms) * cfg_.time_scale;
+      r.input = t.input_length;
+      r.output = std::max<int64_t>(1, t.output_length);
+    }
+    result_.prefix_block_bytes =
+        static_cast<double>(trace.block_size_tokens) * kv_.device_bytes_per_token();
+    if (cfg_.prefix_cache_bytes != 0) {
+      int64_t blocks = -1;
+      if (cfg_.prefix_cache_bytes > 0 && result_.prefix_block_bytes > 0)
+        blocks = static_cast<int64_t>(std::floor(cfg_.prefix_cache_bytes / result_.prefix_block_bytes));
+      result_.prefix_capacity_blocks = blocks;
+      cache_ = std::make_unique<PrefixCache>(blocks, cfg_.prefix_policy);
+    }
+  }
+
+  ServeResult run() {
+    double now = 0;
+    if (!trace_.requests.empty()) now = result_.per_request[0].arrival_ms;
+    const double first_arrival = now;
+    double busy_ms = 0, memory_bound_ms = 0;
+    double w_running = 0, w_util = 0, w_waste = 0, w_waste_den = 0;
+    for (;;) {
+      enqueue_arrivals(now);
+      admit(now);
+      schedule(now);
+      if (scheduled_.empty()) {
+        // Nothing to compute: wait for a prefix load, the next arrival, or give up on a head
+        // request that cannot fit even alone.
+        double wake = std::numeric_limits<double>::infinity();
+        for (const Request& r : running_)
+          if (r.ready_ms > now) wake = std::min(wake, r.ready_ms);
+        if (next_arrival_ < trace_.requests.size())
+          wake = std::min(wake, result_.per_request[next_arrival_].arrival_ms);
+        if (std::isfinite(wake) && wake > now) {
+          now = wake;
+          continue;
+        }
+        if (!waiting_.empty() && running_.empty()) {
+          reject(waiting_.front().index);  // larger than the whole pool
+          waiting_.pop_front();
+          continue;
+        }
+        KVB_CHECK(running_.empty() && waiting_.empty(),
+                  "serve: the scheduler stalled with ", running_.size(), " running and ",
+                  waiting_.size(), " waiting requests (a bug)");
+        break;
+      }
+      // Roofline time of the iteration.
+      double flops = 0, bytes = target_.weight_bytes;
+      for (const auto& [ri, n] : scheduled_) {
+        const Request& r = running_[ri];
+        const double past = static_cast<double>(r.kv_tokens);
+        flops += static_cast<double>(n) * target_.flops_per_token +
+                 target_.attn_flops_per_pair * static_cast<double>(n) * (past + (n + 1) / 2.0);
+        bytes += kv_.device_bytes(r.kv_tokens + n);
+      }
+      const double compute_ms = flops / (hw_.tflops * 1e12) * 1e3;
+      const double memory_ms = bytes / (hw_.hbm_gbps * 1e9) * 1e3;
+      const double dt = std::max(compute_ms, memory_ms) + hw_.iteration_overhead_ms;
+      if (memory_ms >= compute_ms) memory_bound_ms += dt;
+      busy_ms += dt;
+      // Time-weighted occupancy over the iteration, counting the tokens it adds (their room is
+      // already reserved).
+      std::vector<int64_t> tokens_after(running_.size());
+      for (size_t i = 0; i < running_.size(); ++i) tokens_after[i] = running_[i].kv_tokens;
+      for (const auto& [ri, n] : scheduled_) tokens_after[ri] += n;
+      double live = 0, host = 0;
+      for (int64_t t : tokens_after) {
+        live += kv_.device_bytes(t);
+        host += kv_.host_bytes(t);
+      }
+      result_.peak_host_bytes = std::max(result_.peak_host_bytes, host);
+      w_running += dt * static_cast<double>(running_.size());
+      w_util += dt * live / cfg_.kv_pool_bytes;
+      if (reserved_ > 0) {
+        w_waste += dt * (reserved_ - live) / reserved_;
+        w_waste_den += dt;
+      }
+      result_.max_running = std::max<int64_t>(result_.max_running, static_cast<int64_t>(running_.size()));
+      now += dt;
+      result_.iterations++;
+      apply(now);
+    }
+    result_.duration_s = (now - first_arrival) / 1e3;
+    summarize(busy_ms, memory_bound_ms, w_running, w_util, w_waste, w_waste_den);
+    return std::move(result_);
+  }
+
+ private:
+  double reservation(const Request& r, int64_t kv_tokens) const {
+    const ServeRequestResult& rr = result_.per_request[r.index];
+    switch (cfg_.allocator) {
+      case KvAllocator::kPaged: return kv_.device_bytes(round_up(kv_tokens, cfg_.block_tokens));
+      case KvAllocator::kContiguousMax: return kv_.device_bytes(target_.max_context);
+      case KvAllocator::kPow2: return kv_.device_bytes(next_pow2(rr.input + rr.output));
+      case KvAllocator::kOracle: return kv_.device_bytes(rr.input + rr.output);
+    }
+    return 0;
+  }
+
+  void enqueue_arrivals(double now) {
+    while (next_arrival_ < trace_.requests.size() &&
+           result_.per_request[next_arrival_].arrival_ms <= now) {
+      Request r;
+      r.index = next_arrival_;
+      r.prompt = result_.per_request[next_arrival_].input;
+      waiting_.push_back(r);
+      next_arrival_++;
+    }
+  }
+
+  void reject(size_t index) {
+    result_.per_request[index].rejected = true;
+    result_.rejected++;
+  }
+
+  // Leading prompt tokens the prefix store holds, without touching it.
+  int64_t peek_hit_tokens(const Request& r) const {
+    if (!cache_) return 0;
+    const auto& ids = trace_.requests[r.index].hash_ids;
+    int64_t blocks = 0;
+    while (blocks < static_cast<int64_t>(ids.size()) && cache_->contains(ids[blocks])) blocks++;
+    return hit_tokens_of(r, blocks);
+  }
+
+  int64_t hit_tokens_of(const Request& r, int64_t blocks) const {
+    const int64_t input = result_.per_request[r.index].input;
+    // At least one token is computed: the forward that yields the next token's logits.
+    return std::max<int64_t>(0, std::min(blocks * trace_.block_size_tokens, input - 1));
+  }
+
+  void admit(double now) {
+    // After a preemption the pool is known to be short: admit nothing new this iteration.
+    if (preempted_last_iteration_) return;
+    while (!waiting_.empty() && static_cast<int64_t>(running_.size()) < cfg_.max_num_seqs) {
+      Request r = waiting_.front();
+      ServeRequestResult& rr = result_.per_request[r.index];
+      if (rr.input + rr.output > target_.max_context) {
+        reject(r.index);
+        waiting_.pop_front();
+        continue;
+      }
+      const int64_t hit = peek_hit_tokens(r);
+      // Admitted only with room for the whole prompt - counting the prompts still being
+      // prefilled - and a watermark left for the running requests' growth (vLLM's rule):
+      // admitting what decode growth would preempt at once only thrashes. The paged allocator
+      // still reserves chunk by chunk, so its waste is fragmentation, not room held ahead.
+      double pending = 0;
+      for (const Request& q : running_)
+        if (q.in_prefill()) pending += std::max(0.0, reservation(q, q.prompt) - q.reserved);
+      const double prompt_bytes = reservation(r, r.prompt);
+      const double committed = reserved_ + pending + prompt_bytes;
+      if (committed > kAdmitFraction * cfg_.kv_pool_bytes && !running_.empty()) break;
+      if (committed > cfg_.kv_pool_bytes) break;  // first come, first served: no overtaking
+      const double need = reservation(r, hit);
+      waiting_.pop_front();
+      if (cache_) {
+        const int64_t blocks = cache_->lookup(trace_.requests[r.index].hash_ids);
+        KVB_CHECK(hit_tokens_of(r, blocks) == hit, "serve: prefix lookup disagrees with peek (a bug)");
+      }
+      r.kv_tokens = hit;
+      r.fresh = true;
+      r.reserved = need;
+      reserved_ += need;
+      const double load_bytes = kv_.device_bytes(hit);
+      r.ready_ms = now + load_bytes / (hw_.prefix_load_gbps * 1e9) * 1e3;
+      result_.prefix_load_bytes += load_bytes;
+      if (rr.hit_tokens == 0 && rr.preemptions == 0) rr.hit_tokens = hit;
+      running_.push_back(r);
+    }
+  }
+
+  // Frees the most recently admitted request and sends it back to the head of the queue; it will
+  // recompute its prompt and the tokens it generated (vLLM's recompute preemption).
+  void preempt_last() {
+    Request r = running_.back();
+    running_.pop_back();
+    for (auto it = scheduled_.begin(); it != scheduled_.end(); ++it)
+      if (it->first == running_.size()) {
+        budget_ += it->second;
+        scheduled_.erase(it);
+        break;
+      }
+    reserved_ -= r.reserved;
+    result_.per_request[r.index].preemptions++;
+    result_.preemptions++;
+    r.prompt = result_.per_request[r.index].input + r.generated;
+    r.kv_tokens = 0;
+    r.reserved = 0;
+    waiting_.push_front(r);
+  }
+
+  // Sends a request admitted in this iteration back to the head of the queue, as if never
+  // admitted (its first chunk did not fit; a new request never preempts a running one).
+  void unadmit_last() {
+    Request r = running_.back();
+    running_.pop_back();
+    ServeRequestResult& rr = result_.per_request[r.index];
+    reserved_ -= r.reserved;
+    result_.prefix_load_bytes -= kv_.device_bytes(r.kv_tokens);
+    if (rr.preemptions == 0) rr.hit_tokens = 0;
+    r.kv_tokens = 0;
+    r.reserved = 0;
+    r.fresh = false;
+    waiting_.push_front(r);
+  }
+
+  // Tries to give running_[i] n more tokens; preempts later requests for room. False when running_[i]
+  // itself had to go.
+  bool grow(size_t i, int64_t n) {
+    for (;;) {
+      Request& r = running_[i];
+      const double growth = std::max(0.0, reservation(r, r.kv_tokens + n) - r.reserved);
+      if (reserved_ + growth <= cfg_.kv_pool_bytes) {
+        r.reserved += growth;
+        reserved_ += growth;
+        return true;
+      }
+      if (r.fresh) {
+        // Fresh requests sit at the end of running_ in arrival order: return them all from i on.
+        while (running_.size() > i) unadmit_last();
+        return false;
+      }
+      if (running_.size() == 1) {
+        // Alone and still too large for the pool: it can never finish.
+        reserved_ -= r.reserved;
+        reject(r.index);
+        running_.pop_back();
+        return false;
+      }
+      const bool self = i + 1 == running_.size();
+      preempt_last();
+      if (self) return false;
+    }
+  }
+
+  void schedule(double now) {
+    scheduled_.clear();
+    const int64_t preemptions_before = result_.preemptions;
+    budget_ = cfg_.max_batched_tokens;
+    // Decodes first (one token each), then prefill chunks with what is left of the token budget.
+    for (int pass = 0; pass < 2; ++pass) {
+      for (size_t i = 0; i < running_.size() && budget_ > 0; ++i) {
+        Request& r = running_[i];
+        if (r.ready_ms > now || r.in_prefill() != (pass == 1)) continue;
+        const int64_t n = pass == 0 ? 1 : std::min(r.prompt - r.kv_tokens, budget_);
+        if (!grow(i, n)) {
+          if (i < running_.size()) --i;  // running_[i] is now another request: revisit the slot
+          else break;
+          continue;
+        }
+        scheduled_.emplace_back(i, n);
+        budget_ -= n;
+      }
+    }
+    for (Request& r : running_) r.fresh = false;
+    preempted_last_iteration_ = result_.preemptions > preemptions_before;
+  }
+
+  void apply(double now) {
+    std::vector<size_t> finished;
+    for (const auto& [i, n] : scheduled_) {
+      Request& r = running_[i];
+      ServeRequestResult& rr = result_.per_request[r.index];
+      const bool was_prefill = r.in_prefill();
+      if (was_prefill) result_.prefill_tokens += static_cast<double>(n);
+      r.kv_tokens += n;
+      if (was_prefill && r.in_prefill()) continue;  // more chunks to go
+      if (was_prefill && cache_) {
+        const auto& ids = trace_.requests[r.index].hash_ids;
+        cache_->insert(ids, static_cast<int64_t>(ids.size()));
+      }
+      r.generated++;
+      if (rr.first_token_ms < 0) rr.first_token_ms = now;
+      if (r.generated >= rr.output) {
+        rr.finish_ms = now;
+        result_.completed++;
+        finished.push_back(i);
+      }
+    }
+    std::sort(finished.rbegin(), finished.rend());
+    for (size_t i : finished) {
+      reserved_ -= running_[i].reserved;
+      running_.erase(running_.begin() + static_cast<std::ptrdiff_t>(i));
+    }
+    if (running_.empty()) reserved_ = 0;  // no drift from floating-point sums
+  }
+
+  void summarize(double busy_ms, double memory_bound_ms, double w_running, double w_util,
+                 double w_waste, double w_waste_den) {
+    std::vector<double> ttft, tpot;
+    int64_t ok = 0, output_tokens = 0, input_tokens = 0, hit_tokens = 0;
+    for (const auto& r : result_.per_request) {
+      if (r.rejected) continue;
+      ttft.push_back(r.ttft_ms());
+      if (r.output > 1) tpot.push_back(r.tpot_ms());
+      output_tokens += r.output;
+      input_tokens += r.input;
+      hit_tokens += r.hit_tokens;
+      if (r.ttft_ms() <= cfg_.slo_ttft_ms && (r.output <= 1 || r.tpot_ms() <= cfg_.slo_tpot_ms)) ok++;
+    }
+    auto pct = [](const std::vector<double>& v, double p) { return v.empty() ? 0.0 : percentile(v, p); };
+    result_.ttft_ms_p50 = pct(ttft, 50);
+    result_.ttft_ms_p90 = pct(ttft, 90);
+    result_.ttft_ms_p99 = pct(ttft, 99);
+    result_.tpot_ms_p50 = pct(tpot, 50);
+    result_.tpot_ms_p90 = pct(tpot, 90);
+    result_.tpot_ms_p99 = pct(tpot, 99);
+    result_.slo_attainment = result_.requests ? static_cast<double>(ok) / result_.requests : 0;
+    if (result_.duration_s > 0) {
+      result_.output_tok_s = static_cast<double>(output_tokens) / result_.duration_s;
+      result_.requests_per_s = static_cast<double>(result_.completed) / result_.duration_s;
+    }
+    if (busy_ms > 0) {
+      result_.mean_running = w_running / busy_ms;
+      result_.kv_utilization = w_util / busy_ms;
+      result_.memory_bound_fraction = memory_bound_ms / busy_ms;
+    }
+    if (w_waste_den > 0) result_.allocator_waste = w_waste / w_waste_den;
+    result_.prefix_hit_rate =
+        input_tokens ? static_cast<double>(hit_tokens) / static_cast<double>(input_tokens) : 0;
+  }
+
+  const RequestTrace& trace_;
+  const FootprintCurve& kv_;
+  const ServeTarget& target_;
+  const ServeHardware& hw_;
+  const ServeConfig& cfg_;
+  std::unique_ptr<PrefixCache> cache_;
+  ServeResult result_;
+  size_t next_arrival_ = 0;
+  std::deque<Request> waiting_;
+  std::vector<Request> running_;  // admission order
+  std::vector<std::pair<size_t, int64_t>> scheduled_;  // (index in running_, new tokens)
+  int64_t budget_ = 0;
+  double reserved_ = 0;
+  bool preempted_last_iteration_ = false;
+};
+
+}  // namespace
+
+ServeResult simulate_serving(const RequestTrace& trace, const FootprintCurve& kv,
+                             const ServeTarget& target, const ServeHardware& hw,
+                             const ServeConfig& config) {
+  return Simulator(trace, kv, target, hw, config).run();
+}
+
+}  // namespace kvb

@@ -1,0 +1,99 @@
+#pragma once
+// A trace-driven simulation of one serving instance, for the `serve` protocol: continuous batching
+// with chunked prefill (vLLM's scheduler shape) under a device KV budget, an allocator (paged blocks
+// or up-front contiguous reservations, as in the PagedAttention paper's comparison), a prefix store
+// in a host or remote tier (Mooncake / LMCache style) and a roofline time model of the accelerator.
+//
+// What is exact and what is modelled: the scheduling, the allocator's reservations, preemptions and
+// the prefix cache's hits are exact discrete-event accounting over the trace; the KV bytes per
+// sequence come from the method's measured footprint curve; iteration times are a roofline
+// (max(FLOPs / peak, bytes / bandwidth) + a fixed overhead) and therefore *simulated* - the protocol
+// reports them as such. Torch-free.
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "harness/formats/request_trace.h"
+#include "harness/serve/footprint_curve.h"
+#include "harness/serve/prefix_cache.h"
+
+namespace kvb {
+
+// The served model, as the time model needs it.
+struct ServeTarget {
+  std::string name;
+  double weight_bytes = 0;             // read once per iteration
+  double flops_per_token = 0;          // dense matmul FLOPs per token (2 x parameters)
+  double attn_flops_per_pair = 0;      // attention FLOPs per (query token, context token): 4 x layers x q_heads x head_dim
+  double kv_bytes_per_token = 0;       // uncompressed KV bytes per token (for reports)
+  int64_t max_context = 0;             // longer requests are rejected
+};
+
+// A simulated accelerator. Defaults: the H200 figures measured in specs/performance.md (copy
+// bandwidth 4.3 TB/s, bf16 GEMM 790 TFLOP/s) and PCIe Gen5 host-to-device 55 GB/s.
+struct ServeHardware {
+  double hbm_gbps = 4300;
+  double tflops = 790;
+  double prefix_load_gbps = 55;      // prefix-store blocks -> device
+  double iteration_overhead_ms = 0.3;  // scheduling and launches per iteration
+};
+
+enum class KvAllocator {
+  kPaged,          // blocks of block_tokens allocated as tokens arrive (vLLM)
+  kContiguousMax,  // the model's max context reserved per request at admission (Orca-Max)
+  kPow2,           // the final length rounded up to a power of two (Orca-Pow2)
+  kOracle,         // exactly the final length, reserved up front (Orca-Oracle)
+};
+KvAllocator parse_kv_allocator(const std::string& name);  // paged | contiguous_max | pow2 | oracle
+const char* kv_allocator_name(KvAllocator a);
+
+struct ServeConfig {
+  double kv_pool_bytes = 100.0 * (1ll << 30);  // device memory for KV
+  KvAllocator allocator = KvAllocator::kPaged;
+  int64_t block_tokens = 16;           // paged allocator's block
+  int64_t max_num_seqs = 256;          // running requests at most
+  int64_t max_batched_tokens = 8192;   // tokens per iteration (decode tokens + prefill chunks)
+  double time_scale = 1.0;             // arrival times are multiplied by this (0.5: twice the load)
+  double prefix_cache_bytes = 0;       // prefix store capacity; 0: none; < 0: unlimited
+  CachePolicy prefix_policy = CachePolicy::kLru;
+  double slo_ttft_ms = 2000;
+  double slo_tpot_ms = 100;
+};
+
+struct ServeRequestResult {
+  double arrival_ms = 0, first_token_ms = -1, finish_ms = -1;
+  int64_t input = 0, output = 0, hit_tokens = 0, preemptions = 0;
+  bool rejected = false;
+  double ttft_ms() const { return first_token_ms - arrival_ms; }
+  double tpot_ms() const;  // (finish - first token) / (output - 1); 0 for a single output token
+};
+
+struct ServeResult {
+  int64_t requests = 0, completed = 0, rejected = 0, preemptions = 0, iterations = 0;
+  double duration_s = 0;                 // first arrival to last finish
+  double output_tok_s = 0, requests_per_s = 0;
+  double ttft_ms_p50 = 0, ttft_ms_p90 = 0, ttft_ms_p99 = 0;
+  double tpot_ms_p50 = 0, tpot_ms_p90 = 0, tpot_ms_p99 = 0;
+  double slo_attainment = 0;             // requests within both SLOs (rejected ones fail)
+  double mean_running = 0;               // time-weighted running requests
+  int64_t max_running = 0;
+  double kv_utilization = 0;             // time-weighted live KV bytes / pool
+  double allocator_waste = 0;            // time-weighted (reserved - live) / reserved
+  double prefix_hit_rate = 0;            // prompt tokens served from the prefix store / prompt tokens
+  double prefill_tokens = 0;             // tokens actually prefilled (recomputation included)
+  double prefix_load_bytes = 0;          // bytes loaded from the prefix store
+  double prefix_block_bytes = 0;         // bytes one prefix-store block costs
+  int64_t prefix_capacity_blocks = 0;    // -1: unlimited
+  double memory_bound_fraction = 0;      // iterations' time share limited by bytes, not FLOPs
+  double peak_host_bytes = 0;            // largest host-tier bytes the running requests held at once
+  std::vector<ServeRequestResult> per_request;
+};
+
+// kv: the method's bytes per sequence at the target's shapes. Requests whose input + output exceeds
+// target.max_context are rejected. Invalid settings throw kvb::Error naming the field.
+ServeResult simulate_serving(const RequestTrace& trace, const FootprintCurve& kv,
+                             const ServeTarget& target, const ServeHardware& hw,
+                             const ServeConfig& config);
+
+}  // namespace kvb
