@@ -268,7 +268,8 @@ RunOutcome execute_run(const nlohmann::json& resolved, ResultsDb& db, const RunE
       nlohmann::json sim;
       for (const auto& s : db.samples(run_id))
         if (s.index == 1) sim = nlohmann::json::parse(s.output_json);
-      out.metrics = serve_metrics(footprint, sim);
+      const MethodCaps& caps = MethodRegistry::instance().info(method).caps;
+      out.metrics = serve_metrics(footprint, sim, !caps.evicts && !caps.query_aware);
       out.metrics.push_back({"simulated", declared_simulated ? 1.0 : 0.0, "", Direction::kNone});
     } else {
       KVB_FAIL("protocol '", protocol, "' has no runner");

@@ -196,7 +196,8 @@ nlohmann::json serve_result_json(const ServeResult& r) {
           {"peak_host_bytes", r.peak_host_bytes}};
 }
 
-std::vector<Metric> serve_metrics(const nlohmann::json& footprint, const nlohmann::json& sim) {
+std::vector<Metric> serve_metrics(const nlohmann::json& footprint, const nlohmann::json& sim,
+                                  bool prefix_reuse_exact) {
   using D = Direction;
   std::vector<Metric> m;
   const nlohmann::json& s = sim.at("result");
@@ -233,7 +234,8 @@ std::vector<Metric> serve_metrics(const nlohmann::json& footprint, const nlohman
   const double at_mean = sim.at("kv_bytes_per_token_at_mean");
   m.push_back({"bytes_per_token", at_mean, "bytes", D::kLower});
   m.push_back({"compression_ratio", at_mean > 0 ? bpt / at_mean : 0.0, "x", D::kHigher});
-  m.push_back({"serve_prefix_reuse_exact", footprint.at("proportional").get<bool>() ? 1.0 : 0.0,
+  m.push_back({"serve_prefix_reuse_exact", prefix_reuse_exact ? 1.0 : 0.0, "", D::kNone});
+  m.push_back({"serve_footprint_proportional", footprint.at("proportional").get<bool>() ? 1.0 : 0.0,
                "", D::kNone});
   if (sim.contains("remote")) {
     m.push_back({"serve_remote_get_gbps", sim["remote"].at("get_gbps").get<double>(), "GB/s",

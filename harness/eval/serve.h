@@ -48,7 +48,10 @@ nlohmann::json footprint_sample_json(const std::vector<FootprintPoint>& points,
 nlohmann::json serve_simulation_sample(const nlohmann::json& proto, const nlohmann::json& footprint,
                                        const std::string& data_dir, uint64_t seed);
 
-// Run-level metrics from the two samples' JSON.
-std::vector<Metric> serve_metrics(const nlohmann::json& footprint, const nlohmann::json& simulation);
+// Run-level metrics from the two samples' JSON. prefix_reuse_exact: the method's stored KV of a
+// prefix depends on the prefix alone (it neither evicts nor reads the query), so a prefix-store hit
+// hands a request what it would have computed; otherwise the hit rates assume reuse is acceptable.
+std::vector<Metric> serve_metrics(const nlohmann::json& footprint, const nlohmann::json& simulation,
+                                  bool prefix_reuse_exact);
 
 }  // namespace kvb

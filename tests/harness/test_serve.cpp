@@ -85,6 +85,10 @@ TEST(ServeRun, CompressionRunsMoreRequestsAtOnceOnTheConversationTrace) {
   EXPECT_GT(metric(kivi.metrics, "compression_ratio"), 2.5);
   EXPECT_EQ(metric(full.metrics, "serve_times_simulated"), 1.0);
   EXPECT_EQ(metric(full.metrics, "serve_prefix_reuse_exact"), 1.0);
+  EXPECT_EQ(metric(kivi.metrics, "serve_prefix_reuse_exact"), 1.0);
+  // An eviction method's kept set depends on the whole prompt: its prefix hits are not exact.
+  const RunOutcome snap = execute_run(serve_config("snapkv", {{"max_requests", 10}}), db, env);
+  EXPECT_EQ(metric(snap.metrics, "serve_prefix_reuse_exact"), 0.0);
   EXPECT_EQ(metric(full.metrics, "serve_completed") + metric(full.metrics, "serve_rejected"), 150);
   EXPECT_GT(metric(kivi.metrics, "serve_mean_running"), 2 * metric(full.metrics, "serve_mean_running"));
   EXPECT_LT(metric(kivi.metrics, "serve_ttft_ms_p50"), metric(full.metrics, "serve_ttft_ms_p50"));
