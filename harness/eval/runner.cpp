@@ -97,6 +97,8 @@ RunOutcome execute_run(const nlohmann::json& resolved, ResultsDb& db, const RunE
     spec.dataset = src == "synthetic" ? proto["task"].get<std::string>() + "@" + std::to_string(proto["length"].get<int64_t>())
                  : src == "recall" ? "recall:" + proto["dataset"].get<std::string>()
                                    : "longbench:" + proto["path"].get<std::string>();
+  } else if (protocol == "serve") {
+    spec.dataset = "trace:" + proto["trace"].get<std::string>();  // the probe text is secondary
   } else {
     spec.dataset = proto.contains("dataset") ? proto["dataset"].get<std::string>() : "synthetic";
   }
@@ -232,9 +234,6 @@ RunOutcome execute_run(const nlohmann::json& resolved, ResultsDb& db, const RunE
       for (const auto& s : db.samples(run_id)) cells.push_back(PerfCell::from_json(nlohmann::json::parse(s.output_json)));
       out.metrics = perf_metrics(cells, declared_simulated);
     } else if (protocol == "serve") {
-      KVB_CHECK(dtype_bytes(model->dtype) == 2, "config.dtype: the serve protocol measures the "
-                "method's footprint in the serving dtype: use bf16 or fp16, not ",
-                resolved["dtype"].get<std::string>());
       KVB_CHECK(!model->tokenizer_path.empty(), model->source, ": the serve protocol needs a tokenizer");
       out.samples_total = 2;
       if (!done.count(0)) {
@@ -248,9 +247,11 @@ RunOutcome execute_run(const nlohmann::json& resolved, ResultsDb& db, const RunE
         KVB_CHECK(!windows.empty(), proto["dataset"].get<std::string>(), ": no text for the footprint probe");
         auto points = measure_footprint_points(model, method, method_params, windows[0].tokens, lengths,
                                                decode, proto["prefill_chunk"]);
+        // Bytes as a 16-bit deployment holds them (fp32 runs rescale the model-dtype rows).
         nlohmann::json j = footprint_sample_json(
-            points, static_cast<double>(model->config.kv_bytes_per_token(dtype_bytes(model->dtype))));
+            points, static_cast<double>(model->config.kv_bytes_per_token(2)));
         j["dataset_hash"] = dataset_hash;
+        j["probe_dtype"] = resolved["dtype"];
         db.add_sample(run_id, 0, "footprint", j.dump());
         out.samples_computed++;
         log("footprint measured at " + std::to_string(points.size()) + " lengths");

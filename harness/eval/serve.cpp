@@ -20,8 +20,12 @@ std::vector<FootprintPoint> measure_footprint_points(std::shared_ptr<Model> mode
                                                      const nlohmann::json& method_params,
                                                      const std::vector<int64_t>& tokens,
                                                      const std::vector<int64_t>& lengths,
-                                                     int64_t decode_tokens, int64_t prefill_chunk) {
+                                                     int64_t decode_tokens, int64_t prefill_chunk,
+                                                     int64_t serving_elem_bytes) {
   const auto& c = model->config;
+  const int64_t model_elem = dtype_bytes(model->dtype);
+  // The share of a model-dtype byte that remains at the serving width.
+  const double keep = static_cast<double>(serving_elem_bytes) / static_cast<double>(model_elem);
   CacheContext ctx{c, model->device, model->dtype};
   std::vector<FootprintPoint> points;
   for (int64_t len : lengths) {
@@ -43,6 +47,14 @@ std::vector<FootprintPoint> measure_footprint_points(std::shared_ptr<Model> mode
     p.tokens = len + decode_tokens;
     p.host_bytes = static_cast<double>(fp.host_bytes + fp.remote_bytes);
     p.device_bytes = static_cast<double>(fp.physical_bytes()) - p.host_bytes;
+    if (model_elem != serving_elem_bytes) {
+      KVB_CHECK(fp.model_dtype_device_bytes >= 0, "serve: method ", method,
+                "'s store does not report which of its bytes are in the model dtype, so its ",
+                model_elem * 8, "-bit footprint cannot be sized at ", serving_elem_bytes * 8,
+                " bits: run the serve protocol with dtype bf16 or fp16");
+      p.device_bytes -= static_cast<double>(fp.model_dtype_device_bytes) * (1.0 - keep);
+      p.host_bytes -= static_cast<double>(fp.model_dtype_host_bytes) * (1.0 - keep);
+    }
     points.push_back(p);
   }
   return points;

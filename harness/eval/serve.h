@@ -23,13 +23,18 @@
 namespace kvb {
 
 // Per length L in `lengths`: a fresh store, prefill of tokens[0:L], decode_tokens greedy steps; the
-// point is (L + decode_tokens, device bytes, host + remote bytes). tokens must be long enough.
+// point is (L + decode_tokens, device bytes, host + remote bytes) as a deployment storing rows at
+// serving_elem_bytes would hold them: bytes the store keeps in the model's dtype are rescaled
+// (an fp32 CPU run's dense rows count at 16 bits), fixed-width codes and fp16 rows are kept as
+// measured. A store that does not report its model-dtype bytes can only be probed in the serving
+// dtype itself (kvb::Error otherwise). tokens must be long enough.
 std::vector<FootprintPoint> measure_footprint_points(std::shared_ptr<Model> model,
                                                      const std::string& method,
                                                      const nlohmann::json& method_params,
                                                      const std::vector<int64_t>& tokens,
                                                      const std::vector<int64_t>& lengths,
-                                                     int64_t decode_tokens, int64_t prefill_chunk);
+                                                     int64_t decode_tokens, int64_t prefill_chunk,
+                                                     int64_t serving_elem_bytes = 2);
 
 // The time model's view of a synthetic preset (bf16 weights and KV).
 ServeTarget serve_target(const std::string& preset);

@@ -60,6 +60,12 @@ struct Footprint {
   int64_t remote_bytes = 0;
   int64_t logical_bytes = 0;          // tokens held x uncompressed bytes per token
   int64_t tokens_held = 0;            // summed over sequences (a shared prefix counts per sequence)
+  // Of the physical bytes, those held in the model's compute dtype (rows a 16-bit deployment would
+  // store at 16 bits: an fp32 CPU run's dense rows), by tier; codes, fp16 rows, scales and indices
+  // are fixed-width and not counted. -1: the store does not say (the serve protocol then needs a
+  // 16-bit run to size it).
+  int64_t model_dtype_device_bytes = -1;
+  int64_t model_dtype_host_bytes = 0;
   // Bytes holding live KV state (payload incl. padding of partly filled blocks, metadata, indices).
   int64_t physical_bytes() const {
     return device_payload_bytes + device_metadata_bytes + device_index_bytes + host_bytes +

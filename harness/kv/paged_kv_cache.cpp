@@ -255,6 +255,7 @@ Footprint PagedKvCache::footprint() const {
     f.tokens_held += s.len;
   }
   f.logical_bytes = f.tokens_held * config_.kv_bytes_per_token(elem);
+  f.model_dtype_device_bytes = f.device_payload_bytes;
   return f;
 }
 

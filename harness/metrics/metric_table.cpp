@@ -89,7 +89,8 @@ const std::vector<MetricInfo>& table() {
       {"serve_prefix_hit_rate", "fraction", kHigher,
        "prompt tokens served from the prefix store (a compressed method fits more blocks)"},
       {"serve_mean_running", "requests", kHigher,
-       "time-weighted requests running at once (what the KV pool admits)"},
+       "time-weighted requests running at once: what the KV pool admits when it binds (below "
+       "saturation, fewer can simply mean requests finish sooner)"},
       {"serve_allocator_waste", "fraction", kLower,
        "time-weighted share of reserved KV bytes holding no live token"},
       {"serve_preemptions", "", kLower, "requests preempted (freed and recomputed) for lack of KV room"},

@@ -134,6 +134,11 @@ std::string baseline_note(const LeaderTable& t, const LeaderboardOptions& o) {
     return "No full-cache run in this group: Δ accuracy pairs each answer with the full cache's answer "
            "stored in the same sample; 95% paired bootstrap CI (" +
            std::to_string(o.n_resamples) + " resamples, seed " + std::to_string(o.seed) + ").";
+  if (!t.baseline_hash.empty() && t.protocol == "serve")
+    return "Δ = method − full cache over the same trace: each run is one deterministic simulation "
+           "(scheduling, reservations and prefix hits exact; times from a roofline, simulated), so "
+           "no confidence interval. bytes/token: device bytes at the target model's shapes at the "
+           "trace's mean request length.";
   if (!t.baseline_hash.empty() && t.baseline_samples < 2)
     return "Δ = method − full cache on a single sample (perf: one cell per batch size), so no confidence "
            "interval; timings are medians over the protocol's repeats.";
@@ -360,6 +365,7 @@ std::string format_value(double v) {
 }
 
 std::string format_delta(const DeltaCi& d) {
+  if (d.status == "ok" && d.n == 0) return signed_value(d.estimate);  // exact (serve)
   if (d.status == "ok" && d.n < 2) return signed_value(d.estimate) + " (no CI)";
   if (d.status == "ok")
     return signed_value(d.estimate) + " [" + signed_value(d.lo) + ", " + signed_value(d.hi) + "]";
@@ -482,8 +488,8 @@ Leaderboard build_leaderboard(ResultsDb& db, const LeaderboardOptions& options) 
     if (t.protocol == "stream") t.secondary = {t.metric == "ppl" ? "kl_mean" : "ppl"};
     if (t.protocol == "serve") {
       // What the capacity bought: latency, hits, concurrency (one run per config: no CIs here).
-      for (const char* m : {"serve_ttft_ms_p90", "serve_tpot_ms_p50", "serve_prefix_hit_rate",
-                            "serve_mean_running", "serve_preemptions"})
+      for (const char* m : {"serve_ttft_ms_p50", "serve_ttft_ms_p90", "serve_tpot_ms_p50",
+                            "serve_tpot_ms_p99", "serve_prefix_hit_rate", "serve_preemptions"})
         if (m != t.metric) t.secondary.push_back(m);
     }
     if (t.protocol == "qa" && t.metric != "ttft_ms") {
@@ -564,7 +570,15 @@ Leaderboard build_leaderboard(ResultsDb& db, const LeaderboardOptions& options) 
         if (r->status != RunStatus::kDone) d.status = "n/a";
         else if (base && r->id == base->id) d.status = "baseline";
         else if (!base && !embedded) d.status = "no_baseline";
-        else if (!def) d.status = "not_per_sample";
+        else if (t.protocol == "serve") {
+          // One deterministic simulation per run (exact accounting over the same trace): the
+          // difference is exact, there is nothing to resample.
+          const double a = metric_or_nan(row.metrics, m);
+          const double b = metric_or_nan(metrics_by_run[base->id], m);
+          d.status = std::isfinite(a) && std::isfinite(b) ? "ok" : "n/a";
+          d.estimate = a - b;
+          d.n = 0;  // exact: printed without a CI
+        } else if (!def) d.status = "not_per_sample";
         else {
           const RunSamples& a = samples_of(*r);
           RunSamples pseudo;

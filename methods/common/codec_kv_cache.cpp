@@ -161,6 +161,7 @@ Footprint CodecKvCache::footprint() const {
   f.device_index_bytes = b.index_bytes;
   f.device_reserved_bytes = b.reserved_bytes;
   for (const auto& [id, s] : seqs_) f.tokens_held += s.len;
+  f.model_dtype_device_bytes = 0;  // every row is the codec's (codes, or fp16/bf16 rows)
   f.logical_bytes = f.tokens_held * ctx_.config.kv_bytes_per_token(
                                         static_cast<int64_t>(c10::elementSize(ctx_.dtype)));
   return f;

@@ -134,6 +134,7 @@ Footprint ContiguousKvCache::footprint() const {
     f.tokens_held += s.len;
   }
   f.logical_bytes = f.tokens_held * per_token;
+  f.model_dtype_device_bytes = f.device_payload_bytes;
   return f;
 }
 

@@ -729,7 +729,7 @@ Footprint EvictingKvCache::footprint() const {
   Footprint f;
   const int64_t entry_bytes = 2 * D_ * elem_;
   const int64_t per_entry_host = 4 + (needs_.accumulate ? 4 : 0);
-  int64_t host_index = 0, host_meta = 0, window_bytes = 0, entries_all = 0;
+  int64_t host_index = 0, host_meta = 0, window_bytes = 0, entries_all = 0, model_rows = 0;
   for (const auto& [id, s] : seqs_) {
     int64_t entries = 0;
     for (const auto& layer : s.heads) {
@@ -744,11 +744,13 @@ Footprint EvictingKvCache::footprint() const {
             b += h.vs.p->bytes();
           }
           f.device_payload_bytes += b.payload_bytes() + 2 * h.pend * D_ * 4;  // pending: fp32
+          model_rows += 2 * h.pend * D_ * 4;
           host_meta += b.metadata_bytes;
           host_index += b.index_bytes;
           f.device_reserved_bytes += b.reserved_bytes + (h.cap - h.len) * per_entry_host;
         } else {
           f.device_payload_bytes += h.len * entry_bytes;
+          model_rows += h.len * entry_bytes;
           f.device_reserved_bytes += (h.cap - h.len) * (entry_bytes + per_entry_host);
         }
         host_index += h.len * 4;
@@ -768,6 +770,9 @@ Footprint EvictingKvCache::footprint() const {
     f.host_bytes = host_index + host_meta;
   }
   f.logical_bytes = entries_all * entry_bytes;
+  // Kept rows (codec none), prompt rows pending at full precision and the observation window's
+  // queries are in the model dtype.
+  f.model_dtype_device_bytes = model_rows + window_bytes;
   return f;
 }
 

@@ -131,12 +131,14 @@ class DmsKvCache : public KvCache {
   Footprint footprint() const override {
     const auto& c = ctx_.config;
     Footprint f;
+    f.model_dtype_device_bytes = 0;
     for (const auto& [id, s] : seqs_) {
       f.tokens_held += s.len;
       for (const auto& y : s.layers)
         for (const auto& hd : y.heads) {
           const auto m = static_cast<int64_t>(hd.pos.size());
           f.device_payload_bytes += 2 * m * c.head_dim * 4;  // K and V rows, fp32
+          f.model_dtype_device_bytes += 2 * m * c.head_dim * 4;
           f.device_index_bytes += 4 * m;                     // token positions
           f.device_metadata_bytes += m;                      // decision flags
         }

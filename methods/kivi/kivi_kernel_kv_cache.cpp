@@ -330,6 +330,7 @@ Footprint KiviKernelKvCache::footprint() const {
                                  (ring_capacity_ * 2 * U_ - residual_rows) * row_bytes);
   f.logical_bytes = f.tokens_held * ctx_.config.kv_bytes_per_token(
                                         static_cast<int64_t>(c10::elementSize(ctx_.dtype)));
+  f.model_dtype_device_bytes = 0;  // codes, scales and a residual in its own dtype
   return f;
 }
 

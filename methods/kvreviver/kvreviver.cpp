@@ -614,7 +614,7 @@ Footprint KvReviverKvCache::footprint() const {
   // + both sketches (sketch mode) or the merge buckets (merge mode); index = exact entries' token indices + per-token position and epoch.
   Footprint f;
   const int64_t entry_bytes = 2 * D_ * 4;
-  int64_t entries_all = 0;
+  int64_t entries_all = 0, model_rows = 0;
   for (const auto& [id, s] : seqs_) {
     int64_t entries = 0;
     for (const auto& layer : s.heads) {
@@ -631,11 +631,13 @@ Footprint KvReviverKvCache::footprint() const {
             cb += h.vs.p->bytes();
           }
           f.device_payload_bytes += cb.payload_bytes() + 2 * h.pend * D_ * 4;
+          model_rows += 2 * h.pend * D_ * 4;
           f.device_metadata_bytes += cb.metadata_bytes;
           f.device_index_bytes += cb.index_bytes;
           f.device_reserved_bytes += cb.reserved_bytes + (h.cap - h.len) * 8;
         } else {
           f.device_payload_bytes += h.len * entry_bytes;
+          model_rows += h.len * entry_bytes;
           f.device_reserved_bytes += (h.cap - h.len) * (entry_bytes + 8);
         }
       }
@@ -645,6 +647,9 @@ Footprint KvReviverKvCache::footprint() const {
     f.tokens_held += entries / (L_ * Hkv_);
   }
   f.logical_bytes = entries_all * entry_bytes;
+  // Exact rows are in the model dtype (fp32 here); scores and sketch or bucket sums stay fp32 in
+  // any deployment (accumulators), so they are not counted.
+  f.model_dtype_device_bytes = model_rows;
   return f;
 }
 

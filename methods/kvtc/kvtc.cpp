@@ -322,6 +322,7 @@ class KvtcCache : public KvCache {
     }
     f.logical_bytes = f.tokens_held * ctx_.config.kv_bytes_per_token(
                                           static_cast<int64_t>(c10::elementSize(ctx_.dtype)));
+    f.model_dtype_device_bytes = 0;  // exact sinks and tail are codec rows, the rest coded blocks
     return f;
   }
 

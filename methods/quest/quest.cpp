@@ -439,6 +439,7 @@ int64_t QuestKvCache::seq_len(int64_t seq_id) const {
 
 Footprint QuestKvCache::footprint() const {
   Footprint f;
+  int64_t model_bytes = 0;
   const int64_t per_token = ctx_.config.kv_bytes_per_token(elem_);
   const int64_t per_page_meta = L_ * Hkv_ * 2 * D_ * elem_;  // min + max, every layer and head
   for (const auto& [id, s] : seqs_) {
@@ -447,8 +448,10 @@ Footprint QuestKvCache::footprint() const {
     f.device_metadata_bytes += pages * per_page_meta;
     f.device_reserved_bytes += (pcap - pages) * per_page_meta;
     f.tokens_held += s.len;
+    model_bytes += pages * per_page_meta;  // page bounds in the model dtype
     if (!opts_.codec) {
       f.device_payload_bytes += s.len * per_token;
+      model_bytes += s.len * per_token;
       f.device_reserved_bytes += (s.capacity - s.len) * per_token;
       continue;
     }
@@ -456,13 +459,17 @@ Footprint QuestKvCache::footprint() const {
     for (const auto* vec : {&s.ks, &s.vs})
       for (const auto& st : *vec) cb += st->bytes();
     for (const auto* vec : {&s.pk, &s.pv})
-      for (const auto& p : *vec) cb.full_bytes += static_cast<int64_t>(p.size() * sizeof(float));
+      for (const auto& p : *vec) {
+        cb.full_bytes += static_cast<int64_t>(p.size() * sizeof(float));
+        model_bytes += static_cast<int64_t>(p.size() * sizeof(float));  // pending rows, fp32 path
+      }
     f.device_payload_bytes += cb.payload_bytes();
     f.device_metadata_bytes += cb.metadata_bytes;
     f.device_index_bytes += cb.index_bytes;
     f.device_reserved_bytes += cb.reserved_bytes;
   }
   f.logical_bytes = f.tokens_held * per_token;
+  f.model_dtype_device_bytes = model_bytes;
   return f;
 }
 

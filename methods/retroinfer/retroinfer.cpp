@@ -174,6 +174,7 @@ class RetroinferKvCache : public KvCache {
     const auto& c = ctx_.config;
     const int64_t row = c.head_dim * 4;  // one fp32 row of one head
     Footprint f;
+    f.model_dtype_device_bytes = 0;
     for (const auto& [id, s] : seqs_) {
       f.tokens_held += s.len;
       for (const auto& y : s.layers)
@@ -185,10 +186,14 @@ class RetroinferKvCache : public KvCache {
           // cached clusters' rows. Host: the indexed rows and their cluster page map.
           f.device_payload_bytes += 2 * (s.len - indexed) * row;
           f.device_metadata_bytes += static_cast<int64_t>(hd.clusters.size()) * (2 * row + 4);
+          int64_t cached_rows = 0;
           for (int64_t cid : hd.cache.ids())
-            f.device_payload_bytes +=
-                2 * static_cast<int64_t>(hd.clusters[cid].members.size()) * row;
+            cached_rows += 2 * static_cast<int64_t>(hd.clusters[cid].members.size()) * row;
+          f.device_payload_bytes += cached_rows;
           f.host_bytes += 2 * indexed * row + indexed * 4;
+          // K/V rows are in the model dtype; centroids and value sums are fp32 accumulators.
+          f.model_dtype_device_bytes += 2 * (s.len - indexed) * row + cached_rows;
+          f.model_dtype_host_bytes += 2 * indexed * row;
         }
     }
     f.logical_bytes = f.tokens_held * c.kv_bytes_per_token(4);

@@ -220,6 +220,7 @@ class SpecacheKvCache : public KvCache {
     f.device_metadata_bytes = cb.metadata_bytes;
     f.device_index_bytes = cb.index_bytes;
     f.device_reserved_bytes += cb.reserved_bytes;
+    f.model_dtype_device_bytes = 0;  // codes and fp16 rows (device buffer and host copy)
     f.logical_bytes =
         f.tokens_held * c.kv_bytes_per_token(static_cast<int64_t>(c10::elementSize(ctx_.dtype)));
     return f;

@@ -166,10 +166,13 @@ class TtkvKvCache : public KvCache {
   Footprint footprint() const override {
     const auto& c = ctx_.config;
     Footprint f;
+    f.model_dtype_device_bytes = 0;
     for (const auto& [id, s] : seqs_) {
       f.tokens_held += s.len;
       for (const auto& y : s.layers) {
         f.device_payload_bytes += static_cast<int64_t>((y.k.size() + y.v.size()) * sizeof(float));
+        // The exact tier's rows are in the model dtype; the slow tier is codes and fp16 bounds.
+        f.model_dtype_device_bytes += static_cast<int64_t>((y.k.size() + y.v.size()) * sizeof(float));
         for (const auto& blk : y.slow) {
           f.device_metadata_bytes +=
               static_cast<int64_t>(2 * (blk.key_min.size() + blk.key_max.size()));

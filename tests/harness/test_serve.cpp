@@ -72,6 +72,43 @@ TEST(ServeFootprint, FullIsProportionalKiviSmallerStreamingSaturates) {
   EXPECT_THROW(measure_footprint_points(model, "full", nlohmann::json::object(), tokens, {600}, 0, 512), Error);
 }
 
+// An fp32 CPU run sizes the same 16-bit deployment as a bf16 run: dense rows are rescaled, codes
+// and fp16 rows are not (so a store that misreports its model-dtype bytes fails here).
+TEST(ServeFootprint, Fp32ProbesAreRescaledToTheBf16Bytes) {
+  auto bf16 = bf16_model();
+  auto fp32 = load_model(test::models_dir() + "/stories260K");
+  const auto tokens = text_tokens(bf16, 480);
+  const std::vector<int64_t> lengths = {64, 256, 464};
+  const std::vector<std::pair<std::string, nlohmann::json>> methods = {
+      {"full", nlohmann::json::object()},
+      {"kivi", {{"preset", "kivi-2"}}},
+      {"snapkv", {{"budget", 0.25}}},
+      {"quest", {{"budget", 0.25}}}};
+  for (const auto& [name, params] : methods) {
+    const auto a = measure_footprint_points(bf16, name, params, tokens, lengths, 8, 512);
+    const auto b = measure_footprint_points(fp32, name, params, tokens, lengths, 8, 512);
+    ASSERT_EQ(a.size(), b.size());
+    for (size_t i = 0; i < a.size(); ++i) {
+      EXPECT_NEAR(b[i].device_bytes, a[i].device_bytes, 0.01 * a[i].device_bytes) << name << " at " << a[i].tokens;
+      EXPECT_NEAR(b[i].host_bytes, a[i].host_bytes, 0.01 * a[i].host_bytes + 1) << name;
+    }
+  }
+  // fp32-only stores: a codec stack keeps every row fixed-width (nothing rescales); DMS keeps
+  // dense fp32 rows (about half their bytes go) beside fixed-width positions and flags.
+  auto probe = [&](const std::string& name, const nlohmann::json& params, int64_t serving_elem) {
+    return measure_footprint_points(fp32, name, params, tokens, lengths, 8, 512, serving_elem);
+  };
+  const nlohmann::json stack = {{"budget", 0.25}, {"codec", "kivi-4"}, {"codec_residual", 32}};
+  const auto stack_raw = probe("streaming_llm", stack, 4), stack_16 = probe("streaming_llm", stack, 2);
+  for (size_t i = 0; i < stack_raw.size(); ++i) EXPECT_EQ(stack_16[i].device_bytes, stack_raw[i].device_bytes);
+  const nlohmann::json dms = {{"decisions", "keep_all"}, {"window", 16}};
+  const auto dms_raw = probe("dms", dms, 4), dms_16 = probe("dms", dms, 2);
+  for (size_t i = 0; i < dms_raw.size(); ++i) {
+    EXPECT_LT(dms_16[i].device_bytes, 0.6 * dms_raw[i].device_bytes);
+    EXPECT_GT(dms_16[i].device_bytes, 0.5 * dms_raw[i].device_bytes);
+  }
+}
+
 TEST(ServeRun, CompressionRunsMoreRequestsAtOnceOnTheConversationTrace) {
   std::string dir = test::make_temp_dir("serve");
   ResultsDb db(dir + "/db.sqlite");
@@ -119,9 +156,6 @@ TEST(ServeRun, BadInputNamesWhatIsWrong) {
       EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
     }
   };
-  nlohmann::json fp32 = serve_config("full");
-  fp32["dtype"] = "fp32";
-  expect_error(fp32, "bf16");
   expect_error(serve_config("full", {{"trace", dir + "/missing.jsonl"}}), dir + "/missing.jsonl");
   expect_error(serve_config("full", {{"probe_lengths", "64,x"}}), "probe_lengths");
   expect_error(serve_config("full", {{"probe_lengths", "1000"}}), "probe_lengths");
