@@ -31,6 +31,50 @@ std::vector<Metric> device_allocator_metrics(const std::string& device) {
 #endif
 }
 
+nlohmann::json ledger_to_json(const LedgerEntry& e) {
+  const Footprint& f = e.fp;
+  return {{"tokens_seen", e.tokens_seen},
+          {"baseline_bytes", e.baseline_bytes},
+          {"baseline_bytes_16bit", e.baseline_bytes_16bit},
+          {"device_payload_bytes", f.device_payload_bytes},
+          {"device_metadata_bytes", f.device_metadata_bytes},
+          {"device_index_bytes", f.device_index_bytes},
+          {"device_reserved_bytes", f.device_reserved_bytes},
+          {"host_bytes", f.host_bytes},
+          {"remote_bytes", f.remote_bytes},
+          {"logical_bytes", f.logical_bytes},
+          {"tokens_held", f.tokens_held},
+          {"model_dtype_device_bytes", f.model_dtype_device_bytes},
+          {"model_dtype_host_bytes", f.model_dtype_host_bytes}};
+}
+
+LedgerEntry ledger_from_json(const nlohmann::json& l) {
+  LedgerEntry e;
+  e.tokens_seen = l.at("tokens_seen").get<int64_t>();
+  e.baseline_bytes = l.at("baseline_bytes").get<int64_t>();
+  e.baseline_bytes_16bit = l.value("baseline_bytes_16bit", int64_t{0});
+  Footprint& f = e.fp;
+  f.device_payload_bytes = l.at("device_payload_bytes").get<int64_t>();
+  f.device_metadata_bytes = l.at("device_metadata_bytes").get<int64_t>();
+  f.device_index_bytes = l.at("device_index_bytes").get<int64_t>();
+  f.device_reserved_bytes = l.at("device_reserved_bytes").get<int64_t>();
+  f.host_bytes = l.at("host_bytes").get<int64_t>();
+  f.remote_bytes = l.at("remote_bytes").get<int64_t>();
+  f.logical_bytes = l.at("logical_bytes").get<int64_t>();
+  f.tokens_held = l.at("tokens_held").get<int64_t>();
+  f.model_dtype_device_bytes = l.value("model_dtype_device_bytes", int64_t{-1});
+  f.model_dtype_host_bytes = l.value("model_dtype_host_bytes", int64_t{0});
+  return e;
+}
+
+double physical_bytes_16bit(const LedgerEntry& e) {
+  if (e.fp.model_dtype_device_bytes < 0 || e.baseline_bytes_16bit <= 0 || e.baseline_bytes <= 0)
+    return -1;
+  const double keep = static_cast<double>(e.baseline_bytes_16bit) / static_cast<double>(e.baseline_bytes);
+  const double model = static_cast<double>(e.fp.model_dtype_device_bytes + e.fp.model_dtype_host_bytes);
+  return static_cast<double>(e.fp.physical_bytes()) - model * (1.0 - keep);
+}
+
 bool looks_simulated(const LedgerEntry& e) {
   if (e.baseline_bytes <= 0) return false;
   // Simulated = claims to hold less (logical) while its *payload* stays full size (masks, dequantized
@@ -84,6 +128,27 @@ std::vector<Metric> ledger_metrics(const std::vector<LedgerEntry>& entries, bool
       {"simulated", simulated ? 1.0 : 0.0, "", D::kNone},
       {"peak_memory_bytes", static_cast<double>(peak_rss_bytes()), "bytes", D::kLower},
   };
+  // The same bytes as a 16-bit deployment holds them (an fp32 CPU run's dense rows at 16 bits,
+  // codes and fp16 rows as they are) against a 16-bit baseline: the ratio papers report. Only when
+  // every entry knows which of its bytes are in the model dtype.
+  double phys16 = 0, base16 = 0, dev16 = 0;
+  bool known = true;
+  for (const auto& e : entries) {
+    const double p = physical_bytes_16bit(e);
+    known = known && p >= 0;
+    phys16 += p;
+    base16 += static_cast<double>(e.baseline_bytes_16bit);
+    if (p >= 0) {
+      const double keep = static_cast<double>(e.baseline_bytes_16bit) / static_cast<double>(e.baseline_bytes);
+      dev16 += static_cast<double>(e.fp.physical_bytes() - e.fp.host_bytes - e.fp.remote_bytes) -
+               static_cast<double>(e.fp.model_dtype_device_bytes) * (1.0 - keep);
+    }
+  }
+  if (known && phys16 > 0) {
+    m.push_back({"bytes_per_token_16bit", seen > 0 ? phys16 / seen : 0.0, "bytes", D::kLower});
+    m.push_back({"compression_ratio_16bit", base16 / phys16, "x", D::kHigher});
+    m.push_back({"device_compression_ratio_16bit", dev16 > 0 ? base16 / dev16 : 0.0, "x", D::kHigher});
+  }
   return m;
 }
 

@@ -5,6 +5,8 @@
 #include <cstdint>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "harness/kv/kv_cache.h"
 #include "harness/store/results_db.h"
 
@@ -14,7 +16,20 @@ struct LedgerEntry {
   Footprint fp;
   int64_t tokens_seen = 0;         // positions the sequences have processed (what full would hold)
   int64_t baseline_bytes = 0;      // tokens_seen x uncompressed bytes per token (model dtype)
+  // tokens_seen x uncompressed bytes per token at 16 bits (what papers compare against); 0: not
+  // recorded (rows written before it existed).
+  int64_t baseline_bytes_16bit = 0;
 };
+
+// The ledger fields of a sample row (stream and qa samples), and back; fields a row written by an
+// older kvbench lacks read as "not recorded".
+nlohmann::json ledger_to_json(const LedgerEntry& e);
+LedgerEntry ledger_from_json(const nlohmann::json& j);
+
+// Physical bytes as a 16-bit deployment would hold them: the bytes the store keeps in the model
+// dtype rescaled by baseline_bytes_16bit / baseline_bytes, the rest (codes, fp16 rows, indices) as
+// they are. Negative when the store or the row does not say which bytes are in the model dtype.
+double physical_bytes_16bit(const LedgerEntry& e);
 
 // Resident-set high-water mark of this process (CPU), bytes.
 int64_t peak_rss_bytes();

@@ -63,6 +63,7 @@ PerfCell run_perf_cell(std::shared_ptr<Model> model, const std::string& method,
       cell.ledger.fp = e.kv().footprint();
       cell.ledger.tokens_seen = batch * (context + decode_tokens);
       cell.ledger.baseline_bytes = cell.ledger.tokens_seen * c.kv_bytes_per_token(dtype_bytes(model->dtype));
+      cell.ledger.baseline_bytes_16bit = cell.ledger.tokens_seen * c.kv_bytes_per_token(2);
     }
   }
   cell.prefill_tok_s = percentile(prefill_tps, 50);
@@ -94,7 +95,10 @@ nlohmann::json PerfCell::to_json() const {
           {"reserved_bytes", ledger.fp.device_reserved_bytes},
           {"tokens_held", ledger.fp.tokens_held},
           {"tokens_seen", ledger.tokens_seen},
-          {"baseline_bytes", ledger.baseline_bytes}};
+          {"baseline_bytes", ledger.baseline_bytes},
+          {"baseline_bytes_16bit", ledger.baseline_bytes_16bit},
+          {"model_dtype_device_bytes", ledger.fp.model_dtype_device_bytes},
+          {"model_dtype_host_bytes", ledger.fp.model_dtype_host_bytes}};
 }
 
 PerfCell PerfCell::from_json(const nlohmann::json& j) {
@@ -118,6 +122,9 @@ PerfCell PerfCell::from_json(const nlohmann::json& j) {
   c.ledger.fp.tokens_held = j.at("tokens_held");
   c.ledger.tokens_seen = j.at("tokens_seen");
   c.ledger.baseline_bytes = j.at("baseline_bytes");
+  c.ledger.baseline_bytes_16bit = j.value("baseline_bytes_16bit", int64_t{0});
+  c.ledger.fp.model_dtype_device_bytes = j.value("model_dtype_device_bytes", int64_t{-1});
+  c.ledger.fp.model_dtype_host_bytes = j.value("model_dtype_host_bytes", int64_t{0});
   return c;
 }
 

@@ -131,6 +131,7 @@ Answers answer_all(std::shared_ptr<Model> model, const Tokenizer& tok, const std
     }
   }
   a.counters = e.kv().counters();
+  a.ledger.baseline_bytes_16bit = a.ledger.tokens_seen * model->config.kv_bytes_per_token(2);
   return a;
 }
 
@@ -198,7 +199,6 @@ nlohmann::json QaSampleResult::to_json() const {
                        {"score", i.score},
                        {"full_score", i.full_score},
                        {"answers", i.answers}});
-  const Footprint& f = ledger.fp;
   return {{"items", items_j},
           {"context_tokens", context_tokens},
           {"counters", counters},
@@ -208,17 +208,7 @@ nlohmann::json QaSampleResult::to_json() const {
             {"prefill_tokens", timing.prefill_tokens},
             {"documents", timing.documents},
             {"document_prefill_s", timing.document_prefill_s}}},
-          {"ledger",
-           {{"tokens_seen", ledger.tokens_seen},
-            {"baseline_bytes", ledger.baseline_bytes},
-            {"device_payload_bytes", f.device_payload_bytes},
-            {"device_metadata_bytes", f.device_metadata_bytes},
-            {"device_index_bytes", f.device_index_bytes},
-            {"device_reserved_bytes", f.device_reserved_bytes},
-            {"host_bytes", f.host_bytes},
-            {"remote_bytes", f.remote_bytes},
-            {"logical_bytes", f.logical_bytes},
-            {"tokens_held", f.tokens_held}}}};
+          {"ledger", ledger_to_json(ledger)}};
 }
 
 QaSampleResult QaSampleResult::from_json(const nlohmann::json& j) {
@@ -235,18 +225,7 @@ QaSampleResult QaSampleResult::from_json(const nlohmann::json& j) {
     r.timing = {t.at("context_s"), t.at("question_s"), t.at("prefill_tokens"), t.at("documents"),
                 t.at("document_prefill_s")};
   }
-  const auto& l = j.at("ledger");
-  r.ledger.tokens_seen = l.at("tokens_seen");
-  r.ledger.baseline_bytes = l.at("baseline_bytes");
-  Footprint& f = r.ledger.fp;
-  f.device_payload_bytes = l.at("device_payload_bytes");
-  f.device_metadata_bytes = l.at("device_metadata_bytes");
-  f.device_index_bytes = l.at("device_index_bytes");
-  f.device_reserved_bytes = l.at("device_reserved_bytes");
-  f.host_bytes = l.at("host_bytes");
-  f.remote_bytes = l.at("remote_bytes");
-  f.logical_bytes = l.at("logical_bytes");
-  f.tokens_held = l.at("tokens_held");
+  r.ledger = ledger_from_json(j.at("ledger"));
   return r;
 }
 

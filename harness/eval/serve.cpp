@@ -246,6 +246,9 @@ std::vector<Metric> serve_metrics(const nlohmann::json& footprint, const nlohman
   const double at_mean = sim.at("kv_bytes_per_token_at_mean");
   m.push_back({"bytes_per_token", at_mean, "bytes", D::kLower});
   m.push_back({"compression_ratio", at_mean > 0 ? bpt / at_mean : 0.0, "x", D::kHigher});
+  // Already 16-bit figures (footprints are sized as a 16-bit deployment holds them).
+  m.push_back({"bytes_per_token_16bit", at_mean, "bytes", D::kLower});
+  m.push_back({"compression_ratio_16bit", at_mean > 0 ? bpt / at_mean : 0.0, "x", D::kHigher});
   m.push_back({"serve_prefix_reuse_exact", prefix_reuse_exact ? 1.0 : 0.0, "", D::kNone});
   m.push_back({"serve_footprint_proportional", footprint.at("proportional").get<bool>() ? 1.0 : 0.0,
                "", D::kNone});

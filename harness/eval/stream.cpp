@@ -133,12 +133,12 @@ StreamSampleResult run_stream_sample(std::shared_ptr<Model> model, const std::st
   r.ledger.fp = e.kv().footprint();
   r.ledger.tokens_seen = static_cast<int64_t>(tokens.size()) - 1;  // the last token is only predicted
   r.ledger.baseline_bytes = r.ledger.tokens_seen * model->config.kv_bytes_per_token(dtype_bytes(model->dtype));
+  r.ledger.baseline_bytes_16bit = r.ledger.tokens_seen * model->config.kv_bytes_per_token(2);
   r.counters = e.kv().counters();
   return r;
 }
 
 nlohmann::json StreamSampleResult::to_json() const {
-  const Footprint& f = ledger.fp;
   return {{"tokens", tokens},
           {"nll_sum", nll_sum},
           {"kl", kl},
@@ -146,17 +146,7 @@ nlohmann::json StreamSampleResult::to_json() const {
           {"abs_dprob_sum", abs_dprob_sum},
           {"baseline_from_cache", baseline_from_cache},
           {"counters", counters},
-          {"ledger",
-           {{"tokens_seen", ledger.tokens_seen},
-            {"baseline_bytes", ledger.baseline_bytes},
-            {"device_payload_bytes", f.device_payload_bytes},
-            {"device_metadata_bytes", f.device_metadata_bytes},
-            {"device_index_bytes", f.device_index_bytes},
-            {"device_reserved_bytes", f.device_reserved_bytes},
-            {"host_bytes", f.host_bytes},
-            {"remote_bytes", f.remote_bytes},
-            {"logical_bytes", f.logical_bytes},
-            {"tokens_held", f.tokens_held}}}};
+          {"ledger", ledger_to_json(ledger)}};
 }
 
 StreamSampleResult StreamSampleResult::from_json(const nlohmann::json& j) {
@@ -168,18 +158,7 @@ StreamSampleResult StreamSampleResult::from_json(const nlohmann::json& j) {
   r.abs_dprob_sum = j.at("abs_dprob_sum").get<double>();
   r.baseline_from_cache = j.value("baseline_from_cache", false);
   r.counters = j.value("counters", std::map<std::string, double>{});
-  const auto& l = j.at("ledger");
-  r.ledger.tokens_seen = l.at("tokens_seen").get<int64_t>();
-  r.ledger.baseline_bytes = l.at("baseline_bytes").get<int64_t>();
-  Footprint& f = r.ledger.fp;
-  f.device_payload_bytes = l.at("device_payload_bytes").get<int64_t>();
-  f.device_metadata_bytes = l.at("device_metadata_bytes").get<int64_t>();
-  f.device_index_bytes = l.at("device_index_bytes").get<int64_t>();
-  f.device_reserved_bytes = l.at("device_reserved_bytes").get<int64_t>();
-  f.host_bytes = l.at("host_bytes").get<int64_t>();
-  f.remote_bytes = l.at("remote_bytes").get<int64_t>();
-  f.logical_bytes = l.at("logical_bytes").get<int64_t>();
-  f.tokens_held = l.at("tokens_held").get<int64_t>();
+  r.ledger = ledger_from_json(j.at("ledger"));
   return r;
 }
 

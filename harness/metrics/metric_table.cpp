@@ -75,6 +75,11 @@ const std::vector<MetricInfo>& table() {
        "bytes the uncompressed cache would take for the same tokens (the reference point)"},
       {"compression_ratio", "x", kHigher, "baseline_bytes / physical_bytes"},
       {"bytes_per_token", "bytes/token", kLower, "physical_bytes / number of cached tokens"},
+      {"compression_ratio_16bit", "x", kHigher,
+       "compression_ratio as a 16-bit deployment sees it: rows kept in the model dtype counted at 16 "
+       "bits, codes and fp16 rows as they are, against a 16-bit baseline (what papers report)"},
+      {"bytes_per_token_16bit", "bytes/token", kLower,
+       "bytes_per_token with rows kept in the model dtype counted at 16 bits"},
       {"peak_memory_bytes", "bytes", kLower, "peak device memory allocated during the run"},
       // ---- serving (serve protocol: a trace through a continuous-batching simulation driven by
       // the method's measured footprint; times from a roofline model, so simulated) ----

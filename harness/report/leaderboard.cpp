@@ -104,7 +104,8 @@ std::string ratio_text(double v) { return std::isfinite(v) ? fmt("%.2f", v) + "�
 std::string ratio_text(const LeaderRow& r) {
   std::string s = ratio_text(r.compression_ratio);
   const double host = metric_or_nan(r.metrics, "host_bytes") + metric_or_nan(r.metrics, "remote_bytes");
-  const double dev = metric_or_nan(r.metrics, "device_compression_ratio");
+  const double dev = metric_or_nan(
+      r.metrics, r.bytes_16bit ? "device_compression_ratio_16bit" : "device_compression_ratio");
   if (std::isfinite(host) && host > 0 && std::isfinite(dev)) s += " (device " + ratio_text(dev) + ")";
   return s;
 }
@@ -532,6 +533,17 @@ Leaderboard build_leaderboard(ResultsDb& db, const LeaderboardOptions& options) 
       }
     }
 
+    // Memory at 16 bits (what papers compare against) when every finished run recorded it: an
+    // fp32 CPU run's ratio against an fp32 baseline flatters fixed-width codes two-fold.
+    {
+      bool all16 = true, any_done = false;
+      for (const RunRow* r : shown) {
+        if (r->status != RunStatus::kDone) continue;
+        any_done = true;
+        all16 = all16 && std::isfinite(metric_or_nan(metrics_by_run[r->id], "compression_ratio_16bit"));
+      }
+      t.bytes_16bit = any_done && all16;
+    }
     for (const RunRow* r : shown) {
       LeaderRow row;
       const json cfg = json::parse(r->config_json);
@@ -546,8 +558,10 @@ Leaderboard build_leaderboard(ResultsDb& db, const LeaderboardOptions& options) 
       row.error = r->error;
       row.metrics = metrics_by_run[r->id];
       row.value = metric_or_nan(row.metrics, t.metric);
-      row.bytes_per_token = metric_or_nan(row.metrics, "bytes_per_token");
-      row.compression_ratio = metric_or_nan(row.metrics, "compression_ratio");
+      row.bytes_16bit = t.bytes_16bit;
+      row.bytes_per_token = metric_or_nan(row.metrics, t.bytes_16bit ? "bytes_per_token_16bit" : "bytes_per_token");
+      row.compression_ratio =
+          metric_or_nan(row.metrics, t.bytes_16bit ? "compression_ratio_16bit" : "compression_ratio");
       row.simulated = r->simulated || metric_or_nan(row.metrics, "simulated") == 1.0;
       if (t.protocol == "perf") {
         const double v = metric_or_nan(row.metrics, "decode_tok_s");
@@ -749,7 +763,8 @@ std::string leaderboard_markdown(const Leaderboard& lb) {
     s << "### " << md_escape(table_title(t)) << "\n\n";
     s << "Ranked by **" << metric_caption(t) << "** at measured bytes per token. " << baseline_note(t, lb.options)
       << "\n\n";
-    s << "| # | method | bytes/token | compression | " << t.metric << arrow(t.direction) << " | Δ vs full [95% CI] |";
+    s << "| # | method | bytes/token" << (t.bytes_16bit ? " (16-bit)" : "") << " | compression"
+      << (t.bytes_16bit ? " (16-bit)" : "") << " | " << t.metric << arrow(t.direction) << " | Δ vs full [95% CI] |";
     for (const auto& m : t.secondary) {
       const Direction d = is_known_metric(m) && metric_info(m).direction == "higher" ? Direction::kHigher : Direction::kLower;
       s << " " << m << arrow(d) << " | Δ " << m << " [95% CI] |";
@@ -787,6 +802,13 @@ std::string leaderboard_markdown(const Leaderboard& lb) {
        "decode throughput (from `perf` runs of the same method). bytes/token: physical bytes of the KV "
        "state (payload, metadata, indices) per cached position; compression: uncompressed baseline bytes / "
        "physical bytes. simulated: the method only masks or dequantizes, so its memory saving is not real.\n";
+  bool any16 = false;
+  for (const auto& t : lb.tables) any16 = any16 || t.bytes_16bit;
+  if (any16)
+    s << "Tables marked (16-bit) count bytes as a 16-bit deployment holds them: rows a store keeps in "
+         "the run's fp32 at 16 bits, codes, scales and fp16 rows as they are, against a 16-bit "
+         "baseline (the ratio papers report; against the fp32 baseline fixed-width codes look twice as "
+         "small).\n";
   return s.str();
 }
 
@@ -918,7 +940,8 @@ footer{color:#596275;font-size:12px;margin:30px 0}
     s << "<section class=\"board\" id=\"t" << table_no << "\">\n<h2>" << html_escape(table_title(t)) << "</h2>\n";
     s << "<p class=\"note\">Ranked by <b>" << html_escape(metric_caption(t)) << "</b> at measured bytes per token. "
       << html_escape(baseline_note(t, lb.options)) << "</p>\n";
-    s << "<table class=\"lb\"><thead><tr><th>#</th><th class=\"l\">method</th><th>bytes/token</th><th>compression</th><th>"
+    s << "<table class=\"lb\"><thead><tr><th>#</th><th class=\"l\">method</th><th>bytes/token" << (t.bytes_16bit ? " (16-bit)" : "") << "</th><th>compression"
+      << (t.bytes_16bit ? " (16-bit)" : "") << "</th><th>"
       << html_escape(t.metric + arrow(t.direction)) << "</th><th class=\"l\">Δ vs full [95% CI]</th>";
     for (const auto& m : t.secondary) s << "<th>" << html_escape(m) << "</th><th class=\"l\">Δ " << html_escape(m) << " [95% CI]</th>";
     if (c.top1) s << "<th>top-1 ↑</th>";

@@ -52,6 +52,9 @@ struct LeaderRow {
   double value = 0;                       // the ranking metric
   std::map<std::string, DeltaCi> deltas;  // per shown metric (the ranking one and the secondary ones)
   double bytes_per_token = 0, compression_ratio = 0;
+  // bytes_per_token / compression_ratio are the 16-bit-deployment figures (bytes_per_token_16bit,
+  // compression_ratio_16bit), not the run's own dtype's: set when every run of the table has them.
+  bool bytes_16bit = false;
   std::optional<double> decode_tok_s;  // from this run (perf) or a matching perf run
   std::string perf_config_hash;        // the perf run it came from
   bool simulated = false;
@@ -69,6 +72,7 @@ struct LeaderTable {
   size_t baseline_samples = 0;
   size_t incomplete_runs = 0;  // runs still running (not shown)
   bool has_throughput = false;
+  bool bytes_16bit = false;  // memory columns at 16 bits (see LeaderRow::bytes_16bit)
   bool embedded_baseline = false;  // qa without a full run: paired with the answers stored per sample
   std::vector<LeaderRow> rows;  // ranked; failed runs last
 };

@@ -47,6 +47,8 @@ TEST(MetricTable, HarnessMetricsArePresent) {
       {"baseline_bytes", "bytes", "lower"},
       {"compression_ratio", "x", "higher"},
       {"bytes_per_token", "bytes/token", "lower"},
+      {"compression_ratio_16bit", "x", "higher"},
+      {"bytes_per_token_16bit", "bytes/token", "lower"},
       {"peak_memory_bytes", "bytes", "lower"},
       {"serve_slo_attainment", "fraction", "higher"},
       {"serve_output_tok_s", "tokens/s", "higher"},
