@@ -130,6 +130,10 @@ nlohmann::json serve_simulation_sample(const nlohmann::json& proto, const nlohma
   cfg.allocator = parse_kv_allocator(proto.at("allocator"));
   cfg.block_tokens = proto.at("block_tokens");
   cfg.max_num_seqs = proto.at("max_num_seqs");
+  cfg.instances = proto.at("instances");
+  cfg.router = parse_router(proto.at("router"));
+  cfg.router_imbalance = proto.at("router_imbalance");
+  cfg.prefix_scope = parse_prefix_scope(proto.at("prefix_scope"));
   cfg.max_batched_tokens = proto.at("max_batched_tokens");
   cfg.time_scale = proto.at("time_scale");
   const double cache_gib = proto.at("prefix_cache_gib");
@@ -205,7 +209,9 @@ nlohmann::json serve_result_json(const ServeResult& r) {
           {"prefix_block_bytes", r.prefix_block_bytes},
           {"prefix_capacity_blocks", r.prefix_capacity_blocks},
           {"memory_bound_fraction", r.memory_bound_fraction},
-          {"peak_host_bytes", r.peak_host_bytes}};
+          {"peak_host_bytes", r.peak_host_bytes},
+          {"load_imbalance", r.load_imbalance},
+          {"instance_requests", r.instance_requests}};
 }
 
 std::vector<Metric> serve_metrics(const nlohmann::json& footprint, const nlohmann::json& sim,
@@ -237,6 +243,7 @@ std::vector<Metric> serve_metrics(const nlohmann::json& footprint, const nlohman
   add("duration_s", "s", D::kLower);
   add("memory_bound_fraction", "fraction", D::kNone);
   add("peak_host_bytes", "bytes", D::kNone);
+  add("load_imbalance", "x", D::kLower);
   // The method's footprint, at the target's shapes, at the trace's mean request length.
   const double bpt = sim.at("target_kv_bytes_per_token");
   m.push_back({"serve_kv_bytes_per_token", sim.at("kv_bytes_per_token_at_mean").get<double>(),

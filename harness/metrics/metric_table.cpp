@@ -99,6 +99,8 @@ const std::vector<MetricInfo>& table() {
       {"serve_allocator_waste", "fraction", kLower,
        "time-weighted share of reserved KV bytes holding no live token"},
       {"serve_preemptions", "", kLower, "requests preempted (freed and recomputed) for lack of KV room"},
+      {"serve_load_imbalance", "x", kLower,
+       "most requests the router sent to one instance / the mean (1: even)"},
   };
   return kMetrics;
 }

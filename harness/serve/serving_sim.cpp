@@ -31,6 +31,22 @@ const char* kv_allocator_name(KvAllocator a) {
   return "?";
 }
 
+Router parse_router(const std::string& name) {
+  static const std::vector<std::string> names = {"round_robin", "least_loaded", "prefix"};
+  if (name == "round_robin") return Router::kRoundRobin;
+  if (name == "least_loaded") return Router::kLeastLoaded;
+  if (name == "prefix") return Router::kPrefix;
+  KVB_FAIL("router: unknown router '", name, "'", did_you_mean(name, names), "; known: ",
+           join(names, ", "));
+}
+
+PrefixScope parse_prefix_scope(const std::string& name) {
+  if (name == "local") return PrefixScope::kLocal;
+  if (name == "global") return PrefixScope::kGlobal;
+  KVB_FAIL("prefix_scope: unknown scope '", name, "'", did_you_mean(name, {"local", "global"}),
+           "; known: local, global");
+}
+
 double ServeRequestResult::tpot_ms() const {
   return output > 1 ? (finish_ms - first_token_ms) / static_cast<double>(output - 1) : 0.0;
 }
@@ -60,110 +76,99 @@ int64_t next_pow2(int64_t n) {
   return p;
 }
 
-class Simulator {
+// One serving instance: its queue, running batch, KV pool and (local or shared) prefix store. The
+// trace, the footprint curve, the settings and the per-request results are shared by all.
+class Instance {
  public:
-  Simulator(const RequestTrace& trace, const FootprintCurve& kv, const ServeTarget& target,
-            const ServeHardware& hw, const ServeConfig& config)
-      : trace_(trace), kv_(kv), target_(target), hw_(hw), cfg_(config) {
-    KVB_CHECK(cfg_.kv_pool_bytes > 0, "serve: kv pool bytes ", cfg_.kv_pool_bytes, " (must be > 0)");
-    KVB_CHECK(cfg_.block_tokens >= 1, "serve: block_tokens ", cfg_.block_tokens, " (must be >= 1)");
-    KVB_CHECK(cfg_.max_num_seqs >= 1, "serve: max_num_seqs ", cfg_.max_num_seqs);
-    KVB_CHECK(cfg_.max_batched_tokens >= 1, "serve: max_batched_tokens ", cfg_.max_batched_tokens);
-    KVB_CHECK(cfg_.time_scale > 0, "serve: time_scale ", cfg_.time_scale, " (must be > 0)");
-    KVB_CHECK(hw_.hbm_gbps > 0 && hw_.tflops > 0 && hw_.prefix_load_gbps > 0,
-              "serve: hardware bandwidths and FLOP rate must be > 0");
-    KVB_CHECK(target_.max_context > 0, "serve: target max_context ", target_.max_context);
-    result_.requests = static_cast<int64_t>(trace.requests.size());
-    result_.per_request.resize(trace.requests.size());
-    for (size_t i = 0; i < trace.requests.size(); ++i) {
-      const TraceRequest& t = trace.requests[i];
-      ServeRequestResult& r = result_.per_request[i];
-      r.arrival_ms = static_cast<double>(t.timestamp_ms) * cfg_.time_scale;
-      r.input = t.input_length;
-      r.output = std::max<int64_t>(1, t.output_length);
-    }
-    result_.prefix_block_bytes =
-        static_cast<double>(trace.block_size_tokens) * kv_.device_bytes_per_token();
-    if (cfg_.prefix_cache_bytes != 0) {
-      int64_t blocks = -1;
-      if (cfg_.prefix_cache_bytes > 0 && result_.prefix_block_bytes > 0)
-        blocks = static_cast<int64_t>(std::floor(cfg_.prefix_cache_bytes / result_.prefix_block_bytes));
-      result_.prefix_capacity_blocks = blocks;
-      cache_ = std::make_unique<PrefixCache>(blocks, cfg_.prefix_policy);
-    }
+  Instance(const RequestTrace& trace, const FootprintCurve& kv, const ServeTarget& target,
+           const ServeHardware& hw, const ServeConfig& config, ServeResult& result,
+           PrefixCache* cache)
+      : trace_(trace), kv_(kv), target_(target), hw_(hw), cfg_(config), result_(result),
+        cache_(cache) {}
+
+  double now = 0;                 // this instance's clock (ms)
+  int64_t routed = 0;             // requests routed here
+  double busy_ms = 0, memory_bound_ms = 0;
+  double w_running = 0, w_util = 0, w_waste = 0, w_waste_den = 0;
+
+  bool has_work() const { return !waiting_.empty() || !running_.empty(); }
+  int64_t load() const { return static_cast<int64_t>(waiting_.size() + running_.size()); }
+  const PrefixCache* cache() const { return cache_; }
+
+  void route(size_t index) {
+    Request r;
+    r.index = index;
+    r.prompt = result_.per_request[index].input;
+    waiting_.push_back(r);
+    routed++;
   }
 
-  ServeResult run() {
-    double now = 0;
-    if (!trace_.requests.empty()) now = result_.per_request[0].arrival_ms;
-    const double first_arrival = now;
-    double busy_ms = 0, memory_bound_ms = 0;
-    double w_running = 0, w_util = 0, w_waste = 0, w_waste_den = 0;
-    for (;;) {
-      enqueue_arrivals(now);
-      admit(now);
-      schedule(now);
-      if (scheduled_.empty()) {
-        // Nothing to compute: wait for a prefix load, the next arrival, or give up on a head
-        // request that cannot fit even alone.
-        double wake = std::numeric_limits<double>::infinity();
-        for (const Request& r : running_)
-          if (r.ready_ms > now) wake = std::min(wake, r.ready_ms);
-        if (next_arrival_ < trace_.requests.size())
-          wake = std::min(wake, result_.per_request[next_arrival_].arrival_ms);
-        if (std::isfinite(wake) && wake > now) {
-          now = wake;
-          continue;
-        }
-        if (!waiting_.empty() && running_.empty()) {
-          reject(waiting_.front().index);  // larger than the whole pool
-          waiting_.pop_front();
-          continue;
-        }
-        KVB_CHECK(running_.empty() && waiting_.empty(),
-                  "serve: the scheduler stalled with ", running_.size(), " running and ",
-                  waiting_.size(), " waiting requests (a bug)");
-        break;
+  // One scheduler iteration at `now`, or a wait (for a prefix load or next_arrival_ms), or the
+  // rejection of a head request that cannot fit even alone.
+  void step(double next_arrival_ms) {
+    admit(now);
+    schedule(now);
+    if (scheduled_.empty()) {
+      double wake = next_arrival_ms;
+      for (const Request& r : running_)
+        if (r.ready_ms > now) wake = std::min(wake, r.ready_ms);
+      if (std::isfinite(wake) && wake > now && !running_.empty()) {
+        now = wake;
+        return;
       }
-      // Roofline time of the iteration.
-      double flops = 0, bytes = target_.weight_bytes;
-      for (const auto& [ri, n] : scheduled_) {
-        const Request& r = running_[ri];
-        const double past = static_cast<double>(r.kv_tokens);
-        flops += static_cast<double>(n) * target_.flops_per_token +
-                 target_.attn_flops_per_pair * static_cast<double>(n) * (past + (n + 1) / 2.0);
-        bytes += kv_.device_bytes(r.kv_tokens + n);
+      if (!waiting_.empty() && running_.empty()) {
+        reject(waiting_.front().index);  // larger than the whole pool
+        waiting_.pop_front();
+        return;
       }
-      const double compute_ms = flops / (hw_.tflops * 1e12) * 1e3;
-      const double memory_ms = bytes / (hw_.hbm_gbps * 1e9) * 1e3;
-      const double dt = std::max(compute_ms, memory_ms) + hw_.iteration_overhead_ms;
-      if (memory_ms >= compute_ms) memory_bound_ms += dt;
-      busy_ms += dt;
-      // Time-weighted occupancy over the iteration, counting the tokens it adds (their room is
-      // already reserved).
-      std::vector<int64_t> tokens_after(running_.size());
-      for (size_t i = 0; i < running_.size(); ++i) tokens_after[i] = running_[i].kv_tokens;
-      for (const auto& [ri, n] : scheduled_) tokens_after[ri] += n;
-      double live = 0, host = 0;
-      for (int64_t t : tokens_after) {
-        live += kv_.device_bytes(t);
-        host += kv_.host_bytes(t);
-      }
-      result_.peak_host_bytes = std::max(result_.peak_host_bytes, host);
-      w_running += dt * static_cast<double>(running_.size());
-      w_util += dt * live / cfg_.kv_pool_bytes;
-      if (reserved_ > 0) {
-        w_waste += dt * (reserved_ - live) / reserved_;
-        w_waste_den += dt;
-      }
-      result_.max_running = std::max<int64_t>(result_.max_running, static_cast<int64_t>(running_.size()));
-      now += dt;
-      result_.iterations++;
-      apply(now);
+      KVB_CHECK(running_.empty() && waiting_.empty(), "serve: the scheduler stalled with ",
+                running_.size(), " running and ", waiting_.size(), " waiting requests (a bug)");
+      return;
     }
-    result_.duration_s = (now - first_arrival) / 1e3;
-    summarize(busy_ms, memory_bound_ms, w_running, w_util, w_waste, w_waste_den);
-    return std::move(result_);
+    // Roofline time of the iteration.
+    double flops = 0, bytes = target_.weight_bytes;
+    for (const auto& [ri, n] : scheduled_) {
+      const Request& r = running_[ri];
+      const double past = static_cast<double>(r.kv_tokens);
+      flops += static_cast<double>(n) * target_.flops_per_token +
+               target_.attn_flops_per_pair * static_cast<double>(n) * (past + (n + 1) / 2.0);
+      bytes += kv_.device_bytes(r.kv_tokens + n);
+    }
+    const double compute_ms = flops / (hw_.tflops * 1e12) * 1e3;
+    const double memory_ms = bytes / (hw_.hbm_gbps * 1e9) * 1e3;
+    const double dt = std::max(compute_ms, memory_ms) + hw_.iteration_overhead_ms;
+    if (memory_ms >= compute_ms) memory_bound_ms += dt;
+    busy_ms += dt;
+    // Time-weighted occupancy over the iteration, counting the tokens it adds (their room is
+    // already reserved).
+    std::vector<int64_t> tokens_after(running_.size());
+    for (size_t i = 0; i < running_.size(); ++i) tokens_after[i] = running_[i].kv_tokens;
+    for (const auto& [ri, n] : scheduled_) tokens_after[ri] += n;
+    double live = 0, host = 0;
+    for (int64_t t : tokens_after) {
+      live += kv_.device_bytes(t);
+      host += kv_.host_bytes(t);
+    }
+    result_.peak_host_bytes = std::max(result_.peak_host_bytes, host);
+    w_running += dt * static_cast<double>(running_.size());
+    w_util += dt * live / cfg_.kv_pool_bytes;
+    if (reserved_ > 0) {
+      w_waste += dt * (reserved_ - live) / reserved_;
+      w_waste_den += dt;
+    }
+    result_.max_running = std::max<int64_t>(result_.max_running, static_cast<int64_t>(running_.size()));
+    now += dt;
+    result_.iterations++;
+    apply(now);
+  }
+
+  // Leading prompt tokens the prefix store holds, without touching it.
+  int64_t peek_hit_tokens(size_t index) const {
+    if (!cache_) return 0;
+    const auto& ids = trace_.requests[index].hash_ids;
+    int64_t blocks = 0;
+    while (blocks < static_cast<int64_t>(ids.size()) && cache_->contains(ids[blocks])) blocks++;
+    return hit_tokens_of(index, blocks);
   }
 
  private:
@@ -178,33 +183,13 @@ class Simulator {
     return 0;
   }
 
-  void enqueue_arrivals(double now) {
-    while (next_arrival_ < trace_.requests.size() &&
-           result_.per_request[next_arrival_].arrival_ms <= now) {
-      Request r;
-      r.index = next_arrival_;
-      r.prompt = result_.per_request[next_arrival_].input;
-      waiting_.push_back(r);
-      next_arrival_++;
-    }
-  }
-
   void reject(size_t index) {
     result_.per_request[index].rejected = true;
     result_.rejected++;
   }
 
-  // Leading prompt tokens the prefix store holds, without touching it.
-  int64_t peek_hit_tokens(const Request& r) const {
-    if (!cache_) return 0;
-    const auto& ids = trace_.requests[r.index].hash_ids;
-    int64_t blocks = 0;
-    while (blocks < static_cast<int64_t>(ids.size()) && cache_->contains(ids[blocks])) blocks++;
-    return hit_tokens_of(r, blocks);
-  }
-
-  int64_t hit_tokens_of(const Request& r, int64_t blocks) const {
-    const int64_t input = result_.per_request[r.index].input;
+  int64_t hit_tokens_of(size_t index, int64_t blocks) const {
+    const int64_t input = result_.per_request[index].input;
     // At least one token is computed: the forward that yields the next token's logits.
     return std::max<int64_t>(0, std::min(blocks * trace_.block_size_tokens, input - 1));
   }
@@ -220,7 +205,7 @@ class Simulator {
         waiting_.pop_front();
         continue;
       }
-      const int64_t hit = peek_hit_tokens(r);
+      const int64_t hit = peek_hit_tokens(r.index);
       // Admitted only with room for the whole prompt - counting the prompts still being
       // prefilled - and a watermark left for the running requests' growth (vLLM's rule):
       // admitting what decode growth would preempt at once only thrashes. The paged allocator
@@ -236,7 +221,7 @@ class Simulator {
       waiting_.pop_front();
       if (cache_) {
         const int64_t blocks = cache_->lookup(trace_.requests[r.index].hash_ids);
-        KVB_CHECK(hit_tokens_of(r, blocks) == hit, "serve: prefix lookup disagrees with peek (a bug)");
+        KVB_CHECK(hit_tokens_of(r.index, blocks) == hit, "serve: prefix lookup disagrees with peek (a bug)");
       }
       r.kv_tokens = hit;
       r.fresh = true;
@@ -366,6 +351,152 @@ class Simulator {
     if (running_.empty()) reserved_ = 0;  // no drift from floating-point sums
   }
 
+  const RequestTrace& trace_;
+  const FootprintCurve& kv_;
+  const ServeTarget& target_;
+  const ServeHardware& hw_;
+  const ServeConfig& cfg_;
+  ServeResult& result_;
+  PrefixCache* cache_;  // not owned; null when there is no prefix store
+  std::deque<Request> waiting_;
+  std::vector<Request> running_;  // admission order
+  std::vector<std::pair<size_t, int64_t>> scheduled_;  // (index in running_, new tokens)
+  int64_t budget_ = 0;
+  double reserved_ = 0;
+  bool preempted_last_iteration_ = false;
+};
+
+// N instances behind a router. Events run in time order: an arrival is routed once every busy
+// instance's clock has reached it, so the router sees each instance's state at the arrival.
+class Cluster {
+ public:
+  Cluster(const RequestTrace& trace, const FootprintCurve& kv, const ServeTarget& target,
+          const ServeHardware& hw, const ServeConfig& config)
+      : trace_(trace), kv_(kv), target_(target), hw_(hw), cfg_(config) {
+    KVB_CHECK(cfg_.kv_pool_bytes > 0, "serve: kv pool bytes ", cfg_.kv_pool_bytes, " (must be > 0)");
+    KVB_CHECK(cfg_.block_tokens >= 1, "serve: block_tokens ", cfg_.block_tokens, " (must be >= 1)");
+    KVB_CHECK(cfg_.max_num_seqs >= 1, "serve: max_num_seqs ", cfg_.max_num_seqs);
+    KVB_CHECK(cfg_.max_batched_tokens >= 1, "serve: max_batched_tokens ", cfg_.max_batched_tokens);
+    KVB_CHECK(cfg_.time_scale > 0, "serve: time_scale ", cfg_.time_scale, " (must be > 0)");
+    KVB_CHECK(cfg_.instances >= 1 && cfg_.instances <= 4096, "serve: instances ", cfg_.instances,
+              " (must be in [1, 4096])");
+    KVB_CHECK(hw_.hbm_gbps > 0 && hw_.tflops > 0 && hw_.prefix_load_gbps > 0,
+              "serve: hardware bandwidths and FLOP rate must be > 0");
+    KVB_CHECK(target_.max_context > 0, "serve: target max_context ", target_.max_context);
+    result_.requests = static_cast<int64_t>(trace.requests.size());
+    result_.per_request.resize(trace.requests.size());
+    for (size_t i = 0; i < trace.requests.size(); ++i) {
+      const TraceRequest& t = trace.requests[i];
+      ServeRequestResult& r = result_.per_request[i];
+      r.arrival_ms = static_cast<double>(t.timestamp_ms) * cfg_.time_scale;
+      r.input = t.input_length;
+      r.output = std::max<int64_t>(1, t.output_length);
+    }
+    result_.prefix_block_bytes =
+        static_cast<double>(trace.block_size_tokens) * kv_.device_bytes_per_token();
+    const int64_t n = cfg_.instances;
+    if (cfg_.prefix_cache_bytes != 0) {
+      // prefix_cache_bytes is each instance's; a global store pools them (Mooncake's store).
+      const int64_t stores = cfg_.prefix_scope == PrefixScope::kGlobal ? 1 : n;
+      const double bytes = cfg_.prefix_scope == PrefixScope::kGlobal
+                               ? cfg_.prefix_cache_bytes * static_cast<double>(n)
+                               : cfg_.prefix_cache_bytes;
+      int64_t blocks = -1;
+      if (cfg_.prefix_cache_bytes > 0 && result_.prefix_block_bytes > 0)
+        blocks = static_cast<int64_t>(std::floor(bytes / result_.prefix_block_bytes));
+      result_.prefix_capacity_blocks = blocks;
+      for (int64_t i = 0; i < stores; ++i)
+        caches_.push_back(std::make_unique<PrefixCache>(blocks, cfg_.prefix_policy));
+    }
+    for (int64_t i = 0; i < n; ++i) {
+      PrefixCache* c = caches_.empty() ? nullptr : caches_[caches_.size() == 1 ? 0 : i].get();
+      instances_.push_back(std::make_unique<Instance>(trace_, kv_, target_, hw_, cfg_, result_, c));
+    }
+  }
+
+  ServeResult run() {
+    const double inf = std::numeric_limits<double>::infinity();
+    const double first_arrival = trace_.requests.empty() ? 0 : result_.per_request[0].arrival_ms;
+    for (auto& in : instances_) in->now = first_arrival;
+    size_t next = 0;
+    double last = first_arrival;
+    for (;;) {
+      const double ta = next < trace_.requests.size() ? result_.per_request[next].arrival_ms : inf;
+      Instance* busy = nullptr;
+      for (auto& in : instances_)
+        if (in->has_work() && (!busy || in->now < busy->now)) busy = in.get();
+      if (!busy && !std::isfinite(ta)) break;
+      if (!busy || ta <= busy->now) {
+        Instance& to = *instances_[route(next)];
+        if (!to.has_work()) to.now = std::max(to.now, ta);
+        to.route(next);
+        next++;
+        continue;
+      }
+      busy->step(ta);
+      last = std::max(last, busy->now);
+    }
+    result_.duration_s = (last - first_arrival) / 1e3;
+    double busy_ms = 0, memory_bound_ms = 0, w_running = 0, w_util = 0, w_waste = 0, w_waste_den = 0;
+    int64_t most = 0;
+    for (const auto& in : instances_) {
+      busy_ms += in->busy_ms;
+      memory_bound_ms += in->memory_bound_ms;
+      w_running += in->w_running;
+      w_util += in->w_util;
+      w_waste += in->w_waste;
+      w_waste_den += in->w_waste_den;
+      most = std::max(most, in->routed);
+      result_.instance_requests.push_back(in->routed);
+    }
+    result_.load_imbalance = result_.requests ? static_cast<double>(most) * static_cast<double>(instances_.size()) /
+                                                    static_cast<double>(result_.requests)
+                                              : 0;
+    summarize(busy_ms, memory_bound_ms, w_running, w_util, w_waste, w_waste_den);
+    return std::move(result_);
+  }
+
+ private:
+  // The instance request `index` goes to.
+  size_t route(size_t index) {
+    const size_t n = instances_.size();
+    if (n == 1) return 0;
+    auto least_loaded = [&](const std::vector<size_t>& among) {
+      size_t best = among.front();
+      for (size_t i : among)
+        if (instances_[i]->load() < instances_[best]->load()) best = i;
+      return best;
+    };
+    std::vector<size_t> all(n);
+    for (size_t i = 0; i < n; ++i) all[i] = i;
+    switch (cfg_.router) {
+      case Router::kRoundRobin: return round_robin_++ % n;
+      case Router::kLeastLoaded: return least_loaded(all);
+      case Router::kPrefix: {
+        // AIBrix's prefix-cache router: when the request counts drift apart by more than the
+        // threshold, balance; otherwise the longest prefix match, least loaded among equals.
+        int64_t lo = instances_[0]->load(), hi = lo;
+        for (const auto& in : instances_) {
+          lo = std::min(lo, in->load());
+          hi = std::max(hi, in->load());
+        }
+        if (hi - lo > cfg_.router_imbalance) return least_loaded(all);
+        int64_t best = -1;
+        std::vector<size_t> top;
+        for (size_t i = 0; i < n; ++i) {
+          const int64_t m = instances_[i]->peek_hit_tokens(index);
+          if (m > best) {
+            best = m;
+            top.clear();
+          }
+          if (m == best) top.push_back(i);
+        }
+        return least_loaded(top);
+      }
+    }
+    return 0;
+  }
+
   void summarize(double busy_ms, double memory_bound_ms, double w_running, double w_util,
                  double w_waste, double w_waste_den) {
     std::vector<double> ttft, tpot;
@@ -406,15 +537,10 @@ class Simulator {
   const ServeTarget& target_;
   const ServeHardware& hw_;
   const ServeConfig& cfg_;
-  std::unique_ptr<PrefixCache> cache_;
   ServeResult result_;
-  size_t next_arrival_ = 0;
-  std::deque<Request> waiting_;
-  std::vector<Request> running_;  // admission order
-  std::vector<std::pair<size_t, int64_t>> scheduled_;  // (index in running_, new tokens)
-  int64_t budget_ = 0;
-  double reserved_ = 0;
-  bool preempted_last_iteration_ = false;
+  std::vector<std::unique_ptr<PrefixCache>> caches_;
+  std::vector<std::unique_ptr<Instance>> instances_;
+  size_t round_robin_ = 0;
 };
 
 }  // namespace
@@ -422,7 +548,7 @@ class Simulator {
 ServeResult simulate_serving(const RequestTrace& trace, const FootprintCurve& kv,
                              const ServeTarget& target, const ServeHardware& hw,
                              const ServeConfig& config) {
-  return Simulator(trace, kv, target, hw, config).run();
+  return Cluster(trace, kv, target, hw, config).run();
 }
 
 }  // namespace kvb

@@ -1,5 +1,5 @@
 #pragma once
-// A trace-driven simulation of one serving instance, for the `serve` protocol: continuous batching
+// A trace-driven simulation of serving instances behind a router, for the `serve` protocol: continuous batching
 // with chunked prefill (vLLM's scheduler shape) under a device KV budget, an allocator (paged blocks
 // or up-front contiguous reservations, as in the PagedAttention paper's comparison), a prefix store
 // in a host or remote tier (Mooncake / LMCache style) and a roofline time model of the accelerator.
@@ -48,14 +48,31 @@ enum class KvAllocator {
 KvAllocator parse_kv_allocator(const std::string& name);  // paged | contiguous_max | pow2 | oracle
 const char* kv_allocator_name(KvAllocator a);
 
+enum class Router {
+  kRoundRobin,   // in turn
+  kLeastLoaded,  // fewest requests queued or running
+  kPrefix,       // AIBrix's prefix-cache router: longest local prefix match unless loads drift apart
+};
+Router parse_router(const std::string& name);  // round_robin | least_loaded | prefix
+
+enum class PrefixScope {
+  kLocal,   // each instance its own prefix store (vLLM's automatic prefix caching, LMCache local)
+  kGlobal,  // one store pooling every instance's capacity, reachable from all (Mooncake's store)
+};
+PrefixScope parse_prefix_scope(const std::string& name);  // local | global
+
 struct ServeConfig {
+  int64_t instances = 1;               // identical instances behind the router
+  Router router = Router::kRoundRobin;
+  int64_t router_imbalance = 8;        // prefix router: balance when request counts differ by more
+  PrefixScope prefix_scope = PrefixScope::kLocal;
   double kv_pool_bytes = 100.0 * (1ll << 30);  // device memory for KV
   KvAllocator allocator = KvAllocator::kPaged;
   int64_t block_tokens = 16;           // paged allocator's block
   int64_t max_num_seqs = 256;          // running requests at most
   int64_t max_batched_tokens = 8192;   // tokens per iteration (decode tokens + prefill chunks)
   double time_scale = 1.0;             // arrival times are multiplied by this (0.5: twice the load)
-  double prefix_cache_bytes = 0;       // prefix store capacity; 0: none; < 0: unlimited
+  double prefix_cache_bytes = 0;       // prefix store capacity per instance; 0: none; < 0: unlimited
   CachePolicy prefix_policy = CachePolicy::kLru;
   double slo_ttft_ms = 2000;
   double slo_tpot_ms = 100;
@@ -86,7 +103,9 @@ struct ServeResult {
   double prefix_block_bytes = 0;         // bytes one prefix-store block costs
   int64_t prefix_capacity_blocks = 0;    // -1: unlimited
   double memory_bound_fraction = 0;      // iterations' time share limited by bytes, not FLOPs
-  double peak_host_bytes = 0;            // largest host-tier bytes the running requests held at once
+  double peak_host_bytes = 0;            // largest host-tier bytes one instance's running requests held
+  double load_imbalance = 0;             // most requests routed to one instance / the mean (1: even)
+  std::vector<int64_t> instance_requests;  // requests routed to each instance
   std::vector<ServeRequestResult> per_request;
 };
 

@@ -61,6 +61,7 @@ TEST(MetricTable, HarnessMetricsArePresent) {
       {"serve_mean_running", "requests", "higher"},
       {"serve_allocator_waste", "fraction", "lower"},
       {"serve_preemptions", "", "lower"},
+      {"serve_load_imbalance", "x", "lower"},
   };
   for (const auto& e : expected) {
     ASSERT_TRUE(is_known_metric(e.name)) << e.name;

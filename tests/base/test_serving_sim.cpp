@@ -210,6 +210,44 @@ TEST(ServingSim, TimeScaleCompressesArrivals) {
   EXPECT_THROW(simulate_serving(t, FootprintCurve::proportional(1000), toy_target(), toy_hardware(), cfg), Error);
 }
 
+// Three prompts asked twice each, far apart in time, on two instances with local prefix stores.
+TEST(ServingSim, RoutersAndPrefixScopes) {
+  std::vector<TraceRequest> rs;
+  for (int round = 0; round < 2; ++round)
+    for (int p = 0; p < 3; ++p)
+      rs.push_back(request((round * 3 + p) * 10000, 1024, 2, {100 * (p + 1), 100 * (p + 1) + 1}));
+  const RequestTrace t = trace_of(rs);
+  ServeConfig cfg;
+  cfg.kv_pool_bytes = 1e9;
+  cfg.prefix_cache_bytes = -1;
+  cfg.instances = 2;
+  const auto curve = FootprintCurve::proportional(1000);
+  auto run = [&](Router router, PrefixScope scope) {
+    cfg.router = router;
+    cfg.prefix_scope = scope;
+    return simulate_serving(t, curve, toy_target(), toy_hardware(), cfg);
+  };
+  // Round robin alternates A0 B1 C0 | A1 B0 C1: every repeat lands where its prompt is not.
+  const ServeResult rr = run(Router::kRoundRobin, PrefixScope::kLocal);
+  EXPECT_EQ(rr.instance_requests, (std::vector<int64_t>{3, 3}));
+  EXPECT_DOUBLE_EQ(rr.load_imbalance, 1.0);
+  EXPECT_DOUBLE_EQ(rr.prefix_hit_rate, 0.0);
+  // One store for both: every repeat hits (1,023 of its 1,024 tokens).
+  EXPECT_DOUBLE_EQ(run(Router::kRoundRobin, PrefixScope::kGlobal).prefix_hit_rate, 3 * 1023.0 / (6 * 1024));
+  // The prefix router sends each repeat to the instance holding its prompt: as good as global.
+  const ServeResult px = run(Router::kPrefix, PrefixScope::kLocal);
+  EXPECT_DOUBLE_EQ(px.prefix_hit_rate, 3 * 1023.0 / (6 * 1024));
+  for (size_t i = 3; i < 6; ++i) EXPECT_EQ(px.per_request[i].hit_tokens, 1023) << i;
+  // Least loaded ignores prefixes: with idle instances it always picks the first.
+  const ServeResult ll = run(Router::kLeastLoaded, PrefixScope::kLocal);
+  EXPECT_EQ(ll.instance_requests, (std::vector<int64_t>{6, 0}));
+  EXPECT_DOUBLE_EQ(ll.load_imbalance, 2.0);
+  cfg.instances = 0;
+  EXPECT_THROW(run(Router::kRoundRobin, PrefixScope::kLocal), Error);
+  EXPECT_THROW(parse_router("prefix_aware"), Error);
+  EXPECT_THROW(parse_prefix_scope("pooled"), Error);
+}
+
 TEST(ServingSim, ParsesAllocatorNames) {
   EXPECT_EQ(parse_kv_allocator("pow2"), KvAllocator::kPow2);
   EXPECT_STREQ(kv_allocator_name(parse_kv_allocator("contiguous_max")), "contiguous_max");

@@ -165,6 +165,26 @@ TEST(ServeRun, BadInputNamesWhatIsWrong) {
   EXPECT_THROW(serve_config("full", {{"allocator", "buddy"}}), Error);
 }
 
+TEST(ServeRun, ClusterSettingsReachTheSimulation) {
+  std::string dir = test::make_temp_dir("serve_cluster");
+  ResultsDb db(dir + "/db.sqlite");
+  RunEnv env;
+  env.data_dir = test::data_dir();
+  const RunOutcome o = execute_run(
+      serve_config("full", {{"instances", 3}, {"router", "prefix"}, {"max_requests", 60}}), db, env);
+  const double imbalance = metric(o.metrics, "serve_load_imbalance");
+  EXPECT_GE(imbalance, 1.0);
+  EXPECT_LE(imbalance, 3.0);
+  nlohmann::json sim;
+  for (const auto& s : db.samples(o.run_id))
+    if (s.index == 1) sim = nlohmann::json::parse(s.output_json);
+  const auto per = sim.at("result").at("instance_requests").get<std::vector<int64_t>>();
+  ASSERT_EQ(per.size(), 3u);
+  EXPECT_EQ(per[0] + per[1] + per[2], 60);
+  EXPECT_THROW(serve_config("full", {{"router", "aibrix"}}), Error);
+  EXPECT_THROW(serve_config("full", {{"instances", 0}}), Error);
+}
+
 TEST(ServeRun, RedisPrefixStoreIsMeasuredOnLoopback) {
   if (!LocalRedisServer::available()) GTEST_SKIP() << "redis-server not installed (scripts/setup.sh)";
   std::string dir = test::make_temp_dir("serve_redis");
