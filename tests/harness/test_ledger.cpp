@@ -25,7 +25,8 @@ TEST(Ledger, SimulatedMeansFullPayloadBehindASmallLogicalSize) {
   EXPECT_FALSE(looks_simulated(e));
 }
 
-double metric(const std::vector<Metric>& ms, const std::string& name) {
+// NaN when absent (these tests check that a metric is left out).
+double metric_or_nan(const std::vector<Metric>& ms, const std::string& name) {
   for (const auto& m : ms)
     if (m.name == name && !m.layer) return m.value;
   return NAN;
@@ -42,9 +43,9 @@ TEST(Ledger, SixteenBitBytesRescaleOnlyTheModelDtypeRows) {
   e.fp.model_dtype_host_bytes = 400;
   EXPECT_DOUBLE_EQ(physical_bytes_16bit(e), 1900 - 700);
   const auto m = ledger_metrics({e}, false);
-  EXPECT_DOUBLE_EQ(metric(m, "compression_ratio_16bit"), 2000.0 / 1200);
-  EXPECT_DOUBLE_EQ(metric(m, "device_compression_ratio_16bit"), 2000.0 / 1000);
-  EXPECT_DOUBLE_EQ(metric(m, "bytes_per_token_16bit"), 12.0);
+  EXPECT_DOUBLE_EQ(metric_or_nan(m, "compression_ratio_16bit"), 2000.0 / 1200);
+  EXPECT_DOUBLE_EQ(metric_or_nan(m, "device_compression_ratio_16bit"), 2000.0 / 1000);
+  EXPECT_DOUBLE_EQ(metric_or_nan(m, "bytes_per_token_16bit"), 12.0);
   // Round trip through a sample row; a row from before the fields existed has no 16-bit figures.
   const LedgerEntry back = ledger_from_json(ledger_to_json(e));
   EXPECT_DOUBLE_EQ(physical_bytes_16bit(back), 1200);
@@ -52,7 +53,7 @@ TEST(Ledger, SixteenBitBytesRescaleOnlyTheModelDtypeRows) {
   old.erase("baseline_bytes_16bit");
   old.erase("model_dtype_device_bytes");
   EXPECT_LT(physical_bytes_16bit(ledger_from_json(old)), 0);
-  EXPECT_TRUE(std::isnan(metric(ledger_metrics({ledger_from_json(old)}, false), "compression_ratio_16bit")));
+  EXPECT_TRUE(std::isnan(metric_or_nan(ledger_metrics({ledger_from_json(old)}, false), "compression_ratio_16bit")));
 }
 
 // On the fp32 CPU path: the full cache is 1x at 16 bits as at 32; KIVI-2's codes and fp16 residual
@@ -69,7 +70,7 @@ TEST(Ledger, SixteenBitRatiosOnRealStores) {
   auto ratios = [&](const std::string& method, const nlohmann::json& params) {
     const auto r = run_stream_sample(model, method, params, w.at(0).tokens, so);
     const auto m = ledger_metrics({ledger_from_json(ledger_to_json(r.ledger))}, false);
-    return std::make_pair(metric(m, "compression_ratio"), metric(m, "compression_ratio_16bit"));
+    return std::make_pair(metric_or_nan(m, "compression_ratio"), metric_or_nan(m, "compression_ratio_16bit"));
   };
   const auto full = ratios("full", nlohmann::json::object());
   EXPECT_NEAR(full.first, 1.0, 1e-9);

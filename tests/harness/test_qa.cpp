@@ -14,12 +14,7 @@
 namespace kvb {
 namespace {
 
-double metric(const std::vector<Metric>& ms, const std::string& name) {
-  for (const auto& m : ms)
-    if (m.name == name && !m.layer) return m.value;
-  ADD_FAILURE() << "no metric " << name;
-  return NAN;
-}
+using test::metric;
 
 nlohmann::json qa_config(const std::string& method, const std::string& protocol_extra) {
   return resolve_run_config(nlohmann::json::parse(

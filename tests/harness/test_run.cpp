@@ -33,12 +33,7 @@ std::string stream_config(const std::string& method, int windows, int window = 1
          "\"window\": " + std::to_string(window) + ", \"max_windows\": " + std::to_string(windows) + "}}";
 }
 
-double metric(const std::vector<Metric>& ms, const std::string& name) {
-  for (const auto& m : ms)
-    if (m.name == name && !m.layer) return m.value;
-  ADD_FAILURE() << "no metric " << name;
-  return NAN;
-}
+using test::metric;
 
 TEST(Run, StreamFullHasZeroKlAndThePerplexityOfScore) {
   std::string dir = test::make_temp_dir("run");

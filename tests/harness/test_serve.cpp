@@ -16,12 +16,7 @@
 namespace kvb {
 namespace {
 
-double metric(const std::vector<Metric>& ms, const std::string& name) {
-  for (const auto& m : ms)
-    if (m.name == name && !m.layer) return m.value;
-  ADD_FAILURE() << "no metric " << name;
-  return NAN;
-}
+using test::metric;
 
 nlohmann::json serve_config(const nlohmann::json& method, const nlohmann::json& proto_extra = {}) {
   nlohmann::json proto = {{"name", "serve"}, {"max_requests", 150}, {"kv_pool_gib", 4},

@@ -44,12 +44,7 @@ std::vector<int64_t> tokens(int n, int salt) {
   return t;
 }
 
-double metric(const std::vector<Metric>& ms, const std::string& name) {
-  for (const auto& m : ms)
-    if (m.name == name && !m.layer) return m.value;
-  ADD_FAILURE() << "no metric " << name;
-  return NAN;
-}
+using test::metric;
 
 TEST(RopeShift, MovesKeysToTheirNewPositions) {
   ModelConfig c = test::stories260k()->config;

@@ -2,6 +2,9 @@
 
 #include <sys/wait.h>
 
+#include <gtest/gtest.h>
+
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -101,6 +104,13 @@ nlohmann::json runnable_params(const std::string& method) {
   if (method == "dms") return {{"decisions", "evict_all"}, {"window", 64}};
   if (method == "kv_packet") return {{"wrap", "none"}};
   return nlohmann::json::object();
+}
+
+double metric(const std::vector<Metric>& metrics, const std::string& name) {
+  for (const auto& m : metrics)
+    if (m.name == name && !m.layer) return m.value;
+  ADD_FAILURE() << "no metric " << name;
+  return NAN;
 }
 
 }  // namespace kvb::test

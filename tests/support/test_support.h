@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "harness/store/results_db.h"
+
 namespace kvb {
 class Model;
 }
@@ -21,6 +23,9 @@ std::string kvbench_binary();  // $KVB_BINARY (set by ctest)
 
 // A fresh empty directory under the system temp dir, removed by the OS eventually.
 std::string make_temp_dir(const std::string& tag);
+
+// A run-level metric (no layer) by name; a test failure and NaN when the run has none.
+double metric(const std::vector<Metric>& metrics, const std::string& name);
 
 struct CommandResult {
   int exit_code = -1;
