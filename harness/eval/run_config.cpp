@@ -94,6 +94,8 @@ const std::vector<ProtocolSpec>& protocol_specs() {
         float_param("hbm_gbps", 4300, 1e-3, 1e9, "device memory bandwidth (H200 copy, measured)"),
         float_param("tflops", 790, 1e-3, 1e9, "device matmul rate (H200 bf16 GEMM, measured)"),
         float_param("prefix_load_gbps", 55, 1e-3, 1e9, "prefix store to device (PCIe Gen5 H2D)"),
+        float_param("h2d_gbps", 55, 1e-3, 1e9,
+                    "a tiering method's host rows to device during decode (PCIe Gen5 H2D)"),
         float_param("iteration_overhead_ms", 0.3, 0, 1e6, "fixed time per iteration"),
         float_param("slo_ttft_ms", 5000, 0, 1e12, "time-to-first-token objective"),
         float_param("slo_tpot_ms", 100, 0, 1e12, "time-per-output-token objective"),

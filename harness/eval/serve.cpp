@@ -47,11 +47,21 @@ std::vector<FootprintPoint> measure_footprint_points(std::shared_ptr<Model> mode
     p.tokens = len + decode_tokens;
     p.host_bytes = static_cast<double>(fp.host_bytes + fp.remote_bytes);
     p.device_bytes = static_cast<double>(fp.physical_bytes()) - p.host_bytes;
+    const auto counters = e.kv().counters();
+    if (auto it = counters.find("decode_read_fraction"); it != counters.end() && decode_tokens > 0)
+      p.read_fraction = std::clamp(it->second, 0.0, 1.0);
+    if (auto it = counters.find("decode_h2d_bytes_per_token"); it != counters.end() && decode_tokens > 0)
+      p.h2d_bytes_per_token = std::max(0.0, it->second);
     if (model_elem != serving_elem_bytes) {
       KVB_CHECK(fp.model_dtype_device_bytes >= 0, "serve: method ", method,
                 "'s store does not report which of its bytes are in the model dtype, so its ",
                 model_elem * 8, "-bit footprint cannot be sized at ", serving_elem_bytes * 8,
                 " bits: run the serve protocol with dtype bf16 or fp16");
+      // Transfers are taken to have the host tier's make-up (its model-dtype share rescales).
+      const double host_all = static_cast<double>(fp.host_bytes + fp.remote_bytes);
+      const double host_model_share =
+          host_all > 0 ? static_cast<double>(fp.model_dtype_host_bytes) / host_all : 0.0;
+      p.h2d_bytes_per_token *= 1.0 - host_model_share * (1.0 - keep);
       p.device_bytes -= static_cast<double>(fp.model_dtype_device_bytes) * (1.0 - keep);
       p.host_bytes -= static_cast<double>(fp.model_dtype_host_bytes) * (1.0 - keep);
     }
@@ -85,7 +95,8 @@ std::string serve_trace_path(const std::string& name, const std::string& data_di
 nlohmann::json footprint_sample_json(const std::vector<FootprintPoint>& points,
                                      double run_kv_bytes_per_token) {
   nlohmann::json pts = nlohmann::json::array();
-  for (const auto& p : points) pts.push_back({p.tokens, p.device_bytes, p.host_bytes});
+  for (const auto& p : points)
+    pts.push_back({p.tokens, p.device_bytes, p.host_bytes, p.read_fraction, p.h2d_bytes_per_token});
   const FootprintCurve curve(points);
   return {{"points", pts},
           {"run_kv_bytes_per_token", run_kv_bytes_per_token},
@@ -96,8 +107,14 @@ namespace {
 
 FootprintCurve curve_from_json(const nlohmann::json& footprint) {
   std::vector<FootprintPoint> points;
-  for (const auto& p : footprint.at("points"))
-    points.push_back({p.at(0).get<int64_t>(), p.at(1).get<double>(), p.at(2).get<double>()});
+  for (const auto& p : footprint.at("points")) {
+    FootprintPoint x{p.at(0).get<int64_t>(), p.at(1).get<double>(), p.at(2).get<double>()};
+    if (p.size() >= 5) {  // rows from before decode reads were measured have three fields
+      x.read_fraction = p.at(3).get<double>();
+      x.h2d_bytes_per_token = p.at(4).get<double>();
+    }
+    points.push_back(x);
+  }
   return FootprintCurve(points);
 }
 
@@ -123,6 +140,7 @@ nlohmann::json serve_simulation_sample(const nlohmann::json& proto, const nlohma
   hw.hbm_gbps = proto.at("hbm_gbps");
   hw.tflops = proto.at("tflops");
   hw.prefix_load_gbps = proto.at("prefix_load_gbps");
+  hw.h2d_gbps = proto.at("h2d_gbps");
   hw.iteration_overhead_ms = proto.at("iteration_overhead_ms");
   ServeConfig cfg;
   constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
@@ -179,6 +197,8 @@ nlohmann::json serve_simulation_sample(const nlohmann::json& proto, const nlohma
   out["target_kv_bytes_per_token"] = target.kv_bytes_per_token;
   out["kv_bytes_per_token_at_mean"] =
       kv.device_bytes(mean_tokens) / static_cast<double>(mean_tokens);
+  out["decode_read_bytes_at_mean"] = kv.decode_read_bytes(mean_tokens);
+  out["decode_h2d_bytes_per_token_at_mean"] = kv.h2d_bytes_per_token(mean_tokens);
   out["prefix_load_gbps"] = hw.prefix_load_gbps;
   return out;
 }
@@ -209,6 +229,7 @@ nlohmann::json serve_result_json(const ServeResult& r) {
           {"prefix_block_bytes", r.prefix_block_bytes},
           {"prefix_capacity_blocks", r.prefix_capacity_blocks},
           {"memory_bound_fraction", r.memory_bound_fraction},
+          {"pcie_bound_fraction", r.pcie_bound_fraction},
           {"peak_host_bytes", r.peak_host_bytes},
           {"load_imbalance", r.load_imbalance},
           {"instance_requests", r.instance_requests}};
@@ -242,6 +263,7 @@ std::vector<Metric> serve_metrics(const nlohmann::json& footprint, const nlohman
   add("completed", "", D::kHigher);
   add("duration_s", "s", D::kLower);
   add("memory_bound_fraction", "fraction", D::kNone);
+  add("pcie_bound_fraction", "fraction", D::kNone);
   add("peak_host_bytes", "bytes", D::kNone);
   add("load_imbalance", "x", D::kLower);
   // The method's footprint, at the target's shapes, at the trace's mean request length.

@@ -132,6 +132,12 @@ class KvCache {
   virtual int64_t seq_len(int64_t seq_id) const = 0;
   virtual Footprint footprint() const = 0;
   // Method-specific figures for the results store (tokens evicted, hit rates, realized ratio...).
+  // Two names are shared, for the serve protocol's time model, by stores whose decode steps do not
+  // simply read every device byte they hold:
+  //   "decode_read_fraction"        device KV bytes a decode step reads / the dense bytes of the
+  //                                 tokens it could see (read-time selection: Quest);
+  //   "decode_h2d_bytes_per_token"  host-to-device bytes per decoded token, all layers (tiering:
+  //                                 SpeCache, TTKV, RetroInfer).
   virtual std::map<std::string, double> counters() const { return {}; }
   // Per KV head, what this store holds for `seq_id` at `layer` (see HeadSnapshot); empty: not supported.
   virtual std::vector<HeadSnapshot> probe_view(int layer, int64_t seq_id) const { return {}; }

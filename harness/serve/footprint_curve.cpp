@@ -20,6 +20,9 @@ FootprintCurve::FootprintCurve(std::vector<FootprintPoint> points) : points_(std
               p.host_bytes);
     KVB_CHECK(i == 0 || points_[i - 1].tokens < p.tokens, "footprint curve: two points at ",
               p.tokens, " tokens");
+    KVB_CHECK(p.read_fraction >= 0 && p.read_fraction <= 1 && p.h2d_bytes_per_token >= 0,
+              "footprint curve: point at ", p.tokens, " tokens has read fraction ",
+              p.read_fraction, " and ", p.h2d_bytes_per_token, " host-to-device bytes per token");
   }
 }
 
@@ -44,6 +47,30 @@ double FootprintCurve::interpolate(int64_t tokens, bool device) const {
   return 0;  // unreachable
 }
 
+double FootprintCurve::through_points(int64_t tokens, double FootprintPoint::*field,
+                                      bool extrapolate) const {
+  const auto& p = points_;
+  if (p.size() == 1 || tokens <= p.front().tokens) return p.front().*field;
+  for (size_t i = 1; i < p.size(); ++i) {
+    if (tokens <= p[i].tokens || i + 1 == p.size()) {
+      if (tokens > p[i].tokens && !extrapolate) return p[i].*field;
+      const double t0 = static_cast<double>(p[i - 1].tokens), t1 = static_cast<double>(p[i].tokens);
+      const double v0 = p[i - 1].*field, v1 = p[i].*field;
+      return v0 + (v1 - v0) * (static_cast<double>(tokens) - t0) / (t1 - t0);
+    }
+  }
+  return p.back().*field;  // unreachable
+}
+
+double FootprintCurve::decode_read_bytes(int64_t tokens) const {
+  const double f = std::clamp(through_points(tokens, &FootprintPoint::read_fraction, false), 0.0, 1.0);
+  return device_bytes(tokens) * f;
+}
+
+double FootprintCurve::h2d_bytes_per_token(int64_t tokens) const {
+  return std::max(0.0, through_points(tokens, &FootprintPoint::h2d_bytes_per_token, true));
+}
+
 double FootprintCurve::device_bytes(int64_t tokens) const { return interpolate(tokens, true); }
 double FootprintCurve::host_bytes(int64_t tokens) const { return interpolate(tokens, false); }
 
@@ -53,6 +80,7 @@ FootprintCurve FootprintCurve::scaled(double factor) const {
   for (auto& x : p) {
     x.device_bytes *= factor;
     x.host_bytes *= factor;
+    x.h2d_bytes_per_token *= factor;
   }
   return FootprintCurve(std::move(p));
 }

@@ -14,6 +14,10 @@ struct FootprintPoint {
   int64_t tokens = 0;       // sequence length when measured (> 0)
   double device_bytes = 0;  // physical bytes on the device (payload, metadata, indices)
   double host_bytes = 0;    // bytes held off the device (host or remote tiers)
+  // What a decode step costs beyond "read every device byte": the share of the device bytes it
+  // reads (read-time selection) and the bytes it pulls from the host (tiering), per token.
+  double read_fraction = 1;
+  double h2d_bytes_per_token = 0;
 };
 
 class FootprintCurve {
@@ -26,6 +30,11 @@ class FootprintCurve {
 
   double device_bytes(int64_t tokens) const;
   double host_bytes(int64_t tokens) const;
+  // Device bytes one decode step reads: device_bytes x the read fraction (interpolated, held at the
+  // ends, within [0, 1]).
+  double decode_read_bytes(int64_t tokens) const;
+  // Host-to-device bytes per decoded token (interpolated, the last segment extrapolated, >= 0).
+  double h2d_bytes_per_token(int64_t tokens) const;
   // Every byte scaled (the run's model -> a target model's shapes: target / run bytes per token).
   FootprintCurve scaled(double factor) const;
   // Device bytes per token at the last measured point: the average rate a prefix block costs.
@@ -37,6 +46,8 @@ class FootprintCurve {
 
  private:
   double interpolate(int64_t tokens, bool device) const;
+  // Piecewise linear through the points' values (not through the origin).
+  double through_points(int64_t tokens, double FootprintPoint::*field, bool extrapolate) const;
   std::vector<FootprintPoint> points_;
 };
 

@@ -88,7 +88,7 @@ class Instance {
 
   double now = 0;                 // this instance's clock (ms)
   int64_t routed = 0;             // requests routed here
-  double busy_ms = 0, memory_bound_ms = 0;
+  double busy_ms = 0, memory_bound_ms = 0, pcie_bound_ms = 0;
   double w_running = 0, w_util = 0, w_waste = 0, w_waste_den = 0;
 
   bool has_work() const { return !waiting_.empty() || !running_.empty(); }
@@ -126,18 +126,28 @@ class Instance {
       return;
     }
     // Roofline time of the iteration.
-    double flops = 0, bytes = target_.weight_bytes;
+    // Prefill chunks read their sequence's whole KV; a decode step reads what the method reads
+    // (read-time selection reads less) and pulls what it pulls from the host (tiering), the PCIe
+    // transfers overlapping the step as SpeCache's prefetch and TTKV's streaming do.
+    double flops = 0, bytes = target_.weight_bytes, h2d = 0;
     for (const auto& [ri, n] : scheduled_) {
       const Request& r = running_[ri];
       const double past = static_cast<double>(r.kv_tokens);
       flops += static_cast<double>(n) * target_.flops_per_token +
                target_.attn_flops_per_pair * static_cast<double>(n) * (past + (n + 1) / 2.0);
-      bytes += kv_.device_bytes(r.kv_tokens + n);
+      if (r.in_prefill()) {
+        bytes += kv_.device_bytes(r.kv_tokens + n);
+      } else {
+        bytes += kv_.decode_read_bytes(r.kv_tokens + n);
+        h2d += kv_.h2d_bytes_per_token(r.kv_tokens + n);
+      }
     }
     const double compute_ms = flops / (hw_.tflops * 1e12) * 1e3;
     const double memory_ms = bytes / (hw_.hbm_gbps * 1e9) * 1e3;
-    const double dt = std::max(compute_ms, memory_ms) + hw_.iteration_overhead_ms;
-    if (memory_ms >= compute_ms) memory_bound_ms += dt;
+    const double pcie_ms = h2d / (hw_.h2d_gbps * 1e9) * 1e3;
+    const double dt = std::max({compute_ms, memory_ms, pcie_ms}) + hw_.iteration_overhead_ms;
+    if (pcie_ms > std::max(compute_ms, memory_ms)) pcie_bound_ms += dt;
+    else if (memory_ms >= compute_ms) memory_bound_ms += dt;
     busy_ms += dt;
     // Time-weighted occupancy over the iteration, counting the tokens it adds (their room is
     // already reserved).
@@ -380,7 +390,7 @@ class Cluster {
     KVB_CHECK(cfg_.time_scale > 0, "serve: time_scale ", cfg_.time_scale, " (must be > 0)");
     KVB_CHECK(cfg_.instances >= 1 && cfg_.instances <= 4096, "serve: instances ", cfg_.instances,
               " (must be in [1, 4096])");
-    KVB_CHECK(hw_.hbm_gbps > 0 && hw_.tflops > 0 && hw_.prefix_load_gbps > 0,
+    KVB_CHECK(hw_.hbm_gbps > 0 && hw_.tflops > 0 && hw_.prefix_load_gbps > 0 && hw_.h2d_gbps > 0,
               "serve: hardware bandwidths and FLOP rate must be > 0");
     KVB_CHECK(target_.max_context > 0, "serve: target max_context ", target_.max_context);
     result_.requests = static_cast<int64_t>(trace.requests.size());
@@ -438,10 +448,12 @@ class Cluster {
     }
     result_.duration_s = (last - first_arrival) / 1e3;
     double busy_ms = 0, memory_bound_ms = 0, w_running = 0, w_util = 0, w_waste = 0, w_waste_den = 0;
+    double pcie_bound_ms = 0;
     int64_t most = 0;
     for (const auto& in : instances_) {
       busy_ms += in->busy_ms;
       memory_bound_ms += in->memory_bound_ms;
+      pcie_bound_ms += in->pcie_bound_ms;
       w_running += in->w_running;
       w_util += in->w_util;
       w_waste += in->w_waste;
@@ -453,6 +465,7 @@ class Cluster {
                                                     static_cast<double>(result_.requests)
                                               : 0;
     summarize(busy_ms, memory_bound_ms, w_running, w_util, w_waste, w_waste_den);
+    if (busy_ms > 0) result_.pcie_bound_fraction = pcie_bound_ms / busy_ms;
     return std::move(result_);
   }
 

@@ -36,6 +36,7 @@ struct ServeHardware {
   double hbm_gbps = 4300;
   double tflops = 790;
   double prefix_load_gbps = 55;      // prefix-store blocks -> device
+  double h2d_gbps = 55;              // a tiering method's host rows -> device during decode
   double iteration_overhead_ms = 0.3;  // scheduling and launches per iteration
 };
 
@@ -102,7 +103,8 @@ struct ServeResult {
   double prefix_load_bytes = 0;          // bytes loaded from the prefix store
   double prefix_block_bytes = 0;         // bytes one prefix-store block costs
   int64_t prefix_capacity_blocks = 0;    // -1: unlimited
-  double memory_bound_fraction = 0;      // iterations' time share limited by bytes, not FLOPs
+  double memory_bound_fraction = 0;      // iterations' time share limited by HBM bytes
+  double pcie_bound_fraction = 0;        // ... limited by host-to-device transfers (tiering)
   double peak_host_bytes = 0;            // largest host-tier bytes one instance's running requests held
   double load_imbalance = 0;             // most requests routed to one instance / the mean (1: even)
   std::vector<int64_t> instance_requests;  // requests routed to each instance

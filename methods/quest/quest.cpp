@@ -486,6 +486,7 @@ std::map<std::string, double> QuestKvCache::counters() const {
     c["read_tokens_per_head_step"] = read_tokens_ / reads_;
     c["read_fraction"] = read_tokens_ / visible_tokens_;
     c["read_bytes_fraction"] = bytes_read_ / bytes_dense_;
+    c["decode_read_fraction"] = bytes_read_ / bytes_dense_;  // the shared name (kv_cache.h)
   }
   if (sel_reads_ > 0) {
     c["read_tokens_per_head_step.selected_layers"] = sel_read_tokens_ / sel_reads_;

@@ -215,7 +215,10 @@ class RetroinferKvCache : public KvCache {
     }
     if (recall_n_ > 0) m["attention_mass_recall"] = recall_sum_ / recall_n_;
     if (cache_lookups_ > 0) m["cache_hit_rate"] = cache_hits_ / cache_lookups_;
-    if (decode_rows_ > 0) m["host_to_device_bytes_per_step"] = miss_bytes_ / decode_rows_;
+    if (decode_rows_ > 0) {
+      m["host_to_device_bytes_per_step"] = miss_bytes_ / decode_rows_;
+      m["decode_h2d_bytes_per_token"] = miss_bytes_ / decode_rows_;  // shared name (kv_cache.h)
+    }
     double clusters = 0;
     for (const auto& [id, s] : seqs_)
       for (const auto& y : s.layers)

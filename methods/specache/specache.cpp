@@ -132,8 +132,10 @@ class SpecacheKvCache : public KvCache {
           ++decode_steps_;
           score_guess(s, in, start);
         }
+        decode_swap_ = real == 1;  // the guess-making row alone is not a decoded token
         swap_in_exact(y, k_scratch_.data(), v_scratch_.data(), pred, qp, real == 1 ? pred : nullptr,
                       kn.data_ptr<float>(), len, in.sm_scale);
+        decode_swap_ = false;
         outs.push_back(attend_dense(q, as_tensor(k_scratch_, L).to(q.scalar_type()),
                                     as_tensor(v_scratch_, L).to(q.scalar_type()), in.sm_scale));
         y.prev_q.assign(qp + (n - 1) * qrow, qp + n * qrow);
@@ -150,8 +152,10 @@ class SpecacheKvCache : public KvCache {
       } else if (n == 1) {  // a decode step: swap in place, then attend
         const float* prev = y.prev_q.empty() ? nullptr : y.prev_q.data();
         if (in.layer == 0) ++decode_steps_;
+        decode_swap_ = true;
         swap_in_exact(y, k_scratch_.data(), v_scratch_.data(), oracle ? qp : prev, qp, prev,
                       kn.data_ptr<float>(), len, in.sm_scale);
+        decode_swap_ = false;
         outs.push_back(attend_dense(q, as_tensor(k_scratch_, L).to(q.scalar_type()),
                                     as_tensor(v_scratch_, L).to(q.scalar_type()), in.sm_scale));
       } else {
@@ -239,6 +243,10 @@ class SpecacheKvCache : public KvCache {
     m["exact_rows_per_head_step"] = swap_heads_ > 0 ? swapped_rows_ / swap_heads_ : 0;
     m["host_to_device_bytes_per_step"] =
         decode_steps_ > 0 ? swapped_rows_ * 2 * ctx_.config.head_dim * 2 / decode_steps_ : 0;
+    // The shared name (kv_cache.h) counts decode steps' swaps only: a later prompt chunk swaps
+    // rows too, which host_to_device_bytes_per_step above folds in.
+    m["decode_h2d_bytes_per_token"] =
+        decode_steps_ > 0 ? decode_swapped_rows_ * 2 * ctx_.config.head_dim * 2 / decode_steps_ : 0;
     if (overlap_n_ > 0) m["predictor_overlap"] = overlap_sum_ / overlap_n_;
     CodecBytes cb;
     for (const auto& [id, s] : seqs_)
@@ -338,6 +346,7 @@ class SpecacheKvCache : public KvCache {
           vbuf[j * W + h * D + e] = kernels::half_to_float(y.hv[j * W + h * D + e]);
         }
       swapped_rows_ += static_cast<double>(sel.size());
+      if (decode_swap_) decode_swapped_rows_ += static_cast<double>(sel.size());
       swap_heads_ += 1;
     }
   }
@@ -350,6 +359,8 @@ class SpecacheKvCache : public KvCache {
   std::vector<float> k_scratch_, v_scratch_, row_k_, row_v_, logit_, prob_;
   double swap_steps_ = 0, lowbit_only_ = 0, swapped_rows_ = 0, swap_heads_ = 0;
   double decode_steps_ = 0, overlap_sum_ = 0, overlap_n_ = 0, guess_hits_ = 0, guesses_ = 0;
+  double decode_swapped_rows_ = 0;
+  bool decode_swap_ = false;  // swap_in_exact runs for a decode step (not a prompt chunk)
 };
 
 MethodInfo specache_info() {

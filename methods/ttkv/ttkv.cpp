@@ -198,6 +198,7 @@ class TtkvKvCache : public KvCache {
     // Per decoded token, all layers: the slow-tier bytes its KV heads streamed in.
     if (decode_tokens_ > 0)
       m["cross_tier_bytes_per_step"] = streamed_decode_bytes_ / decode_tokens_;
+    if (decode_tokens_ > 0) m["decode_h2d_bytes_per_token"] = streamed_decode_bytes_ / decode_tokens_;
     if (recall_n_ > 0) m["block_recall"] = recall_sum_ / recall_n_;
     double slow = 0, fast = 0;
     for (const auto& [id, s] : seqs_) {

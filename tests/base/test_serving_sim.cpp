@@ -79,6 +79,16 @@ TEST(FootprintCurve, InterpolatesAndExtrapolatesTheLastSegment) {
   EXPECT_THROW(FootprintCurve({{0, 1, 0}}), Error);
   EXPECT_THROW(FootprintCurve({{10, -1, 0}}), Error);
   EXPECT_THROW(FootprintCurve({{10, 1, 0}, {10, 2, 0}}), Error);
+  // Decode reads and host transfers: interpolated between points; the read fraction held at the
+  // ends, host transfers extrapolated along the last segment.
+  FootprintPoint a{100, 1000, 0, 0.5, 10}, b{300, 3000, 0, 0.25, 30};
+  FootprintCurve r({a, b});
+  EXPECT_DOUBLE_EQ(r.decode_read_bytes(200), 2000 * 0.375);
+  EXPECT_DOUBLE_EQ(r.decode_read_bytes(50), 500 * 0.5);
+  EXPECT_DOUBLE_EQ(r.decode_read_bytes(600), 6000 * 0.25);
+  EXPECT_DOUBLE_EQ(r.h2d_bytes_per_token(200), 20);
+  EXPECT_DOUBLE_EQ(r.h2d_bytes_per_token(500), 50);
+  EXPECT_DOUBLE_EQ(r.scaled(2).h2d_bytes_per_token(200), 40);
 }
 
 TEST(ServingSim, OneRequestMatchesTheRooflineByHand) {
@@ -98,6 +108,33 @@ TEST(ServingSim, OneRequestMatchesTheRooflineByHand) {
   EXPECT_NEAR(r.output_tok_s, 3 / (r.per_request[0].finish_ms / 1e3), 1e-6);
   EXPECT_DOUBLE_EQ(r.prefill_tokens, 1000);
   EXPECT_EQ(r.max_running, 1);
+}
+
+// Decode steps that read a quarter of the KV (read-time selection), or pull rows over PCIe (tiering).
+TEST(ServingSim, DecodeReadsAndHostTransfersSetTheStepTime) {
+  const RequestTrace t = trace_of({request(0, 1000, 3, {1, 2})});
+  ServeConfig cfg;
+  cfg.kv_pool_bytes = 1e10;
+  ServeTarget target = toy_target();
+  target.weight_bytes = 1e6;  // small weights, so the KV read decides a decode step
+  ServeHardware hw = toy_hardware();
+  FootprintPoint p{1000, 1e9, 0};  // 1 MB per token: 1 GB at 1,000 tokens
+  const ServeResult dense = simulate_serving(t, FootprintCurve({p}), target, hw, cfg);
+  p.read_fraction = 0.25;
+  const ServeResult sparse = simulate_serving(t, FootprintCurve({p}), target, hw, cfg);
+  // Decode at 1,001 tokens: (1e6 + 1.001e9) bytes / 1e12 B/s = 1.002 ms; a quarter: 0.25125 ms.
+  EXPECT_NEAR(dense.tpot_ms_p50, (1.002 + 0.5 + 1.003 + 0.5) / 2, 1e-9);
+  EXPECT_NEAR(sparse.tpot_ms_p50, (0.25125 + 0.5 + 0.25150 + 0.5) / 2, 1e-9);
+  EXPECT_NEAR(sparse.per_request[0].ttft_ms(), dense.per_request[0].ttft_ms(), 1e-12);  // prefill reads all
+  p.read_fraction = 1;
+  p.h2d_bytes_per_token = 5e7;  // 50 MB per token at 1 GB/s: 50 ms, over the HBM time
+  hw.h2d_gbps = 1;
+  const ServeResult tiered = simulate_serving(t, FootprintCurve({p}), target, hw, cfg);
+  EXPECT_NEAR(tiered.tpot_ms_p50, 50.5, 1e-9);
+  EXPECT_GT(tiered.pcie_bound_fraction, 0.5);
+  EXPECT_DOUBLE_EQ(dense.pcie_bound_fraction, 0);
+  p.read_fraction = 1.5;
+  EXPECT_THROW(FootprintCurve({p}), Error);
 }
 
 TEST(ServingSim, PrefixStoreHitsSkipPrefillAndCostALoad) {

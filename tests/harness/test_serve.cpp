@@ -104,6 +104,30 @@ TEST(ServeFootprint, Fp32ProbesAreRescaledToTheBf16Bytes) {
   }
 }
 
+// Quest reads its top pages (a fraction of the dense bytes); SpeCache pulls top-k rows from the
+// host every decode step; the full cache reads everything and pulls nothing.
+TEST(ServeFootprint, DecodeReadsAndHostTransfersAreMeasured) {
+  auto model = bf16_model();
+  const auto tokens = text_tokens(model, 480);
+  const std::vector<int64_t> lengths = {128, 464};
+  const auto full = measure_footprint_points(model, "full", nlohmann::json::object(), tokens, lengths, 8, 512);
+  for (const auto& p : full) {
+    EXPECT_EQ(p.read_fraction, 1.0);
+    EXPECT_EQ(p.h2d_bytes_per_token, 0.0);
+  }
+  auto fp32 = load_model(test::models_dir() + "/stories260K");
+  const auto quest = measure_footprint_points(fp32, "quest", {{"budget", 0.25}}, tokens, lengths, 8, 512);
+  EXPECT_LT(quest.back().read_fraction, 0.6);
+  EXPECT_GT(quest.back().read_fraction, 0.1);
+  // Prefilled in chunks of 128, whose rows swap too: only decode steps' swaps may count.
+  const auto spec = measure_footprint_points(fp32, "specache", {{"bits", 2}, {"top_k", 16}}, tokens, lengths, 8, 128);
+  // 16 rows per KV head, K and V, fp16, every layer: 5 x 4 x 16 x 2 x 8 x 2 = 20,480 bytes at most.
+  for (const auto& p : spec) {
+    EXPECT_GT(p.h2d_bytes_per_token, 0);
+    EXPECT_LE(p.h2d_bytes_per_token, 20480) << p.tokens;
+  }
+}
+
 TEST(ServeRun, CompressionRunsMoreRequestsAtOnceOnTheConversationTrace) {
   std::string dir = test::make_temp_dir("serve");
   ResultsDb db(dir + "/db.sqlite");
