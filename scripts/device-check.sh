@@ -39,7 +39,9 @@ ROOT=$PWD
 if [ "${1:-}" = "--prepare-deps" ]; then
   D=$ROOT/.devdeps
   mkdir -p "$D/include" "$D/share/cmake"
-  for inc in nlohmann CLI sqlite3.h sqlite3ext.h; do
+  # zstd and zlib headers too: the GPU image has their runtime libraries (found with ldconfig at
+  # build time) but may lack the -dev packages.
+  for inc in nlohmann CLI sqlite3.h sqlite3ext.h zstd.h zstd_errors.h zdict.h zlib.h zconf.h; do
     [ -e "/usr/include/$inc" ] && cp -r "/usr/include/$inc" "$D/include/"
   done
   for pkg in nlohmann_json CLI11; do
@@ -168,6 +170,21 @@ if [ ! -f /usr/include/sqlite3.h ] && [ -f "$ROOT/.devdeps/include/sqlite3.h" ];
     DEP_FLAGS+=(-DSQLite3_INCLUDE_DIR="$ROOT/.devdeps/include" -DSQLite3_LIBRARY="$SQLITE_LIB")
   fi
 fi
+
+# A header carried in .devdeps + the machine's runtime library (libX.so.N; no dev symlink needed).
+use_carried_lib() {  # header, ldconfig pattern, cmake include var, cmake library var
+  if [ ! -f "/usr/include/$1" ] && [ -f "$ROOT/.devdeps/include/$1" ]; then
+    local lib
+    lib=$(ldconfig -p 2>/dev/null | awk -v pat="$2" '$0 ~ pat {print $NF; exit}')
+    if [ -n "$lib" ]; then
+      DEP_FLAGS+=(-D"$3"="$ROOT/.devdeps/include" -D"$4"="$lib")
+    else
+      say "$1: carried header but no runtime library matching $2 (the full build may fail)"
+    fi
+  fi
+}
+use_carried_lib zstd.h 'libzstd\\.so' KVB_ZSTD_INCLUDE KVB_ZSTD_LIB
+use_carried_lib zlib.h 'libz\\.so' ZLIB_INCLUDE_DIR ZLIB_LIBRARY
 
 # ---- 3. the full build, in the background (CPU work; niced so that timings see an idle host) ----
 FULL_PID=""
