@@ -64,7 +64,16 @@ const std::vector<ProtocolSpec>& protocol_specs() {
        "target's shapes) in a continuous-batching simulation under a KV pool, an allocator and a "
        "prefix store; capacity, waste, hit rates and preemptions exact, times from a roofline",
        {string_param("trace", "conversation", {},
-                     "conversation | synthetic (the Mooncake traces in the data path) or a JSONL path"),
+                     "conversation | synthetic (the Mooncake traces in the data path), a JSONL path, "
+                     "or generated (Poisson arrivals, lognormal lengths, shared prefixes: gen_*)"),
+        float_param("gen_rate_per_s", 1.0, 1e-6, 1e6, "generated trace: arrivals per second"),
+        int_param("gen_requests", 1000, 1, 10000000, "generated trace: requests"),
+        int_param("gen_input_median", 2048, 1, 1 << 24, "generated trace: median prompt tokens"),
+        int_param("gen_output_median", 256, 1, 1 << 24, "generated trace: median output tokens"),
+        int_param("gen_prefix_groups", 0, 0, 1 << 20,
+                  "generated trace: groups sharing a prefix (system prompts, documents); 0: none"),
+        int_param("gen_prefix_blocks", 4, 1, 1 << 20, "generated trace: shared blocks per group"),
+        float_param("gen_group_fraction", 0.5, 0, 1, "generated trace: requests that join a group"),
         int_param("max_requests", 1000, 0, 1 << 30, "first n requests of the trace (0: all)"),
         int_param("trace_block_tokens", 512, 1, 1 << 20, "tokens per hash_ids block of the trace"),
         string_param("target", "llama-3.1-8b", {}, "synthetic preset whose shapes are served"),

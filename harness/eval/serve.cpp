@@ -126,11 +126,29 @@ nlohmann::json serve_simulation_sample(const nlohmann::json& proto, const nlohma
   const double run_bpt = footprint.at("run_kv_bytes_per_token");
   const FootprintCurve kv = curve_from_json(footprint).scaled(target.kv_bytes_per_token / run_bpt);
 
-  const std::string path = serve_trace_path(proto.at("trace"), data_dir);
-  TraceReadOptions ro;
-  ro.block_size_tokens = proto.at("trace_block_tokens");
-  RequestTrace trace = read_request_trace(path, ro);
-  trace.block_size_tokens = ro.block_size_tokens;
+  const std::string trace_name = proto.at("trace");
+  const std::string path = trace_name == "generated" ? "generated" : serve_trace_path(trace_name, data_dir);
+  RequestTrace trace;
+  if (trace_name == "generated") {
+    // The seeded generator (request_trace.h): Poisson arrivals, lognormal lengths (the generator's
+    // default spreads around the medians given here), optional shared prefixes.
+    SyntheticTraceConfig g;
+    g.seed = seed;
+    g.num_requests = proto.at("gen_requests").get<size_t>();
+    g.rate_per_s = proto.at("gen_rate_per_s");
+    g.input.median = proto.at("gen_input_median").get<double>();
+    g.output.median = proto.at("gen_output_median").get<double>();
+    g.num_prefix_groups = proto.at("gen_prefix_groups").get<size_t>();
+    g.prefix_blocks = proto.at("gen_prefix_blocks");
+    g.group_fraction = proto.at("gen_group_fraction");
+    g.block_size_tokens = proto.at("trace_block_tokens");
+    trace = generate_synthetic_trace(g);
+  } else {
+    TraceReadOptions ro;
+    ro.block_size_tokens = proto.at("trace_block_tokens");
+    trace = read_request_trace(path, ro);
+    trace.block_size_tokens = ro.block_size_tokens;
+  }
   const int64_t max_requests = proto.at("max_requests");
   if (max_requests > 0 && static_cast<int64_t>(trace.requests.size()) > max_requests)
     trace.requests.resize(static_cast<size_t>(max_requests));

@@ -39,7 +39,8 @@ std::vector<FootprintPoint> measure_footprint_points(std::shared_ptr<Model> mode
 // The time model's view of a synthetic preset (bf16 weights and KV).
 ServeTarget serve_target(const std::string& preset);
 
-// "conversation" | "synthetic" (the Mooncake traces under the data path) or a JSONL path.
+// "conversation" | "synthetic" (the Mooncake traces under the data path) or a JSONL path
+// ("generated" traces are made in serve_simulation_sample from the gen_* parameters).
 std::string serve_trace_path(const std::string& name, const std::string& data_dir);
 
 nlohmann::json serve_result_json(const ServeResult& r);

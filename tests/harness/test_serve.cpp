@@ -204,6 +204,27 @@ TEST(ServeRun, ClusterSettingsReachTheSimulation) {
   EXPECT_THROW(serve_config("full", {{"instances", 0}}), Error);
 }
 
+// A generated trace (seeded Poisson arrivals): shared-prefix groups make the prefix store hit.
+TEST(ServeRun, GeneratedTracesSweepRateAndSharing) {
+  std::string dir = test::make_temp_dir("serve_gen");
+  ResultsDb db(dir + "/db.sqlite");
+  RunEnv env;
+  env.data_dir = test::data_dir();
+  const nlohmann::json base = {{"trace", "generated"}, {"gen_requests", 200}, {"max_requests", 0},
+                               {"gen_rate_per_s", 2.0}, {"prefix_cache_gib", 16}};
+  nlohmann::json shared = base;
+  shared["gen_prefix_groups"] = 4;
+  shared["gen_group_fraction"] = 0.8;
+  const RunOutcome lone = execute_run(serve_config("full", base), db, env);
+  const RunOutcome groups = execute_run(serve_config("full", shared), db, env);
+  EXPECT_EQ(metric(lone.metrics, "serve_completed") + metric(lone.metrics, "serve_rejected"), 200);
+  EXPECT_EQ(metric(lone.metrics, "serve_prefix_hit_rate"), 0.0);  // every block id fresh
+  EXPECT_GT(metric(groups.metrics, "serve_prefix_hit_rate"), 0.2);
+  // The seed fixes the trace: the same config gives the same simulation.
+  const RunOutcome again = execute_run(serve_config("full", base), db, env);
+  EXPECT_TRUE(again.skipped);
+}
+
 TEST(ServeRun, RedisPrefixStoreIsMeasuredOnLoopback) {
   if (!LocalRedisServer::available()) GTEST_SKIP() << "redis-server not installed (scripts/setup.sh)";
   std::string dir = test::make_temp_dir("serve_redis");
