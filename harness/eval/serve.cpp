@@ -8,20 +8,17 @@
 #include "harness/common/error.h"
 #include "harness/common/strings.h"
 #include "harness/engine/engine.h"
-#include "harness/kv/method_registry.h"
 #include "harness/formats/request_trace.h"
+#include "harness/kv/method_registry.h"
 #include "harness/model/synthetic_presets.h"
 #include "harness/serve/redis_store.h"
 
 namespace kvb {
 
-std::vector<FootprintPoint> measure_footprint_points(std::shared_ptr<Model> model,
-                                                     const std::string& method,
-                                                     const nlohmann::json& method_params,
-                                                     const std::vector<int64_t>& tokens,
-                                                     const std::vector<int64_t>& lengths,
-                                                     int64_t decode_tokens, int64_t prefill_chunk,
-                                                     int64_t serving_elem_bytes) {
+std::vector<FootprintPoint> measure_footprint_points(
+    std::shared_ptr<Model> model, const std::string& method, const nlohmann::json& method_params,
+    const std::vector<int64_t>& tokens, const std::vector<int64_t>& lengths, int64_t decode_tokens,
+    int64_t prefill_chunk, int64_t serving_elem_bytes) {
   const auto& c = model->config;
   const int64_t model_elem = dtype_bytes(model->dtype);
   // The share of a model-dtype byte that remains at the serving width.
@@ -50,7 +47,8 @@ std::vector<FootprintPoint> measure_footprint_points(std::shared_ptr<Model> mode
     const auto counters = e.kv().counters();
     if (auto it = counters.find("decode_read_fraction"); it != counters.end() && decode_tokens > 0)
       p.read_fraction = std::clamp(it->second, 0.0, 1.0);
-    if (auto it = counters.find("decode_h2d_bytes_per_token"); it != counters.end() && decode_tokens > 0)
+    if (auto it = counters.find("decode_h2d_bytes_per_token");
+        it != counters.end() && decode_tokens > 0)
       p.h2d_bytes_per_token = std::max(0.0, it->second);
     if (model_elem != serving_elem_bytes) {
       KVB_CHECK(fp.model_dtype_device_bytes >= 0, "serve: method ", method,
@@ -127,7 +125,8 @@ nlohmann::json serve_simulation_sample(const nlohmann::json& proto, const nlohma
   const FootprintCurve kv = curve_from_json(footprint).scaled(target.kv_bytes_per_token / run_bpt);
 
   const std::string trace_name = proto.at("trace");
-  const std::string path = trace_name == "generated" ? "generated" : serve_trace_path(trace_name, data_dir);
+  const std::string path =
+      trace_name == "generated" ? "generated" : serve_trace_path(trace_name, data_dir);
   RequestTrace trace;
   if (trace_name == "generated") {
     // The seeded generator (request_trace.h): Poisson arrivals, lognormal lengths (the generator's
@@ -192,25 +191,30 @@ nlohmann::json serve_simulation_sample(const nlohmann::json& proto, const nlohma
       url = local->url();
     }
     RedisStore redis(url);
-    const double block_bytes = static_cast<double>(trace.block_size_tokens) * kv.device_bytes_per_token();
-    const int64_t value_bytes = std::max<int64_t>(1, static_cast<int64_t>(std::llround(block_bytes)));
+    const double block_bytes =
+        static_cast<double>(trace.block_size_tokens) * kv.device_bytes_per_token();
+    const int64_t value_bytes =
+        std::max<int64_t>(1, static_cast<int64_t>(std::llround(block_bytes)));
     const RedisBandwidth bw = measure_redis_bandwidth(redis, value_bytes, 4, seed);
-    out["remote"] = {{"url", store == "redis-local" ? "redis-local (unix socket, loopback)" : store},
-                     {"value_bytes", value_bytes},
-                     {"get_gbps", bw.get_gbps},
-                     {"put_gbps", bw.put_gbps},
-                     {"get_ms_p50", bw.get_ms_p50},
-                     {"put_ms_p50", bw.put_ms_p50}};
+    out["remote"] = {
+        {"url", store == "redis-local" ? "redis-local (unix socket, loopback)" : store},
+        {"value_bytes", value_bytes},
+        {"get_gbps", bw.get_gbps},
+        {"put_gbps", bw.put_gbps},
+        {"get_ms_p50", bw.get_ms_p50},
+        {"put_ms_p50", bw.put_ms_p50}};
     hw.prefix_load_gbps = std::min(hw.prefix_load_gbps, bw.get_gbps);
   }
 
   const ServeResult r = simulate_serving(trace, kv, target, hw, cfg);
   double mean_len = 0;
-  for (const auto& q : trace.requests) mean_len += static_cast<double>(q.input_length + q.output_length);
+  for (const auto& q : trace.requests)
+    mean_len += static_cast<double>(q.input_length + q.output_length);
   mean_len /= static_cast<double>(trace.requests.size());
   const int64_t mean_tokens = std::max<int64_t>(1, std::llround(mean_len));
   out["result"] = serve_result_json(r);
-  out["trace"] = {{"path", path}, {"requests", trace.requests.size()}, {"mean_tokens", mean_tokens}};
+  out["trace"] = {
+      {"path", path}, {"requests", trace.requests.size()}, {"mean_tokens", mean_tokens}};
   out["target"] = target.name;
   out["target_kv_bytes_per_token"] = target.kv_bytes_per_token;
   out["kv_bytes_per_token_at_mean"] =
@@ -300,10 +304,10 @@ std::vector<Metric> serve_metrics(const nlohmann::json& footprint, const nlohman
   m.push_back({"serve_footprint_proportional", footprint.at("proportional").get<bool>() ? 1.0 : 0.0,
                "", D::kNone});
   if (sim.contains("remote")) {
-    m.push_back({"serve_remote_get_gbps", sim["remote"].at("get_gbps").get<double>(), "GB/s",
-                 D::kHigher});
-    m.push_back({"serve_remote_put_gbps", sim["remote"].at("put_gbps").get<double>(), "GB/s",
-                 D::kHigher});
+    m.push_back(
+        {"serve_remote_get_gbps", sim["remote"].at("get_gbps").get<double>(), "GB/s", D::kHigher});
+    m.push_back(
+        {"serve_remote_put_gbps", sim["remote"].at("put_gbps").get<double>(), "GB/s", D::kHigher});
   }
   // Iteration times come from a roofline, not a device: say so in every run.
   m.push_back({"serve_times_simulated", 1.0, "", D::kNone});

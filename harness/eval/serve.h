@@ -6,14 +6,14 @@
 //   1 "simulation" - that curve, scaled to a target model's shapes, drives a trace-driven serving
 //                    simulation (harness/serve/serving_sim.h): continuous batching under a KV pool,
 //                    an allocator, a prefix store (host, or a real Redis on loopback whose measured
-//                    bandwidth sets the load rate), a roofline time model. Capacity, waste, hit rates
-//                    and preemptions are exact accounting; times are simulated (flagged as such).
+//                    bandwidth sets the load rate), a roofline time model. Capacity, waste, hit
+//                    rates and preemptions are exact accounting; times are simulated (flagged as
+//                    such).
 
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "harness/model/model.h"
 #include "harness/serve/footprint_curve.h"
@@ -28,13 +28,10 @@ namespace kvb {
 // (an fp32 CPU run's dense rows count at 16 bits), fixed-width codes and fp16 rows are kept as
 // measured. A store that does not report its model-dtype bytes can only be probed in the serving
 // dtype itself (kvb::Error otherwise). tokens must be long enough.
-std::vector<FootprintPoint> measure_footprint_points(std::shared_ptr<Model> model,
-                                                     const std::string& method,
-                                                     const nlohmann::json& method_params,
-                                                     const std::vector<int64_t>& tokens,
-                                                     const std::vector<int64_t>& lengths,
-                                                     int64_t decode_tokens, int64_t prefill_chunk,
-                                                     int64_t serving_elem_bytes = 2);
+std::vector<FootprintPoint> measure_footprint_points(
+    std::shared_ptr<Model> model, const std::string& method, const nlohmann::json& method_params,
+    const std::vector<int64_t>& tokens, const std::vector<int64_t>& lengths, int64_t decode_tokens,
+    int64_t prefill_chunk, int64_t serving_elem_bytes = 2);
 
 // The time model's view of a synthetic preset (bf16 weights and KV).
 ServeTarget serve_target(const std::string& preset);

@@ -21,8 +21,8 @@ FootprintCurve::FootprintCurve(std::vector<FootprintPoint> points) : points_(std
     KVB_CHECK(i == 0 || points_[i - 1].tokens < p.tokens, "footprint curve: two points at ",
               p.tokens, " tokens");
     KVB_CHECK(p.read_fraction >= 0 && p.read_fraction <= 1 && p.h2d_bytes_per_token >= 0,
-              "footprint curve: point at ", p.tokens, " tokens has read fraction ",
-              p.read_fraction, " and ", p.h2d_bytes_per_token, " host-to-device bytes per token");
+              "footprint curve: point at ", p.tokens, " tokens has read fraction ", p.read_fraction,
+              " and ", p.h2d_bytes_per_token, " host-to-device bytes per token");
   }
 }
 
@@ -63,7 +63,8 @@ double FootprintCurve::through_points(int64_t tokens, double FootprintPoint::*fi
 }
 
 double FootprintCurve::decode_read_bytes(int64_t tokens) const {
-  const double f = std::clamp(through_points(tokens, &FootprintPoint::read_fraction, false), 0.0, 1.0);
+  const double f =
+      std::clamp(through_points(tokens, &FootprintPoint::read_fraction, false), 0.0, 1.0);
   return device_bytes(tokens) * f;
 }
 

@@ -17,16 +17,20 @@ KvAllocator parse_kv_allocator(const std::string& name) {
   if (name == "contiguous_max") return KvAllocator::kContiguousMax;
   if (name == "pow2") return KvAllocator::kPow2;
   if (name == "oracle") return KvAllocator::kOracle;
-  KVB_FAIL("allocator: unknown allocator '", name, "'", did_you_mean(name, names), "; known: ",
-           join(names, ", "));
+  KVB_FAIL("allocator: unknown allocator '", name, "'", did_you_mean(name, names),
+           "; known: ", join(names, ", "));
 }
 
 const char* kv_allocator_name(KvAllocator a) {
   switch (a) {
-    case KvAllocator::kPaged: return "paged";
-    case KvAllocator::kContiguousMax: return "contiguous_max";
-    case KvAllocator::kPow2: return "pow2";
-    case KvAllocator::kOracle: return "oracle";
+    case KvAllocator::kPaged:
+      return "paged";
+    case KvAllocator::kContiguousMax:
+      return "contiguous_max";
+    case KvAllocator::kPow2:
+      return "pow2";
+    case KvAllocator::kOracle:
+      return "oracle";
   }
   return "?";
 }
@@ -36,8 +40,8 @@ Router parse_router(const std::string& name) {
   if (name == "round_robin") return Router::kRoundRobin;
   if (name == "least_loaded") return Router::kLeastLoaded;
   if (name == "prefix") return Router::kPrefix;
-  KVB_FAIL("router: unknown router '", name, "'", did_you_mean(name, names), "; known: ",
-           join(names, ", "));
+  KVB_FAIL("router: unknown router '", name, "'", did_you_mean(name, names),
+           "; known: ", join(names, ", "));
 }
 
 PrefixScope parse_prefix_scope(const std::string& name) {
@@ -54,14 +58,14 @@ double ServeRequestResult::tpot_ms() const {
 namespace {
 
 struct Request {
-  size_t index = 0;         // in the trace
-  int64_t prompt = 0;       // tokens whose KV must exist before the next token (input, or input +
-                            // generated after a preemption: vLLM's recompute)
-  int64_t kv_tokens = 0;    // tokens whose KV is held
-  int64_t generated = 0;    // output tokens emitted so far
-  double reserved = 0;      // bytes reserved in the pool
-  double ready_ms = 0;      // prefix-store load finished
-  bool fresh = false;       // admitted in this iteration, not yet given any token
+  size_t index = 0;       // in the trace
+  int64_t prompt = 0;     // tokens whose KV must exist before the next token (input, or input +
+                          // generated after a preemption: vLLM's recompute)
+  int64_t kv_tokens = 0;  // tokens whose KV is held
+  int64_t generated = 0;  // output tokens emitted so far
+  double reserved = 0;    // bytes reserved in the pool
+  double ready_ms = 0;    // prefix-store load finished
+  bool fresh = false;     // admitted in this iteration, not yet given any token
   bool in_prefill() const { return kv_tokens < prompt; }
 };
 
@@ -83,11 +87,16 @@ class Instance {
   Instance(const RequestTrace& trace, const FootprintCurve& kv, const ServeTarget& target,
            const ServeHardware& hw, const ServeConfig& config, ServeResult& result,
            PrefixCache* cache)
-      : trace_(trace), kv_(kv), target_(target), hw_(hw), cfg_(config), result_(result),
+      : trace_(trace),
+        kv_(kv),
+        target_(target),
+        hw_(hw),
+        cfg_(config),
+        result_(result),
         cache_(cache) {}
 
-  double now = 0;                 // this instance's clock (ms)
-  int64_t routed = 0;             // requests routed here
+  double now = 0;      // this instance's clock (ms)
+  int64_t routed = 0;  // requests routed here
   double busy_ms = 0, memory_bound_ms = 0, pcie_bound_ms = 0;
   double w_running = 0, w_util = 0, w_waste = 0, w_waste_den = 0;
 
@@ -146,8 +155,10 @@ class Instance {
     const double memory_ms = bytes / (hw_.hbm_gbps * 1e9) * 1e3;
     const double pcie_ms = h2d / (hw_.h2d_gbps * 1e9) * 1e3;
     const double dt = std::max({compute_ms, memory_ms, pcie_ms}) + hw_.iteration_overhead_ms;
-    if (pcie_ms > std::max(compute_ms, memory_ms)) pcie_bound_ms += dt;
-    else if (memory_ms >= compute_ms) memory_bound_ms += dt;
+    if (pcie_ms > std::max(compute_ms, memory_ms))
+      pcie_bound_ms += dt;
+    else if (memory_ms >= compute_ms)
+      memory_bound_ms += dt;
     busy_ms += dt;
     // Time-weighted occupancy over the iteration, counting the tokens it adds (their room is
     // already reserved).
@@ -166,7 +177,8 @@ class Instance {
       w_waste += dt * (reserved_ - live) / reserved_;
       w_waste_den += dt;
     }
-    result_.max_running = std::max<int64_t>(result_.max_running, static_cast<int64_t>(running_.size()));
+    result_.max_running =
+        std::max<int64_t>(result_.max_running, static_cast<int64_t>(running_.size()));
     now += dt;
     result_.iterations++;
     apply(now);
@@ -185,10 +197,14 @@ class Instance {
   double reservation(const Request& r, int64_t kv_tokens) const {
     const ServeRequestResult& rr = result_.per_request[r.index];
     switch (cfg_.allocator) {
-      case KvAllocator::kPaged: return kv_.device_bytes(round_up(kv_tokens, cfg_.block_tokens));
-      case KvAllocator::kContiguousMax: return kv_.device_bytes(target_.max_context);
-      case KvAllocator::kPow2: return kv_.device_bytes(next_pow2(rr.input + rr.output));
-      case KvAllocator::kOracle: return kv_.device_bytes(rr.input + rr.output);
+      case KvAllocator::kPaged:
+        return kv_.device_bytes(round_up(kv_tokens, cfg_.block_tokens));
+      case KvAllocator::kContiguousMax:
+        return kv_.device_bytes(target_.max_context);
+      case KvAllocator::kPow2:
+        return kv_.device_bytes(next_pow2(rr.input + rr.output));
+      case KvAllocator::kOracle:
+        return kv_.device_bytes(rr.input + rr.output);
     }
     return 0;
   }
@@ -231,7 +247,8 @@ class Instance {
       waiting_.pop_front();
       if (cache_) {
         const int64_t blocks = cache_->lookup(trace_.requests[r.index].hash_ids);
-        KVB_CHECK(hit_tokens_of(r.index, blocks) == hit, "serve: prefix lookup disagrees with peek (a bug)");
+        KVB_CHECK(hit_tokens_of(r.index, blocks) == hit,
+                  "serve: prefix lookup disagrees with peek (a bug)");
       }
       r.kv_tokens = hit;
       r.fresh = true;
@@ -280,8 +297,8 @@ class Instance {
     waiting_.push_front(r);
   }
 
-  // Tries to give running_[i] n more tokens; preempts later requests for room. False when running_[i]
-  // itself had to go.
+  // Tries to give running_[i] n more tokens; preempts later requests for room. False when
+  // running_[i] itself had to go.
   bool grow(size_t i, int64_t n) {
     for (;;) {
       Request& r = running_[i];
@@ -320,8 +337,10 @@ class Instance {
         if (r.ready_ms > now || r.in_prefill() != (pass == 1)) continue;
         const int64_t n = pass == 0 ? 1 : std::min(r.prompt - r.kv_tokens, budget_);
         if (!grow(i, n)) {
-          if (i < running_.size()) --i;  // running_[i] is now another request: revisit the slot
-          else break;
+          if (i < running_.size())
+            --i;  // running_[i] is now another request: revisit the slot
+          else
+            break;
           continue;
         }
         scheduled_.emplace_back(i, n);
@@ -369,7 +388,7 @@ class Instance {
   ServeResult& result_;
   PrefixCache* cache_;  // not owned; null when there is no prefix store
   std::deque<Request> waiting_;
-  std::vector<Request> running_;  // admission order
+  std::vector<Request> running_;                       // admission order
   std::vector<std::pair<size_t, int64_t>> scheduled_;  // (index in running_, new tokens)
   int64_t budget_ = 0;
   double reserved_ = 0;
@@ -383,7 +402,8 @@ class Cluster {
   Cluster(const RequestTrace& trace, const FootprintCurve& kv, const ServeTarget& target,
           const ServeHardware& hw, const ServeConfig& config)
       : trace_(trace), kv_(kv), target_(target), hw_(hw), cfg_(config) {
-    KVB_CHECK(cfg_.kv_pool_bytes > 0, "serve: kv pool bytes ", cfg_.kv_pool_bytes, " (must be > 0)");
+    KVB_CHECK(cfg_.kv_pool_bytes > 0, "serve: kv pool bytes ", cfg_.kv_pool_bytes,
+              " (must be > 0)");
     KVB_CHECK(cfg_.block_tokens >= 1, "serve: block_tokens ", cfg_.block_tokens, " (must be >= 1)");
     KVB_CHECK(cfg_.max_num_seqs >= 1, "serve: max_num_seqs ", cfg_.max_num_seqs);
     KVB_CHECK(cfg_.max_batched_tokens >= 1, "serve: max_batched_tokens ", cfg_.max_batched_tokens);
@@ -447,7 +467,8 @@ class Cluster {
       last = std::max(last, busy->now);
     }
     result_.duration_s = (last - first_arrival) / 1e3;
-    double busy_ms = 0, memory_bound_ms = 0, w_running = 0, w_util = 0, w_waste = 0, w_waste_den = 0;
+    double busy_ms = 0, memory_bound_ms = 0, w_running = 0, w_util = 0, w_waste = 0,
+           w_waste_den = 0;
     double pcie_bound_ms = 0;
     int64_t most = 0;
     for (const auto& in : instances_) {
@@ -461,7 +482,8 @@ class Cluster {
       most = std::max(most, in->routed);
       result_.instance_requests.push_back(in->routed);
     }
-    result_.load_imbalance = result_.requests ? static_cast<double>(most) * static_cast<double>(instances_.size()) /
+    result_.load_imbalance = result_.requests ? static_cast<double>(most) *
+                                                    static_cast<double>(instances_.size()) /
                                                     static_cast<double>(result_.requests)
                                               : 0;
     summarize(busy_ms, memory_bound_ms, w_running, w_util, w_waste, w_waste_den);
@@ -483,8 +505,10 @@ class Cluster {
     std::vector<size_t> all(n);
     for (size_t i = 0; i < n; ++i) all[i] = i;
     switch (cfg_.router) {
-      case Router::kRoundRobin: return round_robin_++ % n;
-      case Router::kLeastLoaded: return least_loaded(all);
+      case Router::kRoundRobin:
+        return round_robin_++ % n;
+      case Router::kLeastLoaded:
+        return least_loaded(all);
       case Router::kPrefix: {
         // AIBrix's prefix-cache router: when the request counts drift apart by more than the
         // threshold, balance; otherwise the longest prefix match, least loaded among equals.
@@ -521,9 +545,12 @@ class Cluster {
       output_tokens += r.output;
       input_tokens += r.input;
       hit_tokens += r.hit_tokens;
-      if (r.ttft_ms() <= cfg_.slo_ttft_ms && (r.output <= 1 || r.tpot_ms() <= cfg_.slo_tpot_ms)) ok++;
+      if (r.ttft_ms() <= cfg_.slo_ttft_ms && (r.output <= 1 || r.tpot_ms() <= cfg_.slo_tpot_ms))
+        ok++;
     }
-    auto pct = [](const std::vector<double>& v, double p) { return v.empty() ? 0.0 : percentile(v, p); };
+    auto pct = [](const std::vector<double>& v, double p) {
+      return v.empty() ? 0.0 : percentile(v, p);
+    };
     result_.ttft_ms_p50 = pct(ttft, 50);
     result_.ttft_ms_p90 = pct(ttft, 90);
     result_.ttft_ms_p99 = pct(ttft, 99);

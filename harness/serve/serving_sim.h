@@ -1,14 +1,15 @@
 #pragma once
-// A trace-driven simulation of serving instances behind a router, for the `serve` protocol: continuous batching
-// with chunked prefill (vLLM's scheduler shape) under a device KV budget, an allocator (paged blocks
-// or up-front contiguous reservations, as in the PagedAttention paper's comparison), a prefix store
-// in a host or remote tier (Mooncake / LMCache style) and a roofline time model of the accelerator.
+// A trace-driven simulation of serving instances behind a router, for the `serve` protocol:
+// continuous batching with chunked prefill (vLLM's scheduler shape) under a device KV budget, an
+// allocator (paged blocks or up-front contiguous reservations, as in the PagedAttention paper's
+// comparison), a prefix store in a host or remote tier (Mooncake / LMCache style) and a roofline
+// time model of the accelerator.
 //
 // What is exact and what is modelled: the scheduling, the allocator's reservations, preemptions and
 // the prefix cache's hits are exact discrete-event accounting over the trace; the KV bytes per
 // sequence come from the method's measured footprint curve; iteration times are a roofline
-// (max(FLOPs / peak, bytes / bandwidth) + a fixed overhead) and therefore *simulated* - the protocol
-// reports them as such. Torch-free.
+// (max(FLOPs / peak, bytes / bandwidth) + a fixed overhead) and therefore *simulated* - the
+// protocol reports them as such. Torch-free.
 
 #include <cstdint>
 #include <string>
@@ -23,11 +24,12 @@ namespace kvb {
 // The served model, as the time model needs it.
 struct ServeTarget {
   std::string name;
-  double weight_bytes = 0;             // read once per iteration
-  double flops_per_token = 0;          // dense matmul FLOPs per token (2 x parameters)
-  double attn_flops_per_pair = 0;      // attention FLOPs per (query token, context token): 4 x layers x q_heads x head_dim
-  double kv_bytes_per_token = 0;       // uncompressed KV bytes per token (for reports)
-  int64_t max_context = 0;             // longer requests are rejected
+  double weight_bytes = 0;     // read once per iteration
+  double flops_per_token = 0;  // dense matmul FLOPs per token (2 x parameters)
+  double attn_flops_per_pair =
+      0;  // attention FLOPs per (query token, context token): 4 x layers x q_heads x head_dim
+  double kv_bytes_per_token = 0;  // uncompressed KV bytes per token (for reports)
+  int64_t max_context = 0;        // longer requests are rejected
 };
 
 // A simulated accelerator. Defaults: the H200 figures measured in specs/performance.md (copy
@@ -35,8 +37,8 @@ struct ServeTarget {
 struct ServeHardware {
   double hbm_gbps = 4300;
   double tflops = 790;
-  double prefix_load_gbps = 55;      // prefix-store blocks -> device
-  double h2d_gbps = 55;              // a tiering method's host rows -> device during decode
+  double prefix_load_gbps = 55;        // prefix-store blocks -> device
+  double h2d_gbps = 55;                // a tiering method's host rows -> device during decode
   double iteration_overhead_ms = 0.3;  // scheduling and launches per iteration
 };
 
@@ -52,7 +54,7 @@ const char* kv_allocator_name(KvAllocator a);
 enum class Router {
   kRoundRobin,   // in turn
   kLeastLoaded,  // fewest requests queued or running
-  kPrefix,       // AIBrix's prefix-cache router: longest local prefix match unless loads drift apart
+  kPrefix,  // AIBrix's prefix-cache router: longest local prefix match unless loads drift apart
 };
 Router parse_router(const std::string& name);  // round_robin | least_loaded | prefix
 
@@ -63,17 +65,17 @@ enum class PrefixScope {
 PrefixScope parse_prefix_scope(const std::string& name);  // local | global
 
 struct ServeConfig {
-  int64_t instances = 1;               // identical instances behind the router
+  int64_t instances = 1;  // identical instances behind the router
   Router router = Router::kRoundRobin;
-  int64_t router_imbalance = 8;        // prefix router: balance when request counts differ by more
+  int64_t router_imbalance = 8;  // prefix router: balance when request counts differ by more
   PrefixScope prefix_scope = PrefixScope::kLocal;
   double kv_pool_bytes = 100.0 * (1ll << 30);  // device memory for KV
   KvAllocator allocator = KvAllocator::kPaged;
-  int64_t block_tokens = 16;           // paged allocator's block
-  int64_t max_num_seqs = 256;          // running requests at most
-  int64_t max_batched_tokens = 8192;   // tokens per iteration (decode tokens + prefill chunks)
-  double time_scale = 1.0;             // arrival times are multiplied by this (0.5: twice the load)
-  double prefix_cache_bytes = 0;       // prefix store capacity per instance; 0: none; < 0: unlimited
+  int64_t block_tokens = 16;          // paged allocator's block
+  int64_t max_num_seqs = 256;         // running requests at most
+  int64_t max_batched_tokens = 8192;  // tokens per iteration (decode tokens + prefill chunks)
+  double time_scale = 1.0;            // arrival times are multiplied by this (0.5: twice the load)
+  double prefix_cache_bytes = 0;      // prefix store capacity per instance; 0: none; < 0: unlimited
   CachePolicy prefix_policy = CachePolicy::kLru;
   double slo_ttft_ms = 2000;
   double slo_tpot_ms = 100;
@@ -89,24 +91,24 @@ struct ServeRequestResult {
 
 struct ServeResult {
   int64_t requests = 0, completed = 0, rejected = 0, preemptions = 0, iterations = 0;
-  double duration_s = 0;                 // first arrival to last finish
+  double duration_s = 0;  // first arrival to last finish
   double output_tok_s = 0, requests_per_s = 0;
   double ttft_ms_p50 = 0, ttft_ms_p90 = 0, ttft_ms_p99 = 0;
   double tpot_ms_p50 = 0, tpot_ms_p90 = 0, tpot_ms_p99 = 0;
-  double slo_attainment = 0;             // requests within both SLOs (rejected ones fail)
-  double mean_running = 0;               // time-weighted running requests
+  double slo_attainment = 0;  // requests within both SLOs (rejected ones fail)
+  double mean_running = 0;    // time-weighted running requests
   int64_t max_running = 0;
-  double kv_utilization = 0;             // time-weighted live KV bytes / pool
-  double allocator_waste = 0;            // time-weighted (reserved - live) / reserved
-  double prefix_hit_rate = 0;            // prompt tokens served from the prefix store / prompt tokens
-  double prefill_tokens = 0;             // tokens actually prefilled (recomputation included)
-  double prefix_load_bytes = 0;          // bytes loaded from the prefix store
-  double prefix_block_bytes = 0;         // bytes one prefix-store block costs
-  int64_t prefix_capacity_blocks = 0;    // -1: unlimited
-  double memory_bound_fraction = 0;      // iterations' time share limited by HBM bytes
-  double pcie_bound_fraction = 0;        // ... limited by host-to-device transfers (tiering)
-  double peak_host_bytes = 0;            // largest host-tier bytes one instance's running requests held
-  double load_imbalance = 0;             // most requests routed to one instance / the mean (1: even)
+  double kv_utilization = 0;           // time-weighted live KV bytes / pool
+  double allocator_waste = 0;          // time-weighted (reserved - live) / reserved
+  double prefix_hit_rate = 0;          // prompt tokens served from the prefix store / prompt tokens
+  double prefill_tokens = 0;           // tokens actually prefilled (recomputation included)
+  double prefix_load_bytes = 0;        // bytes loaded from the prefix store
+  double prefix_block_bytes = 0;       // bytes one prefix-store block costs
+  int64_t prefix_capacity_blocks = 0;  // -1: unlimited
+  double memory_bound_fraction = 0;    // iterations' time share limited by HBM bytes
+  double pcie_bound_fraction = 0;      // ... limited by host-to-device transfers (tiering)
+  double peak_host_bytes = 0;  // largest host-tier bytes one instance's running requests held
+  double load_imbalance = 0;   // most requests routed to one instance / the mean (1: even)
   std::vector<int64_t> instance_requests;  // requests routed to each instance
   std::vector<ServeRequestResult> per_request;
 };

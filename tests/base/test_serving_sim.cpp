@@ -62,10 +62,10 @@ TEST(FootprintCurve, InterpolatesAndExtrapolatesTheLastSegment) {
   // A saturating method (a budget of ~200 tokens at 10 bytes each) and a host tier.
   FootprintCurve c({{200, 2000, 100}, {100, 1000, 50}, {400, 2100, 400}});
   EXPECT_DOUBLE_EQ(c.device_bytes(0), 0);
-  EXPECT_DOUBLE_EQ(c.device_bytes(50), 500);     // through (0, 0)
+  EXPECT_DOUBLE_EQ(c.device_bytes(50), 500);  // through (0, 0)
   EXPECT_DOUBLE_EQ(c.device_bytes(150), 1500);
   EXPECT_DOUBLE_EQ(c.device_bytes(300), 2050);
-  EXPECT_DOUBLE_EQ(c.device_bytes(800), 2300);   // last slope 100 bytes / 200 tokens
+  EXPECT_DOUBLE_EQ(c.device_bytes(800), 2300);  // last slope 100 bytes / 200 tokens
   EXPECT_DOUBLE_EQ(c.host_bytes(800), 1000);
   EXPECT_FALSE(c.proportional_in_length());
   EXPECT_DOUBLE_EQ(c.device_bytes_per_token(), 2100.0 / 400);
@@ -101,16 +101,19 @@ TEST(ServingSim, OneRequestMatchesTheRooflineByHand) {
   EXPECT_EQ(r.iterations, 3);
   // Prefill: 1000 x 2e9 + 1e6 x 1000 x 500.5 FLOPs = 2.5005e12 -> 25.005 ms (compute-bound), + 0.5.
   EXPECT_NEAR(r.per_request[0].ttft_ms(), 25.505, 1e-9);
-  // Decodes: (1e9 weights + 1.001e6 / 1.002e6 KV bytes) / 1e12 B/s -> 1.001001 / 1.001002 ms, + 0.5.
+  // Decodes: (1e9 weights + 1.001e6 / 1.002e6 KV bytes) / 1e12 B/s -> 1.001001 / 1.001002 ms, +
+  // 0.5.
   EXPECT_NEAR(r.per_request[0].finish_ms, 25.505 + 1.501001 + 1.501002, 1e-9);
   EXPECT_NEAR(r.tpot_ms_p50, (1.501001 + 1.501002) / 2, 1e-9);
-  EXPECT_NEAR(r.memory_bound_fraction, (1.501001 + 1.501002) / (25.505 + 1.501001 + 1.501002), 1e-9);
+  EXPECT_NEAR(r.memory_bound_fraction, (1.501001 + 1.501002) / (25.505 + 1.501001 + 1.501002),
+              1e-9);
   EXPECT_NEAR(r.output_tok_s, 3 / (r.per_request[0].finish_ms / 1e3), 1e-6);
   EXPECT_DOUBLE_EQ(r.prefill_tokens, 1000);
   EXPECT_EQ(r.max_running, 1);
 }
 
-// Decode steps that read a quarter of the KV (read-time selection), or pull rows over PCIe (tiering).
+// Decode steps that read a quarter of the KV (read-time selection), or pull rows over PCIe
+// (tiering).
 TEST(ServingSim, DecodeReadsAndHostTransfersSetTheStepTime) {
   const RequestTrace t = trace_of({request(0, 1000, 3, {1, 2})});
   ServeConfig cfg;
@@ -125,7 +128,8 @@ TEST(ServingSim, DecodeReadsAndHostTransfersSetTheStepTime) {
   // Decode at 1,001 tokens: (1e6 + 1.001e9) bytes / 1e12 B/s = 1.002 ms; a quarter: 0.25125 ms.
   EXPECT_NEAR(dense.tpot_ms_p50, (1.002 + 0.5 + 1.003 + 0.5) / 2, 1e-9);
   EXPECT_NEAR(sparse.tpot_ms_p50, (0.25125 + 0.5 + 0.25150 + 0.5) / 2, 1e-9);
-  EXPECT_NEAR(sparse.per_request[0].ttft_ms(), dense.per_request[0].ttft_ms(), 1e-12);  // prefill reads all
+  EXPECT_NEAR(sparse.per_request[0].ttft_ms(), dense.per_request[0].ttft_ms(),
+              1e-12);  // prefill reads all
   p.read_fraction = 1;
   p.h2d_bytes_per_token = 5e7;  // 50 MB per token at 1 GB/s: 50 ms, over the HBM time
   hw.h2d_gbps = 1;
@@ -157,12 +161,17 @@ TEST(ServingSim, PrefixStoreHitsSkipPrefillAndCostALoad) {
   EXPECT_DOUBLE_EQ(hit.prefix_load_bytes, 999000);
   // A store too small for one block holds nothing.
   cfg.prefix_cache_bytes = 1000.0 * 512 - 1;
-  EXPECT_EQ(simulate_serving(t, curve, toy_target(), toy_hardware(), cfg).per_request[1].hit_tokens, 0);
+  EXPECT_EQ(simulate_serving(t, curve, toy_target(), toy_hardware(), cfg).per_request[1].hit_tokens,
+            0);
   // Room for one uncompressed block: the prompt's two do not both stay; at half the bytes they do.
   cfg.prefix_cache_bytes = 1000.0 * 1024 - 1;
-  EXPECT_LT(simulate_serving(t, curve, toy_target(), toy_hardware(), cfg).per_request[1].hit_tokens, 999);
-  EXPECT_EQ(simulate_serving(t, FootprintCurve::proportional(500), toy_target(), toy_hardware(), cfg)
-                .per_request[1].hit_tokens, 999);
+  EXPECT_LT(simulate_serving(t, curve, toy_target(), toy_hardware(), cfg).per_request[1].hit_tokens,
+            999);
+  EXPECT_EQ(
+      simulate_serving(t, FootprintCurve::proportional(500), toy_target(), toy_hardware(), cfg)
+          .per_request[1]
+          .hit_tokens,
+      999);
 }
 
 TEST(ServingSim, AllocatorsReserveWhatTheyClaim) {
@@ -201,7 +210,8 @@ TEST(ServingSim, AllocatorsReserveWhatTheyClaim) {
 
 TEST(ServingSim, PagedGrowthPreemptsTheLatestRequestWhichRecomputes) {
   // Room for 320 tokens (20 blocks); two requests of 100 + 200 outgrow it together.
-  const RequestTrace t = trace_of({request(0, 100, 200, own_ids(0, 100)), request(0, 100, 200, own_ids(1, 100))});
+  const RequestTrace t =
+      trace_of({request(0, 100, 200, own_ids(0, 100)), request(0, 100, 200, own_ids(1, 100))});
   ServeConfig cfg;
   cfg.kv_pool_bytes = 320 * 1000;
   const ServeResult r =
@@ -235,7 +245,8 @@ TEST(ServingSim, RejectsWhatCanNeverRun) {
 }
 
 TEST(ServingSim, TimeScaleCompressesArrivals) {
-  const RequestTrace t = trace_of({request(0, 100, 2, own_ids(0, 100)), request(10000, 100, 2, own_ids(1, 100))});
+  const RequestTrace t =
+      trace_of({request(0, 100, 2, own_ids(0, 100)), request(10000, 100, 2, own_ids(1, 100))});
   ServeConfig cfg;
   cfg.kv_pool_bytes = 1e9;
   cfg.time_scale = 0.5;
@@ -244,7 +255,9 @@ TEST(ServingSim, TimeScaleCompressesArrivals) {
   EXPECT_DOUBLE_EQ(r.per_request[1].arrival_ms, 5000);
   EXPECT_GT(r.per_request[1].first_token_ms, 5000);
   cfg.time_scale = 0;
-  EXPECT_THROW(simulate_serving(t, FootprintCurve::proportional(1000), toy_target(), toy_hardware(), cfg), Error);
+  EXPECT_THROW(
+      simulate_serving(t, FootprintCurve::proportional(1000), toy_target(), toy_hardware(), cfg),
+      Error);
 }
 
 // Three prompts asked twice each, far apart in time, on two instances with local prefix stores.
@@ -270,7 +283,8 @@ TEST(ServingSim, RoutersAndPrefixScopes) {
   EXPECT_DOUBLE_EQ(rr.load_imbalance, 1.0);
   EXPECT_DOUBLE_EQ(rr.prefix_hit_rate, 0.0);
   // One store for both: every repeat hits (1,023 of its 1,024 tokens).
-  EXPECT_DOUBLE_EQ(run(Router::kRoundRobin, PrefixScope::kGlobal).prefix_hit_rate, 3 * 1023.0 / (6 * 1024));
+  EXPECT_DOUBLE_EQ(run(Router::kRoundRobin, PrefixScope::kGlobal).prefix_hit_rate,
+                   3 * 1023.0 / (6 * 1024));
   // The prefix router sends each repeat to the instance holding its prompt: as good as global.
   const ServeResult px = run(Router::kPrefix, PrefixScope::kLocal);
   EXPECT_DOUBLE_EQ(px.prefix_hit_rate, 3 * 1023.0 / (6 * 1024));
@@ -297,8 +311,8 @@ TEST(ServingSim, ParsesAllocatorNames) {
 }
 
 // The real conversation trace at Llama-3.1-8B's bytes per token on a pool small enough that
-// capacity binds: compression (a quarter of the bytes) runs more requests at once and, with the same
-// prefix-store bytes, hits more often.
+// capacity binds: compression (a quarter of the bytes) runs more requests at once and, with the
+// same prefix-store bytes, hits more often.
 TEST(ServingSimMooncake, CompressionBuysConcurrencyAndPrefixHits) {
   const std::string path = test::data_dir() + "/mooncake-traces/conversation_trace.jsonl";
   if (!file_exists(path)) GTEST_SKIP() << "no trace at " << path;
@@ -314,8 +328,10 @@ TEST(ServingSimMooncake, CompressionBuysConcurrencyAndPrefixHits) {
   ServeConfig cfg;
   cfg.kv_pool_bytes = 8.0 * (1ll << 30);
   cfg.prefix_cache_bytes = 16.0 * (1ll << 30);
-  const ServeResult full = simulate_serving(t, FootprintCurve::proportional(131072), target, ServeHardware{}, cfg);
-  const ServeResult q4 = simulate_serving(t, FootprintCurve::proportional(131072 / 4.0), target, ServeHardware{}, cfg);
+  const ServeResult full =
+      simulate_serving(t, FootprintCurve::proportional(131072), target, ServeHardware{}, cfg);
+  const ServeResult q4 =
+      simulate_serving(t, FootprintCurve::proportional(131072 / 4.0), target, ServeHardware{}, cfg);
   for (const ServeResult* r : {&full, &q4}) {
     EXPECT_EQ(r->completed + r->rejected, 400);
     EXPECT_LE(r->kv_utilization, 1.0);
@@ -336,8 +352,10 @@ TEST(ServingSimMooncake, CompressionBuysConcurrencyAndPrefixHits) {
   cfg.time_scale = 20;
   cfg.kv_pool_bytes = 24.0 * (1ll << 30);
   cfg.prefix_cache_bytes = 128.0 * (1ll << 30);
-  const ServeResult full_light = simulate_serving(t, FootprintCurve::proportional(131072), target, ServeHardware{}, cfg);
-  const ServeResult q4_light = simulate_serving(t, FootprintCurve::proportional(131072 / 4.0), target, ServeHardware{}, cfg);
+  const ServeResult full_light =
+      simulate_serving(t, FootprintCurve::proportional(131072), target, ServeHardware{}, cfg);
+  const ServeResult q4_light =
+      simulate_serving(t, FootprintCurve::proportional(131072 / 4.0), target, ServeHardware{}, cfg);
   EXPECT_EQ(full_light.rejected, 0);
   // 2,048 blocks of 64 MiB against 8,192 of 16 MiB (measured: 0.037 against 0.136, the latter
   // already the unlimited store's rate on these 400 requests).

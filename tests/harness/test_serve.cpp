@@ -19,8 +19,11 @@ namespace {
 using test::metric;
 
 nlohmann::json serve_config(const nlohmann::json& method, const nlohmann::json& proto_extra = {}) {
-  nlohmann::json proto = {{"name", "serve"}, {"max_requests", 150}, {"kv_pool_gib", 4},
-                          {"prefix_cache_gib", 8}, {"probe_lengths", "64,128,256"}};
+  nlohmann::json proto = {{"name", "serve"},
+                          {"max_requests", 150},
+                          {"kv_pool_gib", 4},
+                          {"prefix_cache_gib", 8},
+                          {"probe_lengths", "64,128,256"}};
   for (auto it = proto_extra.begin(); it != proto_extra.end(); ++it) proto[it.key()] = it.value();
   return resolve_run_config({{"model", test::models_dir() + "/stories260K"},
                              {"dtype", "bf16"},
@@ -36,9 +39,10 @@ std::shared_ptr<Model> bf16_model() {
 
 std::vector<int64_t> text_tokens(const std::shared_ptr<Model>& m, int64_t n) {
   std::string hash;
-  auto w = stream_windows(m->tokenizer_path,
-                          {{"dataset", "tinystories-valid-sample"}, {"window", n}, {"stride", 0}, {"max_windows", 1}},
-                          test::data_dir(), &hash);
+  auto w = stream_windows(
+      m->tokenizer_path,
+      {{"dataset", "tinystories-valid-sample"}, {"window", n}, {"stride", 0}, {"max_windows", 1}},
+      test::data_dir(), &hash);
   return w.at(0).tokens;
 }
 
@@ -47,24 +51,29 @@ TEST(ServeFootprint, FullIsProportionalKiviSmallerStreamingSaturates) {
   const auto tokens = text_tokens(model, 480);
   const double bpt = static_cast<double>(model->config.kv_bytes_per_token(2));  // 640 bytes
   const std::vector<int64_t> lengths = {64, 128, 256, 464};
-  const auto full = measure_footprint_points(model, "full", nlohmann::json::object(), tokens, lengths, 16, 512);
+  const auto full =
+      measure_footprint_points(model, "full", nlohmann::json::object(), tokens, lengths, 16, 512);
   ASSERT_EQ(full.size(), 4u);
   for (const auto& p : full) {
     EXPECT_NEAR(p.device_bytes / (p.tokens * bpt), 1.0, 0.02) << p.tokens;
     EXPECT_EQ(p.host_bytes, 0);
   }
   EXPECT_TRUE(FootprintCurve(full).proportional_in_length());
-  const auto kivi = measure_footprint_points(model, "kivi", {{"preset", "kivi-2"}}, tokens, lengths, 16, 512);
+  const auto kivi =
+      measure_footprint_points(model, "kivi", {{"preset", "kivi-2"}}, tokens, lengths, 16, 512);
   // 128 residual tokens stay fp16; the 2-bit rest costs ~0.3 of fp16 with head_dim 8's metadata.
   EXPECT_LT(kivi.back().device_bytes, 0.6 * full.back().device_bytes);
   EXPECT_LT(kivi.back().device_bytes - kivi[2].device_bytes,
             0.5 * (full.back().device_bytes - full[2].device_bytes));
-  const auto stream = measure_footprint_points(model, "streaming_llm", {{"budget", 128}, {"budget_unit", "tokens_per_head"}},
-                                               tokens, lengths, 16, 512);
+  const auto stream = measure_footprint_points(
+      model, "streaming_llm", {{"budget", 128}, {"budget_unit", "tokens_per_head"}}, tokens,
+      lengths, 16, 512);
   // 128 tokens kept: the bytes stop growing past it.
   EXPECT_NEAR(stream.back().device_bytes, stream[2].device_bytes, 0.02 * stream[2].device_bytes);
   EXPECT_FALSE(FootprintCurve(stream).proportional_in_length());
-  EXPECT_THROW(measure_footprint_points(model, "full", nlohmann::json::object(), tokens, {600}, 0, 512), Error);
+  EXPECT_THROW(
+      measure_footprint_points(model, "full", nlohmann::json::object(), tokens, {600}, 0, 512),
+      Error);
 }
 
 // An fp32 CPU run sizes the same 16-bit deployment as a bf16 run: dense rows are rescaled, codes
@@ -84,7 +93,8 @@ TEST(ServeFootprint, Fp32ProbesAreRescaledToTheBf16Bytes) {
     const auto b = measure_footprint_points(fp32, name, params, tokens, lengths, 8, 512);
     ASSERT_EQ(a.size(), b.size());
     for (size_t i = 0; i < a.size(); ++i) {
-      EXPECT_NEAR(b[i].device_bytes, a[i].device_bytes, 0.01 * a[i].device_bytes) << name << " at " << a[i].tokens;
+      EXPECT_NEAR(b[i].device_bytes, a[i].device_bytes, 0.01 * a[i].device_bytes)
+          << name << " at " << a[i].tokens;
       EXPECT_NEAR(b[i].host_bytes, a[i].host_bytes, 0.01 * a[i].host_bytes + 1) << name;
     }
   }
@@ -94,8 +104,10 @@ TEST(ServeFootprint, Fp32ProbesAreRescaledToTheBf16Bytes) {
     return measure_footprint_points(fp32, name, params, tokens, lengths, 8, 512, serving_elem);
   };
   const nlohmann::json stack = {{"budget", 0.25}, {"codec", "kivi-4"}, {"codec_residual", 32}};
-  const auto stack_raw = probe("streaming_llm", stack, 4), stack_16 = probe("streaming_llm", stack, 2);
-  for (size_t i = 0; i < stack_raw.size(); ++i) EXPECT_EQ(stack_16[i].device_bytes, stack_raw[i].device_bytes);
+  const auto stack_raw = probe("streaming_llm", stack, 4),
+             stack_16 = probe("streaming_llm", stack, 2);
+  for (size_t i = 0; i < stack_raw.size(); ++i)
+    EXPECT_EQ(stack_16[i].device_bytes, stack_raw[i].device_bytes);
   const nlohmann::json dms = {{"decisions", "keep_all"}, {"window", 16}};
   const auto dms_raw = probe("dms", dms, 4), dms_16 = probe("dms", dms, 2);
   for (size_t i = 0; i < dms_raw.size(); ++i) {
@@ -110,17 +122,20 @@ TEST(ServeFootprint, DecodeReadsAndHostTransfersAreMeasured) {
   auto model = bf16_model();
   const auto tokens = text_tokens(model, 480);
   const std::vector<int64_t> lengths = {128, 464};
-  const auto full = measure_footprint_points(model, "full", nlohmann::json::object(), tokens, lengths, 8, 512);
+  const auto full =
+      measure_footprint_points(model, "full", nlohmann::json::object(), tokens, lengths, 8, 512);
   for (const auto& p : full) {
     EXPECT_EQ(p.read_fraction, 1.0);
     EXPECT_EQ(p.h2d_bytes_per_token, 0.0);
   }
   auto fp32 = load_model(test::models_dir() + "/stories260K");
-  const auto quest = measure_footprint_points(fp32, "quest", {{"budget", 0.25}}, tokens, lengths, 8, 512);
+  const auto quest =
+      measure_footprint_points(fp32, "quest", {{"budget", 0.25}}, tokens, lengths, 8, 512);
   EXPECT_LT(quest.back().read_fraction, 0.6);
   EXPECT_GT(quest.back().read_fraction, 0.1);
   // Prefilled in chunks of 128, whose rows swap too: only decode steps' swaps may count.
-  const auto spec = measure_footprint_points(fp32, "specache", {{"bits", 2}, {"top_k", 16}}, tokens, lengths, 8, 128);
+  const auto spec = measure_footprint_points(fp32, "specache", {{"bits", 2}, {"top_k", 16}}, tokens,
+                                             lengths, 8, 128);
   // 16 rows per KV head, K and V, fp16, every layer: 5 x 4 x 16 x 2 x 8 x 2 = 20,480 bytes at most.
   for (const auto& p : spec) {
     EXPECT_GT(p.h2d_bytes_per_token, 0);
@@ -134,10 +149,12 @@ TEST(ServeRun, CompressionRunsMoreRequestsAtOnceOnTheConversationTrace) {
   RunEnv env;
   env.data_dir = test::data_dir();
   const RunOutcome full = execute_run(serve_config("full"), db, env);
-  const RunOutcome kivi = execute_run(serve_config(R"({"name": "kivi", "params": {"preset": "kivi-2"}})"_json), db, env);
+  const RunOutcome kivi = execute_run(
+      serve_config(R"({"name": "kivi", "params": {"preset": "kivi-2"}})"_json), db, env);
   EXPECT_EQ(full.samples_total, 2);
   EXPECT_NEAR(metric(full.metrics, "compression_ratio"), 1.0, 0.02);
-  EXPECT_NEAR(metric(full.metrics, "serve_baseline_kv_bytes_per_token"), 131072, 0);  // Llama-3.1-8B bf16
+  EXPECT_NEAR(metric(full.metrics, "serve_baseline_kv_bytes_per_token"), 131072,
+              0);  // Llama-3.1-8B bf16
   EXPECT_GT(metric(kivi.metrics, "compression_ratio"), 2.5);
   EXPECT_EQ(metric(full.metrics, "serve_times_simulated"), 1.0);
   EXPECT_EQ(metric(full.metrics, "serve_prefix_reuse_exact"), 1.0);
@@ -146,20 +163,23 @@ TEST(ServeRun, CompressionRunsMoreRequestsAtOnceOnTheConversationTrace) {
   const RunOutcome snap = execute_run(serve_config("snapkv", {{"max_requests", 10}}), db, env);
   EXPECT_EQ(metric(snap.metrics, "serve_prefix_reuse_exact"), 0.0);
   EXPECT_EQ(metric(full.metrics, "serve_completed") + metric(full.metrics, "serve_rejected"), 150);
-  EXPECT_GT(metric(kivi.metrics, "serve_mean_running"), 2 * metric(full.metrics, "serve_mean_running"));
+  EXPECT_GT(metric(kivi.metrics, "serve_mean_running"),
+            2 * metric(full.metrics, "serve_mean_running"));
   EXPECT_LT(metric(kivi.metrics, "serve_ttft_ms_p50"), metric(full.metrics, "serve_ttft_ms_p50"));
   // At a twentieth of the load (requests rarely queue) the prefix store's capacity decides the
   // hit rate: compressed blocks are smaller, more of them stay.
   const nlohmann::json light = {{"time_scale", 20}, {"kv_pool_gib", 24}, {"prefix_cache_gib", 128}};
   const RunOutcome full_light = execute_run(serve_config("full", light), db, env);
-  const RunOutcome kivi_light =
-      execute_run(serve_config(R"({"name": "kivi", "params": {"preset": "kivi-2"}})"_json, light), db, env);
-  EXPECT_GT(metric(kivi_light.metrics, "serve_prefix_hit_rate"),
-            metric(full_light.metrics, "serve_prefix_hit_rate") + 0.005);  // measured 0.044 vs 0.034
+  const RunOutcome kivi_light = execute_run(
+      serve_config(R"({"name": "kivi", "params": {"preset": "kivi-2"}})"_json, light), db, env);
+  EXPECT_GT(
+      metric(kivi_light.metrics, "serve_prefix_hit_rate"),
+      metric(full_light.metrics, "serve_prefix_hit_rate") + 0.005);  // measured 0.044 vs 0.034
   // Finished work is skipped.
   const RunOutcome again = execute_run(serve_config("full"), db, env);
   EXPECT_TRUE(again.skipped);
-  EXPECT_EQ(metric(again.metrics, "serve_mean_running"), metric(full.metrics, "serve_mean_running"));
+  EXPECT_EQ(metric(again.metrics, "serve_mean_running"),
+            metric(full.metrics, "serve_mean_running"));
 }
 
 TEST(ServeRun, BadInputNamesWhatIsWrong) {
@@ -190,7 +210,8 @@ TEST(ServeRun, ClusterSettingsReachTheSimulation) {
   RunEnv env;
   env.data_dir = test::data_dir();
   const RunOutcome o = execute_run(
-      serve_config("full", {{"instances", 3}, {"router", "prefix"}, {"max_requests", 60}}), db, env);
+      serve_config("full", {{"instances", 3}, {"router", "prefix"}, {"max_requests", 60}}), db,
+      env);
   const double imbalance = metric(o.metrics, "serve_load_imbalance");
   EXPECT_GE(imbalance, 1.0);
   EXPECT_LE(imbalance, 3.0);
@@ -210,8 +231,11 @@ TEST(ServeRun, GeneratedTracesSweepRateAndSharing) {
   ResultsDb db(dir + "/db.sqlite");
   RunEnv env;
   env.data_dir = test::data_dir();
-  const nlohmann::json base = {{"trace", "generated"}, {"gen_requests", 200}, {"max_requests", 0},
-                               {"gen_rate_per_s", 2.0}, {"prefix_cache_gib", 16}};
+  const nlohmann::json base = {{"trace", "generated"},
+                               {"gen_requests", 200},
+                               {"max_requests", 0},
+                               {"gen_rate_per_s", 2.0},
+                               {"prefix_cache_gib", 16}};
   nlohmann::json shared = base;
   shared["gen_prefix_groups"] = 4;
   shared["gen_group_fraction"] = 0.8;
@@ -226,14 +250,16 @@ TEST(ServeRun, GeneratedTracesSweepRateAndSharing) {
 }
 
 TEST(ServeRun, RedisPrefixStoreIsMeasuredOnLoopback) {
-  if (!LocalRedisServer::available()) GTEST_SKIP() << "redis-server not installed (scripts/setup.sh)";
+  if (!LocalRedisServer::available())
+    GTEST_SKIP() << "redis-server not installed (scripts/setup.sh)";
   std::string dir = test::make_temp_dir("serve_redis");
   ResultsDb db(dir + "/db.sqlite");
   RunEnv env;
   env.data_dir = test::data_dir();
-  const RunOutcome o = execute_run(
-      serve_config(R"({"name": "kivi", "params": {"preset": "kivi-4"}})"_json, {{"prefix_store", "redis-local"}, {"max_requests", 40}}),
-      db, env);
+  const RunOutcome o =
+      execute_run(serve_config(R"({"name": "kivi", "params": {"preset": "kivi-4"}})"_json,
+                               {{"prefix_store", "redis-local"}, {"max_requests", 40}}),
+                  db, env);
   const double get_gbps = metric(o.metrics, "serve_remote_get_gbps");
   EXPECT_GT(get_gbps, 0.01);
   EXPECT_LT(get_gbps, 1000);
