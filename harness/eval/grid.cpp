@@ -15,7 +15,9 @@
 #include "datasets/corpus.h"
 #include "harness/common/error.h"
 #include "harness/common/strings.h"
+#include "harness/common/mapped_file.h"
 #include "harness/eval/run_config.h"
+#include "harness/eval/serve.h"
 #include "harness/kv/method_registry.h"
 #include "harness/model/model.h"
 #include "harness/store/config_hash.h"
@@ -291,9 +293,7 @@ RunSpec spec_for(const GridCell& c, const std::string& grid) {
   spec.method = c.resolved["method"]["name"];
   spec.model = c.resolved["model"];
   spec.protocol = c.resolved["protocol"]["name"];
-  spec.dataset = c.resolved["protocol"].contains("dataset")
-                     ? c.resolved["protocol"]["dataset"].get<std::string>()
-                     : "synthetic";
+  spec.dataset = run_dataset_label(c.resolved);
   spec.grid = grid;
   spec.simulated = MethodRegistry::instance().info(spec.method).caps.simulated;
   return spec;
@@ -505,9 +505,14 @@ GridPlan expand_grid(const json& grid, const GridOptions& options) {
       if (model.rfind("synthetic:", 0) != 0)
         check(c, "model:" + model, [&] { resolve_model_path(model, options.models_dir); });
       const json& proto = c.resolved["protocol"];
-      if (proto["name"] == "stream") {
+      if (proto["name"] == "stream" || proto["name"] == "serve") {
         const std::string ds = proto["dataset"];
         check(c, "dataset:" + ds, [&] { load_corpus(ds, resolve_data_dir(options.data_dir)); });
+      }
+      if (proto["name"] == "serve" && proto["trace"] != "generated") {
+        const std::string path = serve_trace_path(proto["trace"], resolve_data_dir(options.data_dir));
+        check(c, "trace:" + path,
+              [&] { KVB_CHECK(file_exists(path), "serve trace ", path, " not found (data path)"); });
       }
     }
   }

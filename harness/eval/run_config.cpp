@@ -228,6 +228,20 @@ nlohmann::json resolve_run_config(const nlohmann::json& raw) {
   return out;
 }
 
+std::string run_dataset_label(const nlohmann::json& resolved) {
+  const nlohmann::json& proto = resolved.at("protocol");
+  const std::string protocol = proto.at("name");
+  if (protocol == "qa") {
+    const std::string src = proto.at("source");
+    if (src == "synthetic")
+      return proto.at("task").get<std::string>() + "@" + std::to_string(proto.at("length").get<int64_t>());
+    if (src == "recall") return "recall:" + proto.at("dataset").get<std::string>();
+    return "longbench:" + proto.at("path").get<std::string>();
+  }
+  if (protocol == "serve") return "trace:" + proto.at("trace").get<std::string>();  // not the probe text
+  return proto.contains("dataset") ? proto.at("dataset").get<std::string>() : "synthetic";
+}
+
 std::string run_config_hash(const nlohmann::json& resolved) {
   nlohmann::json h = resolved;
   h.erase("label");

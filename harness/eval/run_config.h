@@ -39,6 +39,10 @@ void apply_overrides(nlohmann::json& config, const std::vector<std::string>& set
 nlohmann::json resolve_run_config(const nlohmann::json& raw);
 
 // Hash of the resolved config minus fields that do not change results ("label").
+// The dataset a run is filed under in the results store (leaderboards group by it): the qa task
+// and length, recall:<corpus>, longbench:<file>, trace:<name> for serve, else the corpus.
+std::string run_dataset_label(const nlohmann::json& resolved);
+
 std::string run_config_hash(const nlohmann::json& resolved);
 
 }  // namespace kvb

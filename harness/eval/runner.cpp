@@ -92,16 +92,7 @@ RunOutcome execute_run(const nlohmann::json& resolved, ResultsDb& db, const RunE
   spec.method = method;
   spec.model = resolved["model"];
   spec.protocol = protocol;
-  if (protocol == "qa") {
-    const std::string src = proto["source"];
-    spec.dataset = src == "synthetic" ? proto["task"].get<std::string>() + "@" + std::to_string(proto["length"].get<int64_t>())
-                 : src == "recall" ? "recall:" + proto["dataset"].get<std::string>()
-                                   : "longbench:" + proto["path"].get<std::string>();
-  } else if (protocol == "serve") {
-    spec.dataset = "trace:" + proto["trace"].get<std::string>();  // the probe text is secondary
-  } else {
-    spec.dataset = proto.contains("dataset") ? proto["dataset"].get<std::string>() : "synthetic";
-  }
+  spec.dataset = run_dataset_label(resolved);
   spec.grid = env.grid;
   spec.simulated = declared_simulated;
 

@@ -139,6 +139,24 @@ TEST(Grid, EveryShippedGridExpandsWithItsInputs) {
   EXPECT_GE(checked, 3);
 }
 
+// A serve cell whose trace is missing fails when the grid is loaded, naming the file, not after its
+// footprint probe.
+TEST(Grid, MissingServeTraceFailsAtExpansion) {
+  json g = json::parse(R"({"base": {"model": "stories260K", "method": "full"},
+                           "axes": {"protocol": [{"name": "serve", "trace": "/nonexistent/trace.jsonl"}]}})");
+  GridOptions o;
+  o.models_dir = test::models_dir();
+  o.data_dir = test::data_dir();
+  try {
+    expand_grid(g, o);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("/nonexistent/trace.jsonl"), std::string::npos) << e.what();
+  }
+  g["axes"]["protocol"][0]["trace"] = "generated";
+  EXPECT_EQ(expand_grid(g, o).cells.size(), 1u);
+}
+
 TEST(Grid, ShardsPartitionTheCellsByIndexModuloN) {
   EXPECT_EQ(parse_shard("2/5").index, 2);
   EXPECT_EQ(parse_shard("2/5").count, 5);
