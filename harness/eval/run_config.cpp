@@ -84,9 +84,15 @@ const std::vector<ProtocolSpec>& protocol_specs() {
         int_param("block_tokens", 16, 1, 1 << 20, "paged allocator's block size"),
         int_param("max_num_seqs", 256, 1, 1 << 20, "running requests at most (per instance)"),
         int_param("instances", 1, 1, 4096, "identical instances behind the router"),
-        string_param("router", "round_robin", {"round_robin", "least_loaded", "prefix"},
+        string_param("router", "round_robin", {"round_robin", "least_loaded", "prefix", "conductor"},
                      "round_robin | least_loaded (fewest queued + running) | prefix (AIBrix: "
-                     "longest local prefix match unless request counts drift apart)"),
+                     "longest local prefix match unless request counts drift apart) | conductor "
+                     "(Mooncake: least transfer + queued prefill + prefill time, fetching a longer "
+                     "prefix from another instance's store)"),
+        int_param("conductor_threshold_tokens", 1024, 0, 1 << 24,
+                  "conductor: fetch from another instance when its match is longer by more"),
+        float_param("remote_gbps", 25, 1e-3, 1e9,
+                    "conductor: another instance's prefix store to here (25 GB/s = a 200 Gb/s NIC)"),
         int_param("router_imbalance", 8, 0, 1 << 20,
                   "prefix router: balance by load when request counts differ by more than this"),
         string_param("prefix_scope", "local", {"local", "global"},

@@ -36,8 +36,10 @@ const char* kv_allocator_name(KvAllocator a) {
 }
 
 Router parse_router(const std::string& name) {
-  static const std::vector<std::string> names = {"round_robin", "least_loaded", "prefix"};
+  static const std::vector<std::string> names = {"round_robin", "least_loaded", "prefix",
+                                                 "conductor"};
   if (name == "round_robin") return Router::kRoundRobin;
+  if (name == "conductor") return Router::kConductor;
   if (name == "least_loaded") return Router::kLeastLoaded;
   if (name == "prefix") return Router::kPrefix;
   KVB_FAIL("router: unknown router '", name, "'", did_you_mean(name, names),
@@ -66,6 +68,8 @@ struct Request {
   double reserved = 0;    // bytes reserved in the pool
   double ready_ms = 0;    // prefix-store load finished
   bool fresh = false;     // admitted in this iteration, not yet given any token
+  PrefixCache* remote = nullptr;  // another instance's store the router said to fetch from
+  double remote_bytes = 0;        // fetched from it at admission
   bool in_prefill() const { return kv_tokens < prompt; }
 };
 
@@ -104,12 +108,23 @@ class Instance {
   int64_t load() const { return static_cast<int64_t>(waiting_.size() + running_.size()); }
   const PrefixCache* cache() const { return cache_; }
 
-  void route(size_t index) {
+  // remote: another instance's prefix store to fetch the prompt's prefix from (Mooncake's
+  // conductor), or null.
+  void route(size_t index, PrefixCache* remote = nullptr) {
     Request r;
     r.index = index;
     r.prompt = result_.per_request[index].input;
+    r.remote = remote == cache_ ? nullptr : remote;
     waiting_.push_back(r);
     routed++;
+  }
+
+  // Prompt tokens still to prefill here, queued or running (the conductor's queueing estimate).
+  int64_t queued_prefill_tokens() const {
+    int64_t n = 0;
+    for (const Request& r : waiting_) n += r.prompt;
+    for (const Request& r : running_) n += std::max<int64_t>(0, r.prompt - r.kv_tokens);
+    return n;
   }
 
   // One scheduler iteration at `now`, or a wait (for a prefix load or next_arrival_ms), or the
@@ -184,14 +199,16 @@ class Instance {
     apply(now);
   }
 
-  // Leading prompt tokens the prefix store holds, without touching it.
-  int64_t peek_hit_tokens(size_t index) const {
-    if (!cache_) return 0;
+  // Leading prompt tokens this instance's prefix store (or `store`) holds, without touching it.
+  int64_t peek_hit_tokens(size_t index) const { return peek_in(cache_, index); }
+  int64_t peek_in(const PrefixCache* store, size_t index) const {
+    if (!store) return 0;
     const auto& ids = trace_.requests[index].hash_ids;
     int64_t blocks = 0;
-    while (blocks < static_cast<int64_t>(ids.size()) && cache_->contains(ids[blocks])) blocks++;
+    while (blocks < static_cast<int64_t>(ids.size()) && store->contains(ids[blocks])) blocks++;
     return hit_tokens_of(index, blocks);
   }
+  PrefixCache* store() const { return cache_; }
 
  private:
   double reservation(const Request& r, int64_t kv_tokens) const {
@@ -231,7 +248,9 @@ class Instance {
         waiting_.pop_front();
         continue;
       }
-      const int64_t hit = peek_hit_tokens(r.index);
+      const int64_t local = peek_hit_tokens(r.index);
+      const int64_t remote = r.remote ? peek_in(r.remote, r.index) : 0;
+      const int64_t hit = std::max(local, remote);
       // Admitted only with room for the whole prompt - counting the prompts still being
       // prefilled - and a watermark left for the running requests' growth (vLLM's rule):
       // admitting what decode growth would preempt at once only thrashes. The paged allocator
@@ -247,16 +266,22 @@ class Instance {
       waiting_.pop_front();
       if (cache_) {
         const int64_t blocks = cache_->lookup(trace_.requests[r.index].hash_ids);
-        KVB_CHECK(hit_tokens_of(r.index, blocks) == hit,
+        KVB_CHECK(hit_tokens_of(r.index, blocks) == local,
                   "serve: prefix lookup disagrees with peek (a bug)");
       }
+      if (remote > local) r.remote->lookup(trace_.requests[r.index].hash_ids);
       r.kv_tokens = hit;
       r.fresh = true;
       r.reserved = need;
       reserved_ += need;
-      const double load_bytes = kv_.device_bytes(hit);
-      r.ready_ms = now + load_bytes / (hw_.prefix_load_gbps * 1e9) * 1e3;
-      result_.prefix_load_bytes += load_bytes;
+      // The local part of the prefix comes from this instance's store, the rest (when the router
+      // chose a remote store) over the network, one after the other.
+      const double local_bytes = kv_.device_bytes(local);
+      r.remote_bytes = kv_.device_bytes(hit) - local_bytes;
+      r.ready_ms = now + local_bytes / (hw_.prefix_load_gbps * 1e9) * 1e3 +
+                   r.remote_bytes / (hw_.remote_gbps * 1e9) * 1e3;
+      result_.prefix_load_bytes += local_bytes + r.remote_bytes;
+      result_.remote_fetch_bytes += r.remote_bytes;
       if (rr.hit_tokens == 0 && rr.preemptions == 0) rr.hit_tokens = hit;
       running_.push_back(r);
     }
@@ -290,6 +315,8 @@ class Instance {
     ServeRequestResult& rr = result_.per_request[r.index];
     reserved_ -= r.reserved;
     result_.prefix_load_bytes -= kv_.device_bytes(r.kv_tokens);
+    result_.remote_fetch_bytes -= r.remote_bytes;
+    r.remote_bytes = 0;
     if (rr.preemptions == 0) rr.hit_tokens = 0;
     r.kv_tokens = 0;
     r.reserved = 0;
@@ -410,7 +437,8 @@ class Cluster {
     KVB_CHECK(cfg_.time_scale > 0, "serve: time_scale ", cfg_.time_scale, " (must be > 0)");
     KVB_CHECK(cfg_.instances >= 1 && cfg_.instances <= 4096, "serve: instances ", cfg_.instances,
               " (must be in [1, 4096])");
-    KVB_CHECK(hw_.hbm_gbps > 0 && hw_.tflops > 0 && hw_.prefix_load_gbps > 0 && hw_.h2d_gbps > 0,
+    KVB_CHECK(hw_.hbm_gbps > 0 && hw_.tflops > 0 && hw_.prefix_load_gbps > 0 && hw_.h2d_gbps > 0 &&
+                  hw_.remote_gbps > 0,
               "serve: hardware bandwidths and FLOP rate must be > 0");
     KVB_CHECK(target_.max_context > 0, "serve: target max_context ", target_.max_context);
     result_.requests = static_cast<int64_t>(trace.requests.size());
@@ -457,9 +485,10 @@ class Cluster {
         if (in->has_work() && (!busy || in->now < busy->now)) busy = in.get();
       if (!busy && !std::isfinite(ta)) break;
       if (!busy || ta <= busy->now) {
-        Instance& to = *instances_[route(next)];
+        PrefixCache* remote = nullptr;
+        Instance& to = *instances_[route(next, &remote)];
         if (!to.has_work()) to.now = std::max(to.now, ta);
-        to.route(next);
+        to.route(next, remote);
         next++;
         continue;
       }
@@ -492,8 +521,8 @@ class Cluster {
   }
 
  private:
-  // The instance request `index` goes to.
-  size_t route(size_t index) {
+  // The instance request `index` goes to; *remote: a store to fetch its prefix from (conductor).
+  size_t route(size_t index, PrefixCache** remote) {
     const size_t n = instances_.size();
     if (n == 1) return 0;
     auto least_loaded = [&](const std::vector<size_t>& among) {
@@ -507,6 +536,44 @@ class Cluster {
     switch (cfg_.router) {
       case Router::kRoundRobin:
         return round_robin_++ % n;
+      case Router::kConductor: {
+        // Mooncake's conductor (Algorithm 1): per instance, its own prefix match, or the best
+        // match anywhere when that is longer by more than the threshold (then the missing blocks
+        // are fetched from the instance holding them); the instance minimising transfer + queued
+        // prefill + this request's prefill wins. Prefill time per token from the roofline's FLOPs.
+        const double ms_per_token = target_.flops_per_token / (hw_.tflops * 1e12) * 1e3;
+        const int64_t input = result_.per_request[index].input;
+        std::vector<int64_t> match(n);
+        size_t best = 0;
+        for (size_t i = 0; i < n; ++i) {
+          match[i] = instances_[i]->peek_hit_tokens(index);
+          if (match[i] > match[best]) best = i;
+        }
+        size_t pick = 0;
+        double pick_cost = std::numeric_limits<double>::infinity();
+        PrefixCache* pick_remote = nullptr;
+        for (size_t i = 0; i < n; ++i) {
+          int64_t prefix = match[i];
+          double transfer_ms = 0;
+          PrefixCache* from = nullptr;
+          if (match[best] - match[i] > cfg_.conductor_threshold_tokens) {
+            prefix = match[best];
+            transfer_ms = (kv_.device_bytes(match[best]) - kv_.device_bytes(match[i])) /
+                          (hw_.remote_gbps * 1e9) * 1e3;
+            from = instances_[best]->store();
+          }
+          const double queued = static_cast<double>(instances_[i]->queued_prefill_tokens());
+          const double cost = transfer_ms + ms_per_token * queued +
+                              ms_per_token * static_cast<double>(input - prefix);
+          if (cost < pick_cost) {
+            pick = i;
+            pick_cost = cost;
+            pick_remote = from;
+          }
+        }
+        *remote = pick_remote;
+        return pick;
+      }
       case Router::kLeastLoaded:
         return least_loaded(all);
       case Router::kPrefix: {

@@ -39,6 +39,7 @@ struct ServeHardware {
   double tflops = 790;
   double prefix_load_gbps = 55;        // prefix-store blocks -> device
   double h2d_gbps = 55;                // a tiering method's host rows -> device during decode
+  double remote_gbps = 25;             // another instance's prefix store -> here (200 Gb/s NIC)
   double iteration_overhead_ms = 0.3;  // scheduling and launches per iteration
 };
 
@@ -55,8 +56,11 @@ enum class Router {
   kRoundRobin,   // in turn
   kLeastLoaded,  // fewest requests queued or running
   kPrefix,  // AIBrix's prefix-cache router: longest local prefix match unless loads drift apart
+  kConductor,  // Mooncake's conductor: least transfer + queued prefill + prefill time, fetching a
+               // longer prefix from another instance's store when it beats the local match by
+               // more than conductor_threshold_tokens
 };
-Router parse_router(const std::string& name);  // round_robin | least_loaded | prefix
+Router parse_router(const std::string& name);  // round_robin | least_loaded | prefix | conductor
 
 enum class PrefixScope {
   kLocal,   // each instance its own prefix store (vLLM's automatic prefix caching, LMCache local)
@@ -68,6 +72,7 @@ struct ServeConfig {
   int64_t instances = 1;  // identical instances behind the router
   Router router = Router::kRoundRobin;
   int64_t router_imbalance = 8;  // prefix router: balance when request counts differ by more
+  int64_t conductor_threshold_tokens = 1024;  // Mooncake's kvcache_balancing_threshold
   PrefixScope prefix_scope = PrefixScope::kLocal;
   double kv_pool_bytes = 100.0 * (1ll << 30);  // device memory for KV
   KvAllocator allocator = KvAllocator::kPaged;
@@ -103,6 +108,7 @@ struct ServeResult {
   double prefix_hit_rate = 0;          // prompt tokens served from the prefix store / prompt tokens
   double prefill_tokens = 0;           // tokens actually prefilled (recomputation included)
   double prefix_load_bytes = 0;        // bytes loaded from the prefix store
+  double remote_fetch_bytes = 0;  // of those, fetched from another instance's store
   double prefix_block_bytes = 0;       // bytes one prefix-store block costs
   int64_t prefix_capacity_blocks = 0;  // -1: unlimited
   double memory_bound_fraction = 0;    // iterations' time share limited by HBM bytes

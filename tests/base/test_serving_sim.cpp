@@ -299,6 +299,39 @@ TEST(ServingSim, RoutersAndPrefixScopes) {
   EXPECT_THROW(parse_prefix_scope("pooled"), Error);
 }
 
+// Mooncake's conductor: A1 leaves its 4K-token prompt in instance 0's store; when A2 repeats it,
+// instance 0 has a 60K-token prompt queued, so A2 goes to the idle instance 1 and fetches the prefix
+// from instance 0's store over the network instead of recomputing it.
+TEST(ServingSim, ConductorFetchesAPrefixFromAnotherInstance) {
+  std::vector<int64_t> p8 = {1, 2, 3, 4, 5, 6, 7, 8};
+  const RequestTrace t = trace_of({request(0, 4096, 2, p8),                         // A1 -> 0
+                                   request(100000, 60000, 2, own_ids(7, 60000)),  // C -> 0
+                                   request(100001, 4096, 2, p8)});                // A2 -> 1
+  ServeConfig cfg;
+  cfg.kv_pool_bytes = 1e9;
+  cfg.prefix_cache_bytes = -1;
+  cfg.instances = 2;
+  cfg.router = Router::kConductor;
+  ServeHardware hw = toy_hardware();
+  hw.remote_gbps = 1;
+  const auto curve = FootprintCurve::proportional(1000);
+  const ServeResult r = simulate_serving(t, curve, toy_target(), hw, cfg);
+  EXPECT_EQ(r.instance_requests, (std::vector<int64_t>{2, 1}));
+  EXPECT_EQ(r.per_request[2].hit_tokens, 4095);
+  EXPECT_DOUBLE_EQ(r.remote_fetch_bytes, 4095 * 1000.0);
+  // Its first token: the 4.095 MB fetch at 1 GB/s (4.095 ms), then one token's step (1.501 ms:
+  // 3.096e9 FLOPs -> 0.031 ms, under the 1e9 + 4.096e6 bytes -> 1.004 ms; + 0.5).
+  EXPECT_NEAR(r.per_request[2].ttft_ms(), 4.095 + 1.004096 + 0.5, 1e-6);
+  // Least loaded also picks the idle instance 1 but, with no fetch, recomputes the 4K prompt.
+  cfg.router = Router::kLeastLoaded;
+  const ServeResult ll = simulate_serving(t, curve, toy_target(), hw, cfg);
+  EXPECT_EQ(ll.instance_requests, (std::vector<int64_t>{2, 1}));
+  EXPECT_DOUBLE_EQ(ll.remote_fetch_bytes, 0);
+  EXPECT_EQ(ll.per_request[2].hit_tokens, 0);
+  EXPECT_GT(ll.per_request[2].ttft_ms(), 10 * r.per_request[2].ttft_ms());
+  EXPECT_EQ(parse_router("conductor"), Router::kConductor);
+}
+
 TEST(ServingSim, ParsesAllocatorNames) {
   EXPECT_EQ(parse_kv_allocator("pow2"), KvAllocator::kPow2);
   EXPECT_STREQ(kv_allocator_name(parse_kv_allocator("contiguous_max")), "contiguous_max");
