@@ -55,7 +55,7 @@ const char* kv_allocator_name(KvAllocator a);
 enum class Router {
   kRoundRobin,   // in turn
   kLeastLoaded,  // fewest requests queued or running
-  kPrefix,  // AIBrix's prefix-cache router: longest local prefix match unless loads drift apart
+  kPrefix,     // AIBrix's prefix-cache router: longest local prefix match unless loads drift apart
   kConductor,  // Mooncake's conductor: least transfer + queued prefill + prefill time, fetching a
                // longer prefix from another instance's store when it beats the local match by
                // more than conductor_threshold_tokens
@@ -108,7 +108,7 @@ struct ServeResult {
   double prefix_hit_rate = 0;          // prompt tokens served from the prefix store / prompt tokens
   double prefill_tokens = 0;           // tokens actually prefilled (recomputation included)
   double prefix_load_bytes = 0;        // bytes loaded from the prefix store
-  double remote_fetch_bytes = 0;  // of those, fetched from another instance's store
+  double remote_fetch_bytes = 0;       // of those, fetched from another instance's store
   double prefix_block_bytes = 0;       // bytes one prefix-store block costs
   int64_t prefix_capacity_blocks = 0;  // -1: unlimited
   double memory_bound_fraction = 0;    // iterations' time share limited by HBM bytes

@@ -300,11 +300,11 @@ TEST(ServingSim, RoutersAndPrefixScopes) {
 }
 
 // Mooncake's conductor: A1 leaves its 4K-token prompt in instance 0's store; when A2 repeats it,
-// instance 0 has a 60K-token prompt queued, so A2 goes to the idle instance 1 and fetches the prefix
-// from instance 0's store over the network instead of recomputing it.
+// instance 0 has a 60K-token prompt queued, so A2 goes to the idle instance 1 and fetches the
+// prefix from instance 0's store over the network instead of recomputing it.
 TEST(ServingSim, ConductorFetchesAPrefixFromAnotherInstance) {
   std::vector<int64_t> p8 = {1, 2, 3, 4, 5, 6, 7, 8};
-  const RequestTrace t = trace_of({request(0, 4096, 2, p8),                         // A1 -> 0
+  const RequestTrace t = trace_of({request(0, 4096, 2, p8),                       // A1 -> 0
                                    request(100000, 60000, 2, own_ids(7, 60000)),  // C -> 0
                                    request(100001, 4096, 2, p8)});                // A2 -> 1
   ServeConfig cfg;
