@@ -89,6 +89,10 @@ const std::vector<ProtocolSpec>& protocol_specs() {
                      "longest local prefix match unless request counts drift apart) | conductor "
                      "(Mooncake: least transfer + queued prefill + prefill time, fetching a longer "
                      "prefix from another instance's store)"),
+        int_param("prefill_instances", 0, 0, 4096,
+                  "P/D disaggregation: the first n instances only prefill and send each prompt's KV "
+                  "to a decode instance (0: every instance does both)"),
+        float_param("pd_gbps", 25, 1e-3, 1e9, "P/D: prefill-to-decode KV transfer (GB/s)"),
         int_param("conductor_threshold_tokens", 1024, 0, 1 << 24,
                   "conductor: fetch from another instance when its match is longer by more"),
         float_param("remote_gbps", 25, 1e-3, 1e9,

@@ -159,6 +159,7 @@ nlohmann::json serve_simulation_sample(const nlohmann::json& proto, const nlohma
   hw.prefix_load_gbps = proto.at("prefix_load_gbps");
   hw.h2d_gbps = proto.at("h2d_gbps");
   hw.remote_gbps = proto.at("remote_gbps");
+  hw.pd_gbps = proto.at("pd_gbps");
   hw.iteration_overhead_ms = proto.at("iteration_overhead_ms");
   ServeConfig cfg;
   constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
@@ -170,6 +171,7 @@ nlohmann::json serve_simulation_sample(const nlohmann::json& proto, const nlohma
   cfg.router = parse_router(proto.at("router"));
   cfg.router_imbalance = proto.at("router_imbalance");
   cfg.conductor_threshold_tokens = proto.at("conductor_threshold_tokens");
+  cfg.prefill_instances = proto.at("prefill_instances");
   cfg.prefix_scope = parse_prefix_scope(proto.at("prefix_scope"));
   cfg.max_batched_tokens = proto.at("max_batched_tokens");
   cfg.time_scale = proto.at("time_scale");
@@ -249,6 +251,7 @@ nlohmann::json serve_result_json(const ServeResult& r) {
           {"allocator_waste", r.allocator_waste},
           {"prefix_hit_rate", r.prefix_hit_rate},
           {"prefill_tokens", r.prefill_tokens},
+          {"pd_transfer_bytes", r.pd_transfer_bytes},
           {"remote_fetch_bytes", r.remote_fetch_bytes},
           {"prefix_load_bytes", r.prefix_load_bytes},
           {"prefix_block_bytes", r.prefix_block_bytes},
@@ -284,6 +287,7 @@ std::vector<Metric> serve_metrics(const nlohmann::json& footprint, const nlohman
   add("prefill_tokens", "tokens", D::kLower);
   add("prefix_load_bytes", "bytes", D::kNone);
   add("remote_fetch_bytes", "bytes", D::kNone);
+  add("pd_transfer_bytes", "bytes", D::kNone);
   add("preemptions", "", D::kLower);
   add("rejected", "", D::kLower);
   add("completed", "", D::kHigher);

@@ -60,14 +60,15 @@ double ServeRequestResult::tpot_ms() const {
 namespace {
 
 struct Request {
-  size_t index = 0;       // in the trace
-  int64_t prompt = 0;     // tokens whose KV must exist before the next token (input, or input +
-                          // generated after a preemption: vLLM's recompute)
-  int64_t kv_tokens = 0;  // tokens whose KV is held
-  int64_t generated = 0;  // output tokens emitted so far
-  double reserved = 0;    // bytes reserved in the pool
-  double ready_ms = 0;    // prefix-store load finished
-  bool fresh = false;     // admitted in this iteration, not yet given any token
+  size_t index = 0;          // in the trace
+  int64_t prompt = 0;        // tokens whose KV must exist before the next token (input, or input +
+                             // generated after a preemption: vLLM's recompute)
+  int64_t kv_tokens = 0;     // tokens whose KV is held
+  int64_t generated = 0;     // output tokens emitted so far
+  double reserved = 0;       // bytes reserved in the pool
+  double ready_ms = 0;       // prefix-store load finished
+  bool fresh = false;        // admitted in this iteration, not yet given any token
+  bool transferred = false;  // prefilled on a prefill instance, its KV sent here (P/D)
   PrefixCache* remote = nullptr;  // another instance's store the router said to fetch from
   double remote_bytes = 0;        // fetched from it at admission
   bool in_prefill() const { return kv_tokens < prompt; }
@@ -103,6 +104,16 @@ class Instance {
   int64_t routed = 0;  // requests routed here
   double busy_ms = 0, memory_bound_ms = 0, pcie_bound_ms = 0;
   double w_running = 0, w_util = 0, w_waste = 0, w_waste_den = 0;
+
+  enum class Role { kBoth, kPrefill, kDecode };
+  Role role = Role::kBoth;
+  std::vector<Request> handoffs;  // prefill role: prompts done, for the cluster to send on
+
+  // A request whose prompt a prefill instance computed; its KV lands at r.ready_ms.
+  void accept(const Request& r) {
+    waiting_.push_back(r);
+    routed++;
+  }
 
   bool has_work() const { return !waiting_.empty() || !running_.empty(); }
   int64_t load() const { return static_cast<int64_t>(waiting_.size() + running_.size()); }
@@ -248,9 +259,10 @@ class Instance {
         waiting_.pop_front();
         continue;
       }
-      const int64_t local = peek_hit_tokens(r.index);
-      const int64_t remote = r.remote ? peek_in(r.remote, r.index) : 0;
-      const int64_t hit = std::max(local, remote);
+      // A transferred request arrives with its prompt's KV (in flight until ready_ms).
+      const int64_t local = r.transferred ? 0 : peek_hit_tokens(r.index);
+      const int64_t remote = r.remote && !r.transferred ? peek_in(r.remote, r.index) : 0;
+      const int64_t hit = r.transferred ? r.kv_tokens : std::max(local, remote);
       // Admitted only with room for the whole prompt - counting the prompts still being
       // prefilled - and a watermark left for the running requests' growth (vLLM's rule):
       // admitting what decode growth would preempt at once only thrashes. The paged allocator
@@ -264,6 +276,14 @@ class Instance {
       if (committed > cfg_.kv_pool_bytes) break;  // first come, first served: no overtaking
       const double need = reservation(r, hit);
       waiting_.pop_front();
+      if (r.transferred) {
+        r.fresh = true;
+        r.reserved = need;
+        reserved_ += need;
+        r.ready_ms = std::max(r.ready_ms, now);
+        running_.push_back(r);
+        continue;
+      }
       if (cache_) {
         const int64_t blocks = cache_->lookup(trace_.requests[r.index].hash_ids);
         KVB_CHECK(hit_tokens_of(r.index, blocks) == local,
@@ -302,6 +322,7 @@ class Instance {
     result_.per_request[r.index].preemptions++;
     result_.preemptions++;
     r.prompt = result_.per_request[r.index].input + r.generated;
+    r.transferred = false;  // its KV is gone: recomputed here
     r.kv_tokens = 0;
     r.reserved = 0;
     waiting_.push_front(r);
@@ -314,12 +335,17 @@ class Instance {
     running_.pop_back();
     ServeRequestResult& rr = result_.per_request[r.index];
     reserved_ -= r.reserved;
+    r.reserved = 0;
+    r.fresh = false;
+    if (r.transferred) {  // keeps the KV it was sent
+      waiting_.push_front(r);
+      return;
+    }
     result_.prefix_load_bytes -= kv_.device_bytes(r.kv_tokens);
     result_.remote_fetch_bytes -= r.remote_bytes;
     r.remote_bytes = 0;
     if (rr.preemptions == 0) rr.hit_tokens = 0;
     r.kv_tokens = 0;
-    r.reserved = 0;
     r.fresh = false;
     waiting_.push_front(r);
   }
@@ -397,6 +423,16 @@ class Instance {
         rr.finish_ms = now;
         result_.completed++;
         finished.push_back(i);
+      } else if (was_prefill && role == Role::kPrefill) {
+        // P/D disaggregation: the prompt is done here; its KV moves to a decode instance.
+        Request h = r;
+        h.transferred = true;
+        h.ready_ms = now;
+        h.reserved = 0;
+        h.fresh = false;
+        h.remote = nullptr;
+        handoffs.push_back(h);
+        finished.push_back(i);
       }
     }
     std::sort(finished.rbegin(), finished.rend());
@@ -437,8 +473,12 @@ class Cluster {
     KVB_CHECK(cfg_.time_scale > 0, "serve: time_scale ", cfg_.time_scale, " (must be > 0)");
     KVB_CHECK(cfg_.instances >= 1 && cfg_.instances <= 4096, "serve: instances ", cfg_.instances,
               " (must be in [1, 4096])");
+    KVB_CHECK(cfg_.prefill_instances >= 0 &&
+                  (cfg_.prefill_instances == 0 || cfg_.prefill_instances < cfg_.instances),
+              "serve: prefill_instances ", cfg_.prefill_instances, " of ", cfg_.instances,
+              " instances (0: none set apart; otherwise at least one instance must decode)");
     KVB_CHECK(hw_.hbm_gbps > 0 && hw_.tflops > 0 && hw_.prefix_load_gbps > 0 && hw_.h2d_gbps > 0 &&
-                  hw_.remote_gbps > 0,
+                  hw_.remote_gbps > 0 && hw_.pd_gbps > 0,
               "serve: hardware bandwidths and FLOP rate must be > 0");
     KVB_CHECK(target_.max_context > 0, "serve: target max_context ", target_.max_context);
     result_.requests = static_cast<int64_t>(trace.requests.size());
@@ -469,6 +509,9 @@ class Cluster {
     for (int64_t i = 0; i < n; ++i) {
       PrefixCache* c = caches_.empty() ? nullptr : caches_[caches_.size() == 1 ? 0 : i].get();
       instances_.push_back(std::make_unique<Instance>(trace_, kv_, target_, hw_, cfg_, result_, c));
+      if (cfg_.prefill_instances > 0)
+        instances_.back()->role =
+            i < cfg_.prefill_instances ? Instance::Role::kPrefill : Instance::Role::kDecode;
     }
   }
 
@@ -494,13 +537,30 @@ class Cluster {
       }
       busy->step(ta);
       last = std::max(last, busy->now);
+      // P/D: prompts a prefill instance finished go to the least-loaded decode instance, their
+      // KV sent over the network (Mooncake's transfer engine; layer-wise overlap not modelled).
+      for (auto& h : busy->handoffs) {
+        Instance* to = nullptr;
+        for (size_t i = static_cast<size_t>(cfg_.prefill_instances); i < instances_.size(); ++i)
+          if (!to || instances_[i]->load() < to->load()) to = instances_[i].get();
+        const double bytes = kv_.device_bytes(h.kv_tokens);
+        h.ready_ms += bytes / (hw_.pd_gbps * 1e9) * 1e3;
+        result_.pd_transfer_bytes += bytes;
+        if (!to->has_work()) to->now = std::max(to->now, busy->now);
+        to->accept(h);
+      }
+      busy->handoffs.clear();
     }
     result_.duration_s = (last - first_arrival) / 1e3;
     double busy_ms = 0, memory_bound_ms = 0, w_running = 0, w_util = 0, w_waste = 0,
            w_waste_den = 0;
     double pcie_bound_ms = 0;
     int64_t most = 0;
-    for (const auto& in : instances_) {
+    const size_t routed_to = cfg_.prefill_instances > 0
+                                 ? static_cast<size_t>(cfg_.prefill_instances)
+                                 : instances_.size();
+    for (size_t k = 0; k < instances_.size(); ++k) {
+      const auto& in = instances_[k];
       busy_ms += in->busy_ms;
       memory_bound_ms += in->memory_bound_ms;
       pcie_bound_ms += in->pcie_bound_ms;
@@ -508,13 +568,13 @@ class Cluster {
       w_util += in->w_util;
       w_waste += in->w_waste;
       w_waste_den += in->w_waste_den;
-      most = std::max(most, in->routed);
+      if (k < routed_to) most = std::max(most, in->routed);  // arrivals' instances
       result_.instance_requests.push_back(in->routed);
     }
-    result_.load_imbalance = result_.requests ? static_cast<double>(most) *
-                                                    static_cast<double>(instances_.size()) /
-                                                    static_cast<double>(result_.requests)
-                                              : 0;
+    result_.load_imbalance = result_.requests
+                                 ? static_cast<double>(most) * static_cast<double>(routed_to) /
+                                       static_cast<double>(result_.requests)
+                                 : 0;
     summarize(busy_ms, memory_bound_ms, w_running, w_util, w_waste, w_waste_den);
     if (busy_ms > 0) result_.pcie_bound_fraction = pcie_bound_ms / busy_ms;
     return std::move(result_);
@@ -523,7 +583,9 @@ class Cluster {
  private:
   // The instance request `index` goes to; *remote: a store to fetch its prefix from (conductor).
   size_t route(size_t index, PrefixCache** remote) {
-    const size_t n = instances_.size();
+    // Arrivals go to the prefill instances when P/D is on (they come first).
+    const size_t n = cfg_.prefill_instances > 0 ? static_cast<size_t>(cfg_.prefill_instances)
+                                                : instances_.size();
     if (n == 1) return 0;
     auto least_loaded = [&](const std::vector<size_t>& among) {
       size_t best = among.front();

@@ -40,6 +40,7 @@ struct ServeHardware {
   double prefix_load_gbps = 55;        // prefix-store blocks -> device
   double h2d_gbps = 55;                // a tiering method's host rows -> device during decode
   double remote_gbps = 25;             // another instance's prefix store -> here (200 Gb/s NIC)
+  double pd_gbps = 25;                 // a prefill instance's KV -> a decode instance (P/D)
   double iteration_overhead_ms = 0.3;  // scheduling and launches per iteration
 };
 
@@ -73,6 +74,10 @@ struct ServeConfig {
   Router router = Router::kRoundRobin;
   int64_t router_imbalance = 8;  // prefix router: balance when request counts differ by more
   int64_t conductor_threshold_tokens = 1024;  // Mooncake's kvcache_balancing_threshold
+  // P/D disaggregation (Mooncake): the first prefill_instances only prefill (arrivals go there),
+  // then hand each prompt's KV to the least-loaded of the rest, which decode. 0: every instance
+  // does both.
+  int64_t prefill_instances = 0;
   PrefixScope prefix_scope = PrefixScope::kLocal;
   double kv_pool_bytes = 100.0 * (1ll << 30);  // device memory for KV
   KvAllocator allocator = KvAllocator::kPaged;
@@ -109,6 +114,7 @@ struct ServeResult {
   double prefill_tokens = 0;           // tokens actually prefilled (recomputation included)
   double prefix_load_bytes = 0;        // bytes loaded from the prefix store
   double remote_fetch_bytes = 0;       // of those, fetched from another instance's store
+  double pd_transfer_bytes = 0;        // prompts' KV sent from prefill to decode instances
   double prefix_block_bytes = 0;       // bytes one prefix-store block costs
   int64_t prefix_capacity_blocks = 0;  // -1: unlimited
   double memory_bound_fraction = 0;    // iterations' time share limited by HBM bytes

@@ -332,6 +332,29 @@ TEST(ServingSim, ConductorFetchesAPrefixFromAnotherInstance) {
   EXPECT_EQ(parse_router("conductor"), Router::kConductor);
 }
 
+// P/D disaggregation: instance 0 prefills, hands the prompt's KV (1 MB at 1 GB/s: 1 ms) to instance
+// 1, which decodes the remaining two tokens once it has landed.
+TEST(ServingSim, PrefillDecodeDisaggregationSendsTheKvOver) {
+  const RequestTrace t = trace_of({request(0, 1000, 3, {1, 2})});
+  ServeConfig cfg;
+  cfg.kv_pool_bytes = 1e9;
+  cfg.instances = 2;
+  cfg.prefill_instances = 1;
+  ServeHardware hw = toy_hardware();
+  hw.pd_gbps = 1;
+  const ServeResult r =
+      simulate_serving(t, FootprintCurve::proportional(1000), toy_target(), hw, cfg);
+  ASSERT_EQ(r.completed, 1);
+  EXPECT_EQ(r.instance_requests, (std::vector<int64_t>{1, 1}));
+  EXPECT_DOUBLE_EQ(r.pd_transfer_bytes, 1e6);
+  EXPECT_NEAR(r.per_request[0].ttft_ms(), 25.505, 1e-9);  // the first token is the prefill's
+  EXPECT_NEAR(r.per_request[0].finish_ms, 25.505 + 1.0 + 1.501001 + 1.501002, 1e-9);
+  EXPECT_DOUBLE_EQ(r.prefill_tokens, 1000);
+  cfg.prefill_instances = 2;  // nobody left to decode
+  EXPECT_THROW(simulate_serving(t, FootprintCurve::proportional(1000), toy_target(), hw, cfg),
+               Error);
+}
+
 TEST(ServingSim, ParsesAllocatorNames) {
   EXPECT_EQ(parse_kv_allocator("pow2"), KvAllocator::kPow2);
   EXPECT_STREQ(kv_allocator_name(parse_kv_allocator("contiguous_max")), "contiguous_max");

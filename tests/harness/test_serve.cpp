@@ -221,6 +221,12 @@ TEST(ServeRun, ClusterSettingsReachTheSimulation) {
   const auto per = sim.at("result").at("instance_requests").get<std::vector<int64_t>>();
   ASSERT_EQ(per.size(), 3u);
   EXPECT_EQ(per[0] + per[1] + per[2], 60);
+  // P/D: 2 of the 3 prefill, the third decodes every request that needs more than one token.
+  const RunOutcome pd = execute_run(
+      serve_config("full", {{"instances", 3}, {"prefill_instances", 2}, {"max_requests", 60}}), db,
+      env);
+  EXPECT_GT(metric(pd.metrics, "serve_pd_transfer_bytes"), 0);
+  EXPECT_EQ(metric(pd.metrics, "serve_completed") + metric(pd.metrics, "serve_rejected"), 60);
   EXPECT_THROW(serve_config("full", {{"router", "aibrix"}}), Error);
   EXPECT_THROW(serve_config("full", {{"instances", 0}}), Error);
 }
