@@ -21,10 +21,14 @@ std::vector<Metric> device_allocator_metrics(const std::string& device) {
   const auto st = c10::cuda::CUDACachingAllocator::getDeviceStats(index);
   const size_t agg = 0;  // StatType::AGGREGATE
   using D = Direction;
-  return {{"device_peak_allocated_bytes", static_cast<double>(st.allocated_bytes[agg].peak), "bytes", D::kLower},
-          {"device_allocated_bytes", static_cast<double>(st.allocated_bytes[agg].current), "bytes", D::kNone},
-          {"device_peak_reserved_bytes", static_cast<double>(st.reserved_bytes[agg].peak), "bytes", D::kNone},
-          {"device_allocator_reserved_bytes", static_cast<double>(st.reserved_bytes[agg].current), "bytes", D::kNone}};
+  return {{"device_peak_allocated_bytes", static_cast<double>(st.allocated_bytes[agg].peak),
+           "bytes", D::kLower},
+          {"device_allocated_bytes", static_cast<double>(st.allocated_bytes[agg].current), "bytes",
+           D::kNone},
+          {"device_peak_reserved_bytes", static_cast<double>(st.reserved_bytes[agg].peak), "bytes",
+           D::kNone},
+          {"device_allocator_reserved_bytes", static_cast<double>(st.reserved_bytes[agg].current),
+           "bytes", D::kNone}};
 #else
   (void)device;
   return {};
@@ -67,19 +71,23 @@ LedgerEntry ledger_from_json(const nlohmann::json& l) {
   return e;
 }
 
-double physical_bytes_16bit(const LedgerEntry& e) {
+double physical_bytes_16bit(const LedgerEntry& e, bool device_only) {
   if (e.fp.model_dtype_device_bytes < 0 || e.baseline_bytes_16bit <= 0 || e.baseline_bytes <= 0)
     return -1;
-  const double keep = static_cast<double>(e.baseline_bytes_16bit) / static_cast<double>(e.baseline_bytes);
-  const double model = static_cast<double>(e.fp.model_dtype_device_bytes + e.fp.model_dtype_host_bytes);
-  return static_cast<double>(e.fp.physical_bytes()) - model * (1.0 - keep);
+  const double keep =
+      static_cast<double>(e.baseline_bytes_16bit) / static_cast<double>(e.baseline_bytes);
+  const int64_t off_device = e.fp.host_bytes + e.fp.remote_bytes;
+  const double bytes = static_cast<double>(e.fp.physical_bytes() - (device_only ? off_device : 0));
+  const double model = static_cast<double>(e.fp.model_dtype_device_bytes +
+                                           (device_only ? 0 : e.fp.model_dtype_host_bytes));
+  return bytes - model * (1.0 - keep);
 }
 
 bool looks_simulated(const LedgerEntry& e) {
   if (e.baseline_bytes <= 0) return false;
-  // Simulated = claims to hold less (logical) while its *payload* stays full size (masks, dequantized
-  // copies). Metadata is not payload: a method whose savings are eaten by real metadata (sketches,
-  // bucket sums) stores physically and is not simulated, it just saves little.
+  // Simulated = claims to hold less (logical) while its *payload* stays full size (masks,
+  // dequantized copies). Metadata is not payload: a method whose savings are eaten by real metadata
+  // (sketches, bucket sums) stores physically and is not simulated, it just saves little.
   const double logical = static_cast<double>(e.fp.logical_bytes) / e.baseline_bytes;
   const double payload =
       static_cast<double>(e.fp.device_payload_bytes + e.fp.host_bytes + e.fp.remote_bytes) /
@@ -87,7 +95,8 @@ bool looks_simulated(const LedgerEntry& e) {
   return logical < 0.9 && payload > 0.9;
 }
 
-std::vector<Metric> ledger_metrics(const std::vector<LedgerEntry>& entries, bool declared_simulated) {
+std::vector<Metric> ledger_metrics(const std::vector<LedgerEntry>& entries,
+                                   bool declared_simulated) {
   if (entries.empty()) return {};
   double phys = 0, logical = 0, base = 0, payload = 0, meta = 0, index = 0, reserved = 0, host = 0,
          remote = 0, held = 0, seen = 0;
@@ -138,16 +147,13 @@ std::vector<Metric> ledger_metrics(const std::vector<LedgerEntry>& entries, bool
     known = known && p >= 0;
     phys16 += p;
     base16 += static_cast<double>(e.baseline_bytes_16bit);
-    if (p >= 0) {
-      const double keep = static_cast<double>(e.baseline_bytes_16bit) / static_cast<double>(e.baseline_bytes);
-      dev16 += static_cast<double>(e.fp.physical_bytes() - e.fp.host_bytes - e.fp.remote_bytes) -
-               static_cast<double>(e.fp.model_dtype_device_bytes) * (1.0 - keep);
-    }
+    if (p >= 0) dev16 += physical_bytes_16bit(e, /*device_only=*/true);
   }
   if (known && phys16 > 0) {
     m.push_back({"bytes_per_token_16bit", seen > 0 ? phys16 / seen : 0.0, "bytes", D::kLower});
     m.push_back({"compression_ratio_16bit", base16 / phys16, "x", D::kHigher});
-    m.push_back({"device_compression_ratio_16bit", dev16 > 0 ? base16 / dev16 : 0.0, "x", D::kHigher});
+    m.push_back(
+        {"device_compression_ratio_16bit", dev16 > 0 ? base16 / dev16 : 0.0, "x", D::kHigher});
   }
   return m;
 }

@@ -29,7 +29,8 @@ LedgerEntry ledger_from_json(const nlohmann::json& j);
 // Physical bytes as a 16-bit deployment would hold them: the bytes the store keeps in the model
 // dtype rescaled by baseline_bytes_16bit / baseline_bytes, the rest (codes, fp16 rows, indices) as
 // they are. Negative when the store or the row does not say which bytes are in the model dtype.
-double physical_bytes_16bit(const LedgerEntry& e);
+// device_only: the device tier's bytes alone.
+double physical_bytes_16bit(const LedgerEntry& e, bool device_only = false);
 
 // Resident-set high-water mark of this process (CPU), bytes.
 int64_t peak_rss_bytes();

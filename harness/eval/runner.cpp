@@ -29,32 +29,16 @@ namespace kvb {
 
 namespace {
 
-std::vector<int64_t> parse_lengths(const std::string& s, const char* key, int64_t max) {
+// A comma-separated list of integers in [min, max] from config.protocol.<key>; `what` names one.
+std::vector<int64_t> parse_int_list(const std::string& s, const char* key, const char* what,
+                                    int64_t min, int64_t max) {
   std::vector<int64_t> out;
   for (const std::string& item : split(s, ',')) {
     char* end = nullptr;
     const long long v = std::strtoll(item.c_str(), &end, 10);
-    KVB_CHECK(!item.empty() && end && *end == '\0' && v >= 2 && v <= max, "config.protocol.", key,
-              ": '", item, "' is not a length in [2, ", max, "]");
+    KVB_CHECK(!item.empty() && end && *end == '\0' && v >= min && v <= max, "config.protocol.", key,
+              ": '", item, "' is not a ", what, " in [", min, ", ", max, "]");
     out.push_back(v);
-  }
-  KVB_CHECK(!out.empty(), "config.protocol.", key, ": empty");
-  return out;
-}
-
-std::vector<int64_t> parse_batches(const std::string& s) {
-  std::vector<int64_t> out;
-  size_t start = 0;
-  while (start <= s.size()) {
-    const size_t comma = s.find(',', start);
-    const std::string item = s.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
-    char* end = nullptr;
-    const long long v = std::strtoll(item.c_str(), &end, 10);
-    KVB_CHECK(!item.empty() && end && *end == '\0' && v > 0 && v <= 4096,
-              "config.protocol.batch_sizes: '", item, "' is not a batch size in [1, 4096]");
-    out.push_back(v);
-    if (comma == std::string::npos) break;
-    start = comma + 1;
   }
   return out;
 }
@@ -209,7 +193,7 @@ RunOutcome execute_run(const nlohmann::json& resolved, ResultsDb& db, const RunE
       for (const auto& s : db.samples(run_id)) all.push_back(QaSampleResult::from_json(nlohmann::json::parse(s.output_json)));
       out.metrics = qa_metrics(all, declared_simulated);
     } else if (protocol == "perf") {
-      const auto batches = parse_batches(proto["batch_sizes"]);
+      const auto batches = parse_int_list(proto["batch_sizes"], "batch_sizes", "batch size", 1, 4096);
       out.samples_total = static_cast<int64_t>(batches.size());
       for (size_t i = 0; i < batches.size(); ++i) {
         const int64_t idx = static_cast<int64_t>(i);
@@ -229,8 +213,8 @@ RunOutcome execute_run(const nlohmann::json& resolved, ResultsDb& db, const RunE
       out.samples_total = 2;
       if (!done.count(0)) {
         const int64_t decode = proto["probe_decode_tokens"];
-        const auto lengths = parse_lengths(proto["probe_lengths"], "probe_lengths",
-                                           model->config.max_seq_len - decode);
+        const auto lengths = parse_int_list(proto["probe_lengths"], "probe_lengths", "length", 2,
+                                            model->config.max_seq_len - decode);
         nlohmann::json wp = {{"dataset", proto["dataset"]}, {"stride", 0}, {"max_windows", 1},
                              {"window", *std::max_element(lengths.begin(), lengths.end())}};
         std::string dataset_hash;
