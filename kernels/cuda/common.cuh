@@ -64,6 +64,13 @@ constexpr float kLn2 = 0.6931471805599453f;
     return cudaErrorInvalidValue;      \
   }
 
+// kernel<<<grid, block, smem, stream>>>(args) is written KVB_LAUNCH(grid, block, smem, stream,
+// kernel)(args), so that the CPU emulator of tests/cuda_emu, which defines its own KVB_LAUNCH, can
+// compile and run the same source with the host compiler.
+#ifndef KVB_LAUNCH
+#define KVB_LAUNCH(grid, block, smem, stream, ...) __VA_ARGS__<<<grid, block, smem, stream>>>
+#endif
+
 #define KVB_CUDA_TRY(expr)                        \
   do {                                            \
     const cudaError_t kvb_err_ = (expr);          \

@@ -253,8 +253,9 @@ cudaError_t decode_attention_cuda(const DecodeAttentionParams& p, const DecodePl
   const int group = p.num_qo_heads / p.num_kv_heads;
   KVB_DISPATCH_DTYPE(p.dtype, T,
                      KVB_DISPATCH_HEAD_DIM(p.head_dim, HD, KVB_DISPATCH_GROUP(group, GT, {
-                                             dense_decode_kernel<T, HD, GT>
-                                                 <<<grid, kDecodeThreads, 0, stream>>>(a);
+                                             KVB_LAUNCH(grid, kDecodeThreads, 0, stream,
+                                                        dense_decode_kernel<T, HD, GT>)
+                                             (a);
                                            })));
   KVB_CUDA_TRY(cudaGetLastError());
   if (plan.num_splits > 1) {
@@ -278,19 +279,19 @@ cudaError_t attention_merge_cuda(const AttentionMergeParams& p, cudaStream_t str
   const int threads = std::min(256, (p.head_dim + 31) / 32 * 32);
   switch (p.o_dtype) {
     case KvDtype::kF16:
-      merge_states_kernel<__half><<<p.num_rows, threads, 0, stream>>>(
-          p.partial_o, p.partial_m, p.partial_l, static_cast<__half*>(p.o), p.lse, p.num_partials,
-          p.head_dim);
+      KVB_LAUNCH(p.num_rows, threads, 0, stream, merge_states_kernel<__half>)
+      (p.partial_o, p.partial_m, p.partial_l, static_cast<__half*>(p.o), p.lse, p.num_partials,
+       p.head_dim);
       break;
     case KvDtype::kBF16:
-      merge_states_kernel<__nv_bfloat16><<<p.num_rows, threads, 0, stream>>>(
-          p.partial_o, p.partial_m, p.partial_l, static_cast<__nv_bfloat16*>(p.o), p.lse,
-          p.num_partials, p.head_dim);
+      KVB_LAUNCH(p.num_rows, threads, 0, stream, merge_states_kernel<__nv_bfloat16>)
+      (p.partial_o, p.partial_m, p.partial_l, static_cast<__nv_bfloat16*>(p.o), p.lse,
+       p.num_partials, p.head_dim);
       break;
     case KvDtype::kF32:
-      merge_states_kernel<float><<<p.num_rows, threads, 0, stream>>>(
-          p.partial_o, p.partial_m, p.partial_l, static_cast<float*>(p.o), p.lse, p.num_partials,
-          p.head_dim);
+      KVB_LAUNCH(p.num_rows, threads, 0, stream, merge_states_kernel<float>)
+      (p.partial_o, p.partial_m, p.partial_l, static_cast<float*>(p.o), p.lse, p.num_partials,
+       p.head_dim);
       break;
   }
   return cudaGetLastError();

@@ -149,8 +149,8 @@ __global__ void merge_states_kernel(const float* __restrict__ po,  // [rows, S, 
 // Launches the merge of a split decode's workspace into o (dtype T, [rows, HD]).
 template <typename T>
 cudaError_t launch_split_merge(const DecodeOut& out, int64_t rows, int hd, cudaStream_t stream) {
-  merge_states_kernel<T><<<static_cast<unsigned>(rows), hd, 0, stream>>>(
-      out.ws_o, out.ws_m, out.ws_l, static_cast<T*>(out.o), nullptr, out.splits, hd);
+  KVB_LAUNCH(static_cast<unsigned>(rows), hd, 0, stream, merge_states_kernel<T>)
+  (out.ws_o, out.ws_m, out.ws_l, static_cast<T*>(out.o), nullptr, out.splits, hd);
   return cudaGetLastError();
 }
 

@@ -220,8 +220,10 @@ template <int BITS>
 cudaError_t launch_kivi_decode(const KiviArgs& a, KvDtype dtype, int head_dim, int group, dim3 grid,
                                cudaStream_t stream) {
   KVB_DISPATCH_DTYPE(dtype, T, KVB_DISPATCH_HEAD_DIM(head_dim, HD, KVB_DISPATCH_GROUP(group, GT, {
-                                                       kivi_decode_kernel<T, HD, GT, BITS>
-                                                           <<<grid, kDecodeThreads, 0, stream>>>(a);
+                                                       KVB_LAUNCH(
+                                                           grid, kDecodeThreads, 0, stream,
+                                                           kivi_decode_kernel<T, HD, GT, BITS>)
+                                                       (a);
                                                      })));
   return cudaGetLastError();
 }

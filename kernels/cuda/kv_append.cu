@@ -264,8 +264,9 @@ cudaError_t kivi_append_cuda(const KiviAppendParams& p, cudaStream_t stream) {
                    L.v_bits,
                    L.v_group_size};
   const dim3 grid(L.num_kv_heads, p.batch_size);
-  KVB_DISPATCH_DTYPE(p.dtype, T,
-                     { kivi_append_kernel<T><<<grid, kAppendThreads, 0, stream>>>(a); });
+  KVB_DISPATCH_DTYPE(p.dtype, T, {
+    KVB_LAUNCH(grid, kAppendThreads, 0, stream, kivi_append_kernel<T>)(a);
+  });
   return cudaGetLastError();
 }
 
@@ -289,7 +290,7 @@ cudaError_t paged_append_cuda(const PagedAppendParams& p, int32_t num_new_tokens
       p.k_new,     p.v_new,       p.new_indptr,   p.kv_lens,    p.k_pages,
       p.v_pages,   p.page_indptr, p.page_indices, p.batch_size, p.num_kv_heads * p.head_dim,
       p.page_size, p.src_dtype,   p.dtype};
-  paged_append_kernel<<<num_new_tokens, 256, 0, stream>>>(a);
+  KVB_LAUNCH(num_new_tokens, 256, 0, stream, paged_append_kernel)(a);
   return cudaGetLastError();
 }
 

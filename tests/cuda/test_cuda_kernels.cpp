@@ -10,6 +10,7 @@
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <random>
 #include <string>
 #include <vector>
@@ -87,7 +88,9 @@ std::vector<uint16_t> host_decode_ref(const testing::PagedCache& c) {
 }
 
 // Runs the CUDA decode; splits: 0 = planned, >= 1 = forced. *used_splits gets the plan's count.
-std::vector<uint16_t> cuda_decode(const testing::PagedCache& c, int32_t splits, int* used_splits) {
+// plan_len >= 0 plans from that max_scan_len instead of the true one.
+std::vector<uint16_t> cuda_decode(const testing::PagedCache& c, int32_t splits, int* used_splits,
+                                  int32_t plan_len = -1) {
   Dev<uint16_t> q(c.q), k(c.k), v(c.v), o(std::vector<uint16_t>(c.out_elems(), nan_bits(c.dtype)));
   Dev<int32_t> pi(c.page_indptr), px(c.page_indices), lens(c.kv_lens), gp(c.gather_indptr),
       gx(c.gather_indices);
@@ -105,6 +108,7 @@ std::vector<uint16_t> cuda_decode(const testing::PagedCache& c, int32_t splits, 
   }
   std::string why;
   EXPECT_TRUE(kc::decode_attention_supported(p, &why)) << why;
+  if (plan_len >= 0) p.max_scan_len = plan_len;
   const kc::DecodePlan plan = kc::decode_attention_plan(p, splits);
   *used_splits = plan.num_splits;
   Dev<uint8_t> ws(plan.workspace_bytes);
@@ -148,6 +152,18 @@ TEST_F(CudaKernels, PagedDecodeEmptySequenceGivesZeros) {
   int used = 0;
   const auto out = cuda_decode(c, 3, &used);
   for (int i = 0; i < 8 * 128; ++i) ASSERT_EQ(testing::from_bits(out[i], KvDtype::kF16), 0.f) << i;
+}
+
+// A plan made from a bound below the longest sequence (a stale max_scan_len) is slower, never
+// wrong: the last split runs to the end of every sequence.
+TEST_F(CudaKernels, PlanFromATooSmallBoundStaysCorrect) {
+  std::mt19937 rng(3);
+  auto c = testing::make_paged_cache(KvDtype::kF16, kLens, 2, 4, 128, 16, rng);
+  const auto ref = host_decode_ref(c);
+  int used = 0;
+  const auto out = cuda_decode(c, 4, &used, /*plan_len=*/256);
+  EXPECT_GT(used, 1);
+  EXPECT_LE(rel_err(out, ref, c.dtype), tolerance(c.dtype));
 }
 
 TEST_F(CudaKernels, GatheredTokensMatchOracle) {
@@ -298,14 +314,16 @@ TEST_F(CudaKernels, KiviDecodeMatchesOracle) {
                                " hd " + std::to_string(k.hd) + " g " + std::to_string(k.group) +
                                " ps " + std::to_string(k.ps) + " R " + std::to_string(k.R) +
                                " vg " + std::to_string(k.vg);
-      for (int32_t splits : {1, 0, 3}) {
+      // splits: 1, planned, forced 3, and forced 3 planned from a too-small max_kv_len (-3).
+      for (int32_t splits : {1, 0, 3, -3}) {
         Dev<uint16_t> o(std::vector<uint16_t>(s.out_elems(), nan_bits(dt)));
         KiviDecodeParams p = s.decode_params(o.get());
         d.point(p);
         std::string why;
         ASSERT_TRUE(kc::kivi_decode_supported(p, &why)) << what << ": " << why;
-        const kc::DecodePlan plan = kc::kivi_decode_plan(p, splits);
-        if (splits == 3) EXPECT_GT(plan.num_splits, 1) << what;
+        if (splits < 0) p.max_kv_len = 3 * k.ps;
+        const kc::DecodePlan plan = kc::kivi_decode_plan(p, std::abs(splits));
+        if (splits != 1 && splits != 0) EXPECT_GT(plan.num_splits, 1) << what;
         Dev<uint8_t> ws(plan.workspace_bytes);
         ASSERT_EQ(kc::kivi_decode_cuda(p, plan, ws.get(), nullptr), cudaSuccess) << what;
         ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << what;

@@ -232,6 +232,9 @@ struct KiviStore {
   void grow_pages(const std::vector<int32_t>& add) {
     page_indptr.assign(1, 0);
     page_indices.clear();
+    // Non-null even when no page is needed yet (every token in the residual): the checks reject
+    // null arrays, and a GPU run needs a device copy to point at.
+    page_indices.reserve(static_cast<size_t>(num_pages) + 1);
     for (int b = 0; b < batch(); ++b) {
       const int64_t need = kivi_pages_needed(L, kv_lens[b] + add[b]);
       while (static_cast<int64_t>(seq_pages[b].size()) < need) {

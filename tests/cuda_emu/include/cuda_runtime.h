@@ -1,0 +1,3 @@
+#pragma once
+// The CUDA emulator's stand-in for the toolkit's <cuda_runtime.h> (tests/cuda_emu/kvb_cuda_emu.h).
+#include "../kvb_cuda_emu.h"
