@@ -2,8 +2,10 @@
 // in the same process (specs/performance.md §7). Built, not run by ctest.
 //
 //   kvb_cuda_bench --json=PATH [--quick] [--filter=SUBSTR]   built-in runner: every case, a JSON
-//   file
-//                                                            and a table on stdout
+//                                                            file and a table on stdout
+//   kvb_cuda_bench --smoke --json=PATH                       tiny shapes, exit 1 unless every case
+//                                                            ran with finite outputs (run on the
+//                                                            CPU by the emulator, tests/cuda_emu)
 //   kvb_cuda_bench --list                                    the plan only (no device needed)
 //   kvb_cuda_bench --benchmark_filter=...                    Google Benchmark (when linked)
 //
@@ -32,6 +34,7 @@
 #include <string>
 #include <vector>
 
+#include "common.cuh"  // KVB_LAUNCH
 #include "kvb_cuda.cuh"
 
 #if KVB_HAVE_GBENCH
@@ -121,12 +124,18 @@ struct DevMem {
 using Mem = std::unique_ptr<DevMem>;
 Mem alloc(size_t b) { return std::make_unique<DevMem>(b); }
 
+// Grid-stride fills: at most 1024 blocks of 256, fewer for small buffers.
+unsigned fill_blocks(size_t n) {
+  return static_cast<unsigned>(std::min<size_t>(1024, (n + 255) / 256));
+}
 void fill16(const Mem& m, uint32_t seed, int mode) {
-  fill_random_u16<<<1024, 256>>>(m->as<uint16_t>(), m->bytes / 2, seed, mode);
+  const size_t n = m->bytes / 2;
+  KVB_LAUNCH(fill_blocks(n), 256, 0, nullptr, fill_random_u16)(m->as<uint16_t>(), n, seed, mode);
   BENCH_CUDA(cudaGetLastError());
 }
 void fill8(const Mem& m, uint32_t seed) {
-  fill_random_u8<<<1024, 256>>>(m->as<uint8_t>(), m->bytes, seed);
+  KVB_LAUNCH(fill_blocks(m->bytes), 256, 0, nullptr, fill_random_u8)
+  (m->as<uint8_t>(), m->bytes, seed);
   BENCH_CUDA(cudaGetLastError());
 }
 Mem upload(const std::vector<int32_t>& h) {
@@ -158,6 +167,9 @@ double percentile(std::vector<double> v, double q) {
   return i + 1 < v.size() ? v[i] + (pos - i) * (v[i + 1] - v[i]) : v.back();
 }
 
+bool g_smoke =
+    false;  // --smoke: 2 samples after 1 warm-up launch (a run of the code, not a timing)
+
 // Times launch(set) over rotating input sets; fills res with median/p10/p90 in microseconds.
 void time_launches(const std::function<void(int)>& launch, int sets, bool quick, CaseResult& res) {
   cudaEvent_t a, b;
@@ -169,12 +181,13 @@ void time_launches(const std::function<void(int)>& launch, int sets, bool quick,
   do {  // warm-up: at least warm_s and 3 launches
     launch(it++ % sets);
     BENCH_CUDA(cudaDeviceSynchronize());
-  } while (it < 3 ||
-           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() < warm_s);
+  } while (!g_smoke &&
+           (it < 3 ||
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() < warm_s));
   std::vector<double> us;
   double total_s = 0;
   const double min_s = quick ? 0.05 : 0.3;
-  const int min_n = 10, max_n = quick ? 50 : 400;
+  const int min_n = g_smoke ? 2 : 10, max_n = g_smoke ? 2 : quick ? 50 : 400;
   while ((static_cast<int>(us.size()) < min_n || total_s < min_s) &&
          static_cast<int>(us.size()) < max_n) {
     BENCH_CUDA(cudaEventRecord(a));
@@ -464,9 +477,11 @@ struct Plan {
   std::vector<std::string> kernels;
 };
 
-Plan make_plan(bool quick) {
+Plan make_plan(bool quick, bool smoke = false) {
   Plan p;
-  if (quick)
+  if (smoke)
+    p.shapes = {{2, 1100}};  // splits > 1 for every kernel, so the merge runs too
+  else if (quick)
     p.shapes = {{1, 4096}, {16, 32768}};
   else
     p.shapes = {{1, 4096},   {1, 32768}, {1, 131072}, {16, 4096},
@@ -496,13 +511,17 @@ std::string json_escape(const std::string& s) {
   return o;
 }
 
-int run_builtin(const std::string& json_path, bool quick, const std::string& filter) {
+int run_builtin(const std::string& json_path, bool quick, bool smoke, const std::string& filter) {
   const Device dev = device_info();
-  const size_t copy_bytes = quick ? (size_t(1) << 30) : (size_t(2) << 30);
+  const size_t copy_bytes = smoke   ? (size_t(4) << 20)
+                            : quick ? (size_t(1) << 30)
+                                    : (size_t(2) << 30);
+  quick |= smoke;
+  g_smoke = smoke;
   const double copy0 = copy_gbps(copy_bytes, quick);
   std::printf("device %s, %d SMs, L2 %.1f MB; D2D copy %.1f GB/s (read + write)\n",
               dev.name.c_str(), dev.sms, dev.l2_bytes / 1e6, copy0);
-  const Plan plan = make_plan(quick);
+  const Plan plan = make_plan(quick, smoke);
   std::vector<CaseResult> results;
   for (const Shape& s : plan.shapes)
     for (const std::string& k : plan.kernels) {
@@ -548,6 +567,15 @@ int run_builtin(const std::string& json_path, bool quick, const std::string& fil
   std::fprintf(f, "  ]\n}\n");
   std::fclose(f);
   std::printf("D2D copy at the end %.1f GB/s; wrote %s\n", copy1, json_path.c_str());
+  if (smoke)
+    for (const CaseResult& r : results)
+      if (!r.finite || r.median_us <= 0 || !r.note.empty() || r.bytes <= 0) {
+        std::fprintf(stderr, "kvb_cuda_bench --smoke: %s b%d ctx%d did not run cleanly%s%s\n",
+                     r.kernel.c_str(), r.shape.batch, r.shape.context,
+                     r.finite ? "" : " (non-finite output)",
+                     r.note.empty() ? "" : (": " + r.note).c_str());
+        return 1;
+      }
   return 0;
 }
 
@@ -585,7 +613,7 @@ void register_gbench(bool quick) {
 
 int main(int argc, char** argv) {
   std::string json, filter;
-  bool quick = false, list = false, builtin = false;
+  bool quick = false, smoke = false, list = false, builtin = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a.rfind("--json=", 0) == 0) {
@@ -593,6 +621,8 @@ int main(int argc, char** argv) {
       builtin = true;
     } else if (a == "--quick") {
       quick = true;
+    } else if (a == "--smoke") {
+      smoke = builtin = true;
     } else if (a == "--list") {
       list = true;
     } else if (a.rfind("--filter=", 0) == 0) {
@@ -600,11 +630,14 @@ int main(int argc, char** argv) {
     }
   }
   if (list) {
-    const Plan p = make_plan(quick);
+    const Plan p = make_plan(quick, smoke);
     std::printf(
         "kvb_cuda_bench plan (%s): shapes (batch x context) with %d kv heads, %d qo heads, "
         "head_dim %d:\n",
-        quick ? "quick" : "full", kKvHeads, kQoHeads, kHeadDim);
+        smoke   ? "smoke"
+        : quick ? "quick"
+                : "full",
+        kKvHeads, kQoHeads, kHeadDim);
     for (const Shape& s : p.shapes) std::printf("  b%d x %d\n", s.batch, s.context);
     std::printf("kernels:");
     for (const auto& k : p.kernels) std::printf(" %s", k.c_str());
@@ -627,5 +660,5 @@ int main(int argc, char** argv) {
   }
 #endif
   if (json.empty()) json = "kvb_cuda_bench.json";
-  return run_builtin(json, quick, filter);
+  return run_builtin(json, quick, smoke, filter);
 }

@@ -14,8 +14,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <deque>
 #include <map>
 #include <mutex>
 #include <random>
@@ -37,6 +39,7 @@ constexpr int kMaxThreads = 1024;
 enum class State { kRunnable, kWarpWait, kBlockWait, kDone };
 
 struct Fiber {
+  int index = 0;  // linear thread index in the block
   ThreadCtx ctx;
   ucontext_t uc;
   jmp_buf jb;
@@ -54,7 +57,7 @@ struct Warp {
 
 // The one grid being run (run_grid holds g_mutex).
 std::mutex g_mutex;
-std::vector<Fiber> g_fibers;
+std::deque<Fiber> g_fibers;  // stable addresses: a ucontext_t points into itself
 std::vector<Warp> g_warps;
 Fiber* g_cur = nullptr;
 jmp_buf g_sched;
@@ -128,6 +131,7 @@ void resume(Fiber& f) {
 void ensure_fibers(int n) {
   while (static_cast<int>(g_fibers.size()) < n) {
     g_fibers.emplace_back();
+    g_fibers.back().index = static_cast<int>(g_fibers.size()) - 1;
     void* mem = mmap(nullptr, kFiberStack, PROT_READ | PROT_WRITE,
                      MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (mem == MAP_FAILED) {
@@ -136,6 +140,7 @@ void ensure_fibers(int n) {
     }
     mprotect(mem, static_cast<size_t>(sysconf(_SC_PAGESIZE)), PROT_NONE);  // overflow faults
     g_fibers.back().stack = static_cast<char*>(mem);
+    getcontext(&g_fibers.back().uc);  // once; each block only re-targets it (makecontext)
   }
 }
 
@@ -226,11 +231,11 @@ void syncthreads() {
   yield_to_scheduler(State::kBlockWait);
 }
 
-int lane_id() { return static_cast<int>(g_cur - g_fibers.data()) % 32; }
+int lane_id() { return g_cur->index % 32; }
 
 void warp_exchange(unsigned mask, const void* in, void* out, size_t size, int src_lane) {
   Fiber& f = *g_cur;
-  const int tid = static_cast<int>(&f - g_fibers.data());
+  const int tid = f.index;
   Warp& w = g_warps[tid / 32];
   // Two slot sets by parity: a lane cannot reach exchange k + 2 before every lane has read k.
   uint64_t* slots = w.slot[f.shuffles & 1];
@@ -274,7 +279,6 @@ void run_grid(const LaunchCfg& cfg, void (*body)(void*), void* closure) {
           f.started = false;
           f.state = State::kRunnable;
           f.barriers = f.shuffles = 0;
-          getcontext(&f.uc);
           f.uc.uc_stack.ss_sp = f.stack;
           f.uc.uc_stack.ss_size = kFiberStack;
           f.uc.uc_link = nullptr;
@@ -312,6 +316,41 @@ cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) 
   if (device != 0) return g_last_error = cudaErrorInvalidDevice;
   if (attr != cudaDevAttrMultiProcessorCount) return g_last_error = cudaErrorInvalidValue;
   *value = 132;  // the H200's
+  return cudaSuccess;
+}
+
+// The H200's SM count (split plans come out as on the GPU); a small L2, so that benchmarks that
+// rotate input sets to defeat the L2 keep few of them.
+cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
+  if (device != 0) return g_last_error = cudaErrorInvalidDevice;
+  *prop = cudaDeviceProp{};
+  std::snprintf(prop->name, sizeof prop->name, "kvbench CUDA emulator (CPU)");
+  prop->multiProcessorCount = 132;
+  prop->l2CacheSize = 1 << 20;
+  prop->totalGlobalMem = size_t(8) << 30;
+  prop->major = 9;
+  prop->minor = 0;
+  return cudaSuccess;
+}
+
+struct CUevent_st {
+  std::chrono::steady_clock::time_point t;
+};
+cudaError_t cudaEventCreate(cudaEvent_t* event) {
+  *event = new CUevent_st{std::chrono::steady_clock::now()};
+  return cudaSuccess;
+}
+cudaError_t cudaEventDestroy(cudaEvent_t event) {
+  delete event;
+  return cudaSuccess;
+}
+cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t) {
+  event->t = std::chrono::steady_clock::now();
+  return cudaSuccess;
+}
+cudaError_t cudaEventSynchronize(cudaEvent_t) { return cudaSuccess; }
+cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
+  *ms = std::chrono::duration<float, std::milli>(end->t - start->t).count();
   return cudaSuccess;
 }
 

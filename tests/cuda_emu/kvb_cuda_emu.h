@@ -65,6 +65,15 @@ enum cudaMemcpyKind {
 enum cudaDeviceAttr { cudaDevAttrMultiProcessorCount = 16 };
 struct CUstream_st;
 typedef CUstream_st* cudaStream_t;
+struct CUevent_st;
+typedef CUevent_st* cudaEvent_t;  // a host clock reading (kernels run at launch)
+struct cudaDeviceProp {
+  char name[256];
+  int multiProcessorCount;
+  int l2CacheSize;
+  size_t totalGlobalMem;
+  int major, minor;
+};
 
 // ---- vector types ----
 struct uint3 {
@@ -103,6 +112,7 @@ inline float __half2float(__half h) { return ::kvb::kernels::half_to_float(h.__x
 inline __half __float2half_rn(float f) { return __half{::kvb::kernels::float_to_half(f)}; }
 inline float2 __half22float2(__half2 h) { return float2{__half2float(h.x), __half2float(h.y)}; }
 inline unsigned short __half_as_ushort(__half h) { return h.__x; }
+inline unsigned short __bfloat16_as_ushort(__nv_bfloat16 b) { return b.__x; }
 inline __half __ushort_as_half(unsigned short u) { return __half{u}; }
 inline float __bfloat162float(__nv_bfloat16 b) { return ::kvb::kernels::bf16_to_float(b.__x); }
 inline __nv_bfloat16 __float2bfloat16_rn(float f) {
@@ -232,6 +242,12 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpy
 cudaError_t cudaMemset(void* dst, int value, size_t bytes);
 cudaError_t cudaDeviceSynchronize();
 cudaError_t cudaStreamSynchronize(cudaStream_t stream);
+cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device);
+cudaError_t cudaEventCreate(cudaEvent_t* event);
+cudaError_t cudaEventDestroy(cudaEvent_t event);
+cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream = nullptr);
+cudaError_t cudaEventSynchronize(cudaEvent_t event);
+cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end);
 cudaError_t cudaGetLastError();
 cudaError_t cudaPeekAtLastError();
 const char* cudaGetErrorString(cudaError_t err);
