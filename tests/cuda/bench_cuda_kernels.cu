@@ -76,6 +76,11 @@ struct CaseResult {
   double bytes = 0, fp16_bytes = 0;
   bool finite = true;
   std::string note;
+  // --smoke under the CUDA emulator: the bytes of the distinct 32-byte sectors one launch read
+  // through __ldg, and what the byte accounting above says those reads are (K/V payload, page and
+  // index entries, and q where the kernel loads it with __ldg), so the GB/s denominators are
+  // checked against what the kernel really touches.
+  double traced_bytes = -1, traced_expected = 0;
 };
 
 __global__ void fill_random_u16(uint16_t* p, size_t n, uint32_t seed, int mode) {
@@ -219,6 +224,19 @@ double copy_gbps(size_t bytes, bool quick) {
   return 2.0 * bytes / (r.median_us * 1e-6) / 1e9;
 }
 
+// Under the emulator with --smoke: one more launch with __ldg's sectors counted.
+void trace_reads(CaseResult& r, const std::function<void()>& launch) {
+#if KVB_CUDA_EMU
+  if (!g_smoke) return;
+  kvb::emu::start_read_tracking();
+  launch();
+  r.traced_bytes = static_cast<double>(kvb::emu::stop_read_tracking());
+#else
+  (void)r;
+  (void)launch;
+#endif
+}
+
 // Random page tables for `batch` sequences of `context` tokens at page size ps.
 struct Table {
   std::vector<int32_t> indptr, indices, lens;
@@ -357,6 +375,7 @@ CaseResult bench_paged(const Shape& s, KvDtype dt, GatherMode mode, double frac,
       },
       sets, quick, r);
   r.finite = outputs_finite(o, o->bytes / 2, dt);
+  trace_reads(r, [&] { BENCH_CUDA(kc::decode_attention_cuda(p, plan, ws->p, nullptr)); });
   const double pages_read = mode == GatherMode::kPages
                                 ? static_cast<double>(gidx.size())
                                 : static_cast<double>(s.batch) * ((attended + ps - 1) / ps);
@@ -366,6 +385,7 @@ CaseResult bench_paged(const Shape& s, KvDtype dt, GatherMode mode, double frac,
       plan.num_splits > 1 ? 2.0 * s.batch * kQoHeads * plan.num_splits * (kHeadDim + 2) * 4 : 0;
   r.bytes = kv_payload + meta + qo + ws_bytes;
   r.fp16_bytes = fp16_kv_bytes(s);
+  r.traced_expected = kv_payload + 4.0 * (pages_read + gidx.size()) + qo / 2;
   return r;
 }
 
@@ -463,12 +483,15 @@ CaseResult bench_kivi(const Shape& s, int bits, const Device& dev, bool quick) {
       },
       sets, quick, r);
   r.finite = outputs_finite(o, o->bytes / 2, KvDtype::kF16);
+  trace_reads(r, [&] { BENCH_CUDA(kc::kivi_decode_cuda(p, plan, ws->p, nullptr)); });
   const double meta = 4.0 * (static_cast<double>(s.batch) * pages_per + 2 * s.batch + 1);
   const double qo = 2.0 * 2 * s.batch * kQoHeads * kHeadDim;
   const double ws_bytes =
       plan.num_splits > 1 ? 2.0 * s.batch * kQoHeads * plan.num_splits * (kHeadDim + 2) * 4 : 0;
   r.bytes = kv_read + meta + qo + ws_bytes;
   r.fp16_bytes = fp16_kv_bytes(s);
+  r.traced_expected =
+      kv_read + 4.0 * s.batch * pages_per;  // q goes to shared memory by plain loads
   return r;
 }
 
@@ -567,6 +590,22 @@ int run_builtin(const std::string& json_path, bool quick, bool smoke, const std:
   std::fprintf(f, "  ]\n}\n");
   std::fclose(f);
   std::printf("D2D copy at the end %.1f GB/s; wrote %s\n", copy1, json_path.c_str());
+  int traced_off = 0;
+  for (const CaseResult& r : results) {
+    if (r.traced_bytes < 0) continue;
+    const double ratio = r.traced_bytes / r.traced_expected;
+    std::printf(
+        "%-22s b%-3d ctx%-7d read through __ldg: %.0f bytes traced, %.0f accounted (%.4f)\n",
+        r.kernel.c_str(), r.shape.batch, r.shape.context, r.traced_bytes, r.traced_expected, ratio);
+    traced_off += std::fabs(ratio - 1.0) > 0.02;
+  }
+  if (traced_off) {
+    std::fprintf(stderr,
+                 "kvb_cuda_bench --smoke: %d case(s) read more than 2%% more or less than "
+                 "their byte accounting says\n",
+                 traced_off);
+    return 1;
+  }
   if (smoke)
     for (const CaseResult& r : results)
       if (!r.finite || r.median_us <= 0 || !r.note.empty() || r.bytes <= 0) {

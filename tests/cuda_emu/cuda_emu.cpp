@@ -23,6 +23,7 @@
 #include <random>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "kvb_cuda_emu.h"
@@ -217,6 +218,25 @@ uint64_t g_block_serial = 0;                        // blocks run so far, all la
 std::unordered_map<void*, uint64_t> g_shared_seen;  // shared array -> block that poisoned it
 
 }  // namespace
+
+bool g_track_reads = false;
+namespace {
+std::unordered_set<uintptr_t> g_sectors;
+}
+void note_read(const void* p, size_t bytes) {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  for (uintptr_t s = a / 32; s <= (a + bytes - 1) / 32; ++s) g_sectors.insert(s);
+}
+void start_read_tracking() {
+  g_sectors.clear();
+  g_track_reads = true;
+}
+uint64_t stop_read_tracking() {
+  g_track_reads = false;
+  const uint64_t bytes = 32 * static_cast<uint64_t>(g_sectors.size());
+  g_sectors.clear();
+  return bytes;
+}
 
 void shared_declared(void* array, size_t bytes) {
   uint64_t& seen = g_shared_seen[array];

@@ -131,8 +131,17 @@ inline unsigned int __float_as_uint(float f) {
   return u;
 }
 inline int __float2int_rn(float x) { return static_cast<int>(std::nearbyint(x)); }  // ties to even
+namespace kvb::emu {
+extern bool g_track_reads;
+void note_read(const void* p, size_t bytes);
+// Counting the distinct 32-byte sectors that __ldg reads (a GPU's DRAM transaction unit), to check
+// a benchmark's byte accounting: start, launch, stop (returns the bytes of the sectors touched).
+void start_read_tracking();
+uint64_t stop_read_tracking();
+}  // namespace kvb::emu
 template <typename T>
 inline T __ldg(const T* p) {
+  if (::kvb::emu::g_track_reads) ::kvb::emu::note_read(p, sizeof(T));
   return *p;
 }
 // CUDA's global min / max overloads (device code calls them unqualified).
