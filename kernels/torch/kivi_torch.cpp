@@ -106,7 +106,7 @@ KiviPools kivi_pools_empty(const KiviLayout& l, int64_t num_pages, const c10::De
 }
 
 void KiviStepTables::upload(const c10::Device& dev) {
-  if (dev.is_cpu()) {
+  if (host_kernels(dev)) {
     device = at::Tensor();
     return;
   }
@@ -124,8 +124,8 @@ std::string kivi_kernel_supported(const c10::Device& device, c10::ScalarType rin
            c10::toString(ring_dtype) + ")";
   if (auto e = kivi_layout_check(l); !e.empty()) return e;
   if (num_qo_heads < 1 || num_qo_heads % l.num_kv_heads != 0) return "query heads do not group";
-  if (device.is_cpu()) return "";
-  if (!device.is_cuda()) return "device " + device.str() + " has no kernel";
+  if (host_kernels(device)) return "";
+  if (!cuda_kernels(device)) return "device " + device.str() + " has no kernel";
 #if KVB_HAVE_CUDA
   if (l.head_dim != 64 && l.head_dim != 128)
     return "the CUDA kernels are compiled for head_dim 64 and 128 (this model: " +
@@ -173,7 +173,7 @@ void kivi_append(const KiviLayout& l, KiviPools& pools, at::Tensor& k_ring, at::
   p.page_indices = t.page_indices.data();
   const std::string why = kivi_append_check(p);
   check(why.empty(), "kivi append: ", why);
-  if (k_ring.device().is_cpu()) {
+  if (host_kernels(k_ring.device())) {
     kivi_append_cpu(p);
     return;
   }
@@ -229,7 +229,7 @@ at::Tensor kivi_decode_attention(const at::Tensor& q, const KiviLayout& l, const
   p.kv_lens = t.kv_lens_after.data();
   const std::string bad = kivi_decode_check(p);
   check(bad.empty(), "kivi decode: ", bad);
-  if (q.device().is_cpu()) {
+  if (host_kernels(q.device())) {
     kivi_decode_cpu(p);
     return o;
   }

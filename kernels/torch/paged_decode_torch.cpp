@@ -15,7 +15,7 @@
 namespace kvb::kernels {
 
 void PagedDecodeTables::upload(const c10::Device& dev) {
-  if (dev.is_cpu()) {
+  if (host_kernels(dev)) {
     device = at::Tensor();
     return;
   }
@@ -33,8 +33,8 @@ std::string paged_decode_supported(const c10::Device& device, c10::ScalarType dt
   if (!to_kv_dtype(dtype, &d))
     return std::string("dtype ") + c10::toString(dtype) + " has no kernel";
   if (num_kv_heads < 1 || num_qo_heads % num_kv_heads != 0) return "query heads do not group";
-  if (device.is_cpu()) return "";
-  if (!device.is_cuda()) return "device " + device.str() + " has no kernel";
+  if (host_kernels(device)) return "";
+  if (!cuda_kernels(device)) return "device " + device.str() + " has no kernel";
 #if KVB_HAVE_CUDA
   if (d == KvDtype::kF32) return "the CUDA kernel takes fp16 or bf16 only";
   if (head_dim != 64 && head_dim != 128)
@@ -83,7 +83,7 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_pool,
   int32_t max_len = 0;
   for (int32_t n : tables.kv_lens) max_len = std::max(max_len, n);
   p.max_scan_len = max_len;
-  if (q.device().is_cpu()) {
+  if (host_kernels(q.device())) {
     p.page_indptr = tables.page_indptr.data();
     p.page_indices = tables.page_indices.data();
     p.kv_lens = tables.kv_lens.data();
