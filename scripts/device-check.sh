@@ -503,7 +503,7 @@ if kb:
             if c["kernel"].startswith(k):
                 b = base.get((c["batch"], c["context"]))
                 if b:
-                    L.append(f"- {k} b{c['batch']} ctx{c['context']}: {b / t:.2f}x our fp16 kernel (target >= {want}): "
+                    L.append(f"- {c['kernel']} b{c['batch']} ctx{c['context']}: {b / t:.2f}x our fp16 kernel (target >= {want}): "
                              f"{'MET' if b / t >= want else 'MISSED'}")
 if sd:
     L.append(f"\ntorch {sd.get('torch')}: D2D copy through torch {sd.get('torch_copy_gbps', 0):.0f} GB/s; "

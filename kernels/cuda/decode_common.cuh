@@ -28,6 +28,23 @@ struct DecodeOut {
   int splits;
 };
 
+// The block's slot states in shared memory (finish_block merges them; the tensor-core KIVI kernel
+// also hands its warps' states to slots through them): m, l in log2 units, acc unnormalised.
+template <int HD, int GT>
+struct SlotSmem {
+  float (*acc)[GT][HD];  // [NSLOT][GT][HD]
+  float (*m)[GT];        // [NSLOT][GT]
+  float (*l)[GT];        // [NSLOT][GT]
+};
+template <int HD, int GT>
+__device__ __forceinline__ SlotSmem<HD, GT> slot_smem() {
+  using C = DecodeCfg<HD, GT>;
+  __shared__ float sm_acc[C::NSLOT][GT][HD];
+  __shared__ float sm_m[C::NSLOT][GT];
+  __shared__ float sm_l[C::NSLOT][GT];
+  return SlotSmem<HD, GT>{sm_acc, sm_m, sm_l};
+}
+
 // Merges the block's slot states (m, l in log2 units; acc unnormalised) and writes query heads
 // [row0, row0 + group) of this split. Called by every thread of the block.
 template <typename T, int HD, int GT>
@@ -36,9 +53,10 @@ __device__ __forceinline__ void finish_block(const float (&m)[GT], const float (
                                              int group, int64_t row0, int split,
                                              const DecodeOut& out) {
   using C = DecodeCfg<HD, GT>;
-  __shared__ float sm_acc[C::NSLOT][GT][HD];
-  __shared__ float sm_m[C::NSLOT][GT];
-  __shared__ float sm_l[C::NSLOT][GT];
+  const SlotSmem<HD, GT> S = slot_smem<HD, GT>();
+  float(*sm_acc)[GT][HD] = S.acc;
+  float(*sm_m)[GT] = S.m;
+  float(*sm_l)[GT] = S.l;
   const int tid = threadIdx.x, lc = tid % C::TPT, slot = tid / C::TPT;
 #pragma unroll
   for (int h = 0; h < GT; ++h) {

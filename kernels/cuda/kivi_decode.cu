@@ -45,9 +45,27 @@ bool kivi_decode_supported(const KiviDecodeParams& p, std::string* why) {
   return set_why(why, "");
 }
 
+bool kivi_decode_tc_supported(const KiviDecodeParams& p, std::string* why) {
+  if (!kivi_decode_supported(p, why)) return false;
+  if (p.layout.page_size % 16 != 0)
+    return set_why(why, "the tensor-core kernel takes whole 16-token tiles: page_size " +
+                            std::to_string(p.layout.page_size) + " is not a multiple of 16");
+  if (p.layout.v_group_size % 16 != 0 || ps_shift_of(p.layout.v_group_size) < 0)
+    return set_why(why, "the tensor-core kernel needs v_group_size a power of 2 >= 16 (got " +
+                            std::to_string(p.layout.v_group_size) + ")");
+  return set_why(why, "");
+}
+
 cudaError_t kivi_decode_cuda(const KiviDecodeParams& p, const DecodePlan& plan, void* workspace,
-                             cudaStream_t stream) {
+                             cudaStream_t stream, KiviDecodeKernel kernel) {
   if (!kivi_decode_supported(p, nullptr)) return cudaErrorInvalidValue;
+  bool tensor_cores = false;
+  if (kernel == KiviDecodeKernel::kTensorCores) {
+    if (!kivi_decode_tc_supported(p, nullptr)) return cudaErrorInvalidValue;
+    tensor_cores = true;
+  } else if (kernel == KiviDecodeKernel::kAuto) {
+    tensor_cores = kivi_decode_tc_supported(p, nullptr);
+  }
   if (p.batch_size == 0) return cudaSuccess;
   const KiviLayout& L = p.layout;
   const int64_t rows = static_cast<int64_t>(p.batch_size) * p.num_qo_heads;
@@ -85,13 +103,13 @@ cudaError_t kivi_decode_cuda(const KiviDecodeParams& p, const DecodePlan& plan, 
   cudaError_t err = cudaErrorInvalidValue;
   switch (L.k_bits) {
     case 2:
-      err = launch_kivi_decode_b2(a, p.dtype, L.head_dim, group, grid, stream);
+      err = launch_kivi_decode_b2(a, p.dtype, L.head_dim, group, grid, stream, tensor_cores);
       break;
     case 4:
-      err = launch_kivi_decode_b4(a, p.dtype, L.head_dim, group, grid, stream);
+      err = launch_kivi_decode_b4(a, p.dtype, L.head_dim, group, grid, stream, tensor_cores);
       break;
     case 8:
-      err = launch_kivi_decode_b8(a, p.dtype, L.head_dim, group, grid, stream);
+      err = launch_kivi_decode_b8(a, p.dtype, L.head_dim, group, grid, stream, tensor_cores);
       break;
   }
   KVB_CUDA_TRY(err);

@@ -35,6 +35,88 @@ struct KiviArgs {
   DecodeOut out;
 };
 
+// q of the block's query heads, pre-scaled by sm_scale * log2(e), into shared memory (zeros for
+// the idle lanes of a padded group). Ends with a barrier.
+template <typename T, int HD, int GT>
+__device__ __forceinline__ void kivi_load_q(const KiviArgs& a, int64_t row0, int group,
+                                            float (&sm_q)[GT][HD]) {
+  for (int i = threadIdx.x; i < GT * HD; i += kDecodeThreads) {
+    const int h = i / HD, d = i % HD;
+    sm_q[h][d] = h < group
+                     ? to_float<T>(static_cast<const T*>(a.q)[(row0 + h) * HD + d]) * a.scale_log2
+                     : 0.f;
+  }
+  __syncthreads();
+}
+
+// Phase B: tokens [a_end, t1) one per slot (partly quantized pages and the residual rings),
+// accumulated into the thread's slot state.
+template <typename T, int HD, int GT, int BITS>
+__device__ __forceinline__ void kivi_phase_b(const KiviArgs& a, const float (&sm_q)[GT][HD], int b,
+                                             int kvh, int a_end, int t1, int kq, int vq,
+                                             const int32_t* pages, float (&m)[GT], float (&l)[GT],
+                                             float (&acc)[GT][DecodeCfg<HD, GT>::CPT]) {
+  using C = DecodeCfg<HD, GT>;
+  constexpr int CPT = C::CPT, NV = C::NV, TPT = C::TPT, NSLOT = C::NSLOT;
+  constexpr int CB = CPT * BITS / 8;
+  constexpr int ROWB = HD * BITS / 8;
+  const int tid = threadIdx.x, lc = tid % TPT, slot = tid / TPT;
+  const int c0 = lc * CPT;
+  for (int base = a_end; base < t1; base += NSLOT) {  // uniform
+    const int j = base + slot;
+    bool ok[1] = {j < t1};
+    float kf[CPT], vf[CPT];
+#pragma unroll
+    for (int c = 0; c < CPT; ++c) kf[c] = vf[c] = 0.f;
+    if (ok[0]) {
+      const int slot_r = j - j / a.U * a.U;
+      const int64_t ring = ((static_cast<int64_t>(b) * a.U + slot_r) * a.hkv + kvh) * HD + c0;
+      const int lp = j / a.ps, r = j - lp * a.ps;
+      const int64_t blk =
+          (j < kq || j < vq) ? static_cast<int64_t>(__ldg(pages + lp)) * a.hkv + kvh : 0;
+      if (j < kq) {
+        CodeWords<CB> w;
+        w.load(a.kc + blk * (a.ps * ROWB) + r * ROWB + lc * CB);
+#pragma unroll
+        for (int c = 0; c < CPT; ++c)
+          kf[c] = fmaf(w.template code<BITS>(c), h2f_bits(__ldg(a.ks + blk * HD + c0 + c)),
+                       h2f_bits(__ldg(a.km + blk * HD + c0 + c)));
+      } else {
+#pragma unroll
+        for (int v = 0; v < NV; ++v)
+          cvt8<T>(ldg16(static_cast<const T*>(a.kres) + ring + 8 * v), kf + 8 * v);
+      }
+      if (j < vq) {
+        CodeWords<CB> w;
+        w.load(a.vc + blk * (a.ps * ROWB) + r * ROWB + lc * CB);
+        const int64_t mi = (blk * a.ps + r) * a.vgroups;
+#pragma unroll
+        for (int c = 0; c < CPT; ++c) {
+          const int gi = (c0 + c) >> a.vg_shift;
+          vf[c] = fmaf(w.template code<BITS>(c), h2f_bits(__ldg(a.vs + mi + gi)),
+                       h2f_bits(__ldg(a.vm + mi + gi)));
+        }
+      } else {
+#pragma unroll
+        for (int v = 0; v < NV; ++v)
+          cvt8<T>(ldg16(static_cast<const T*>(a.vres) + ring + 8 * v), vf + 8 * v);
+      }
+    }
+    float s[1][GT];
+#pragma unroll
+    for (int h = 0; h < GT; ++h) {
+      float dot = 0.f;
+#pragma unroll
+      for (int c = 0; c < CPT; ++c) dot = fmaf(sm_q[h][c0 + c], kf[c], dot);
+      s[0][h] = row_sum<TPT>(dot);
+    }
+    softmax_update<GT, CPT, 1>(m, l, acc, s, ok, [&](int, float* f) {
+#pragma unroll
+      for (int c = 0; c < CPT; ++c) f[c] = vf[c];
+    });
+  }
+}
+
 template <typename T, int HD, int GT, int BITS>
 __global__ void __launch_bounds__(kDecodeThreads) kivi_decode_kernel(const KiviArgs a) {
   using C = DecodeCfg<HD, GT>;
@@ -55,13 +137,7 @@ __global__ void __launch_bounds__(kDecodeThreads) kivi_decode_kernel(const KiviA
   const int c0 = lc * CPT;  // this thread's first channel
 
   __shared__ float sm_q[GT][HD];
-  for (int i = tid; i < GT * HD; i += kDecodeThreads) {
-    const int h = i / HD, d = i % HD;
-    sm_q[h][d] = h < group
-                     ? to_float<T>(static_cast<const T*>(a.q)[(row0 + h) * HD + d]) * a.scale_log2
-                     : 0.f;
-  }
-  __syncthreads();
+  kivi_load_q<T, HD, GT>(a, row0, group, sm_q);
 
   float m[GT], l[GT], acc[GT][CPT];
 #pragma unroll
@@ -158,67 +234,30 @@ __global__ void __launch_bounds__(kDecodeThreads) kivi_decode_kernel(const KiviA
     }
   }
 
-  // ---- phase B: tokens [a_end, t1), one per slot ----
-  for (int base = a_end; base < t1; base += NSLOT) {  // uniform
-    const int j = base + slot;
-    bool ok[1] = {j < t1};
-    float kf[CPT], vf[CPT];
-#pragma unroll
-    for (int c = 0; c < CPT; ++c) kf[c] = vf[c] = 0.f;
-    if (ok[0]) {
-      const int slot_r = j - j / a.U * a.U;
-      const int64_t ring = ((static_cast<int64_t>(b) * a.U + slot_r) * a.hkv + kvh) * HD + c0;
-      const int lp = j / a.ps, r = j - lp * a.ps;
-      const int64_t blk =
-          (j < kq || j < vq) ? static_cast<int64_t>(__ldg(pages + lp)) * a.hkv + kvh : 0;
-      if (j < kq) {
-        CodeWords<CB> w;
-        w.load(a.kc + blk * (a.ps * ROWB) + r * ROWB + lc * CB);
-#pragma unroll
-        for (int c = 0; c < CPT; ++c)
-          kf[c] = fmaf(w.template code<BITS>(c), h2f_bits(__ldg(a.ks + blk * HD + c0 + c)),
-                       h2f_bits(__ldg(a.km + blk * HD + c0 + c)));
-      } else {
-#pragma unroll
-        for (int v = 0; v < NV; ++v)
-          cvt8<T>(ldg16(static_cast<const T*>(a.kres) + ring + 8 * v), kf + 8 * v);
-      }
-      if (j < vq) {
-        CodeWords<CB> w;
-        w.load(a.vc + blk * (a.ps * ROWB) + r * ROWB + lc * CB);
-        const int64_t mi = (blk * a.ps + r) * a.vgroups;
-#pragma unroll
-        for (int c = 0; c < CPT; ++c) {
-          const int gi = (c0 + c) >> a.vg_shift;
-          vf[c] = fmaf(w.template code<BITS>(c), h2f_bits(__ldg(a.vs + mi + gi)),
-                       h2f_bits(__ldg(a.vm + mi + gi)));
-        }
-      } else {
-#pragma unroll
-        for (int v = 0; v < NV; ++v)
-          cvt8<T>(ldg16(static_cast<const T*>(a.vres) + ring + 8 * v), vf + 8 * v);
-      }
-    }
-    float s[1][GT];
-#pragma unroll
-    for (int h = 0; h < GT; ++h) {
-      float dot = 0.f;
-#pragma unroll
-      for (int c = 0; c < CPT; ++c) dot = fmaf(sm_q[h][c0 + c], kf[c], dot);
-      s[0][h] = row_sum<TPT>(dot);
-    }
-    softmax_update<GT, CPT, 1>(m, l, acc, s, ok, [&](int, float* f) {
-#pragma unroll
-      for (int c = 0; c < CPT; ++c) f[c] = vf[c];
-    });
-  }
+  kivi_phase_b<T, HD, GT, BITS>(a, sm_q, b, kvh, a_end, t1, kq, vq, pages, m, l, acc);
   finish_block<T, HD, GT>(m, l, acc, group, row0, split, a.out);
 }
 
-// One bit width's launcher (kivi_decode_b{2,4,8}.cu): dispatches dtype, head_dim and group.
+}  // namespace kvb::kernels::cuda
+
+#include "kivi_decode_tc.cuh"
+
+namespace kvb::kernels::cuda {
+
+// One bit width's launcher (kivi_decode_b{2,4,8}.cu): dispatches dtype, head_dim and group, on
+// CUDA cores or (tensor_cores) with phase A on tensor cores.
 template <int BITS>
 cudaError_t launch_kivi_decode(const KiviArgs& a, KvDtype dtype, int head_dim, int group, dim3 grid,
-                               cudaStream_t stream) {
+                               cudaStream_t stream, bool tensor_cores) {
+  if (tensor_cores) {
+    KVB_DISPATCH_DTYPE(dtype, T, KVB_DISPATCH_HEAD_DIM(head_dim, HD, KVB_DISPATCH_GROUP(group, GT, {
+                                                         KVB_LAUNCH(
+                                                             grid, kDecodeThreads, 0, stream,
+                                                             kivi_decode_tc_kernel<T, HD, GT, BITS>)
+                                                         (a);
+                                                       })));
+    return cudaGetLastError();
+  }
   KVB_DISPATCH_DTYPE(dtype, T, KVB_DISPATCH_HEAD_DIM(head_dim, HD, KVB_DISPATCH_GROUP(group, GT, {
                                                        KVB_LAUNCH(
                                                            grid, kDecodeThreads, 0, stream,
@@ -229,10 +268,10 @@ cudaError_t launch_kivi_decode(const KiviArgs& a, KvDtype dtype, int head_dim, i
 }
 
 cudaError_t launch_kivi_decode_b2(const KiviArgs& a, KvDtype dtype, int head_dim, int group,
-                                  dim3 grid, cudaStream_t stream);
+                                  dim3 grid, cudaStream_t stream, bool tensor_cores);
 cudaError_t launch_kivi_decode_b4(const KiviArgs& a, KvDtype dtype, int head_dim, int group,
-                                  dim3 grid, cudaStream_t stream);
+                                  dim3 grid, cudaStream_t stream, bool tensor_cores);
 cudaError_t launch_kivi_decode_b8(const KiviArgs& a, KvDtype dtype, int head_dim, int group,
-                                  dim3 grid, cudaStream_t stream);
+                                  dim3 grid, cudaStream_t stream, bool tensor_cores);
 
 }  // namespace kvb::kernels::cuda

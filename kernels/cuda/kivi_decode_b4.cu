@@ -5,8 +5,8 @@
 namespace kvb::kernels::cuda {
 
 cudaError_t launch_kivi_decode_b4(const KiviArgs& a, KvDtype dtype, int head_dim, int group,
-                                  dim3 grid, cudaStream_t stream) {
-  return launch_kivi_decode<4>(a, dtype, head_dim, group, grid, stream);
+                                  dim3 grid, cudaStream_t stream, bool tensor_cores) {
+  return launch_kivi_decode<4>(a, dtype, head_dim, group, grid, stream, tensor_cores);
 }
 
 }  // namespace kvb::kernels::cuda

@@ -50,11 +50,18 @@ cudaError_t decode_attention_cuda(const DecodeAttentionParams& p, const DecodePl
                                   void* workspace,  // [plan.workspace_bytes] device, or null
                                   cudaStream_t stream);
 
-// Decode attention over the KIVI store (kivi_cache.h), dequantizing inside the kernel.
+// Decode attention over the KIVI store (kivi_cache.h), dequantizing inside the kernel. Two
+// kernels: kCudaCores (codes dequantized and multiplied on CUDA cores) and kTensorCores (whole
+// quantized pages on tensor cores, raw codes times scale-folded operands; kivi_decode_tc.cuh),
+// which also needs page_size and v_group_size multiples of 16. kAuto takes tensor cores where
+// supported. Both agree with kivi_decode_ref to fp32 rounding.
+enum class KiviDecodeKernel { kCudaCores, kTensorCores, kAuto };
 bool kivi_decode_supported(const KiviDecodeParams& p, std::string* why);
+bool kivi_decode_tc_supported(const KiviDecodeParams& p, std::string* why);
 cudaError_t kivi_decode_cuda(const KiviDecodeParams& p, const DecodePlan& plan,
                              void* workspace,  // [plan.workspace_bytes] device, or null
-                             cudaStream_t stream);
+                             cudaStream_t stream,
+                             KiviDecodeKernel kernel = KiviDecodeKernel::kCudaCores);
 
 // Merge of partial softmax states (decode_attention.h). o_dtype fp16, bf16 or fp32.
 bool attention_merge_supported(const AttentionMergeParams& p, std::string* why);

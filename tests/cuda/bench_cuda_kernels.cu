@@ -389,10 +389,13 @@ CaseResult bench_paged(const Shape& s, KvDtype dt, GatherMode mode, double frac,
   return r;
 }
 
-CaseResult bench_kivi(const Shape& s, int bits, const Device& dev, bool quick) {
+// KIVI decode on CUDA cores, or (tc) with whole quantized pages on tensor cores.
+CaseResult bench_kivi(const Shape& s, int bits, bool tc, const Device& dev, bool quick) {
   CaseResult r;
   r.shape = s;
-  r.kernel = "kivi" + std::to_string(bits) + "_fp16res";
+  r.kernel = "kivi" + std::to_string(bits) + (tc ? "_tc" : "");
+  const kc::KiviDecodeKernel kernel =
+      tc ? kc::KiviDecodeKernel::kTensorCores : kc::KiviDecodeKernel::kCudaCores;
   KiviLayout L;
   L.num_kv_heads = kKvHeads;
   L.head_dim = kHeadDim;
@@ -468,7 +471,7 @@ CaseResult bench_kivi(const Shape& s, int bits, const Device& dev, bool quick) {
   };
   point(0);
   std::string why;
-  if (!kc::kivi_decode_supported(p, &why)) {
+  if (!(tc ? kc::kivi_decode_tc_supported(p, &why) : kc::kivi_decode_supported(p, &why))) {
     r.note = "unsupported: " + why;
     return r;
   }
@@ -479,11 +482,11 @@ CaseResult bench_kivi(const Shape& s, int bits, const Device& dev, bool quick) {
   time_launches(
       [&](int i) {
         point(i);
-        BENCH_CUDA(kc::kivi_decode_cuda(p, plan, ws->p, nullptr));
+        BENCH_CUDA(kc::kivi_decode_cuda(p, plan, ws->p, nullptr, kernel));
       },
       sets, quick, r);
   r.finite = outputs_finite(o, o->bytes / 2, KvDtype::kF16);
-  trace_reads(r, [&] { BENCH_CUDA(kc::kivi_decode_cuda(p, plan, ws->p, nullptr)); });
+  trace_reads(r, [&] { BENCH_CUDA(kc::kivi_decode_cuda(p, plan, ws->p, nullptr, kernel)); });
   const double meta = 4.0 * (static_cast<double>(s.batch) * pages_per + 2 * s.batch + 1);
   const double qo = 2.0 * 2 * s.batch * kQoHeads * kHeadDim;
   const double ws_bytes =
@@ -509,8 +512,8 @@ Plan make_plan(bool quick, bool smoke = false) {
   else
     p.shapes = {{1, 4096},   {1, 32768}, {1, 131072}, {16, 4096},
                 {16, 32768}, {64, 4096}, {64, 8192}};
-  p.kernels = {"paged_fp16", "paged_bf16",          "kivi4",
-               "kivi2",      "gather_tokens_25pct", "gather_pages_25pct"};
+  p.kernels = {"paged_fp16",          "paged_bf16",        "kivi4", "kivi2", "kivi4_tc", "kivi2_tc",
+               "gather_tokens_25pct", "gather_pages_25pct"};
   return p;
 }
 
@@ -521,8 +524,10 @@ CaseResult run_case(const std::string& k, const Shape& s, const Device& dev, boo
     return bench_paged(s, KvDtype::kF16, GatherMode::kTokens, 0.25, dev, quick);
   if (k == "gather_pages_25pct")
     return bench_paged(s, KvDtype::kF16, GatherMode::kPages, 0.25, dev, quick);
-  if (k == "kivi4") return bench_kivi(s, 4, dev, quick);
-  return bench_kivi(s, 2, dev, quick);
+  if (k == "kivi4") return bench_kivi(s, 4, false, dev, quick);
+  if (k == "kivi4_tc") return bench_kivi(s, 4, true, dev, quick);
+  if (k == "kivi2_tc") return bench_kivi(s, 2, true, dev, quick);
+  return bench_kivi(s, 2, false, dev, quick);
 }
 
 std::string json_escape(const std::string& s) {

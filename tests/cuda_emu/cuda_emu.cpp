@@ -52,8 +52,11 @@ struct Fiber {
   unsigned shuffle_mask = 0;
 };
 
+constexpr size_t kMaxGather = 64;  // bytes per lane of one all-gather
+
 struct Warp {
-  uint64_t slot[2][32];  // [parity of the exchange][lane]
+  uint64_t slot[2][32];                     // [parity of the exchange][lane]
+  unsigned char gather[2][32][kMaxGather];  // the same for all-gathers
 };
 
 // The one grid being run (run_grid holds g_mutex).
@@ -252,6 +255,9 @@ void syncthreads() {
 }
 
 int lane_id() { return g_cur->index % 32; }
+namespace {
+int f_lane() { return g_cur->index % 32; }
+}  // namespace
 
 void warp_exchange(unsigned mask, const void* in, void* out, size_t size, int src_lane) {
   Fiber& f = *g_cur;
@@ -259,11 +265,73 @@ void warp_exchange(unsigned mask, const void* in, void* out, size_t size, int sr
   Warp& w = g_warps[tid / 32];
   // Two slot sets by parity: a lane cannot reach exchange k + 2 before every lane has read k.
   uint64_t* slots = w.slot[f.shuffles & 1];
-  std::memcpy(&slots[tid % 32], in, size);
+  if (size) std::memcpy(&slots[tid % 32], in, size);
   f.shuffle_mask = mask;
   ++f.shuffles;
   yield_to_scheduler(State::kWarpWait);
-  std::memcpy(out, &slots[src_lane % 32], size);
+  if (size) std::memcpy(out, &slots[src_lane % 32], size);
+}
+
+void warp_allgather(unsigned mask, const void* in, size_t size, void* out) {
+  if (size > kMaxGather) {
+    std::fprintf(stderr, "kvbench CUDA emulator: warp all-gather of %zu bytes per lane\n", size);
+    std::abort();
+  }
+  Fiber& f = *g_cur;
+  Warp& w = g_warps[f.index / 32];
+  unsigned char(*slots)[kMaxGather] = w.gather[f.shuffles & 1];
+  std::memcpy(slots[f.index % 32], in, size);
+  f.shuffle_mask = mask;
+  ++f.shuffles;
+  yield_to_scheduler(State::kWarpWait);
+  for (int l = 0; l < 32; ++l)
+    std::memcpy(static_cast<unsigned char*>(out) + l * size, slots[l], size);
+}
+
+// mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 with the PTX ISA's fragment layouts
+// (groupID = lane / 4, t = lane % 4): A (16 x 16, f16x2 registers) a0 (row g, cols 2t, 2t+1), a1
+// (row g + 8, same cols), a2 (row g, cols 2t + 8, 2t + 9), a3 (row g + 8, those cols); B (16 x 8)
+// b0 (rows 2t, 2t + 1, col g), b1 (rows 2t + 8, 2t + 9, col g); C, D (16 x 8, f32) d0, d1 (row g,
+// cols 2t, 2t + 1), d2, d3 (row g + 8, same cols). Products of fp16 values are exact in fp32; the
+// sum runs in fp32 over k in order.
+void mma_m16n8k16_f16_f32(float* d, const uint32_t* a, const uint32_t* b) {
+  struct Frag {
+    uint32_t a[4], b[2];
+    float c[4];
+  } mine, all[32];
+  std::memcpy(mine.a, a, sizeof mine.a);
+  std::memcpy(mine.b, b, sizeof mine.b);
+  std::memcpy(mine.c, d, sizeof mine.c);
+  warp_allgather(0xffffffffu, &mine, sizeof mine, all);
+  float A[16][16], B[16][8], C[16][8];
+  auto lo = [](uint32_t r) { return ::kvb::kernels::half_to_float(static_cast<uint16_t>(r)); };
+  auto hi = [](uint32_t r) {
+    return ::kvb::kernels::half_to_float(static_cast<uint16_t>(r >> 16));
+  };
+  for (int lane = 0; lane < 32; ++lane) {
+    const int g = lane / 4, t = lane % 4;
+    const Frag& f = all[lane];
+    for (int half = 0; half < 2; ++half) {  // a0/a1: cols 2t.., a2/a3: cols 2t + 8..
+      const int col = 2 * t + 8 * half;
+      A[g][col] = lo(f.a[2 * half]);
+      A[g][col + 1] = hi(f.a[2 * half]);
+      A[g + 8][col] = lo(f.a[2 * half + 1]);
+      A[g + 8][col + 1] = hi(f.a[2 * half + 1]);
+      B[col][g] = lo(f.b[half]);
+      B[col + 1][g] = hi(f.b[half]);
+    }
+    C[g][2 * t] = f.c[0];
+    C[g][2 * t + 1] = f.c[1];
+    C[g + 8][2 * t] = f.c[2];
+    C[g + 8][2 * t + 1] = f.c[3];
+  }
+  const int g = f_lane() / 4, t = f_lane() % 4;
+  const int rows[4] = {g, g, g + 8, g + 8}, cols[4] = {2 * t, 2 * t + 1, 2 * t, 2 * t + 1};
+  for (int i = 0; i < 4; ++i) {
+    float acc = C[rows[i]][cols[i]];
+    for (int k = 0; k < 16; ++k) acc += A[rows[i]][k] * B[k][cols[i]];
+    d[i] = acc;
+  }
 }
 
 void run_grid(const LaunchCfg& cfg, void (*body)(void*), void* closure) {

@@ -111,6 +111,10 @@ struct alignas(2) __nv_bfloat16 {
 inline float __half2float(__half h) { return ::kvb::kernels::half_to_float(h.__x); }
 inline __half __float2half_rn(float f) { return __half{::kvb::kernels::float_to_half(f)}; }
 inline float2 __half22float2(__half2 h) { return float2{__half2float(h.x), __half2float(h.y)}; }
+inline __half2 __hsub2(__half2 a, __half2 b) {
+  return __half2{__float2half_rn(__half2float(a.x) - __half2float(b.x)),
+                 __float2half_rn(__half2float(a.y) - __half2float(b.y))};
+}
 inline unsigned short __half_as_ushort(__half h) { return h.__x; }
 inline unsigned short __bfloat16_as_ushort(__nv_bfloat16 b) { return b.__x; }
 inline __half __ushort_as_half(unsigned short u) { return __half{u}; }
@@ -129,6 +133,14 @@ inline unsigned int __float_as_uint(float f) {
   unsigned int u;
   std::memcpy(&u, &f, 4);
   return u;
+}
+// Byte i of the result is byte (s >> 4i) & 7 of the 8 bytes {x, y} (PRMT's default mode).
+inline unsigned int __byte_perm(unsigned int x, unsigned int y, unsigned int s) {
+  const uint64_t v = (static_cast<uint64_t>(y) << 32) | x;
+  unsigned int r = 0;
+  for (int i = 0; i < 4; ++i)
+    r |= static_cast<unsigned int>((v >> (8 * ((s >> (4 * i)) & 7))) & 0xff) << (8 * i);
+  return r;
 }
 inline int __float2int_rn(float x) { return static_cast<int>(std::nearbyint(x)); }  // ties to even
 namespace kvb::emu {
@@ -168,6 +180,10 @@ void shared_declared(void* array, size_t bytes);
 // Every lane of the calling thread's warp deposits `size` bytes; after all lanes named in `mask`
 // have arrived, the caller receives lane `src_lane`'s bytes.
 void warp_exchange(unsigned mask, const void* in, void* out, size_t size, int src_lane);
+// Every lane deposits `size` bytes (<= 64); each receives all 32 lanes' bytes in lane order.
+void warp_allgather(unsigned mask, const void* in, size_t size, void* out);
+// The tensor-core instruction the kernels use (kvb_mma.cuh), layouts as in the PTX ISA.
+void mma_m16n8k16_f16_f32(float* d, const uint32_t* a, const uint32_t* b);
 int lane_id();
 
 struct LaunchCfg {
@@ -214,6 +230,9 @@ Launcher<P...> launch(const char* name, dim3 grid, dim3 block, size_t smem, cuda
 #define warpSize 32
 
 inline void __syncthreads() { ::kvb::emu::syncthreads(); }
+inline void __syncwarp(unsigned mask = 0xffffffffu) {
+  ::kvb::emu::warp_exchange(mask, nullptr, nullptr, 0, 0);
+}
 
 template <typename T>
 inline T __shfl_xor_sync(unsigned mask, T v, int lane_mask, int width = 32) {
