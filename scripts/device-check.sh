@@ -341,6 +341,7 @@ E2E_GRID=(
   "paged|{\"decode_kernel\":false}|1,16,64|4096"
   "kivi|{\"preset\":\"kivi-4\"}|1,16|4096"
   "kivi|{\"preset\":\"kivi-2\"}|1,16|4096"
+  "kivi|{\"preset\":\"kivi-2\",\"cuda_decode\":\"tensor_cores\"}|1,16|4096"
   "EVICT|{\"budget\":0.25,\"budget_unit\":\"ratio\"}|1,16|4096"
   "full|{}|1|32768"
   "full|{}|1|131072"

@@ -117,7 +117,8 @@ void KiviStepTables::upload(const c10::Device& dev) {
 }
 
 std::string kivi_kernel_supported(const c10::Device& device, c10::ScalarType ring_dtype,
-                                  const KiviLayout& l, int64_t num_qo_heads) {
+                                  const KiviLayout& l, int64_t num_qo_heads,
+                                  KiviCudaKernel cuda_kernel) {
   KvDtype d;
   if (!ring_kv_dtype(ring_dtype, &d))
     return std::string("the residual must be fp16 or bf16 for the kernels (got ") +
@@ -135,8 +136,15 @@ std::string kivi_kernel_supported(const c10::Device& device, c10::ScalarType rin
   if (num_qo_heads / l.num_kv_heads > 8) return "GQA group above the compiled 8";
   if ((static_cast<int64_t>(l.page_size) * l.head_dim * l.k_bits / 8) % 16 != 0)
     return "page_size * head_dim * bits / 8 must be a multiple of 16 bytes for the CUDA kernels";
+  if (cuda_kernel == KiviCudaKernel::kTensorCores &&
+      (l.page_size % 16 != 0 || l.v_group_size % 16 != 0 ||
+       (l.v_group_size & (l.v_group_size - 1)) != 0))
+    return "the tensor-core kernel needs page_size a multiple of 16 and v_group_size a power of 2 "
+           ">= 16 (got " +
+           std::to_string(l.page_size) + " and " + std::to_string(l.v_group_size) + ")";
   return "";
 #else
+  (void)cuda_kernel;
   return "this build has no CUDA kernels (nvcc was not found at configure time)";
 #endif
 }
@@ -194,14 +202,16 @@ void kivi_append(const KiviLayout& l, KiviPools& pools, at::Tensor& k_ring, at::
 
 at::Tensor kivi_decode_attention(const at::Tensor& q, const KiviLayout& l, const KiviPools& pools,
                                  const at::Tensor& k_ring, const at::Tensor& v_ring,
-                                 const KiviStepTables& t, float sm_scale) {
+                                 const KiviStepTables& t, float sm_scale,
+                                 KiviCudaKernel cuda_kernel) {
   const int64_t B = static_cast<int64_t>(t.kv_lens_after.size());
   check_rings(l, k_ring, v_ring, B);
   check(q.dim() == 3 && q.size(0) == B && q.size(2) == l.head_dim, "kivi decode: q must be [", B,
         ", heads, ", l.head_dim, "] (got ", q.sizes(), ")");
   check(q.scalar_type() == k_ring.scalar_type() && q.device() == k_ring.device(),
         "kivi decode: q and the rings differ in dtype or device");
-  const std::string why = kivi_kernel_supported(q.device(), q.scalar_type(), l, q.size(1));
+  const std::string why =
+      kivi_kernel_supported(q.device(), q.scalar_type(), l, q.size(1), cuda_kernel);
   check(why.empty(), "kivi decode: ", why);
   at::Tensor qc = q.contiguous();
   at::Tensor o = at::empty_like(qc);
@@ -245,11 +255,16 @@ at::Tensor kivi_decode_attention(const at::Tensor& q, const KiviLayout& l, const
   if (plan.workspace_bytes > 0)
     ws = at::empty({static_cast<int64_t>(plan.workspace_bytes)},
                    at::TensorOptions().dtype(at::kByte).device(q.device()));
+  const cuda::KiviDecodeKernel kernel =
+      cuda_kernel == KiviCudaKernel::kTensorCores ? cuda::KiviDecodeKernel::kTensorCores
+      : cuda_kernel == KiviCudaKernel::kAuto      ? cuda::KiviDecodeKernel::kAuto
+                                                  : cuda::KiviDecodeKernel::kCudaCores;
   const cudaError_t err = cuda::kivi_decode_cuda(p, plan, ws.defined() ? ws.data_ptr() : nullptr,
-                                                 static_cast<cudaStream_t>(nullptr));
+                                                 static_cast<cudaStream_t>(nullptr), kernel);
   check(err == cudaSuccess, "kivi decode (CUDA): ", cudaGetErrorString(err));
   return o;
 #else
+  (void)cuda_kernel;
   throw std::logic_error("kivi decode: unreachable without CUDA kernels");
 #endif
 }

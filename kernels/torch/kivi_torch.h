@@ -52,9 +52,15 @@ struct KiviStepTables {
   void upload(const c10::Device& dev);
 };
 
+// Which CUDA decode kernel serves a CUDA device (kvb_cuda.cuh's KiviDecodeKernel): CUDA cores,
+// tensor cores for whole quantized pages (page_size and v_group_size multiples of 16), or tensor
+// cores where the layout allows. The CPU has one kernel and ignores it.
+enum class KiviCudaKernel { kCudaCores, kTensorCores, kAuto };
+
 // Empty when the adapter can run this store configuration on `device`, else why not.
 std::string kivi_kernel_supported(const c10::Device& device, c10::ScalarType ring_dtype,
-                                  const KiviLayout& l, int64_t num_qo_heads);
+                                  const KiviLayout& l, int64_t num_qo_heads,
+                                  KiviCudaKernel cuda_kernel = KiviCudaKernel::kCudaCores);
 
 // Appends k_new / v_new (the rings' dtype) into the rings and pools, quantizing what becomes due.
 void kivi_append(const KiviLayout& l, KiviPools& pools, at::Tensor& k_ring, at::Tensor& v_ring,
@@ -64,7 +70,8 @@ void kivi_append(const KiviLayout& l, KiviPools& pools, at::Tensor& k_ring, at::
 // [batch, num_qo_heads, head_dim] in q's dtype (the rings' dtype).
 at::Tensor kivi_decode_attention(const at::Tensor& q, const KiviLayout& l, const KiviPools& pools,
                                  const at::Tensor& k_ring, const at::Tensor& v_ring,
-                                 const KiviStepTables& t, float sm_scale);
+                                 const KiviStepTables& t, float sm_scale,
+                                 KiviCudaKernel cuda_kernel = KiviCudaKernel::kCudaCores);
 
 // One sequence's first n tokens as attention reads them: dequantized keys / values of the
 // quantized part (x^ = code * scale + min in fp32, as the kernels) followed by the residual rows.

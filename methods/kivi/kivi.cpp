@@ -46,7 +46,12 @@ MethodInfo kivi_info() {
           "codec: the CPU codec store (decodes to fp32, exact attention: the accuracy "
           "reference); kernel: the paged KIVI layout with the fused dequantize-attention decode "
           "kernel (CPU or CUDA; 2/4/8 bits, per-channel keys, fp16/bf16 residual); auto: kernel "
-          "on CUDA, codec elsewhere")};
+          "on CUDA, codec elsewhere"),
+      string_param("cuda_decode", "cuda_cores", {"cuda_cores", "tensor_cores", "auto"},
+                   "the kernel store's CUDA decode kernel: cuda_cores (codes dequantized on CUDA "
+                   "cores), tensor_cores (whole quantized pages on tensor cores; group_size and "
+                   "value groups multiples of 16), auto (tensor cores where the layout allows); "
+                   "CUDA only")};
   m.caps.quantizes = true;
   return m;
 }
@@ -78,7 +83,15 @@ std::unique_ptr<KvCache> make_kivi(const CacheContext& ctx, const nlohmann::json
   const std::string name = "kivi-k" + std::to_string(kb) + "v" + std::to_string(vb) + "-g" +
                            std::to_string(G) + "-r" + std::to_string(R);
   const std::string store = p["store"];
-  if (store == "kernel" || (store == "auto" && ctx.device.is_cuda())) {
+  const std::string cuda_decode = p["cuda_decode"];
+  const bool kernel_store = store == "kernel" || (store == "auto" && ctx.device.is_cuda());
+  KVB_CHECK(cuda_decode == "cuda_cores" || (kernel_store && ctx.device.is_cuda()),
+            "method kivi.cuda_decode=", cuda_decode,
+            ": chooses the CUDA decode kernel of the "
+            "kernel store; this run has ",
+            kernel_store ? "the kernel store" : "the codec store", " on ", ctx.device.str(),
+            " (leave cuda_decode at cuda_cores)");
+  if (kernel_store) {
     KVB_CHECK(per_channel, "method kivi.store=", store,
               ": key_mode per_token has no kernel (the KIVI layout keeps keys per channel); use "
               "store=codec on the CPU");
@@ -99,7 +112,10 @@ std::unique_ptr<KvCache> make_kivi(const CacheContext& ctx, const nlohmann::json
     return std::make_unique<KiviKernelKvCache>(
         ctx, L, rd == RowDtype::kBF16 ? c10::kBFloat16 : c10::kHalf, "kivi",
         std::map<std::string, double>{{"group_size_requested", static_cast<double>(G)},
-                                      {"channel_group_adapted", channel_group != G ? 1.0 : 0.0}});
+                                      {"channel_group_adapted", channel_group != G ? 1.0 : 0.0}},
+        cuda_decode == "tensor_cores" ? kernels::KiviCudaKernel::kTensorCores
+        : cuda_decode == "auto"       ? kernels::KiviCudaKernel::kAuto
+                                      : kernels::KiviCudaKernel::kCudaCores);
   }
   auto codec = std::make_shared<QuantCodec>(name, ks, vs);
   return std::make_unique<CodecKvCache>(

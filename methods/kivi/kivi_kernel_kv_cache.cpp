@@ -30,19 +30,21 @@ at::Tensor long_tensor(const std::vector<int64_t>& v, const c10::Device& dev) {
 
 KiviKernelKvCache::KiviKernelKvCache(const CacheContext& ctx, const kernels::KiviLayout& layout,
                                      c10::ScalarType ring_dtype, std::string name,
-                                     std::map<std::string, double> extra_counters)
+                                     std::map<std::string, double> extra_counters,
+                                     kernels::KiviCudaKernel cuda_kernel)
     : ctx_(ctx),
       layout_(layout),
       ring_dtype_(ring_dtype),
       name_(std::move(name)),
       extra_counters_(std::move(extra_counters)),
+      cuda_kernel_(cuda_kernel),
       U_(kernels::kivi_residual_capacity(layout)) {
   KVB_CHECK(
       layout_.num_kv_heads == ctx_.config.n_kv_heads && layout_.head_dim == ctx_.config.head_dim,
       name_, ": the KIVI layout's heads (", layout_.num_kv_heads, " x ", layout_.head_dim,
       ") do not match the model's (", ctx_.config.n_kv_heads, " x ", ctx_.config.head_dim, ")");
-  const std::string why =
-      kernels::kivi_kernel_supported(ctx_.device, ring_dtype_, layout_, ctx_.config.n_heads);
+  const std::string why = kernels::kivi_kernel_supported(ctx_.device, ring_dtype_, layout_,
+                                                         ctx_.config.n_heads, cuda_kernel_);
   KVB_CHECK(why.empty(), name_, ": the KIVI kernels cannot serve this configuration on ",
             ctx_.device.str(), ": ", why);
   page_capacity_ = kInitialPages;
@@ -212,7 +214,7 @@ at::Tensor KiviKernelKvCache::attend(const LayerInput& in) {
     // Append first: the kernel reads the current token from the store (see the header).
     kernels::kivi_append(layout_, pools_[l], kr, vr, kn, vn, step_tables_);
     at::Tensor o = kernels::kivi_decode_attention(in.q->to(ring_dtype_), layout_, pools_[l], kr, vr,
-                                                  step_tables_, in.sm_scale);
+                                                  step_tables_, in.sm_scale, cuda_kernel_);
     put_rings(l, kr, vr);
     return o.to(in.q->scalar_type());
   }

@@ -43,9 +43,11 @@ class KiviKernelKvCache : public KvCache {
  public:
   // ring_dtype: fp16 or bf16. Throws (naming the reason) when the kernels cannot serve the layout
   // on ctx.device.
+  // cuda_kernel: which CUDA decode kernel serves a CUDA device (kernels/torch/kivi_torch.h).
   KiviKernelKvCache(const CacheContext& ctx, const kernels::KiviLayout& layout,
                     c10::ScalarType ring_dtype, std::string name,
-                    std::map<std::string, double> extra_counters = {});
+                    std::map<std::string, double> extra_counters = {},
+                    kernels::KiviCudaKernel cuda_kernel = kernels::KiviCudaKernel::kCudaCores);
 
   std::string name() const override { return name_; }
   void begin_step(const StepBatch& batch) override;
@@ -92,6 +94,7 @@ class KiviKernelKvCache : public KvCache {
   c10::ScalarType ring_dtype_;
   std::string name_;
   std::map<std::string, double> extra_counters_;
+  kernels::KiviCudaKernel cuda_kernel_;
   int64_t U_;  // ring capacity
 
   std::vector<kernels::KiviPools> pools_;    // per layer

@@ -134,7 +134,7 @@ TEST(AdaptersEmu, KiviAppendAndDecodeCudaBranchMatchTheHostBranch) {
     KiviStore host(l, batch, num_pages, at::kHalf), emu(l, batch, num_pages, at::kHalf);
     int32_t next_host = 0, next_emu = 0;
     at::manual_seed(static_cast<uint64_t>(bits));
-    double worst = 0;
+    double worst = 0, worst_tc = 0;
     for (int step = 0; step < 41; ++step) {
       const std::vector<int32_t> add =
           step == 0 ? std::vector<int32_t>{54, 300} : std::vector<int32_t>{1, 1};
@@ -147,13 +147,16 @@ TEST(AdaptersEmu, KiviAppendAndDecodeCudaBranchMatchTheHostBranch) {
       kivi_append(l, host.pools, host.k_ring, host.v_ring, k_new, v_new, th);
       const at::Tensor ref =
           kivi_decode_attention(q, l, host.pools, host.k_ring, host.v_ring, th, 0.125f);
-      at::Tensor out;
+      at::Tensor out, out_tc;
       {
         EmulatedCuda on;
         ASSERT_EQ(kivi_kernel_supported(kCpu, at::kHalf, l, hq), "");
         te.upload(kCpu);
         kivi_append(l, emu.pools, emu.k_ring, emu.v_ring, k_new, v_new, te);
         out = kivi_decode_attention(q, l, emu.pools, emu.k_ring, emu.v_ring, te, 0.125f);
+        ASSERT_EQ(kivi_kernel_supported(kCpu, at::kHalf, l, hq, KiviCudaKernel::kTensorCores), "");
+        out_tc = kivi_decode_attention(q, l, emu.pools, emu.k_ring, emu.v_ring, te, 0.125f,
+                                       KiviCudaKernel::kTensorCores);
       }
       for (size_t b = 0; b < add.size(); ++b) host.lens[b] = emu.lens[b] = th.kv_lens_after[b];
       // The append is bit-exact; decode differs by summation order only.
@@ -167,8 +170,10 @@ TEST(AdaptersEmu, KiviAppendAndDecodeCudaBranchMatchTheHostBranch) {
       ASSERT_TRUE(at::equal(host.k_ring, emu.k_ring)) << what;
       ASSERT_TRUE(at::equal(host.v_ring, emu.v_ring)) << what;
       worst = std::max(worst, rel_err(out, ref));
+      worst_tc = std::max(worst_tc, rel_err(out_tc, ref));
     }
     EXPECT_LT(worst, 1e-3) << bits << " bits";
+    EXPECT_LT(worst_tc, 1e-3) << bits << " bits, tensor cores";
   }
   EmulatedCuda on;
   KiviLayout odd;
@@ -178,6 +183,12 @@ TEST(AdaptersEmu, KiviAppendAndDecodeCudaBranchMatchTheHostBranch) {
   odd.k_bits = odd.v_bits = 4;
   odd.v_group_size = 32;
   EXPECT_NE(kivi_kernel_supported(kCpu, at::kHalf, odd, 8).find("head_dim 64 and 128"),
+            std::string::npos);
+  odd.head_dim = 64;
+  odd.v_group_size = 8;
+  EXPECT_EQ(kivi_kernel_supported(kCpu, at::kHalf, odd, 8), "");
+  EXPECT_NE(kivi_kernel_supported(kCpu, at::kHalf, odd, 8, KiviCudaKernel::kTensorCores)
+                .find("tensor-core kernel needs"),
             std::string::npos);
 }
 

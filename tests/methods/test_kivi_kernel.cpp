@@ -327,6 +327,9 @@ TEST(KiviKernel, RefusesWhatTheKernelsCannotServeNamingTheParameter) {
   expect_error({{"key_mode", "per_token"}}, "key_mode per_token");
   expect_error({{"residual_dtype", "fp32"}}, "residual_dtype fp32");
   expect_error({{"k_bits", 3}}, "k_bits 3");
+  // The CUDA decode kernel is a CUDA choice: on the CPU only its default passes.
+  expect_error({{"cuda_decode", "tensor_cores"}}, "kivi.cuda_decode=tensor_cores");
+  expect_error({{"cuda_decode", "auto"}}, "kivi.cuda_decode=auto");
   // auto on the CPU is the codec store (the accuracy reference), with every setting.
   auto p = kParams;
   p["key_mode"] = "per_token";
@@ -345,7 +348,9 @@ TEST(KiviKernel, CudaStoreMatchesTheCpuStore) {
                         {"group_size", 32},
                         {"residual_length", 64},
                         {"store", "kernel"}};
-    auto a = make(cpu, p), b = make(gpu, p);
+    nlohmann::json pg = p;
+    pg["cuda_decode"] = bits == 4 ? "tensor_cores" : "auto";  // both CUDA decode kernels
+    auto a = make(cpu, p), b = make(gpu, pg);
     auto feed = [&](const Step& s) {
       std::vector<at::Tensor> oa = run_step(*a, s);
       Step h = s;
