@@ -8,6 +8,7 @@
 #include <limits>
 
 #include "harness/common/error.h"
+#include "harness/kv/rope_shift.h"
 #include "harness/model/model.h"
 #include "kvb/kernels/cpu_ops.h"
 
@@ -698,6 +699,51 @@ void EvictingKvCache::fork(int64_t src_id, int64_t dst_id) {
   for (auto& w : copy.window_q)
     if (w.defined()) w = w.clone();
   seqs_[dst_id] = std::move(copy);
+}
+
+void EvictingKvCache::splice(int64_t dst_id, const std::vector<SpliceSource>& sources) {
+  KVB_CHECK(!opts_.codec, opts_.name, ": splice with a codec is not supported (the kept rows would "
+            "be decoded, re-rotated and re-encoded)");
+  KVB_CHECK(seqs_.count(dst_id) == 0, opts_.name, ": splice target ", dst_id, " already exists");
+  KVB_CHECK(!sources.empty(), opts_.name, ": splice needs at least one source");
+  std::vector<int64_t> offset;
+  int64_t total = 0;
+  for (const auto& src : sources) {
+    const Seq& s = seq(src.seq_id);
+    KVB_CHECK(s.step_tokens == 0, opts_.name, ": splice source ", src.seq_id, " is mid-step");
+    offset.push_back(total);
+    total += s.seen;
+  }
+  Seq dst;
+  dst.heads.assign(static_cast<size_t>(L_), std::vector<Head>(static_cast<size_t>(Hkv_)));
+  dst.window_q.resize(static_cast<size_t>(L_));
+  dst.window_len.assign(static_cast<size_t>(L_), 0);
+  dst.seen = total;
+  dst.next_pos = total;
+  for (int l = 0; l < L_; ++l) {
+    for (int64_t hd = 0; hd < Hkv_; ++hd) {
+      Head& h = dst.heads[l][hd];
+      int64_t entries = 0;
+      for (const auto& src : sources) entries += seq(src.seq_id).heads[l][hd].len;
+      reallocate(h, round_up(entries + 1, opts_.granule));
+      for (size_t i = 0; i < sources.size(); ++i) {
+        const Head& sh = seq(sources[i].seq_id).heads[l][hd];
+        if (sh.len == 0) continue;
+        at::Tensor k = sh.kv.select(0, 0).narrow(0, 0, sh.len);
+        if (opts_.position_mode == PositionMode::kAbsolute && sources[i].shift != 0)
+          k = rope_shift(k.unsqueeze(1), ctx_.config, sources[i].shift).squeeze(1);
+        h.kv.select(0, 0).narrow(0, h.len, sh.len).copy_(k);
+        h.kv.select(0, 1).narrow(0, h.len, sh.len).copy_(sh.kv.select(0, 1).narrow(0, 0, sh.len));
+        for (int64_t j = 0; j < sh.len; ++j) {
+          h.idx[h.len + j] = static_cast<int32_t>(sh.idx[j] + offset[i]);
+          if (needs_.accumulate) h.acc[h.len + j] = sh.acc[j];
+        }
+        h.evicted = h.evicted || sh.evicted;
+        h.len += sh.len;
+      }
+    }
+  }
+  seqs_[dst_id] = std::move(dst);
 }
 
 void EvictingKvCache::truncate(int64_t seq_id, int64_t new_len) {

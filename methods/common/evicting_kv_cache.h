@@ -39,7 +39,11 @@
 //
 // seq_len() is the sequence's logical length (tokens appended), not the entries held; truncate(n)
 // drops every kept entry with token index >= n (evicted entries do not come back). fork()
-// deep-copies (no copy-on-write).
+// deep-copies (no copy-on-write). splice() (document reuse) concatenates the sources' kept entries
+// per KV head, token indices moved on by the source's offset and, in absolute mode, keys re-rotated
+// by it (rerotated mode stores them unrotated); the sources' accumulated scores come along, their
+// observation windows do not. Each document is compressed by its own end_prefill when it is cached:
+// a spliced context holds what the policy kept of every document alone. Not with a codec.
 
 #include <ATen/core/Tensor.h>
 
@@ -159,6 +163,8 @@ class EvictingKvCache : public KvCache {
   // Keys as the next query reads them (rerotated mode: rotated to positions ending right before the
   // sequence's next position), values, token indices; ragged per KV head.
   std::vector<HeadSnapshot> probe_view(int layer, int64_t seq_id) const override;
+  bool supports_splice() const override { return !opts_.codec; }
+  void splice(int64_t dst_id, const std::vector<SpliceSource>& sources) override;
 
   // Inspection (tests, probes): the token indices a head keeps, its capacity, its kept keys as
   // stored ([len, head_dim]; pre-RoPE in rerotated mode) and values.

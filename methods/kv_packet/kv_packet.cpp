@@ -2,9 +2,10 @@
 // caches. Documents are prefilled alone, each wrapped in a trained soft header and trailer
 // (packet_adapter.h), and placed one after another at query time with their keys re-rotated (the
 // store's splice); only the question is prefilled then. The store is the dense per-sequence cache of
-// `full` (or, with a `codec`, the codec store: packets kept quantized): what differs from `full` is
+// `full` (or, with a `codec`, the codec store: packets kept quantized; or, with `inner`, any method
+// whose store can splice, wrapped: e.g. SnapKV-compressed packets): what differs from that store is
 // the qa protocol's document route, which this store's document_reuse() turns on. The protocols
-// without documents (stream, probe, perf) run it as `full` (or as that codec store).
+// without documents (stream, probe, perf) run it as that store.
 
 #include <ATen/ATen.h>
 
@@ -38,6 +39,43 @@ class KvPacketCache : public Store {
   DocumentReuse reuse_;
 };
 
+// Any splicing store, wrapped (composition by wrapping, as kvpress composes presses): every call goes
+// to the inner store; the wrapper adds how documents are cached.
+class DocumentReuseCache : public KvCache {
+ public:
+  DocumentReuseCache(DocumentReuse reuse, std::unique_ptr<KvCache> inner)
+      : reuse_(std::move(reuse)), inner_(std::move(inner)) {}
+  std::string name() const override { return "kv_packet(" + inner_->name() + ")"; }
+  void begin_step(const StepBatch& batch) override { inner_->begin_step(batch); }
+  at::Tensor attend(const LayerInput& in) override { return inner_->attend(in); }
+  void end_step(const StepBatch& batch) override { inner_->end_step(batch); }
+  void end_prefill(int64_t seq_id) override { inner_->end_prefill(seq_id); }
+  void release(int64_t seq_id) override { inner_->release(seq_id); }
+  void fork(int64_t src_id, int64_t dst_id) override { inner_->fork(src_id, dst_id); }
+  void truncate(int64_t seq_id, int64_t new_len) override { inner_->truncate(seq_id, new_len); }
+  int64_t seq_len(int64_t seq_id) const override { return inner_->seq_len(seq_id); }
+  Footprint footprint() const override { return inner_->footprint(); }
+  std::map<std::string, double> counters() const override {
+    std::map<std::string, double> m = inner_->counters();
+    m["doc_tokens"] = static_cast<double>(reuse_.doc_tokens);
+    m["rows_per_document"] = static_cast<double>(reuse_.extra_rows());
+    return m;
+  }
+  std::vector<HeadSnapshot> probe_view(int layer, int64_t seq_id) const override {
+    return inner_->probe_view(layer, seq_id);
+  }
+  bool wants_lookahead() const override { return inner_->wants_lookahead(); }
+  bool supports_splice() const override { return inner_->supports_splice(); }
+  void splice(int64_t dst_id, const std::vector<SpliceSource>& sources) override {
+    inner_->splice(dst_id, sources);
+  }
+  const DocumentReuse* document_reuse() const override { return &reuse_; }
+
+ private:
+  DocumentReuse reuse_;
+  std::unique_ptr<KvCache> inner_;
+};
+
 MethodInfo kv_packet_info() {
   MethodInfo m;
   m.name = "kv_packet";
@@ -57,7 +95,14 @@ MethodInfo kv_packet_info() {
       int_param("doc_tokens", 256, 0, 1 << 24,
                 "tokens per document: the qa context is cut into documents of about this many "
                 "tokens, at a sentence end where one is near (0: the whole context is one "
-                "document)")};
+                "document)"),
+      string_param("inner", "full", {},
+                   "the store that keeps the packets: full (the dense cache; with `codec`, the "
+                   "codec store) or any method whose store can splice, e.g. snapkv, h2o, "
+                   "streaming_llm, pyramidkv (each document is then compressed by that method when "
+                   "it is cached, before the question exists)"),
+      string_param("inner_params", "{}", {},
+                   "the inner method's parameters, a JSON object, e.g. {\"budget\": 0.25}")};
   for (auto& c : codec_params()) m.params.push_back(c);  // packets kept quantized (CPU codec store)
   return m;
 }
@@ -81,6 +126,25 @@ std::unique_ptr<KvCache> make_kv_packet(const CacheContext& ctx, const nlohmann:
     KVB_CHECK(path.empty(), "method kv_packet.adapter: given with wrap=", wrap,
               ", which uses no adapter (set wrap=adapter)");
     if (wrap == "bos") r.header_ids = {ctx.config.bos_id};
+  }
+  const std::string inner = p["inner"];
+  nlohmann::json inner_params;
+  try {
+    inner_params = nlohmann::json::parse(p["inner_params"].get<std::string>());
+  } catch (const nlohmann::json::exception& e) {
+    KVB_FAIL("method kv_packet.inner_params: not a JSON object (", e.what(), "): ",
+             p["inner_params"].get<std::string>());
+  }
+  KVB_CHECK(inner_params.is_object(), "method kv_packet.inner_params: must be a JSON object, got ",
+            inner_params.dump());
+  if (inner != "full" || !inner_params.empty()) {
+    KVB_CHECK(inner != "kv_packet", "method kv_packet.inner: kv_packet cannot wrap itself");
+    KVB_CHECK(p["codec"] == "none", "method kv_packet.codec: give the codec to the inner method (",
+              inner, ") instead, in inner_params");
+    std::unique_ptr<KvCache> store = MethodRegistry::instance().create(inner, ctx, inner_params);
+    KVB_CHECK(store->supports_splice(), "method kv_packet.inner=", inner, ": its store (",
+              store->name(), ") cannot splice sequences, so its packets cannot be reused");
+    return std::make_unique<DocumentReuseCache>(std::move(r), std::move(store));
   }
   if (auto codec = parse_codec(p, "kv_packet", ctx.config.head_dim))
     return std::make_unique<KvPacketCache<CodecKvCache>>(std::move(r), ctx, codec, "kv_packet");

@@ -21,6 +21,7 @@
 #include "harness/report/leaderboard.h"
 #include "harness/store/results_db.h"
 #include "harness/train/trainer.h"
+#include "methods/common/evicting_kv_cache.h"
 #include "methods/dms/dms_adapter.h"
 #include "methods/kv_packet/packet_adapter.h"
 #include "methods/kv_packet/packet_train.h"
@@ -109,6 +110,48 @@ TEST(Splice, EqualsAPrefillAtTheShiftedPositions) {
     FAIL() << "paged composed";
   } catch (const kvb::Error& err) {
     EXPECT_NE(std::string(err.what()).find("cannot splice"), std::string::npos) << err.what();
+  }
+}
+
+// An eviction store splices what each source kept: at a keep-everything budget it is the dense
+// splice; at a real budget (each document compressed by its own end_prefill) the kept entries are
+// the sources' in order, indices moved on and keys re-rotated by the offset.
+TEST(Splice, EvictingStoreSplicesWhatEachSourceKept) {
+  const auto& c = test::stories260k()->config;
+  const auto doc = tokens(54, 1), other = tokens(23, 2);
+  auto dense = make("full", {});
+  auto all = make("snapkv", {{"budget", 1.0}});
+  auto half = make("snapkv", {{"budget", 0.5}, {"window", 4}});
+  for (KvCache* kv : {dense.get(), all.get(), half.get()}) {
+    prefill_at(*kv, 0, other, 0);
+    kv->end_prefill(0);
+    prefill_at(*kv, 1, doc, 0);
+    kv->end_prefill(1);
+    ASSERT_TRUE(kv->supports_splice()) << kv->name();
+    kv->splice(7, {{0, 0}, {1, 23}});
+    EXPECT_EQ(kv->seq_len(7), 77) << kv->name();
+  }
+  auto* ev = dynamic_cast<EvictingKvCache*>(half.get());
+  ASSERT_NE(ev, nullptr);
+  for (int l = 0; l < c.n_layers; ++l) {
+    const auto want = dense->probe_view(l, 7), got = all->probe_view(l, 7);
+    const auto src = half->probe_view(l, 1), spliced = half->probe_view(l, 7);
+    for (int64_t h = 0; h < c.n_kv_heads; ++h) {
+      EXPECT_TRUE(got[h].index.equal(at::arange(77, at::kLong))) << l;
+      EXPECT_LT((got[h].k - want[h].k).abs().max().item<double>(), 1e-5) << l;
+      EXPECT_LT((got[h].v - want[h].v).abs().max().item<double>(), 1e-5) << l;
+      // budget 0.5: 11 of the 23 tokens and 27 of the 54, in source order.
+      const auto a = ev->kept_indices(0, l, h), b = ev->kept_indices(1, l, h);
+      auto d = ev->kept_indices(7, l, h);
+      ASSERT_EQ(a.size(), 11u);
+      ASSERT_EQ(b.size(), 27u);
+      std::vector<int32_t> expect = a;
+      for (int32_t i : b) expect.push_back(i + 23);
+      EXPECT_EQ(d, expect) << l << " " << h;
+      at::Tensor moved = rope_shift(src[h].k.unsqueeze(1), c, 23).squeeze(1);
+      EXPECT_LT((spliced[h].k.narrow(0, 11, 27) - moved).abs().max().item<double>(), 1e-5) << l;
+      EXPECT_TRUE(spliced[h].v.narrow(0, 11, 27).equal(src[h].v)) << l;
+    }
   }
 }
 
@@ -219,6 +262,27 @@ TEST(KvPacket, PacketsComposeWithACodecStore) {
             << kivi2 << "\n";
 }
 
+// Packets kept by another method's store (composition by wrapping): SnapKV-compressed documents
+// hold fewer rows and answer from them; at a keep-everything budget they are the dense packets.
+TEST(KvPacket, PacketsComposeWithAnEvictingStore) {
+  const nlohmann::json base = {{"wrap", "bos"}, {"doc_tokens", 24}};
+  auto inner = [&](double budget) {
+    nlohmann::json p = base;
+    p["inner"] = "snapkv";
+    p["inner_params"] = nlohmann::json{{"budget", budget}, {"window", 4}}.dump();
+    return p;
+  };
+  const at::Tensor dense = route_logits(base);
+  const double all = (route_logits(inner(1.0)) - dense).abs().max().item<double>();
+  const double half = (route_logits(inner(0.5)) - dense).abs().max().item<double>();
+  EXPECT_LT(all, 1e-3);
+  EXPECT_GT(half, all);
+  auto kv = make("kv_packet", inner(0.5));
+  EXPECT_NE(kv->document_reuse(), nullptr);
+  EXPECT_NE(kv->name().find("snapkv"), std::string::npos) << kv->name();
+  std::cerr << "logit error vs dense packets: snapkv 1.0 " << all << ", snapkv 0.5 " << half << "\n";
+}
+
 TEST(KvPacket, QaDocumentRouteRecordsItsWorkAndOverhead) {
   std::string dir = test::make_temp_dir("kvpacket-qa");
   ResultsDb db(dir + "/db.sqlite");
@@ -325,6 +389,16 @@ TEST(KvPacket, BadAdaptersAndParametersAreRefusedByName) {
   const std::string wide_path = adapter_file(kv_packet::Adapter::fresh(wide, 2, 2, 0.02, 1));
   expect_error([&] { make("kv_packet", {{"adapter", wide_path}}); }, "should be [rows, " + std::to_string(c.dim));
   expect_error([&] { make("kv_packet", {{"adapter", "/nonexistent/a.safetensors"}}); }, "/nonexistent/a.safetensors");
+  // Wrapping: a store that cannot splice, a malformed or misplaced parameter, itself.
+  expect_error([&] { make("kv_packet", {{"wrap", "none"}, {"inner", "paged"}}); },
+               "kv_packet.inner=paged");
+  expect_error([&] { make("kv_packet", {{"wrap", "none"}, {"inner", "snapkv"}, {"inner_params", "{budget"}}); },
+               "kv_packet.inner_params");
+  expect_error([&] { make("kv_packet", {{"wrap", "none"}, {"inner", "snapkv"}, {"inner_params", "{\"budgt\": 0.5}"}}); },
+               "budgt");
+  expect_error([&] { make("kv_packet", {{"wrap", "none"}, {"inner", "snapkv"}, {"codec", "kivi-2"}}); },
+               "kv_packet.codec");
+  expect_error([&] { make("kv_packet", {{"wrap", "none"}, {"inner", "kv_packet"}}); }, "cannot wrap itself");
 }
 
 }  // namespace
