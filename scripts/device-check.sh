@@ -457,8 +457,13 @@ L.append("| stage | status | s | detail |\n|---|---|---|---|")
 for s in stages:
     L.append("| " + " | ".join((s + ["", "", "", ""])[:4]) + " |")
 if tests:
-    L.append(f"\nCUDA tests: {tests.get('tests', '?')} run, {tests.get('failures', '?')} failed, "
-             f"{tests.get('disabled', 0)} disabled (kvb_cuda_tests, every kernel against its oracle).")
+    cases = [c for ts in tests.get("testsuites", []) for c in ts.get("testsuite", [])]
+    skipped = sum(1 for c in cases if c.get("result") == "SKIPPED")
+    failed = [c.get("classname", "") + "." + c.get("name", "") for c in cases if c.get("failures")]
+    L.append(f"\nCUDA tests: {tests.get('tests', '?')} in all, {skipped} skipped, {tests.get('failures', '?')} failed"
+             + (f" ({', '.join(failed)})" if failed else "")
+             + f", {tests.get('disabled', 0)} disabled (kvb_cuda_tests, every kernel against its oracle"
+             + ("; skipped = no CUDA device" if skipped else "") + ").")
 if kb:
     copy = kb["copy_gbps"]
     L.append(f"\n## Kernels ({kb['device']['name']}, {kb['device']['sms']} SMs): llama-3-8b attention "
