@@ -93,6 +93,9 @@ const std::vector<ProtocolSpec>& protocol_specs() {
                   "P/D disaggregation: the first n instances only prefill and send each prompt's KV "
                   "to a decode instance (0: every instance does both)"),
         float_param("pd_gbps", 25, 1e-3, 1e9, "P/D: prefill-to-decode KV transfer (GB/s)"),
+        bool_param("pd_layerwise", false,
+                   "P/D: stream each layer's KV as the prefill produces it (Mooncake, DistServe), "
+                   "so the transfer overlaps the prefill; false: sent after the prefill ends"),
         int_param("conductor_threshold_tokens", 1024, 0, 1 << 24,
                   "conductor: fetch from another instance when its match is longer by more"),
         float_param("remote_gbps", 25, 1e-3, 1e9,

@@ -79,6 +79,7 @@ ServeTarget serve_target(const std::string& preset) {
       params - (c.tied_embeddings ? 0.0 : static_cast<double>(c.vocab_size * c.dim));
   t.flops_per_token = 2.0 * matmul_params;
   t.attn_flops_per_pair = 4.0 * static_cast<double>(c.n_layers * c.n_heads * c.head_dim);
+  t.layers = c.n_layers;
   t.kv_bytes_per_token = static_cast<double>(c.kv_bytes_per_token(2));
   t.max_context = c.max_seq_len;
   return t;
@@ -172,6 +173,7 @@ nlohmann::json serve_simulation_sample(const nlohmann::json& proto, const nlohma
   cfg.router_imbalance = proto.at("router_imbalance");
   cfg.conductor_threshold_tokens = proto.at("conductor_threshold_tokens");
   cfg.prefill_instances = proto.at("prefill_instances");
+  cfg.pd_layerwise = proto.at("pd_layerwise");
   cfg.prefix_scope = parse_prefix_scope(proto.at("prefix_scope"));
   cfg.max_batched_tokens = proto.at("max_batched_tokens");
   cfg.time_scale = proto.at("time_scale");

@@ -69,6 +69,8 @@ struct Request {
   double ready_ms = 0;       // prefix-store load finished
   bool fresh = false;        // admitted in this iteration, not yet given any token
   bool transferred = false;  // prefilled on a prefill instance, its KV sent here (P/D)
+  double prefill_start_ms = -1;   // its first prefill chunk's iteration began (P/D layer-wise)
+  int64_t prefill_chunks = 0;     // chunks its prompt took
   PrefixCache* remote = nullptr;  // another instance's store the router said to fetch from
   double remote_bytes = 0;        // fetched from it at admission
   bool in_prefill() const { return kv_tokens < prompt; }
@@ -325,6 +327,8 @@ class Instance {
     r.transferred = false;  // its KV is gone: recomputed here
     r.kv_tokens = 0;
     r.reserved = 0;
+    r.prefill_start_ms = -1;
+    r.prefill_chunks = 0;
     waiting_.push_front(r);
   }
 
@@ -398,6 +402,10 @@ class Instance {
         }
         scheduled_.emplace_back(i, n);
         budget_ -= n;
+        if (pass == 1) {
+          if (r.prefill_start_ms < 0) r.prefill_start_ms = now;
+          r.prefill_chunks++;
+        }
       }
     }
     for (Request& r : running_) r.fresh = false;
@@ -538,13 +546,22 @@ class Cluster {
       busy->step(ta);
       last = std::max(last, busy->now);
       // P/D: prompts a prefill instance finished go to the least-loaded decode instance, their
-      // KV sent over the network (Mooncake's transfer engine; layer-wise overlap not modelled).
+      // KV sent over the network (Mooncake's transfer engine), after the prefill or layer by
+      // layer as it is produced (pd_layerwise: no link contention between transfers either way).
       for (auto& h : busy->handoffs) {
         Instance* to = nullptr;
         for (size_t i = static_cast<size_t>(cfg_.prefill_instances); i < instances_.size(); ++i)
           if (!to || instances_[i]->load() < to->load()) to = instances_[i].get();
         const double bytes = kv_.device_bytes(h.kv_tokens);
-        h.ready_ms += bytes / (hw_.pd_gbps * 1e9) * 1e3;
+        const double send_ms = bytes / (hw_.pd_gbps * 1e9) * 1e3;
+        if (cfg_.pd_layerwise && target_.layers > 0 && h.prefill_start_ms >= 0) {
+          const double last_piece =
+              send_ms /
+              static_cast<double>(target_.layers * std::max<int64_t>(1, h.prefill_chunks));
+          h.ready_ms = std::max(h.ready_ms + last_piece, h.prefill_start_ms + send_ms);
+        } else {
+          h.ready_ms += send_ms;
+        }
         result_.pd_transfer_bytes += bytes;
         if (!to->has_work()) to->now = std::max(to->now, busy->now);
         to->accept(h);

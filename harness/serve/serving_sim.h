@@ -29,6 +29,7 @@ struct ServeTarget {
   double attn_flops_per_pair =
       0;  // attention FLOPs per (query token, context token): 4 x layers x q_heads x head_dim
   double kv_bytes_per_token = 0;  // uncompressed KV bytes per token (for reports)
+  int64_t layers = 0;             // transformer layers (layer-wise P/D transfer)
   int64_t max_context = 0;        // longer requests are rejected
 };
 
@@ -78,6 +79,10 @@ struct ServeConfig {
   // then hand each prompt's KV to the least-loaded of the rest, which decode. 0: every instance
   // does both.
   int64_t prefill_instances = 0;
+  // P/D: each layer's KV leaves as the prefill produces it (Mooncake's layer-wise transfer), so a
+  // prompt's KV is ready at max(prefill start + all bytes / bandwidth, prefill end + the last
+  // chunk's last layer / bandwidth) instead of prefill end + all bytes / bandwidth.
+  bool pd_layerwise = false;
   PrefixScope prefix_scope = PrefixScope::kLocal;
   double kv_pool_bytes = 100.0 * (1ll << 30);  // device memory for KV
   KvAllocator allocator = KvAllocator::kPaged;

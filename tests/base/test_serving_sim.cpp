@@ -355,6 +355,33 @@ TEST(ServingSim, PrefillDecodeDisaggregationSendsTheKvOver) {
                Error);
 }
 
+// Layer-wise P/D: the KV leaves layer by layer while the prefill runs (0 .. 25.505 ms), so it lands
+// when the last layer's share is through (the prefill's end + 1 ms / 4 layers), or, on a link too
+// slow to keep up, when all bytes are through counted from the prefill's start.
+TEST(ServingSim, LayerwisePrefillDecodeTransferOverlapsThePrefill) {
+  const RequestTrace t = trace_of({request(0, 1000, 3, {1, 2})});
+  ServeConfig cfg;
+  cfg.kv_pool_bytes = 1e9;
+  cfg.instances = 2;
+  cfg.prefill_instances = 1;
+  cfg.pd_layerwise = true;
+  ServeTarget target = toy_target();
+  target.layers = 4;
+  ServeHardware hw = toy_hardware();
+  hw.pd_gbps = 1;
+  const auto curve = FootprintCurve::proportional(1000);
+  ServeResult r = simulate_serving(t, curve, target, hw, cfg);
+  ASSERT_EQ(r.completed, 1);
+  EXPECT_NEAR(r.per_request[0].ttft_ms(), 25.505, 1e-9);
+  EXPECT_NEAR(r.per_request[0].finish_ms, 25.505 + 0.25 + 1.501001 + 1.501002, 1e-9);
+  hw.pd_gbps = 0.01;  // 100 ms for the megabyte: the link, not the prefill, decides
+  r = simulate_serving(t, curve, target, hw, cfg);
+  EXPECT_NEAR(r.per_request[0].finish_ms, 100.0 + 1.501001 + 1.501002, 1e-9);
+  cfg.pd_layerwise = false;  // after the prefill: 25.505 + 100
+  r = simulate_serving(t, curve, target, hw, cfg);
+  EXPECT_NEAR(r.per_request[0].finish_ms, 125.505 + 1.501001 + 1.501002, 1e-9);
+}
+
 TEST(ServingSim, ParsesAllocatorNames) {
   EXPECT_EQ(parse_kv_allocator("pow2"), KvAllocator::kPow2);
   EXPECT_STREQ(kv_allocator_name(parse_kv_allocator("contiguous_max")), "contiguous_max");
