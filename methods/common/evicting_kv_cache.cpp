@@ -702,8 +702,6 @@ void EvictingKvCache::fork(int64_t src_id, int64_t dst_id) {
 }
 
 void EvictingKvCache::splice(int64_t dst_id, const std::vector<SpliceSource>& sources) {
-  KVB_CHECK(!opts_.codec, opts_.name, ": splice with a codec is not supported (the kept rows would "
-            "be decoded, re-rotated and re-encoded)");
   KVB_CHECK(seqs_.count(dst_id) == 0, opts_.name, ": splice target ", dst_id, " already exists");
   KVB_CHECK(!sources.empty(), opts_.name, ": splice needs at least one source");
   std::vector<int64_t> offset;
@@ -729,11 +727,27 @@ void EvictingKvCache::splice(int64_t dst_id, const std::vector<SpliceSource>& so
       for (size_t i = 0; i < sources.size(); ++i) {
         const Head& sh = seq(sources[i].seq_id).heads[l][hd];
         if (sh.len == 0) continue;
-        at::Tensor k = sh.kv.select(0, 0).narrow(0, 0, sh.len);
-        if (opts_.position_mode == PositionMode::kAbsolute && sources[i].shift != 0)
-          k = rope_shift(k.unsqueeze(1), ctx_.config, sources[i].shift).squeeze(1);
-        h.kv.select(0, 0).narrow(0, h.len, sh.len).copy_(k);
-        h.kv.select(0, 1).narrow(0, h.len, sh.len).copy_(sh.kv.select(0, 1).narrow(0, 0, sh.len));
+        const bool move = opts_.position_mode == PositionMode::kAbsolute && sources[i].shift != 0;
+        if (opts_.codec) {
+          // Decoded (codes and pending rows), re-rotated and encoded again into fresh streams, as
+          // the codec store splices: a second rounding of the keys for a quantizing codec.
+          KVB_CHECK(h.pend == 0, opts_.name, ": splice into a head with pending rows");
+          if (!h.ks.p) {
+            h.ks.p = opts_.codec->make_stream(KvKind::kKey, l, D_, D_);
+            h.vs.p = opts_.codec->make_stream(KvKind::kValue, l, D_, D_);
+          }
+          at::Tensor k = stored_rows(sh, 0);
+          if (move) k = rope_shift(k.unsqueeze(1), ctx_.config, sources[i].shift).squeeze(1);
+          k = k.contiguous();
+          const at::Tensor v = stored_rows(sh, 1).contiguous();
+          h.ks.p->append(k.data_ptr<float>(), sh.len);
+          h.vs.p->append(v.data_ptr<float>(), sh.len);
+        } else {
+          at::Tensor k = sh.kv.select(0, 0).narrow(0, 0, sh.len);
+          if (move) k = rope_shift(k.unsqueeze(1), ctx_.config, sources[i].shift).squeeze(1);
+          h.kv.select(0, 0).narrow(0, h.len, sh.len).copy_(k);
+          h.kv.select(0, 1).narrow(0, h.len, sh.len).copy_(sh.kv.select(0, 1).narrow(0, 0, sh.len));
+        }
         for (int64_t j = 0; j < sh.len; ++j) {
           h.idx[h.len + j] = static_cast<int32_t>(sh.idx[j] + offset[i]);
           if (needs_.accumulate) h.acc[h.len + j] = sh.acc[j];

@@ -43,7 +43,8 @@
 // per KV head, token indices moved on by the source's offset and, in absolute mode, keys re-rotated
 // by it (rerotated mode stores them unrotated); the sources' accumulated scores come along, their
 // observation windows do not. Each document is compressed by its own end_prefill when it is cached:
-// a spliced context holds what the policy kept of every document alone. Not with a codec.
+// a spliced context holds what the policy kept of every document alone. With a codec the kept rows
+// are decoded, re-rotated and encoded again (a second rounding, as the codec store splices).
 
 #include <ATen/core/Tensor.h>
 
@@ -163,7 +164,7 @@ class EvictingKvCache : public KvCache {
   // Keys as the next query reads them (rerotated mode: rotated to positions ending right before the
   // sequence's next position), values, token indices; ragged per KV head.
   std::vector<HeadSnapshot> probe_view(int layer, int64_t seq_id) const override;
-  bool supports_splice() const override { return !opts_.codec; }
+  bool supports_splice() const override { return true; }
   void splice(int64_t dst_id, const std::vector<SpliceSource>& sources) override;
 
   // Inspection (tests, probes): the token indices a head keeps, its capacity, its kept keys as
