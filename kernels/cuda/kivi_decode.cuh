@@ -35,6 +35,36 @@ struct KiviArgs {
   DecodeOut out;
 };
 
+// Where a block's work lies: its split, kv head and sequence, the sequence's quantized extents
+// (keys [0, kq), values [0, vq)), its positions [t0, t1) and, of those, the whole pages with both
+// keys and values quantized [p_begin, p_end) (phase A; positions up to a_end), the rest phase B.
+struct KiviBlock {
+  int split, kvh, seq, group, kq, vq, t0, t1, a_end, p_begin, p_end;
+  const int32_t* pages;  // the sequence's page ids
+  int64_t row0;          // its first query head's row in q and o
+};
+
+__device__ __forceinline__ KiviBlock kivi_block(const KiviArgs& a) {
+  KiviBlock k;
+  k.split = blockIdx.x;
+  k.kvh = blockIdx.y;
+  k.seq = blockIdx.z;
+  k.group = a.hq / a.hkv;
+  const int len = a.kv_lens[k.seq];
+  k.kq = len / a.U * a.U;
+  k.vq = max(0, len - a.R);
+  k.t0 = k.split * a.chunk;
+  // The last split runs to the end, so a plan made from a too-small max_kv_len stays correct.
+  k.t1 = k.split == a.out.splits - 1 ? len : min(len, k.t0 + a.chunk);
+  const int both = min(k.kq, k.vq) / a.ps * a.ps;  // tokens [0, both) are fully quantized pages
+  k.a_end = max(k.t0, min(k.t1, both));
+  k.p_begin = k.t0 / a.ps;
+  k.p_end = k.a_end / a.ps;
+  k.pages = a.page_indices + a.page_indptr[k.seq];
+  k.row0 = static_cast<int64_t>(k.seq) * a.hq + static_cast<int64_t>(k.kvh) * k.group;
+  return k;
+}
+
 // q of the block's query heads, pre-scaled by sm_scale * log2(e), into shared memory (zeros for
 // the idle lanes of a padded group). Ends with a barrier.
 template <typename T, int HD, int GT>
@@ -124,16 +154,12 @@ __global__ void __launch_bounds__(kDecodeThreads) kivi_decode_kernel(const KiviA
   constexpr int CB = CPT * BITS / 8;   // code bytes per thread row
   constexpr int ROWB = HD * BITS / 8;  // code bytes per token row
   constexpr int UNROLL_A = GT >= 8 ? 2 : (BITS == 2 ? 8 : 4);
-  const int split = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
+  const KiviBlock B = kivi_block(a);
+  const int split = B.split, kvh = B.kvh, b = B.seq, group = B.group, kq = B.kq, vq = B.vq,
+            t1 = B.t1;
+  const int32_t* pages = B.pages;
+  const int64_t row0 = B.row0;
   const int tid = threadIdx.x, lc = tid % TPT, slot = tid / TPT;
-  const int group = a.hq / a.hkv;
-  const int len = a.kv_lens[b];
-  const int kq = len / a.U * a.U;
-  const int vq = max(0, len - a.R);
-  const int t0 = split * a.chunk;
-  const int t1 = split == a.out.splits - 1 ? len : min(len, t0 + a.chunk);
-  const int32_t* pages = a.page_indices + a.page_indptr[b];
-  const int64_t row0 = static_cast<int64_t>(b) * a.hq + static_cast<int64_t>(kvh) * group;
   const int c0 = lc * CPT;  // this thread's first channel
 
   __shared__ float sm_q[GT][HD];
@@ -149,9 +175,7 @@ __global__ void __launch_bounds__(kDecodeThreads) kivi_decode_kernel(const KiviA
   }
 
   // ---- phase A: whole pages with quantized keys and values ----
-  const int both = min(kq, vq) / a.ps * a.ps;  // tokens [0, both) are fully quantized pages
-  const int a_end = max(t0, min(t1, both));
-  const int p_begin = t0 / a.ps, p_end = a_end / a.ps;
+  const int a_end = B.a_end, p_begin = B.p_begin, p_end = B.p_end;
   for (int pb = p_begin; pb < p_end; pb += NSLOT) {  // uniform
     const int pi = pb + slot;
     const bool page_ok = pi < p_end;
@@ -249,21 +273,16 @@ namespace kvb::kernels::cuda {
 template <int BITS>
 cudaError_t launch_kivi_decode(const KiviArgs& a, KvDtype dtype, int head_dim, int group, dim3 grid,
                                cudaStream_t stream, bool tensor_cores) {
-  if (tensor_cores) {
-    KVB_DISPATCH_DTYPE(dtype, T, KVB_DISPATCH_HEAD_DIM(head_dim, HD, KVB_DISPATCH_GROUP(group, GT, {
-                                                         KVB_LAUNCH(
-                                                             grid, kDecodeThreads, 0, stream,
-                                                             kivi_decode_tc_kernel<T, HD, GT, BITS>)
-                                                         (a);
-                                                       })));
-    return cudaGetLastError();
-  }
-  KVB_DISPATCH_DTYPE(dtype, T, KVB_DISPATCH_HEAD_DIM(head_dim, HD, KVB_DISPATCH_GROUP(group, GT, {
-                                                       KVB_LAUNCH(
-                                                           grid, kDecodeThreads, 0, stream,
-                                                           kivi_decode_kernel<T, HD, GT, BITS>)
-                                                       (a);
-                                                     })));
+  KVB_DISPATCH_DTYPE(
+      dtype, T,
+      KVB_DISPATCH_HEAD_DIM(
+          head_dim, HD, KVB_DISPATCH_GROUP(group, GT, {
+            if (tensor_cores)
+              KVB_LAUNCH(grid, kDecodeThreads, 0, stream, kivi_decode_tc_kernel<T, HD, GT, BITS>)
+              (a);
+            else
+              KVB_LAUNCH(grid, kDecodeThreads, 0, stream, kivi_decode_kernel<T, HD, GT, BITS>)(a);
+          })));
   return cudaGetLastError();
 }
 

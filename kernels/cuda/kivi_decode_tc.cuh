@@ -71,24 +71,18 @@ __global__ void __launch_bounds__(kDecodeThreads) kivi_decode_tc_kernel(const Ki
   constexpr uint32_t MASK = ((1u << BITS) - 1u) * 0x00010001u;
   constexpr unsigned FULL = 0xffffffffu;
   static_assert(GT <= 8, "a group's heads must fit the 8 columns of the value product");
-  const int split = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
+  const KiviBlock B = kivi_block(a);
+  const int split = B.split, kvh = B.kvh, b = B.seq, group = B.group, kq = B.kq, vq = B.vq,
+            t1 = B.t1;
+  const int32_t* pages = B.pages;
+  const int64_t row0 = B.row0;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
-  const int group = a.hq / a.hkv;
-  const int len = a.kv_lens[b];
-  const int kq = len / a.U * a.U;
-  const int vq = max(0, len - a.R);
-  const int t0 = split * a.chunk;
-  const int t1 = split == a.out.splits - 1 ? len : min(len, t0 + a.chunk);
-  const int32_t* pages = a.page_indices + a.page_indptr[b];
-  const int64_t row0 = static_cast<int64_t>(b) * a.hq + static_cast<int64_t>(kvh) * group;
 
   __shared__ float sm_q[GT][HD];
   kivi_load_q<T, HD, GT>(a, row0, group, sm_q);
 
   // ---- phase A on tensor cores ----
-  const int both = min(kq, vq) / a.ps * a.ps;
-  const int a_end = max(t0, min(t1, both));
-  const int p_begin = t0 / a.ps, p_end = a_end / a.ps;
+  const int a_end = B.a_end, p_begin = B.p_begin, p_end = B.p_end;
   float m_a = -INFINITY, l_a = 0.f;  // head g: m shared by the lanes of g, l this lane's part
   float acc_a[NMT][4];               // O^T tiles: (channels 16mt + g, +8) x (heads 2t, 2t + 1)
   float mterm[NMT];                  // head g: sum_j p_j * min_{j, group of tile mt}, lane's part
