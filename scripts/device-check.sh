@@ -334,7 +334,8 @@ if [ -n "$FULL_PID" ]; then
     record full_build failed "$(now)" "see log"
   fi
 fi
-# Grid: (method, params, batch sizes, context), cheapest first; each run has its own timeout.
+# Grid: (method, params, batch sizes, context), cheapest first; each run has its own timeout and
+# runs only while the budget lasts (the 32K cells of the compressed methods come last).
 E2E_GRID=(
   "full|{}|1,16,64|4096"
   "paged|{}|1,16,64|4096"
@@ -345,6 +346,9 @@ E2E_GRID=(
   "EVICT|{\"budget\":0.25,\"budget_unit\":\"ratio\"}|1,16|4096"
   "full|{}|1|32768"
   "full|{}|1|131072"
+  "kivi|{\"preset\":\"kivi-2\"}|1,16|32768"
+  "kivi|{\"preset\":\"kivi-2\",\"cuda_decode\":\"tensor_cores\"}|1,16|32768"
+  "EVICT|{\"budget\":0.25,\"budget_unit\":\"ratio\"}|1,16|32768"
 )
 [ "$QUICK" = 1 ] && E2E_GRID=("${E2E_GRID[@]:0:4}")
 if [ "$DRY" = 1 ] || [ -x "$KVBENCH" ]; then
