@@ -4,7 +4,8 @@
 // step's attention go through the adapters' CUDA branch to the CUDA kernels (either decode kernel),
 // as on a GPU: the store's own GPU-side work (step tables uploaded per step, rings and pools, the
 // split plan) is what this adds over the kernel tests. Logits and greedy tokens must match the
-// store on the CPU kernels. (This binary links the adapters compiled for the emulator ahead of
+// store on the CPU kernels. The same for the paged store in bf16 on the paged decode kernel.
+// (This binary links the adapters compiled for the emulator ahead of
 // kvb_harness, whose own adapters are then never pulled in.)
 
 #include <ATen/ATen.h>
