@@ -20,6 +20,8 @@
 # Environment:
 #   OUT                     where results go (the device tool sets it)
 #   DEVICE_CHECK_DRY=1      print the plan and exercise the table code on made-up numbers; no GPU needed
+#   DEVICE_CHECK_TABLE_ONLY=DIR  only tabulate DIR's kernel_bench.json, sdpa.json, e2e.json,
+#                           cuda_tests.json (CI runs it on the emulator's smoke benchmark)
 #   DEVICE_CHECK_BUDGET_S   total seconds (default 450)
 #   DEVICE_CHECK_QUICK=1    the short benchmark plan (2 shapes) and the smallest end-to-end grid
 #   DEVICE_CHECK_SKIP_FULL=1  skip the LibTorch build and the end-to-end runs
@@ -78,6 +80,120 @@ now() { echo $(($(date +%s) - T0)); }
 left() { echo $((BUDGET - $(now))); }
 say() { printf '[device-check %3ss] %s\n' "$(now)" "$*" | tee -a "$LOG" >&2; }
 record() { printf '%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "$4" >>"$STAGES_FILE"; }
+
+# The table of stage 6 (also DEVICE_CHECK_TABLE_ONLY=DIR: tabulate DIR's JSON files and stop).
+write_table_py() {
+cat >"$WORK/table.py" <<'PY'
+# Reads kernel_bench.json, sdpa.json, e2e.json and the stage list; writes summary.md and
+# device-check.json; prints the summary.
+import json, os, sys
+outdir, stages_file, dry = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
+def load(name):
+    p = os.path.join(outdir, name)
+    try:
+        return json.load(open(p))
+    except Exception:
+        return None
+kb, sd, e2e, tests = load("kernel_bench.json"), load("sdpa.json"), load("e2e.json") or [], load("cuda_tests.json")
+stages = [l.rstrip("\n").split("\t") for l in open(stages_file)] if os.path.exists(stages_file) else []
+L = []
+if dry:
+    L.append("**DRY RUN: made-up numbers that only exercise this table's code.**\n")
+L.append("## Stages\n")
+L.append("| stage | status | s | detail |\n|---|---|---|---|")
+for s in stages:
+    L.append("| " + " | ".join((s + ["", "", "", ""])[:4]) + " |")
+if tests:
+    cases = [c for ts in tests.get("testsuites", []) for c in ts.get("testsuite", [])]
+    skipped = sum(1 for c in cases if c.get("result") == "SKIPPED")
+    failed = [c.get("classname", "") + "." + c.get("name", "") for c in cases if c.get("failures")]
+    L.append(f"\nCUDA tests: {tests.get('tests', '?')} in all, {skipped} skipped, {tests.get('failures', '?')} failed"
+             + (f" ({', '.join(failed)})" if failed else "")
+             + f", {tests.get('disabled', 0)} disabled (kvb_cuda_tests, every kernel against its oracle"
+             + ("; skipped = no CUDA device" if skipped else "") + ").")
+if kb:
+    copy = kb["copy_gbps"]
+    L.append(f"\n## Kernels ({kb['device']['name']}, {kb['device']['sms']} SMs): llama-3-8b attention "
+             f"(32 q / 8 kv heads, head_dim 128); D2D copy ceiling {copy:.0f} GB/s "
+             f"(end of run: {kb.get('copy_gbps_end', 0):.0f}), read + write bytes, same process\n")
+    sdpa = {}
+    for c in (sd or {}).get("cases", []):
+        if "median_us" in c:
+            sdpa[(c["dtype"], c["batch"], c["context"])] = c["median_us"]
+    base = {(c["batch"], c["context"]): c["median_us"] for c in kb["cases"] if c["kernel"] == "paged_fp16" and c["median_us"] > 0}
+    L.append("| kernel | batch | context | splits | median us (p10-p90) | GB/s | % of copy | fp16-equiv GB/s | x our fp16 | x SDPA |")
+    L.append("|---|---|---|---|---|---|---|---|---|---|")
+    for c in kb["cases"]:
+        t = c["median_us"]
+        if t <= 0:
+            L.append(f"| {c['kernel']} | {c['batch']} | {c['context']} | - | {c.get('note', 'no result')} | | | | | |")
+            continue
+        gbps, eq = c["bytes"] / t / 1e3, c["fp16_bytes"] / t / 1e3
+        b = base.get((c["batch"], c["context"]))
+        dt = "bfloat16" if "bf16" in c["kernel"] else "float16"
+        s = sdpa.get((dt, c["batch"], c["context"]))
+        flag = "" if c.get("finite", True) else " NON-FINITE"
+        L.append(f"| {c['kernel']}{flag} | {c['batch']} | {c['context']} | {c['splits']} | {t:.1f} ({c['p10_us']:.1f}-{c['p90_us']:.1f}) | "
+                 f"{gbps:.0f} | {100 * gbps / copy:.0f}% | {eq:.0f} | {b / t if b else float('nan'):.2f} | "
+                 f"{s / t if s else float('nan'):.2f} |")
+    L.append("\nGB/s: actual bytes (K/V payload incl. scales/mins/residual, page tables and index lists, q/o, "
+             "split workspace) / median time. fp16-equiv: fp16 K/V bytes of the full context / time. "
+             "x SDPA: torch scaled_dot_product_attention (dense, same dtype for paged_*, fp16 otherwise) on "
+             "contiguous KV of the full context.")
+    # Issue 8 targets.
+    L.append("\nTargets (issue 8):")
+    for c in kb["cases"]:
+        if c["median_us"] <= 0 or c["context"] < 32768 or c["batch"] < 16:
+            continue
+        t = c["median_us"]
+        if c["kernel"] in ("paged_fp16", "paged_bf16"):
+            frac = c["bytes"] / t / 1e3 / copy
+            s = sdpa.get(("bfloat16" if "bf16" in c["kernel"] else "float16", c["batch"], c["context"]))
+            L.append(f"- {c['kernel']} b{c['batch']} ctx{c['context']}: {100 * frac:.0f}% of copy (target >= 80%): "
+                     f"{'MET' if frac >= 0.8 else 'MISSED'}; vs SDPA {s / t if s else float('nan'):.2f}x (target >= 1): "
+                     f"{'MET' if s and s / t >= 1 else 'MISSED' if s else 'n/a'}")
+        for k, want in (("kivi4", 1.6), ("kivi2", 2.5)):
+            if c["kernel"].startswith(k):
+                b = base.get((c["batch"], c["context"]))
+                if b:
+                    L.append(f"- {c['kernel']} b{c['batch']} ctx{c['context']}: {b / t:.2f}x our fp16 kernel (target >= {want}): "
+                             f"{'MET' if b / t >= want else 'MISSED'}")
+if sd:
+    L.append(f"\ntorch {sd.get('torch')}: D2D copy through torch {sd.get('torch_copy_gbps', 0):.0f} GB/s; "
+             + ", ".join(f"{c['dtype']} b{c['batch']} ctx{c['context']}: " + (f"{c['median_us']:.1f} us [{c['backend']}]" if 'median_us' in c else c.get('error', '?'))
+                         for c in sd.get("cases", [])))
+if e2e:
+    L.append("\n## End to end: `kvbench run`, perf protocol, synthetic:llama-3-8b-2l (llama-3-8b layers, 2 of them), bf16, CUDA\n")
+    L.append("Kernels used: `paged` decode steps run the kvb_cuda paged decode kernel above (kernels/torch/paged_decode_torch); "
+             "`kivi` runs its kernel store on CUDA (store=auto: kvb_cuda quantize-and-append + fused KIVI decode, "
+             "kernels/torch/kivi_torch); "
+             "`paged` with decode_kernel=false and `full` run LibTorch ops (attention through ATen), as does every prefill. "
+             "Methods whose stores are CPU-only say so in their error.\n")
+    L.append("| method | params | batch | context | decode tok/s | TPOT ms (p50) | prefill tok/s | KV bytes (physical) | status |")
+    L.append("|---|---|---|---|---|---|---|---|---|")
+    for r in e2e:
+        m = ((r.get("result") or {}).get("metrics") or {})
+        bs = [b for b in str(r["batch_sizes"]).split(",") if b]
+        if not m:
+            L.append(f"| {r['method']} | {json.dumps(r['params'])} | {r['batch_sizes']} | {r['context']} | | | | | {r['status']}: {r.get('error', '')[:120]} |")
+            continue
+        for b in bs:
+            g = lambda k: m.get(f"{k}_b{b}", float("nan"))
+            L.append(f"| {r['method']} | {json.dumps(r['params'])} | {b} | {r['context']} | {g('decode_tok_s'):.1f} | "
+                     f"{g('tpot_ms'):.2f} | {g('prefill_tok_s'):.0f} | {m.get('physical_bytes', float('nan')):.3g} | {r['status']} |")
+text = "\n".join(L) + "\n"
+open(os.path.join(outdir, "summary.md"), "w").write(text)
+json.dump({"stages": stages, "kernel_bench": kb, "sdpa": sd, "e2e": e2e,
+           "cuda_tests": {k: tests.get(k) for k in ("tests", "failures", "disabled", "errors", "time")} if tests else None},
+          open(os.path.join(outdir, "device-check.json"), "w"), indent=1)
+print(text)
+PY
+}
+if [ -n "${DEVICE_CHECK_TABLE_ONLY:-}" ]; then
+  write_table_py
+  python3 "$WORK/table.py" "$DEVICE_CHECK_TABLE_ONLY" "$STAGES_FILE" 0
+  exit $?
+fi
 
 # run_stage NAME TIMEOUT LOGFILE CMD...: runs CMD under a timeout (clipped to what is left of the
 # budget minus `reserve`), records the outcome, shows the log's tail on failure.
@@ -440,111 +556,7 @@ fi
 echo "gpu after: $(gpu_state)" | tee -a "$LOG" >&2
 
 # ---- 6. the table ----
-cat >"$WORK/table.py" <<'PY'
-# Reads kernel_bench.json, sdpa.json, e2e.json and the stage list; writes summary.md and
-# device-check.json; prints the summary.
-import json, os, sys
-outdir, stages_file, dry = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
-def load(name):
-    p = os.path.join(outdir, name)
-    try:
-        return json.load(open(p))
-    except Exception:
-        return None
-kb, sd, e2e, tests = load("kernel_bench.json"), load("sdpa.json"), load("e2e.json") or [], load("cuda_tests.json")
-stages = [l.rstrip("\n").split("\t") for l in open(stages_file)] if os.path.exists(stages_file) else []
-L = []
-if dry:
-    L.append("**DRY RUN: made-up numbers that only exercise this table's code.**\n")
-L.append("## Stages\n")
-L.append("| stage | status | s | detail |\n|---|---|---|---|")
-for s in stages:
-    L.append("| " + " | ".join((s + ["", "", "", ""])[:4]) + " |")
-if tests:
-    cases = [c for ts in tests.get("testsuites", []) for c in ts.get("testsuite", [])]
-    skipped = sum(1 for c in cases if c.get("result") == "SKIPPED")
-    failed = [c.get("classname", "") + "." + c.get("name", "") for c in cases if c.get("failures")]
-    L.append(f"\nCUDA tests: {tests.get('tests', '?')} in all, {skipped} skipped, {tests.get('failures', '?')} failed"
-             + (f" ({', '.join(failed)})" if failed else "")
-             + f", {tests.get('disabled', 0)} disabled (kvb_cuda_tests, every kernel against its oracle"
-             + ("; skipped = no CUDA device" if skipped else "") + ").")
-if kb:
-    copy = kb["copy_gbps"]
-    L.append(f"\n## Kernels ({kb['device']['name']}, {kb['device']['sms']} SMs): llama-3-8b attention "
-             f"(32 q / 8 kv heads, head_dim 128); D2D copy ceiling {copy:.0f} GB/s "
-             f"(end of run: {kb.get('copy_gbps_end', 0):.0f}), read + write bytes, same process\n")
-    sdpa = {}
-    for c in (sd or {}).get("cases", []):
-        if "median_us" in c:
-            sdpa[(c["dtype"], c["batch"], c["context"])] = c["median_us"]
-    base = {(c["batch"], c["context"]): c["median_us"] for c in kb["cases"] if c["kernel"] == "paged_fp16" and c["median_us"] > 0}
-    L.append("| kernel | batch | context | splits | median us (p10-p90) | GB/s | % of copy | fp16-equiv GB/s | x our fp16 | x SDPA |")
-    L.append("|---|---|---|---|---|---|---|---|---|---|")
-    for c in kb["cases"]:
-        t = c["median_us"]
-        if t <= 0:
-            L.append(f"| {c['kernel']} | {c['batch']} | {c['context']} | - | {c.get('note', 'no result')} | | | | | |")
-            continue
-        gbps, eq = c["bytes"] / t / 1e3, c["fp16_bytes"] / t / 1e3
-        b = base.get((c["batch"], c["context"]))
-        dt = "bfloat16" if "bf16" in c["kernel"] else "float16"
-        s = sdpa.get((dt, c["batch"], c["context"]))
-        flag = "" if c.get("finite", True) else " NON-FINITE"
-        L.append(f"| {c['kernel']}{flag} | {c['batch']} | {c['context']} | {c['splits']} | {t:.1f} ({c['p10_us']:.1f}-{c['p90_us']:.1f}) | "
-                 f"{gbps:.0f} | {100 * gbps / copy:.0f}% | {eq:.0f} | {b / t if b else float('nan'):.2f} | "
-                 f"{s / t if s else float('nan'):.2f} |")
-    L.append("\nGB/s: actual bytes (K/V payload incl. scales/mins/residual, page tables and index lists, q/o, "
-             "split workspace) / median time. fp16-equiv: fp16 K/V bytes of the full context / time. "
-             "x SDPA: torch scaled_dot_product_attention (dense, same dtype for paged_*, fp16 otherwise) on "
-             "contiguous KV of the full context.")
-    # Issue 8 targets.
-    L.append("\nTargets (issue 8):")
-    for c in kb["cases"]:
-        if c["median_us"] <= 0 or c["context"] < 32768 or c["batch"] < 16:
-            continue
-        t = c["median_us"]
-        if c["kernel"] in ("paged_fp16", "paged_bf16"):
-            frac = c["bytes"] / t / 1e3 / copy
-            s = sdpa.get(("bfloat16" if "bf16" in c["kernel"] else "float16", c["batch"], c["context"]))
-            L.append(f"- {c['kernel']} b{c['batch']} ctx{c['context']}: {100 * frac:.0f}% of copy (target >= 80%): "
-                     f"{'MET' if frac >= 0.8 else 'MISSED'}; vs SDPA {s / t if s else float('nan'):.2f}x (target >= 1): "
-                     f"{'MET' if s and s / t >= 1 else 'MISSED' if s else 'n/a'}")
-        for k, want in (("kivi4", 1.6), ("kivi2", 2.5)):
-            if c["kernel"].startswith(k):
-                b = base.get((c["batch"], c["context"]))
-                if b:
-                    L.append(f"- {c['kernel']} b{c['batch']} ctx{c['context']}: {b / t:.2f}x our fp16 kernel (target >= {want}): "
-                             f"{'MET' if b / t >= want else 'MISSED'}")
-if sd:
-    L.append(f"\ntorch {sd.get('torch')}: D2D copy through torch {sd.get('torch_copy_gbps', 0):.0f} GB/s; "
-             + ", ".join(f"{c['dtype']} b{c['batch']} ctx{c['context']}: " + (f"{c['median_us']:.1f} us [{c['backend']}]" if 'median_us' in c else c.get('error', '?'))
-                         for c in sd.get("cases", [])))
-if e2e:
-    L.append("\n## End to end: `kvbench run`, perf protocol, synthetic:llama-3-8b-2l (llama-3-8b layers, 2 of them), bf16, CUDA\n")
-    L.append("Kernels used: `paged` decode steps run the kvb_cuda paged decode kernel above (kernels/torch/paged_decode_torch); "
-             "`kivi` runs its kernel store on CUDA (store=auto: kvb_cuda quantize-and-append + fused KIVI decode, "
-             "kernels/torch/kivi_torch); "
-             "`paged` with decode_kernel=false and `full` run LibTorch ops (attention through ATen), as does every prefill. "
-             "Methods whose stores are CPU-only say so in their error.\n")
-    L.append("| method | params | batch | context | decode tok/s | TPOT ms (p50) | prefill tok/s | KV bytes (physical) | status |")
-    L.append("|---|---|---|---|---|---|---|---|---|")
-    for r in e2e:
-        m = ((r.get("result") or {}).get("metrics") or {})
-        bs = [b for b in str(r["batch_sizes"]).split(",") if b]
-        if not m:
-            L.append(f"| {r['method']} | {json.dumps(r['params'])} | {r['batch_sizes']} | {r['context']} | | | | | {r['status']}: {r.get('error', '')[:120]} |")
-            continue
-        for b in bs:
-            g = lambda k: m.get(f"{k}_b{b}", float("nan"))
-            L.append(f"| {r['method']} | {json.dumps(r['params'])} | {b} | {r['context']} | {g('decode_tok_s'):.1f} | "
-                     f"{g('tpot_ms'):.2f} | {g('prefill_tok_s'):.0f} | {m.get('physical_bytes', float('nan')):.3g} | {r['status']} |")
-text = "\n".join(L) + "\n"
-open(os.path.join(outdir, "summary.md"), "w").write(text)
-json.dump({"stages": stages, "kernel_bench": kb, "sdpa": sd, "e2e": e2e,
-           "cuda_tests": {k: tests.get(k) for k in ("tests", "failures", "disabled", "errors", "time")} if tests else None},
-          open(os.path.join(outdir, "device-check.json"), "w"), indent=1)
-print(text)
-PY
+write_table_py
 if [ "$DRY" = 1 ]; then
   # Exercise the table on made-up inputs in a scratch directory (never in $OUT).
   FAKE=$WORK/dry-out
