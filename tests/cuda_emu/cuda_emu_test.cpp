@@ -89,6 +89,33 @@ TEST(CudaEmu, DivergentBarriersAndShufflesFailTheLaunch) {
   cudaFree(d);
 }
 
+TEST(CudaEmu, WarpShufflesVotesAndAtomics) {
+  int *scan, *down, *counter;
+  unsigned* ballot;
+  cudaMalloc(reinterpret_cast<void**>(&scan), 64 * 4);
+  cudaMalloc(reinterpret_cast<void**>(&down), 2 * 4);
+  cudaMalloc(reinterpret_cast<void**>(&ballot), 2 * 4);
+  cudaMalloc(reinterpret_cast<void**>(&counter), 4);
+  cudaMemset(counter, 0, 4);
+  KVB_LAUNCH(1, 64, 0, nullptr, warp_primitives)(scan, down, ballot, counter);
+  ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+  std::vector<int> h(64), d(2), c(1);
+  std::vector<unsigned> b(2);
+  cudaMemcpy(h.data(), scan, 64 * 4, cudaMemcpyDeviceToHost);
+  cudaMemcpy(d.data(), down, 2 * 4, cudaMemcpyDeviceToHost);
+  cudaMemcpy(b.data(), ballot, 2 * 4, cudaMemcpyDeviceToHost);
+  cudaMemcpy(c.data(), counter, 4, cudaMemcpyDeviceToHost);
+  for (int t = 0; t < 64; ++t) EXPECT_EQ(h[t], (t % 32) * (t % 32 + 1) / 2) << t;
+  EXPECT_EQ(d, (std::vector<int>{496, 496}));
+  unsigned want = 0;
+  for (int l = 0; l < 32; l += 3) want |= 1u << l;
+  EXPECT_EQ(b, (std::vector<unsigned>{want, want}));
+  EXPECT_EQ(c[0], 64 * 2);
+  for (void* p : {static_cast<void*>(scan), static_cast<void*>(down), static_cast<void*>(ballot),
+                  static_cast<void*>(counter)})
+    cudaFree(p);
+}
+
 TEST(CudaEmu, UnwrittenMemoryReadsAsNaN) {
   float* d;
   cudaMalloc(reinterpret_cast<void**>(&d), 32 * 4);

@@ -252,6 +252,65 @@ inline T __shfl_sync(unsigned mask, T v, int src_lane, int width = 32) {
   return out;
 }
 
+template <typename T>
+inline T __shfl_down_sync(unsigned mask, T v, unsigned delta, int width = 32) {
+  static_assert(std::is_trivially_copyable<T>::value && sizeof(T) <= 8, "shuffle of a small value");
+  const int lane = ::kvb::emu::lane_id(), base = (lane / width) * width;
+  const int src =
+      lane + static_cast<int>(delta) < base + width ? lane + static_cast<int>(delta) : lane;
+  T out;
+  ::kvb::emu::warp_exchange(mask, &v, &out, sizeof(T), src);
+  return out;
+}
+template <typename T>
+inline T __shfl_up_sync(unsigned mask, T v, unsigned delta, int width = 32) {
+  static_assert(std::is_trivially_copyable<T>::value && sizeof(T) <= 8, "shuffle of a small value");
+  const int lane = ::kvb::emu::lane_id(), base = (lane / width) * width;
+  const int src = lane - static_cast<int>(delta) >= base ? lane - static_cast<int>(delta) : lane;
+  T out;
+  ::kvb::emu::warp_exchange(mask, &v, &out, sizeof(T), src);
+  return out;
+}
+// Warp votes: every lane of the (full) warp contributes its predicate.
+inline unsigned __ballot_sync(unsigned mask, int pred) {
+  int all[32];
+  const int mine = pred != 0;
+  ::kvb::emu::warp_allgather(mask, &mine, sizeof mine, all);
+  unsigned bits = 0;
+  for (int l = 0; l < 32; ++l) bits |= static_cast<unsigned>(all[l] != 0) << l;
+  return bits & mask;
+}
+inline int __any_sync(unsigned mask, int pred) { return __ballot_sync(mask, pred) != 0; }
+inline int __all_sync(unsigned mask, int pred) { return __ballot_sync(mask, pred) == mask; }
+inline unsigned __activemask() { return 0xffffffffu; }  // full warps only (the scheduler checks)
+// Threads interleave only at barriers and shuffles, so read-modify-writes are atomic as they are.
+template <typename T>
+inline T atomicAdd(T* p, T v) {
+  const T old = *p;
+  *p = old + v;
+  return old;
+}
+template <typename T>
+inline T atomicMax(T* p, T v) {
+  const T old = *p;
+  if (v > old) *p = v;
+  return old;
+}
+template <typename T>
+inline T atomicMin(T* p, T v) {
+  const T old = *p;
+  if (v < old) *p = v;
+  return old;
+}
+inline void __threadfence() {}
+inline void __threadfence_block() {}
+inline int __popc(unsigned x) { return __builtin_popcount(x); }
+inline int __clz(unsigned x) { return x ? __builtin_clz(x) : 32; }
+inline int __ffs(unsigned x) { return __builtin_ffs(static_cast<int>(x)); }
+inline float __expf(float x) { return std::exp(x); }
+inline float __fdividef(float a, float b) { return a / b; }
+inline float rsqrtf(float x) { return 1.f / std::sqrt(x); }
+
 // kernel<<<grid, block, smem, stream>>>(args) for the host compiler.
 #define KVB_LAUNCH(grid, block, smem, stream, ...) \
   ::kvb::emu::launch(#__VA_ARGS__, grid, block, smem, stream, __VA_ARGS__)

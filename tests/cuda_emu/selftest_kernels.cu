@@ -58,4 +58,21 @@ __global__ void read_past_the_end(const float* x, float* out, int n) {
   out[threadIdx.x] = x[n + threadIdx.x];  // thread 0 reads the first float past the end
 }
 
+// Prefix sums of lane ids by __shfl_up_sync, a warp sum by __shfl_down_sync, votes and an atomic.
+__global__ void warp_primitives(int* scan, int* down_sum, unsigned* ballot, int* counter) {
+  const int lane = threadIdx.x % 32;
+  int v = lane;
+  for (int d = 1; d < 32; d *= 2) {
+    const int up = __shfl_up_sync(0xffffffffu, v, d);
+    if (lane >= d) v += up;
+  }
+  scan[threadIdx.x] = v;
+  int s = lane;
+  for (int d = 16; d >= 1; d /= 2) s += __shfl_down_sync(0xffffffffu, s, d);
+  if (lane == 0) down_sum[threadIdx.x / 32] = s;
+  const unsigned b = __ballot_sync(0xffffffffu, lane % 3 == 0);
+  if (lane == 0) ballot[threadIdx.x / 32] = b;
+  atomicAdd(counter, __any_sync(0xffffffffu, lane == 31) + __all_sync(0xffffffffu, lane < 32));
+}
+
 }  // namespace kvb_emu_selftest

@@ -11,5 +11,6 @@ __global__ void barrier_in_half_the_block(float* out);
 __global__ void shuffle_in_half_a_warp(float* out);
 __global__ void read_shared_unwritten(float* out);
 __global__ void read_past_the_end(const float* x, float* out, int n);
+__global__ void warp_primitives(int* scan, int* down_sum, unsigned* ballot, int* counter);
 
 }  // namespace kvb_emu_selftest
