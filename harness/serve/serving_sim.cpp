@@ -110,6 +110,7 @@ class Instance {
   enum class Role { kBoth, kPrefill, kDecode };
   Role role = Role::kBoth;
   std::vector<Request> handoffs;  // prefill role: prompts done, for the cluster to send on
+  double link_free_ms = 0;        // prefill role: when its network link has sent what it was given
 
   // A request whose prompt a prefill instance computed; its KV lands at r.ready_ms.
   void accept(const Request& r) {
@@ -547,7 +548,8 @@ class Cluster {
       last = std::max(last, busy->now);
       // P/D: prompts a prefill instance finished go to the least-loaded decode instance, their
       // KV sent over the network (Mooncake's transfer engine), after the prefill or layer by
-      // layer as it is produced (pd_layerwise: no link contention between transfers either way).
+      // layer as it is produced (pd_layerwise). A prefill instance's link sends one prompt's KV
+      // at a time, in the order the prompts finished (a transfer waits for the one before).
       for (auto& h : busy->handoffs) {
         Instance* to = nullptr;
         for (size_t i = static_cast<size_t>(cfg_.prefill_instances); i < instances_.size(); ++i)
@@ -558,10 +560,12 @@ class Cluster {
           const double last_piece =
               send_ms /
               static_cast<double>(target_.layers * std::max<int64_t>(1, h.prefill_chunks));
-          h.ready_ms = std::max(h.ready_ms + last_piece, h.prefill_start_ms + send_ms);
+          h.ready_ms = std::max(h.ready_ms + last_piece,
+                                std::max(h.prefill_start_ms, busy->link_free_ms) + send_ms);
         } else {
-          h.ready_ms += send_ms;
+          h.ready_ms = std::max(h.ready_ms, busy->link_free_ms) + send_ms;
         }
+        busy->link_free_ms = h.ready_ms;
         result_.pd_transfer_bytes += bytes;
         if (!to->has_work()) to->now = std::max(to->now, busy->now);
         to->accept(h);

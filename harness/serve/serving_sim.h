@@ -81,7 +81,8 @@ struct ServeConfig {
   int64_t prefill_instances = 0;
   // P/D: each layer's KV leaves as the prefill produces it (Mooncake's layer-wise transfer), so a
   // prompt's KV is ready at max(prefill start + all bytes / bandwidth, prefill end + the last
-  // chunk's last layer / bandwidth) instead of prefill end + all bytes / bandwidth.
+  // chunk's last layer / bandwidth) instead of prefill end + all bytes / bandwidth. Either way a
+  // prefill instance's link sends one prompt at a time (a transfer starts when the previous ends).
   bool pd_layerwise = false;
   PrefixScope prefix_scope = PrefixScope::kLocal;
   double kv_pool_bytes = 100.0 * (1ll << 30);  // device memory for KV

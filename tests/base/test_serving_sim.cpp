@@ -382,6 +382,27 @@ TEST(ServingSim, LayerwisePrefillDecodeTransferOverlapsThePrefill) {
   EXPECT_NEAR(r.per_request[0].finish_ms, 125.505 + 1.501001 + 1.501002, 1e-9);
 }
 
+// Two prompts finishing in the same iteration on one prefill instance share its link: the second
+// megabyte leaves when the first has gone (1 ms each at 1 GB/s).
+TEST(ServingSim, PrefillDecodeTransfersQueueOnThePrefillInstancesLink) {
+  const RequestTrace t = trace_of({request(0, 1000, 2, {1, 2}), request(0, 1000, 2, {3, 4})});
+  ServeConfig cfg;
+  cfg.kv_pool_bytes = 1e9;
+  cfg.instances = 2;
+  cfg.prefill_instances = 1;
+  ServeHardware hw = toy_hardware();
+  hw.pd_gbps = 1;
+  const ServeResult r =
+      simulate_serving(t, FootprintCurve::proportional(1000), toy_target(), hw, cfg);
+  ASSERT_EQ(r.completed, 2);
+  const double t0 = r.per_request[0].first_token_ms, t1 = r.per_request[1].first_token_ms;
+  EXPECT_DOUBLE_EQ(t0, t1);  // one prefill iteration for both
+  // The first lands after 1 ms and decodes (1.501001 ms); the second lands 1 ms later, mid-step,
+  // and decodes after it (without the queue both would land at 1 ms and decode together).
+  EXPECT_NEAR(r.per_request[0].finish_ms - t0, 1.0 + 1.501001, 1e-6);
+  EXPECT_NEAR(r.per_request[1].finish_ms - t0, 1.0 + 1.501001 + 1.501001, 1e-6);
+}
+
 TEST(ServingSim, ParsesAllocatorNames) {
   EXPECT_EQ(parse_kv_allocator("pow2"), KvAllocator::kPow2);
   EXPECT_STREQ(kv_allocator_name(parse_kv_allocator("contiguous_max")), "contiguous_max");
