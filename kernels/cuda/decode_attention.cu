@@ -86,31 +86,66 @@ struct DenseArgs {
   DecodeOut out;
 };
 
+// Where a block's work lies: its split, kv head and sequence, the positions [t0, t1) of what it
+// scans (the sequence, or its gathered tokens / pages), and the sequence's lists.
+struct DenseBlock {
+  int split, kvh, seq, group, len, t0, t1;
+  const int32_t* gl;     // the sequence's gather list (gather modes)
+  const int32_t* pages;  // its page ids
+  int64_t row0;          // its first query head's row in q and o
+};
+
+__device__ __forceinline__ DenseBlock dense_block(const DenseArgs& a) {
+  DenseBlock k;
+  k.split = blockIdx.x;
+  k.kvh = blockIdx.y;
+  k.seq = blockIdx.z;
+  k.group = a.hq / a.hkv;
+  k.len = a.kv_lens[k.seq];
+  int scan = k.len;
+  k.gl = nullptr;
+  if (a.mode != static_cast<int>(GatherMode::kNone)) {
+    const int g0 = a.g_indptr[k.seq];
+    scan = a.g_indptr[k.seq + 1] - g0;
+    k.gl = a.g_idx + g0;
+    if (a.mode == static_cast<int>(GatherMode::kPages)) scan *= a.ps;
+  }
+  k.t0 = k.split * a.chunk;
+  // The last split runs to the end, so a plan made from a too-small max_scan_len stays correct.
+  k.t1 = k.split == a.out.splits - 1 ? scan : min(scan, k.t0 + a.chunk);
+  k.pages = a.page_indices + a.page_indptr[k.seq];
+  k.row0 = static_cast<int64_t>(k.seq) * a.hq + static_cast<int64_t>(k.kvh) * k.group;
+  return k;
+}
+
+// The element offset of scanned position j's K/V row (kv head 0; j < t1), or -1 when j names no
+// token (the tail of a gathered page past the sequence's end).
+template <int HD>
+__device__ __forceinline__ int64_t dense_row(const DenseArgs& a, const DenseBlock& B, int j) {
+  auto div_ps = [&](int x) { return a.ps_shift >= 0 ? (x >> a.ps_shift) : x / a.ps; };
+  int pos = j;
+  if (a.mode == static_cast<int>(GatherMode::kTokens)) {
+    pos = __ldg(B.gl + j);
+  } else if (a.mode == static_cast<int>(GatherMode::kPages)) {
+    const int sp = div_ps(j);
+    pos = __ldg(B.gl + sp) * a.ps + (j - sp * a.ps);
+    if (pos >= B.len) return -1;
+  }
+  const int lp = div_ps(pos);
+  return (static_cast<int64_t>(__ldg(B.pages + lp)) * a.ps + (pos - lp * a.ps)) *
+         (static_cast<int64_t>(a.hkv) * HD);
+}
+
 template <typename T, int HD, int GT>
 __global__ void __launch_bounds__(kDecodeThreads) dense_decode_kernel(const DenseArgs a) {
   using C = DecodeCfg<HD, GT>;
   constexpr int CPT = C::CPT, NV = C::NV, TPT = C::TPT, NSLOT = C::NSLOT, UNROLL = C::UNROLL;
-  const int split = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
+  const DenseBlock B = dense_block(a);
+  const int split = B.split, group = B.group, t0 = B.t0, t1 = B.t1;
+  const int64_t row0 = B.row0;
   const int tid = threadIdx.x, lc = tid % TPT, slot = tid / TPT;
-  const int group = a.hq / a.hkv;
-  const int len = a.kv_lens[b];
-  int scan = len;
-  const int32_t* gl = nullptr;
-  if (a.mode != static_cast<int>(GatherMode::kNone)) {
-    const int g0 = a.g_indptr[b];
-    scan = a.g_indptr[b + 1] - g0;
-    gl = a.g_idx + g0;
-    if (a.mode == static_cast<int>(GatherMode::kPages)) scan *= a.ps;
-  }
-  const int t0 = split * a.chunk;
-  // The last split runs to the end, so a plan made from a too-small max_scan_len stays correct.
-  const int t1 = split == a.out.splits - 1 ? scan : min(scan, t0 + a.chunk);
-  const int32_t* pages = a.page_indices + a.page_indptr[b];
-  const int64_t tok_stride = static_cast<int64_t>(a.hkv) * HD;
-  const T* kbase = static_cast<const T*>(a.k) + kvh * HD + lc * CPT;
-  const T* vbase = static_cast<const T*>(a.v) + kvh * HD + lc * CPT;
-  const int64_t row0 = static_cast<int64_t>(b) * a.hq + static_cast<int64_t>(kvh) * group;
-  auto div_ps = [&](int x) { return a.ps_shift >= 0 ? (x >> a.ps_shift) : x / a.ps; };
+  const T* kbase = static_cast<const T*>(a.k) + B.kvh * HD + lc * CPT;
+  const T* vbase = static_cast<const T*>(a.v) + B.kvh * HD + lc * CPT;
 
   float q[GT][CPT];
 #pragma unroll
@@ -145,19 +180,8 @@ __global__ void __launch_bounds__(kDecodeThreads) dense_decode_kernel(const Dens
 #pragma unroll
       for (int v = 0; v < NV; ++v) kr[u][v] = vr[u][v] = make_uint4(0, 0, 0, 0);
       if (j < t1) {
-        int pos = j;
-        bool live = true;
-        if (a.mode == static_cast<int>(GatherMode::kTokens)) {
-          pos = __ldg(gl + j);
-        } else if (a.mode == static_cast<int>(GatherMode::kPages)) {
-          const int sp = div_ps(j);
-          pos = __ldg(gl + sp) * a.ps + (j - sp * a.ps);
-          live = pos < len;
-        }
-        if (live) {
-          const int lp = div_ps(pos);
-          const int64_t row =
-              (static_cast<int64_t>(__ldg(pages + lp)) * a.ps + (pos - lp * a.ps)) * tok_stride;
+        const int64_t row = dense_row<HD>(a, B, j);
+        if (row >= 0) {
 #pragma unroll
           for (int v = 0; v < NV; ++v) {
             kr[u][v] = ldg16(kbase + row + 8 * v);
