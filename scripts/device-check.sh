@@ -146,7 +146,7 @@ if kb:
         if c["median_us"] <= 0 or c["context"] < 32768 or c["batch"] < 16:
             continue
         t = c["median_us"]
-        if c["kernel"] in ("paged_fp16", "paged_bf16"):
+        if c["kernel"] in ("paged_fp16", "paged_bf16", "paged_fp16_tc", "paged_bf16_tc"):
             frac = c["bytes"] / t / 1e3 / copy
             s = sdpa.get(("bfloat16" if "bf16" in c["kernel"] else "float16", c["batch"], c["context"]))
             L.append(f"- {c['kernel']} b{c['batch']} ctx{c['context']}: {100 * frac:.0f}% of copy (target >= 80%): "

@@ -215,6 +215,12 @@ __global__ void __launch_bounds__(kDecodeThreads) dense_decode_kernel(const Dens
 
 }  // namespace
 
+}  // namespace kvb::kernels::cuda
+
+#include "decode_tc.cuh"
+
+namespace kvb::kernels::cuda {
+
 DecodePlan decode_attention_plan(const DecodeAttentionParams& p, int32_t requested_splits,
                                  int num_sms) {
   return plan_splits(p.batch_size, p.num_kv_heads, p.num_qo_heads, p.head_dim, p.max_scan_len,
@@ -247,7 +253,7 @@ bool decode_attention_supported(const DecodeAttentionParams& p, std::string* why
 }
 
 cudaError_t decode_attention_cuda(const DecodeAttentionParams& p, const DecodePlan& plan,
-                                  void* workspace, cudaStream_t stream) {
+                                  void* workspace, cudaStream_t stream, DecodeKernel kernel) {
   if (!decode_attention_supported(p, nullptr)) return cudaErrorInvalidValue;
   if (p.batch_size == 0) return cudaSuccess;
   const int64_t rows = static_cast<int64_t>(p.batch_size) * p.num_qo_heads;
@@ -275,12 +281,17 @@ cudaError_t decode_attention_cuda(const DecodeAttentionParams& p, const DecodePl
   a.out = split_out(p.o, workspace, rows, plan.num_splits, p.head_dim);
   const dim3 grid(plan.num_splits, p.num_kv_heads, p.batch_size);
   const int group = p.num_qo_heads / p.num_kv_heads;
-  KVB_DISPATCH_DTYPE(p.dtype, T,
-                     KVB_DISPATCH_HEAD_DIM(p.head_dim, HD, KVB_DISPATCH_GROUP(group, GT, {
-                                             KVB_LAUNCH(grid, kDecodeThreads, 0, stream,
-                                                        dense_decode_kernel<T, HD, GT>)
-                                             (a);
-                                           })));
+  const bool tensor_cores =
+      kernel == DecodeKernel::kTensorCores || (kernel == DecodeKernel::kAuto && group >= 4);
+  KVB_DISPATCH_DTYPE(
+      p.dtype, T,
+      KVB_DISPATCH_HEAD_DIM(
+          p.head_dim, HD, KVB_DISPATCH_GROUP(group, GT, {
+            if (tensor_cores)
+              KVB_LAUNCH(grid, kDecodeThreads, 0, stream, dense_decode_tc_kernel<T, HD, GT>)(a);
+            else
+              KVB_LAUNCH(grid, kDecodeThreads, 0, stream, dense_decode_kernel<T, HD, GT>)(a);
+          })));
   KVB_CUDA_TRY(cudaGetLastError());
   if (plan.num_splits > 1) {
     KVB_DISPATCH_DTYPE(p.dtype, T,

@@ -45,6 +45,69 @@ __device__ __forceinline__ SlotSmem<HD, GT> slot_smem() {
   return SlotSmem<HD, GT>{sm_acc, sm_m, sm_l};
 }
 
+// Tensor-core decode kernels: each warp's state goes to the first slot of its threads, and every
+// thread comes back with its slot's state (the other slots start empty). A warp's state: m (head g
+// = lane / 4, the same in g's 4 lanes), l (this lane's part, summed here), O^T tiles acc[mt] =
+// (channels 16 mt + g, + 8) x (heads 2t, 2t + 1) with t = lane % 4 (mma.cuh's C layout), and
+// optionally tile_add[mt] (this lane's part for head g, summed here) added to every channel of
+// tile mt (KIVI's min term).
+template <int HD, int GT>
+__device__ __forceinline__ void warp_state_to_slots(float m_w, float l_w,
+                                                    const float (&acc_w)[HD / 16][4],
+                                                    const float* tile_add, float (&m)[GT],
+                                                    float (&l)[GT],
+                                                    float (&acc)[GT][DecodeCfg<HD, GT>::CPT]) {
+  using C = DecodeCfg<HD, GT>;
+  constexpr int NMT = HD / 16;
+  constexpr unsigned FULL = 0xffffffffu;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+  l_w += __shfl_xor_sync(FULL, l_w, 1);
+  l_w += __shfl_xor_sync(FULL, l_w, 2);
+  float add[NMT];
+#pragma unroll
+  for (int mt = 0; mt < NMT; ++mt) {
+    add[mt] = tile_add ? tile_add[mt] : 0.f;
+    add[mt] += __shfl_xor_sync(FULL, add[mt], 1);
+    add[mt] += __shfl_xor_sync(FULL, add[mt], 2);
+  }
+  const SlotSmem<HD, GT> S = slot_smem<HD, GT>();
+  const int handoff = warp * (32 / C::TPT);  // a slot whose threads are all in this warp
+  if (t == 0 && g < GT) {
+    S.m[handoff][g] = m_w;
+    S.l[handoff][g] = l_w;
+  }
+#pragma unroll
+  for (int mt = 0; mt < NMT; ++mt) {
+    const int c = 16 * mt + g;
+    if (2 * t < GT) {
+      S.acc[handoff][2 * t][c] = acc_w[mt][0];
+      S.acc[handoff][2 * t][c + 8] = acc_w[mt][2];
+    }
+    if (2 * t + 1 < GT) {
+      S.acc[handoff][2 * t + 1][c] = acc_w[mt][1];
+      S.acc[handoff][2 * t + 1][c + 8] = acc_w[mt][3];
+    }
+  }
+  __syncwarp();
+  if (tile_add && g < GT) {
+#pragma unroll
+    for (int mt = 0; mt < NMT; ++mt)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) S.acc[handoff][g][16 * mt + t + 4 * j] += add[mt];
+  }
+  __syncwarp();
+  const int lc = tid % C::TPT, slot = tid / C::TPT;
+  const bool handed = slot == handoff;
+#pragma unroll
+  for (int h = 0; h < GT; ++h) {
+    m[h] = handed ? S.m[slot][h] : -INFINITY;
+    l[h] = handed ? S.l[slot][h] : 0.f;
+#pragma unroll
+    for (int c = 0; c < C::CPT; ++c) acc[h][c] = handed ? S.acc[slot][h][lc * C::CPT + c] : 0.f;
+  }
+  __syncwarp();  // read before finish_block writes the slots again
+}
+
 // Merges the block's slot states (m, l in log2 units; acc unnormalised) and writes query heads
 // [row0, row0 + group) of this split. Called by every thread of the block.
 template <typename T, int HD, int GT>

@@ -274,15 +274,14 @@ template <int BITS>
 cudaError_t launch_kivi_decode(const KiviArgs& a, KvDtype dtype, int head_dim, int group, dim3 grid,
                                cudaStream_t stream, bool tensor_cores) {
   KVB_DISPATCH_DTYPE(
-      dtype, T,
-      KVB_DISPATCH_HEAD_DIM(
-          head_dim, HD, KVB_DISPATCH_GROUP(group, GT, {
-            if (tensor_cores)
-              KVB_LAUNCH(grid, kDecodeThreads, 0, stream, kivi_decode_tc_kernel<T, HD, GT, BITS>)
-              (a);
-            else
-              KVB_LAUNCH(grid, kDecodeThreads, 0, stream, kivi_decode_kernel<T, HD, GT, BITS>)(a);
-          })));
+      dtype, T, KVB_DISPATCH_HEAD_DIM(head_dim, HD, KVB_DISPATCH_GROUP(group, GT, {
+                                        if (tensor_cores)
+                                          KVB_LAUNCH(grid, kDecodeThreads, 0, stream,
+                                                     kivi_decode_tc_kernel<T, HD, GT, BITS>)
+                                        (a);
+                                        else KVB_LAUNCH(grid, kDecodeThreads, 0, stream,
+                                                        kivi_decode_kernel<T, HD, GT, BITS>)(a);
+                                      })));
   return cudaGetLastError();
 }
 

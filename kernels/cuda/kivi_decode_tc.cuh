@@ -200,53 +200,9 @@ __global__ void __launch_bounds__(kDecodeThreads) kivi_decode_tc_kernel(const Ki
       }
     }
   }
-  // Hand each warp's state to the first slot of its threads.
-  l_a += __shfl_xor_sync(FULL, l_a, 1);
-  l_a += __shfl_xor_sync(FULL, l_a, 2);
-#pragma unroll
-  for (int mt = 0; mt < NMT; ++mt) {
-    mterm[mt] += __shfl_xor_sync(FULL, mterm[mt], 1);
-    mterm[mt] += __shfl_xor_sync(FULL, mterm[mt], 2);
-  }
-  const SlotSmem<HD, GT> S = slot_smem<HD, GT>();
-  const int handoff = warp * (32 / TPT);
-  if (t == 0 && g < GT) {
-    S.m[handoff][g] = m_a;
-    S.l[handoff][g] = l_a;
-  }
-#pragma unroll
-  for (int mt = 0; mt < NMT; ++mt) {
-    const int c = 16 * mt + g;
-    if (2 * t < GT) {
-      S.acc[handoff][2 * t][c] = acc_a[mt][0];
-      S.acc[handoff][2 * t][c + 8] = acc_a[mt][2];
-    }
-    if (2 * t + 1 < GT) {
-      S.acc[handoff][2 * t + 1][c] = acc_a[mt][1];
-      S.acc[handoff][2 * t + 1][c + 8] = acc_a[mt][3];
-    }
-  }
-  __syncwarp();
-  if (g < GT) {
-#pragma unroll
-    for (int mt = 0; mt < NMT; ++mt)
-#pragma unroll
-      for (int j = 0; j < 4; ++j) S.acc[handoff][g][16 * mt + t + 4 * j] += mterm[mt];
-  }
-  __syncwarp();
-
-  // ---- phase B on CUDA cores, from the handed-over states ----
-  const int lc = tid % TPT, slot = tid / TPT;
-  const bool handed = slot == handoff;
+  // Hand each warp's state to the first slot of its threads; phase B continues from it.
   float m[GT], l[GT], acc[GT][CPT];
-#pragma unroll
-  for (int h = 0; h < GT; ++h) {
-    m[h] = handed ? S.m[slot][h] : -INFINITY;
-    l[h] = handed ? S.l[slot][h] : 0.f;
-#pragma unroll
-    for (int c = 0; c < CPT; ++c) acc[h][c] = handed ? S.acc[slot][h][lc * CPT + c] : 0.f;
-  }
-  __syncwarp();  // read before finish_block writes the slots again
+  warp_state_to_slots<HD, GT>(m_a, l_a, acc_a, mterm, m, l, acc);
   kivi_phase_b<T, HD, GT, BITS>(a, sm_q, b, kvh, a_end, t1, kq, vq, pages, m, l, acc);
   finish_block<T, HD, GT>(m, l, acc, group, row0, split, a.out);
 }

@@ -44,11 +44,16 @@ DecodePlan decode_attention_plan(const DecodeAttentionParams& p, int32_t request
 DecodePlan kivi_decode_plan(const KiviDecodeParams& p, int32_t requested_splits = 0,
                             int num_sms = 0);
 
-// Dense or gathered decode attention over paged fp16/bf16 KV (decode_attention.h).
+// Dense or gathered decode attention over paged fp16/bf16 KV (decode_attention.h). Two kernels:
+// kCudaCores and kTensorCores (decode_tc.cuh: the group's heads times K^T and V^T times the weights
+// on tensor cores); kAuto takes tensor cores for GQA groups of 4 or more. Both agree with
+// decode_attention_ref to fp32-level rounding.
+enum class DecodeKernel { kCudaCores, kTensorCores, kAuto };
 bool decode_attention_supported(const DecodeAttentionParams& p, std::string* why);
 cudaError_t decode_attention_cuda(const DecodeAttentionParams& p, const DecodePlan& plan,
                                   void* workspace,  // [plan.workspace_bytes] device, or null
-                                  cudaStream_t stream);
+                                  cudaStream_t stream,
+                                  DecodeKernel kernel = DecodeKernel::kCudaCores);
 
 // Decode attention over the KIVI store (kivi_cache.h), dequantizing inside the kernel. Two
 // kernels: kCudaCores (codes dequantized and multiplied on CUDA cores) and kTensorCores (whole

@@ -278,7 +278,7 @@ double fp16_kv_bytes(const Shape& s) {
 
 // Dense or gathered paged decode; gather_frac < 1 keeps that fraction of tokens or pages.
 CaseResult bench_paged(const Shape& s, KvDtype dt, GatherMode mode, double frac, const Device& dev,
-                       bool quick) {
+                       bool quick, kc::DecodeKernel kernel = kc::DecodeKernel::kCudaCores) {
   CaseResult r;
   r.shape = s;
   r.kernel = std::string(mode == GatherMode::kNone     ? "paged_"
@@ -371,11 +371,11 @@ CaseResult bench_paged(const Shape& s, KvDtype dt, GatherMode mode, double frac,
         p.q = qs[i]->p;
         p.k_pages = ks[i]->p;
         p.v_pages = vs[i]->p;
-        BENCH_CUDA(kc::decode_attention_cuda(p, plan, ws->p, nullptr));
+        BENCH_CUDA(kc::decode_attention_cuda(p, plan, ws->p, nullptr, kernel));
       },
       sets, quick, r);
   r.finite = outputs_finite(o, o->bytes / 2, dt);
-  trace_reads(r, [&] { BENCH_CUDA(kc::decode_attention_cuda(p, plan, ws->p, nullptr)); });
+  trace_reads(r, [&] { BENCH_CUDA(kc::decode_attention_cuda(p, plan, ws->p, nullptr, kernel)); });
   const double pages_read = mode == GatherMode::kPages
                                 ? static_cast<double>(gidx.size())
                                 : static_cast<double>(s.batch) * ((attended + ps - 1) / ps);
@@ -512,14 +512,21 @@ Plan make_plan(bool quick, bool smoke = false) {
   else
     p.shapes = {{1, 4096},   {1, 32768}, {1, 131072}, {16, 4096},
                 {16, 32768}, {64, 4096}, {64, 8192}};
-  p.kernels = {"paged_fp16",          "paged_bf16",        "kivi4", "kivi2", "kivi4_tc", "kivi2_tc",
-               "gather_tokens_25pct", "gather_pages_25pct"};
+  p.kernels = {
+      "paged_fp16", "paged_bf16", "paged_fp16_tc", "paged_bf16_tc",       "kivi4",
+      "kivi2",      "kivi4_tc",   "kivi2_tc",      "gather_tokens_25pct", "gather_pages_25pct"};
   return p;
 }
 
 CaseResult run_case(const std::string& k, const Shape& s, const Device& dev, bool quick) {
   if (k == "paged_fp16") return bench_paged(s, KvDtype::kF16, GatherMode::kNone, 1.0, dev, quick);
   if (k == "paged_bf16") return bench_paged(s, KvDtype::kBF16, GatherMode::kNone, 1.0, dev, quick);
+  if (k == "paged_fp16_tc")
+    return bench_paged(s, KvDtype::kF16, GatherMode::kNone, 1.0, dev, quick,
+                       kc::DecodeKernel::kTensorCores);
+  if (k == "paged_bf16_tc")
+    return bench_paged(s, KvDtype::kBF16, GatherMode::kNone, 1.0, dev, quick,
+                       kc::DecodeKernel::kTensorCores);
   if (k == "gather_tokens_25pct")
     return bench_paged(s, KvDtype::kF16, GatherMode::kTokens, 0.25, dev, quick);
   if (k == "gather_pages_25pct")

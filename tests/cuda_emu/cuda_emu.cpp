@@ -57,6 +57,8 @@ constexpr size_t kMaxGather = 64;  // bytes per lane of one all-gather
 struct Warp {
   uint64_t slot[2][32];                     // [parity of the exchange][lane]
   unsigned char gather[2][32][kMaxGather];  // the same for all-gathers
+  uint64_t mma_seq = 0;                     // the exchange whose mma_d is computed
+  float mma_d[32][4];                       // its D fragments, per lane
 };
 
 // The one grid being run (run_grid holds g_mutex).
@@ -294,45 +296,72 @@ void warp_allgather(unsigned mask, const void* in, size_t size, void* out) {
 // b0 (rows 2t, 2t + 1, col g), b1 (rows 2t + 8, 2t + 9, col g); C, D (16 x 8, f32) d0, d1 (row g,
 // cols 2t, 2t + 1), d2, d3 (row g + 8, same cols). Products of fp16 values are exact in fp32; the
 // sum runs in fp32 over k in order.
+namespace {
+void mma_m16n8k16_f32(float* d, const uint32_t* a, const uint32_t* b, float (*elem)(uint16_t));
+}  // namespace
+
 void mma_m16n8k16_f16_f32(float* d, const uint32_t* a, const uint32_t* b) {
+  mma_m16n8k16_f32(d, a, b, ::kvb::kernels::half_to_float);
+}
+void mma_m16n8k16_bf16_f32(float* d, const uint32_t* a, const uint32_t* b) {
+  mma_m16n8k16_f32(d, a, b, ::kvb::kernels::bf16_to_float);
+}
+
+namespace {
+void mma_m16n8k16_f32(float* d, const uint32_t* a, const uint32_t* b, float (*elem)(uint16_t)) {
   struct Frag {
     uint32_t a[4], b[2];
     float c[4];
-  } mine, all[32];
+  };
+  static_assert(sizeof(Frag) <= kMaxGather, "an mma fragment fits a gather slot");
+  Fiber& f = *g_cur;
+  Warp& w = g_warps[f.index / 32];
+  unsigned char(*slots)[kMaxGather] = w.gather[f.shuffles & 1];
+  Frag mine;
   std::memcpy(mine.a, a, sizeof mine.a);
   std::memcpy(mine.b, b, sizeof mine.b);
   std::memcpy(mine.c, d, sizeof mine.c);
-  warp_allgather(0xffffffffu, &mine, sizeof mine, all);
-  float A[16][16], B[16][8], C[16][8];
-  auto lo = [](uint32_t r) { return ::kvb::kernels::half_to_float(static_cast<uint16_t>(r)); };
-  auto hi = [](uint32_t r) {
-    return ::kvb::kernels::half_to_float(static_cast<uint16_t>(r >> 16));
-  };
-  for (int lane = 0; lane < 32; ++lane) {
-    const int g = lane / 4, t = lane % 4;
-    const Frag& f = all[lane];
-    for (int half = 0; half < 2; ++half) {  // a0/a1: cols 2t.., a2/a3: cols 2t + 8..
-      const int col = 2 * t + 8 * half;
-      A[g][col] = lo(f.a[2 * half]);
-      A[g][col + 1] = hi(f.a[2 * half]);
-      A[g + 8][col] = lo(f.a[2 * half + 1]);
-      A[g + 8][col + 1] = hi(f.a[2 * half + 1]);
-      B[col][g] = lo(f.b[half]);
-      B[col + 1][g] = hi(f.b[half]);
+  std::memcpy(slots[f.index % 32], &mine, sizeof mine);
+  f.shuffle_mask = 0xffffffffu;
+  const uint64_t seq = ++f.shuffles;
+  yield_to_scheduler(State::kWarpWait);
+  if (w.mma_seq != seq) {  // the warp's first lane back computes D for all 32
+    float A[16][16], B[16][8], C[16][8];
+    auto lo = [&](uint32_t r) { return elem(static_cast<uint16_t>(r)); };
+    auto hi = [&](uint32_t r) { return elem(static_cast<uint16_t>(r >> 16)); };
+    for (int lane = 0; lane < 32; ++lane) {
+      Frag fr;
+      std::memcpy(&fr, slots[lane], sizeof fr);
+      const int g = lane / 4, t = lane % 4;
+      for (int half = 0; half < 2; ++half) {  // a0/a1: cols 2t.., a2/a3: cols 2t + 8..
+        const int col = 2 * t + 8 * half;
+        A[g][col] = lo(fr.a[2 * half]);
+        A[g][col + 1] = hi(fr.a[2 * half]);
+        A[g + 8][col] = lo(fr.a[2 * half + 1]);
+        A[g + 8][col + 1] = hi(fr.a[2 * half + 1]);
+        B[col][g] = lo(fr.b[half]);
+        B[col + 1][g] = hi(fr.b[half]);
+      }
+      C[g][2 * t] = fr.c[0];
+      C[g][2 * t + 1] = fr.c[1];
+      C[g + 8][2 * t] = fr.c[2];
+      C[g + 8][2 * t + 1] = fr.c[3];
     }
-    C[g][2 * t] = f.c[0];
-    C[g][2 * t + 1] = f.c[1];
-    C[g + 8][2 * t] = f.c[2];
-    C[g + 8][2 * t + 1] = f.c[3];
+    for (int lane = 0; lane < 32; ++lane) {
+      const int g = lane / 4, t = lane % 4;
+      const int rows[4] = {g, g, g + 8, g + 8}, cols[4] = {2 * t, 2 * t + 1, 2 * t, 2 * t + 1};
+      for (int i = 0; i < 4; ++i) {
+        float acc = C[rows[i]][cols[i]];
+        for (int k = 0; k < 16; ++k) acc += A[rows[i]][k] * B[k][cols[i]];
+        w.mma_d[lane][i] = acc;
+      }
+    }
+    w.mma_seq = seq;
   }
-  const int g = f_lane() / 4, t = f_lane() % 4;
-  const int rows[4] = {g, g, g + 8, g + 8}, cols[4] = {2 * t, 2 * t + 1, 2 * t, 2 * t + 1};
-  for (int i = 0; i < 4; ++i) {
-    float acc = C[rows[i]][cols[i]];
-    for (int k = 0; k < 16; ++k) acc += A[rows[i]][k] * B[k][cols[i]];
-    d[i] = acc;
-  }
+  std::memcpy(d, w.mma_d[f.index % 32], 4 * sizeof(float));
 }
+
+}  // namespace
 
 void run_grid(const LaunchCfg& cfg, void (*body)(void*), void* closure) {
   std::lock_guard<std::mutex> lock(g_mutex);
@@ -359,6 +388,7 @@ void run_grid(const LaunchCfg& cfg, void (*body)(void*), void* closure) {
     for (unsigned by = 0; by < cfg.grid.y; ++by)
       for (unsigned bx = 0; bx < cfg.grid.x; ++bx) {
         ++g_block_serial;
+        for (Warp& w : g_warps) w.mma_seq = 0;  // exchange numbers restart with the block
         for (int i = 0; i < static_cast<int>(n); ++i) {
           Fiber& f = g_fibers[i];
           const unsigned tx = i % cfg.block.x, ty = (i / cfg.block.x) % cfg.block.y,

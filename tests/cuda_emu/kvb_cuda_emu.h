@@ -184,6 +184,7 @@ void warp_exchange(unsigned mask, const void* in, void* out, size_t size, int sr
 void warp_allgather(unsigned mask, const void* in, size_t size, void* out);
 // The tensor-core instruction the kernels use (kvb_mma.cuh), layouts as in the PTX ISA.
 void mma_m16n8k16_f16_f32(float* d, const uint32_t* a, const uint32_t* b);
+void mma_m16n8k16_bf16_f32(float* d, const uint32_t* a, const uint32_t* b);  // bf16 operands
 int lane_id();
 
 struct LaunchCfg {
