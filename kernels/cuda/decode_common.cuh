@@ -45,6 +45,34 @@ __device__ __forceinline__ SlotSmem<HD, GT> slot_smem() {
   return SlotSmem<HD, GT>{sm_acc, sm_m, sm_l};
 }
 
+// Tensor-core decode kernels: the online-softmax step of head g = lane / 4 over this lane's 4
+// scores of a 16-token tile (log2 units; -inf: no token; g's 4 lanes agree on the maximum).
+// Updates m and l (this lane's part), gives the weights p, the correction of head g's running sums
+// and those of heads 2t, 2t + 1 (t = lane % 4), whose O^T columns this lane holds. A tile with no
+// token changes nothing.
+struct TileSoftmax {
+  float p[4];
+  float corr, corr_even, corr_odd;
+};
+__device__ __forceinline__ TileSoftmax tile_softmax(const float (&sc)[4], float& m, float& l) {
+  constexpr unsigned FULL = 0xffffffffu;
+  const int t = threadIdx.x % 4;
+  float mx = fmaxf(fmaxf(sc[0], sc[1]), fmaxf(sc[2], sc[3]));
+  mx = fmaxf(mx, __shfl_xor_sync(FULL, mx, 1));
+  mx = fmaxf(mx, __shfl_xor_sync(FULL, mx, 2));
+  const float m_new = fmaxf(m, mx);
+  const bool none = m_new == -INFINITY;
+  TileSoftmax r;
+  r.corr = none ? 1.f : exp2f(m - m_new);  // 0 while m is -inf
+#pragma unroll
+  for (int i = 0; i < 4; ++i) r.p[i] = none ? 0.f : exp2f(sc[i] - m_new);
+  l = l * r.corr + ((r.p[0] + r.p[1]) + (r.p[2] + r.p[3]));
+  m = m_new;
+  r.corr_even = __shfl_sync(FULL, r.corr, 8 * t);
+  r.corr_odd = __shfl_sync(FULL, r.corr, 8 * t + 4);
+  return r;
+}
+
 // Tensor-core decode kernels: each warp's state goes to the first slot of its threads, and every
 // thread comes back with its slot's state (the other slots start empty). A warp's state: m (head g
 // = lane / 4, the same in g's 4 lanes), l (this lane's part, summed here), O^T tiles acc[mt] =

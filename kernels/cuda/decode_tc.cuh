@@ -24,7 +24,6 @@ __global__ void __launch_bounds__(kDecodeThreads) dense_decode_tc_kernel(const D
   using C = DecodeCfg<HD, GT>;
   constexpr int CPT = C::CPT;
   constexpr int NSL = HD / 16;  // 16-channel slices (keys) and tiles (values)
-  constexpr unsigned FULL = 0xffffffffu;
   static_assert(GT <= 8, "a group's heads must fit the 8 columns of the value product");
   const DenseBlock B = dense_block(a);
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
@@ -87,23 +86,11 @@ __global__ void __launch_bounds__(kDecodeThreads) dense_decode_tc_kernel(const D
       vr[i] = row_of(tok[i]);
       if (vr[i] < 0) sc[i] = -INFINITY;
     }
-    // Online softmax of head g (its 4 lanes agree on the maximum); a tile of no tokens is a no-op.
-    float mx = fmaxf(fmaxf(sc[0], sc[1]), fmaxf(sc[2], sc[3]));
-    mx = fmaxf(mx, __shfl_xor_sync(FULL, mx, 1));
-    mx = fmaxf(mx, __shfl_xor_sync(FULL, mx, 2));
-    const float m_new = fmaxf(m_w, mx);
-    const bool none = m_new == -INFINITY;
-    const float corr = none ? 1.f : exp2f(m_w - m_new);
-    float p[4], head[4], tail[4];
+    const TileSoftmax sm = tile_softmax(sc, m_w, l_w);
+    const float corr_even = sm.corr_even, corr_odd = sm.corr_odd;
+    float head[4], tail[4];
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      p[i] = none ? 0.f : exp2f(sc[i] - m_new);
-      split2<T>(p[i], &head[i], &tail[i]);
-    }
-    l_w = l_w * corr + ((p[0] + p[1]) + (p[2] + p[3]));
-    m_w = m_new;
-    const float corr_even = __shfl_sync(FULL, corr, 8 * t);
-    const float corr_odd = __shfl_sync(FULL, corr, 8 * t + 4);
+    for (int i = 0; i < 4; ++i) split2<T>(sm.p[i], &head[i], &tail[i]);
     const uint32_t wh[2] = {pack2<T>(head[0], head[1]), pack2<T>(head[2], head[3])};
     const uint32_t wt[2] = {pack2<T>(tail[0], tail[1]), pack2<T>(tail[2], tail[3])};
 #pragma unroll

@@ -60,7 +60,7 @@ __device__ __forceinline__ uint32_t ldg_word(const uint8_t* p) {
 template <typename T, int HD, int GT, int BITS>
 __global__ void __launch_bounds__(kDecodeThreads) kivi_decode_tc_kernel(const KiviArgs a) {
   using C = DecodeCfg<HD, GT>;
-  constexpr int CPT = C::CPT, TPT = C::TPT;
+  constexpr int CPT = C::CPT;
   constexpr int ROWB = HD * BITS / 8;   // code bytes per token row
   constexpr int WPL = HD * BITS / 128;  // key code words per lane (lane t: words [t*WPL, +WPL))
   constexpr int NSL = HD / 16;          // 16-channel slices of the key product
@@ -141,20 +141,9 @@ __global__ void __launch_bounds__(kDecodeThreads) kivi_decode_tc_kernel(const Ki
         sc[2 * nt] = d[0] + d[2];  // head + tail rows
         sc[2 * nt + 1] = d[1] + d[3];
       }
-      // Online softmax of head g (its 4 lanes agree on the maximum).
-      float mx = fmaxf(fmaxf(sc[0], sc[1]), fmaxf(sc[2], sc[3]));
-      mx = fmaxf(mx, __shfl_xor_sync(FULL, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(FULL, mx, 2));
-      const float m_new = fmaxf(m_a, mx);
-      const float corr = exp2f(m_a - m_new);  // 0 while m_a is -inf
-      float p[4];
-#pragma unroll
-      for (int i = 0; i < 4; ++i) p[i] = exp2f(sc[i] - m_new);
-      l_a = l_a * corr + ((p[0] + p[1]) + (p[2] + p[3]));
-      m_a = m_new;
-      // This lane's accumulators belong to heads 2t and 2t + 1: their lanes hold the corrections.
-      const float corr_even = __shfl_sync(FULL, corr, 8 * t);
-      const float corr_odd = __shfl_sync(FULL, corr, 8 * t + 4);
+      const TileSoftmax sm = tile_softmax(sc, m_a, l_a);
+      const float(&p)[4] = sm.p;
+      const float corr = sm.corr, corr_even = sm.corr_even, corr_odd = sm.corr_odd;
       const int rows[4] = {r0 + 2 * t, r0 + 2 * t + 1, r0 + 8 + 2 * t, r0 + 9 + 2 * t};
       int cur_group = -1;
       uint32_t wh[2] = {0, 0}, wt[2] = {0, 0};
