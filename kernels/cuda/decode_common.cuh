@@ -73,6 +73,14 @@ __device__ __forceinline__ TileSoftmax tile_softmax(const float (&sc)[4], float&
   return r;
 }
 
+// An O^T tile's columns (heads 2t, 2t + 1) scaled by their heads' corrections.
+__device__ __forceinline__ void rescale_tile(float (&c)[4], const TileSoftmax& sm) {
+  c[0] *= sm.corr_even;
+  c[2] *= sm.corr_even;
+  c[1] *= sm.corr_odd;
+  c[3] *= sm.corr_odd;
+}
+
 // Tensor-core decode kernels: each warp's state goes to the first slot of its threads, and every
 // thread comes back with its slot's state (the other slots start empty). A warp's state: m (head g
 // = lane / 4, the same in g's 4 lanes), l (this lane's part, summed here), O^T tiles acc[mt] =

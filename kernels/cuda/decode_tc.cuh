@@ -87,7 +87,6 @@ __global__ void __launch_bounds__(kDecodeThreads) dense_decode_tc_kernel(const D
       if (vr[i] < 0) sc[i] = -INFINITY;
     }
     const TileSoftmax sm = tile_softmax(sc, m_w, l_w);
-    const float corr_even = sm.corr_even, corr_odd = sm.corr_odd;
     float head[4], tail[4];
 #pragma unroll
     for (int i = 0; i < 4; ++i) split2<T>(sm.p[i], &head[i], &tail[i]);
@@ -95,10 +94,7 @@ __global__ void __launch_bounds__(kDecodeThreads) dense_decode_tc_kernel(const D
     const uint32_t wt[2] = {pack2<T>(tail[0], tail[1]), pack2<T>(tail[2], tail[3])};
 #pragma unroll
     for (int mt = 0; mt < NSL; ++mt) {
-      acc_w[mt][0] *= corr_even;
-      acc_w[mt][2] *= corr_even;
-      acc_w[mt][1] *= corr_odd;
-      acc_w[mt][3] *= corr_odd;
+      rescale_tile(acc_w[mt], sm);
       // V^T (channels 16mt + g, + 8) x (tokens 2t, 2t + 1 | 2t + 8, 2t + 9)
       uint32_t av[4];
 #pragma unroll

@@ -143,17 +143,14 @@ __global__ void __launch_bounds__(kDecodeThreads) kivi_decode_tc_kernel(const Ki
       }
       const TileSoftmax sm = tile_softmax(sc, m_a, l_a);
       const float(&p)[4] = sm.p;
-      const float corr = sm.corr, corr_even = sm.corr_even, corr_odd = sm.corr_odd;
+      const float corr = sm.corr;
       const int rows[4] = {r0 + 2 * t, r0 + 2 * t + 1, r0 + 8 + 2 * t, r0 + 9 + 2 * t};
       int cur_group = -1;
       uint32_t wh[2] = {0, 0}, wt[2] = {0, 0};
       float msum = 0.f;
 #pragma unroll
       for (int mt = 0; mt < NMT; ++mt) {
-        acc_a[mt][0] *= corr_even;
-        acc_a[mt][2] *= corr_even;
-        acc_a[mt][1] *= corr_odd;
-        acc_a[mt][3] *= corr_odd;
+        rescale_tile(acc_a[mt], sm);
         const int G = (16 * mt) >> a.vg_shift;  // a tile lies in one value group (vg % 16 == 0)
         if (G != cur_group) {                   // uniform
           cur_group = G;

@@ -332,14 +332,20 @@ TEST(ServingSim, ConductorFetchesAPrefixFromAnotherInstance) {
   EXPECT_EQ(parse_router("conductor"), Router::kConductor);
 }
 
-// P/D disaggregation: instance 0 prefills, hands the prompt's KV (1 MB at 1 GB/s: 1 ms) to instance
-// 1, which decodes the remaining two tokens once it has landed.
-TEST(ServingSim, PrefillDecodeDisaggregationSendsTheKvOver) {
-  const RequestTrace t = trace_of({request(0, 1000, 3, {1, 2})});
+// One prefill and one decode instance, a roomy pool.
+ServeConfig pd_config() {
   ServeConfig cfg;
   cfg.kv_pool_bytes = 1e9;
   cfg.instances = 2;
   cfg.prefill_instances = 1;
+  return cfg;
+}
+
+// P/D disaggregation: instance 0 prefills, hands the prompt's KV (1 MB at 1 GB/s: 1 ms) to instance
+// 1, which decodes the remaining two tokens once it has landed.
+TEST(ServingSim, PrefillDecodeDisaggregationSendsTheKvOver) {
+  const RequestTrace t = trace_of({request(0, 1000, 3, {1, 2})});
+  ServeConfig cfg = pd_config();
   ServeHardware hw = toy_hardware();
   hw.pd_gbps = 1;
   const ServeResult r =
@@ -360,10 +366,7 @@ TEST(ServingSim, PrefillDecodeDisaggregationSendsTheKvOver) {
 // slow to keep up, when all bytes are through counted from the prefill's start.
 TEST(ServingSim, LayerwisePrefillDecodeTransferOverlapsThePrefill) {
   const RequestTrace t = trace_of({request(0, 1000, 3, {1, 2})});
-  ServeConfig cfg;
-  cfg.kv_pool_bytes = 1e9;
-  cfg.instances = 2;
-  cfg.prefill_instances = 1;
+  ServeConfig cfg = pd_config();
   cfg.pd_layerwise = true;
   ServeTarget target = toy_target();
   target.layers = 4;
@@ -386,10 +389,7 @@ TEST(ServingSim, LayerwisePrefillDecodeTransferOverlapsThePrefill) {
 // megabyte leaves when the first has gone (1 ms each at 1 GB/s).
 TEST(ServingSim, PrefillDecodeTransfersQueueOnThePrefillInstancesLink) {
   const RequestTrace t = trace_of({request(0, 1000, 2, {1, 2}), request(0, 1000, 2, {3, 4})});
-  ServeConfig cfg;
-  cfg.kv_pool_bytes = 1e9;
-  cfg.instances = 2;
-  cfg.prefill_instances = 1;
+  ServeConfig cfg = pd_config();
   ServeHardware hw = toy_hardware();
   hw.pd_gbps = 1;
   const ServeResult r =
