@@ -456,6 +456,7 @@ E2E_GRID=(
   "full|{}|1,16,64|4096"
   "paged|{}|1,16,64|4096"
   "paged|{\"decode_kernel\":false}|1,16,64|4096"
+  "paged|{\"cuda_decode\":\"tensor_cores\"}|1,16,64|4096"
   "kivi|{\"preset\":\"kivi-4\"}|1,16|4096"
   "kivi|{\"preset\":\"kivi-2\"}|1,16|4096"
   "kivi|{\"preset\":\"kivi-2\",\"cuda_decode\":\"tensor_cores\"}|1,16|4096"

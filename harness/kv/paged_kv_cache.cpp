@@ -16,7 +16,8 @@ PagedKvCache::PagedKvCache(const ModelConfig& config, c10::Device device, c10::S
       device_(device),
       dtype_(dtype),
       block_size_(opts.block_size),
-      decode_kernel_(opts.decode_kernel) {
+      decode_kernel_(opts.decode_kernel),
+      opts_cuda_kernel_(opts.cuda_kernel) {
   KVB_CHECK(block_size_ >= 1 && block_size_ <= 4096, "paged KV: block_size ", block_size_,
             " is outside [1, 4096]");
   k_pool_.resize(config_.n_layers);
@@ -88,11 +89,11 @@ void PagedKvCache::begin_step(const StepBatch& batch) {
   // kernel when it supports the shapes; the others gather rows for LibTorch.
   bool decode_step = B > 0;
   for (int64_t b = 0; b < B; ++b) decode_step = decode_step && batch.new_tokens(b) == 1;
-  step_kernel_decode_ =
-      decode_kernel_ && decode_step && !(device_.is_cpu() && dtype_ == at::kFloat) &&
-      kernels::paged_decode_supported(device_, dtype_, config_.head_dim, config_.n_heads,
-                                      config_.n_kv_heads)
-          .empty();
+  step_kernel_decode_ = decode_kernel_ && decode_step &&
+                        !(device_.is_cpu() && dtype_ == at::kFloat) &&
+                        kernels::paged_decode_supported(device_, dtype_, config_.head_dim,
+                                                        config_.n_heads, config_.n_kv_heads)
+                            .empty();
   const bool want_gather = !(device_.is_cpu() && dtype_ == at::kFloat) && !step_kernel_decode_;
   for (int64_t b = 0; b < B; ++b) {
     Seq& s = seqs_[batch.seq_ids[b]];  // a new id starts an empty sequence
@@ -121,11 +122,13 @@ void PagedKvCache::begin_step(const StepBatch& batch) {
     if (want_gather) {
       const int64_t len = s.len + n_new;
       std::vector<int64_t> g(len);
-      for (int64_t j = 0; j < len; ++j) g[j] = s.blocks[j / block_size_] * block_size_ + j % block_size_;
+      for (int64_t j = 0; j < len; ++j)
+        g[j] = s.blocks[j / block_size_] * block_size_ + j % block_size_;
       step_gather_.push_back(at::tensor(g, at::kLong).to(device_));
     }
   }
-  if (!(device_.is_cpu() && dtype_ == at::kFloat)) step_slots_ = at::tensor(slots, at::kLong).to(device_);
+  if (!(device_.is_cpu() && dtype_ == at::kFloat))
+    step_slots_ = at::tensor(slots, at::kLong).to(device_);
   if (step_kernel_decode_) {
     step_decode_.page_indptr = step_page_indptr_;
     step_decode_.page_indices = step_page_indices_;
@@ -159,8 +162,8 @@ at::Tensor PagedKvCache::attend(const LayerInput& in) {
   kf.index_copy_(0, step_slots_, *in.k);
   vf.index_copy_(0, step_slots_, *in.v);
   if (step_kernel_decode_)
-    return kernels::paged_decode_attention(*in.q, k_pool_[l], v_pool_[l], step_decode_,
-                                           in.sm_scale);
+    return kernels::paged_decode_attention(*in.q, k_pool_[l], v_pool_[l], step_decode_, in.sm_scale,
+                                           opts_cuda_kernel_);
   return attend_torch(in);
 }
 
@@ -225,8 +228,8 @@ void PagedKvCache::fork(int64_t src_id, int64_t dst_id) {
 
 void PagedKvCache::truncate(int64_t seq_id, int64_t new_len) {
   Seq& s = seq(seq_id);
-  KVB_CHECK(new_len >= 0 && new_len <= s.len, "paged KV: cannot truncate sequence ", seq_id,
-            " of ", s.len, " tokens to ", new_len);
+  KVB_CHECK(new_len >= 0 && new_len <= s.len, "paged KV: cannot truncate sequence ", seq_id, " of ",
+            s.len, " tokens to ", new_len);
   const int64_t need = (new_len + block_size_ - 1) / block_size_;
   while (static_cast<int64_t>(s.blocks.size()) > need) {
     unref_block(s.blocks.back());
@@ -274,7 +277,7 @@ at::Tensor PagedKvCache::gather(int layer, int64_t seq_id, bool keys) const {
 namespace kvb {
 
 std::vector<HeadSnapshot> PagedKvCache::probe_view(int layer, int64_t seq_id) const {
-  at::Tensor k = gather(layer, seq_id, true).to(at::kFloat);   // [len, Hk, D]
+  at::Tensor k = gather(layer, seq_id, true).to(at::kFloat);  // [len, Hk, D]
   at::Tensor v = gather(layer, seq_id, false).to(at::kFloat);
   at::Tensor idx = at::arange(k.size(0), at::TensorOptions().dtype(at::kLong).device(k.device()));
   std::vector<HeadSnapshot> out;

@@ -1,10 +1,10 @@
 #pragma once
-// The engine's own KV store: vLLM-style fixed-size blocks in one pool per layer, block tables shared by
-// all layers, reference-counted blocks so that fork() shares a prefix and copies a block only when a
-// branch writes into it (copy-on-write). Attention: CPU fp32 through the CPU paged-attention kernel;
-// decode steps in fp16/bf16 (CPU or CUDA) through the decode-attention kernels
-// (kernels/torch/paged_decode_torch.h) unless `decode_kernel` is off; everything else (prefill
-// on other dtypes or devices) through LibTorch over the gathered rows.
+// The engine's own KV store: vLLM-style fixed-size blocks in one pool per layer, block tables
+// shared by all layers, reference-counted blocks so that fork() shares a prefix and copies a block
+// only when a branch writes into it (copy-on-write). Attention: CPU fp32 through the CPU
+// paged-attention kernel; decode steps in fp16/bf16 (CPU or CUDA) through the decode-attention
+// kernels (kernels/torch/paged_decode_torch.h) unless `decode_kernel` is off; everything else
+// (prefill on other dtypes or devices) through LibTorch over the gathered rows.
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
@@ -25,9 +25,10 @@ class PagedKvCache : public KvCache {
     int64_t block_size = 16;
     int64_t initial_blocks = 64;
     bool decode_kernel = true;  // decode steps through the decode-attention kernel when supported
+    // which CUDA decode kernel (kernels/torch/paged_decode_torch.h)
+    kernels::PagedCudaKernel cuda_kernel = kernels::PagedCudaKernel::kCudaCores;
   };
-  PagedKvCache(const ModelConfig& config, c10::Device device, c10::ScalarType dtype,
-               Options opts);
+  PagedKvCache(const ModelConfig& config, c10::Device device, c10::ScalarType dtype, Options opts);
 
   std::string name() const override { return "paged"; }
   void begin_step(const StepBatch& batch) override;
@@ -47,9 +48,9 @@ class PagedKvCache : public KvCache {
   // Whether the latest step ran through the decode-attention kernel (tests, A/B runs).
   bool last_step_used_decode_kernel() const { return step_kernel_decode_; }
 
-  // Gathers a sequence's keys or values for one layer: [len, num_kv_heads, head_dim] (tests, probes).
-  // Between begin_step and end_step the step's tokens are included once attend has written them
-  // (len + the step's new tokens), so a probe sees what the step's queries attended.
+  // Gathers a sequence's keys or values for one layer: [len, num_kv_heads, head_dim] (tests,
+  // probes). Between begin_step and end_step the step's tokens are included once attend has written
+  // them (len + the step's new tokens), so a probe sees what the step's queries attended.
   at::Tensor gather(int layer, int64_t seq_id, bool keys) const;
 
  private:
@@ -72,11 +73,12 @@ class PagedKvCache : public KvCache {
   c10::ScalarType dtype_;
   int64_t block_size_;
   bool decode_kernel_;
+  kernels::PagedCudaKernel opts_cuda_kernel_;
   int64_t capacity_ = 0;
   std::vector<at::Tensor> k_pool_;  // per layer: [capacity, block_size, num_kv_heads, head_dim]
   std::vector<at::Tensor> v_pool_;
-  std::vector<int32_t> refcount_;   // [capacity]
-  std::vector<int32_t> free_;       // free block ids (LIFO)
+  std::vector<int32_t> refcount_;  // [capacity]
+  std::vector<int32_t> free_;      // free block ids (LIFO)
   std::unordered_map<int64_t, Seq> seqs_;
 
   // Per-step state built by begin_step and used by every layer.
@@ -85,7 +87,7 @@ class PagedKvCache : public KvCache {
   std::vector<at::Tensor> step_gather_;    // per batch entry: [len_after] int64 slots, device
   std::vector<int32_t> step_page_indptr_;  // [batch + 1] (CPU kernel)
   std::vector<int32_t> step_page_indices_;
-  bool step_kernel_decode_ = false;          // this step runs through the decode kernel
+  bool step_kernel_decode_ = false;         // this step runs through the decode kernel
   kernels::PagedDecodeTables step_decode_;  // its tables (host + device copy)
 };
 

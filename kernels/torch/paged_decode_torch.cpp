@@ -51,7 +51,7 @@ std::string paged_decode_supported(const c10::Device& device, c10::ScalarType dt
 
 at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_pool,
                                   const at::Tensor& v_pool, const PagedDecodeTables& tables,
-                                  float sm_scale) {
+                                  float sm_scale, PagedCudaKernel cuda_kernel) {
   check(q.dim() == 3 && k_pool.dim() == 4 && v_pool.sizes() == k_pool.sizes(),
         "paged decode: q must be [batch, heads, head_dim] and the pools [pages, page_size, "
         "kv_heads, head_dim] (got ",
@@ -105,11 +105,16 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_pool,
     ws = at::empty({static_cast<int64_t>(plan.workspace_bytes)},
                    at::TensorOptions().dtype(at::kByte).device(q.device()));
   // The legacy default stream: LibTorch's current stream unless a caller set another.
+  const cuda::DecodeKernel kernel =
+      cuda_kernel == PagedCudaKernel::kTensorCores ? cuda::DecodeKernel::kTensorCores
+      : cuda_kernel == PagedCudaKernel::kAuto      ? cuda::DecodeKernel::kAuto
+                                                   : cuda::DecodeKernel::kCudaCores;
   const cudaError_t err = cuda::decode_attention_cuda(
-      p, plan, ws.defined() ? ws.data_ptr() : nullptr, static_cast<cudaStream_t>(nullptr));
+      p, plan, ws.defined() ? ws.data_ptr() : nullptr, static_cast<cudaStream_t>(nullptr), kernel);
   check(err == cudaSuccess, "paged decode (CUDA): ", cudaGetErrorString(err));
   return o;
 #else
+  (void)cuda_kernel;
   throw std::logic_error("paged decode: unreachable without CUDA kernels");
 #endif
 }

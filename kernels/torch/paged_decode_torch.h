@@ -35,8 +35,13 @@ struct PagedDecodeTables {
 std::string paged_decode_supported(const c10::Device& device, c10::ScalarType dtype,
                                    int64_t head_dim, int64_t num_qo_heads, int64_t num_kv_heads);
 
+// Which CUDA kernel serves a CUDA device (kvb_cuda.cuh's DecodeKernel): CUDA cores, tensor cores,
+// or tensor cores at GQA >= 4. The CPU has one kernel and ignores it.
+enum class PagedCudaKernel { kCudaCores, kTensorCores, kAuto };
+
 at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_pool,
                                   const at::Tensor& v_pool, const PagedDecodeTables& tables,
-                                  float sm_scale);
+                                  float sm_scale,
+                                  PagedCudaKernel cuda_kernel = PagedCudaKernel::kCudaCores);
 
 }  // namespace kvb::kernels

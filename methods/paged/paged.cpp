@@ -1,6 +1,7 @@
-// paged: vLLM-style fixed-size blocks with block tables and copy-on-write fork. The store itself is the
-// engine's own (harness/kv/paged_kv_cache.h); this registers it as a method.
+// paged: vLLM-style fixed-size blocks with block tables and copy-on-write fork. The store itself is
+// the engine's own (harness/kv/paged_kv_cache.h); this registers it as a method.
 
+#include "harness/common/error.h"
 #include "harness/kv/method_registry.h"
 #include "harness/kv/paged_kv_cache.h"
 
@@ -11,13 +12,19 @@ MethodInfo paged_info() {
   MethodInfo m;
   m.name = "paged";
   m.summary = "vLLM-style paged KV: fixed-size blocks, block tables, copy-on-write fork";
-  m.paper = "Kwon et al., Efficient Memory Management for LLM Serving with PagedAttention, SOSP 2023";
-  m.params = {int_param("block_size", 16, 1, 4096, "tokens per block"),
-              int_param("initial_blocks", 64, 1, 1 << 24, "blocks allocated up front (the pool doubles when full)"),
-              bool_param("decode_kernel", true,
-                         "decode steps in fp16/bf16 (CPU or CUDA) through kvbench's decode-attention "
-                         "kernel (kernels/torch/paged_decode_torch.h) when it supports the shapes; "
-                         "false: LibTorch over the gathered rows (an A/B switch)")};
+  m.paper =
+      "Kwon et al., Efficient Memory Management for LLM Serving with PagedAttention, SOSP 2023";
+  m.params = {
+      int_param("block_size", 16, 1, 4096, "tokens per block"),
+      int_param("initial_blocks", 64, 1, 1 << 24,
+                "blocks allocated up front (the pool doubles when full)"),
+      bool_param("decode_kernel", true,
+                 "decode steps in fp16/bf16 (CPU or CUDA) through kvbench's decode-attention "
+                 "kernel (kernels/torch/paged_decode_torch.h) when it supports the shapes; "
+                 "false: LibTorch over the gathered rows (an A/B switch)"),
+      string_param("cuda_decode", "cuda_cores", {"cuda_cores", "tensor_cores", "auto"},
+                   "the CUDA decode kernel: cuda_cores, tensor_cores (mma over the KV as "
+                   "stored), auto (tensor cores at GQA >= 4); CUDA only")};
   return m;
 }
 
@@ -26,6 +33,14 @@ std::unique_ptr<KvCache> make_paged(const CacheContext& ctx, const nlohmann::jso
   o.block_size = p["block_size"].get<int64_t>();
   o.initial_blocks = p["initial_blocks"].get<int64_t>();
   o.decode_kernel = p["decode_kernel"].get<bool>();
+  const std::string cuda_decode = p["cuda_decode"];
+  KVB_CHECK(cuda_decode == "cuda_cores" || ctx.device.is_cuda(),
+            "method paged.cuda_decode=", cuda_decode,
+            ": chooses the CUDA decode kernel; this run is on ", ctx.device.str(),
+            " (leave cuda_decode at cuda_cores)");
+  o.cuda_kernel = cuda_decode == "tensor_cores" ? kernels::PagedCudaKernel::kTensorCores
+                  : cuda_decode == "auto"       ? kernels::PagedCudaKernel::kAuto
+                                                : kernels::PagedCudaKernel::kCudaCores;
   return std::make_unique<PagedKvCache>(ctx.config, ctx.device, ctx.dtype, o);
 }
 

@@ -4,7 +4,7 @@
 // step's attention go through the adapters' CUDA branch to the CUDA kernels (either decode kernel),
 // as on a GPU: the store's own GPU-side work (step tables uploaded per step, rings and pools, the
 // split plan) is what this adds over the kernel tests. Logits and greedy tokens must match the
-// store on the CPU kernels. The same for the paged store in bf16 on the paged decode kernel.
+// store on the CPU kernels. The same for the paged store in bf16 on either paged decode kernel.
 // (This binary links the adapters compiled for the emulator ahead of
 // kvb_harness, whose own adapters are then never pulled in.)
 
@@ -15,8 +15,10 @@
 #include <string>
 #include <vector>
 
+#include "harness/common/error.h"
 #include "harness/engine/engine.h"
 #include "harness/kv/method_registry.h"
+#include "harness/kv/paged_kv_cache.h"
 #include "harness/model/model.h"
 #include "kernels/torch/adapter_util.h"
 #include "methods/kivi/kivi_kernel_kv_cache.h"
@@ -98,10 +100,12 @@ TEST(EngineEmu, PagedStoreDecodesOnTheCudaKernelAsOnTheCpu) {
   LoadOptions lo;
   lo.dtype = "bf16";
   auto m = load_model(dir.string(), lo);
-  auto run = [&](bool emulate) {
+  auto run = [&](bool emulate, kernels::PagedCudaKernel kernel) {
     kernels::emulated_cuda_on_cpu() = emulate;
-    CacheContext ctx{m->config, m->device, m->dtype};
-    Engine e(m, MethodRegistry::instance().create("paged", ctx, {{"block_size", 16}}));
+    PagedKvCache::Options o;
+    o.block_size = 16;
+    o.cuda_kernel = kernel;
+    Engine e(m, std::make_unique<PagedKvCache>(m->config, m->device, m->dtype, o));
     std::vector<int64_t> ids = {e.new_sequence(), e.new_sequence()};
     std::vector<std::vector<int64_t>> prompts(2);
     for (int i = 0; i < 2; ++i) {
@@ -115,12 +119,20 @@ TEST(EngineEmu, PagedStoreDecodesOnTheCudaKernelAsOnTheCpu) {
     kernels::emulated_cuda_on_cpu() = false;
     return at::cat(rows);
   };
-  const at::Tensor cpu = run(false), gpu = run(true);
+  const at::Tensor cpu = run(false, kernels::PagedCudaKernel::kCudaCores);
   const double scale = cpu.abs().max().item<double>();
-  // bf16 activations: the two kernels' summation orders round differently, a step's error
-  // carries into the next.
-  EXPECT_LT((gpu - cpu).abs().max().item<double>(), 3e-2 * scale);
-  EXPECT_GT(gpu.argmax(-1).eq(cpu.argmax(-1)).to(at::kFloat).mean().item<double>(), 0.9);
+  for (auto kernel :
+       {kernels::PagedCudaKernel::kCudaCores, kernels::PagedCudaKernel::kTensorCores}) {
+    const at::Tensor gpu = run(true, kernel);
+    // bf16 activations: the kernels' summation orders round differently, a step's error carries
+    // into the next.
+    EXPECT_LT((gpu - cpu).abs().max().item<double>(), 3e-2 * scale);
+    EXPECT_GT(gpu.argmax(-1).eq(cpu.argmax(-1)).to(at::kFloat).mean().item<double>(), 0.9);
+  }
+  // The CUDA kernel is a CUDA choice: the method refuses it on the CPU.
+  CacheContext ctx{m->config, m->device, m->dtype};
+  EXPECT_THROW(MethodRegistry::instance().create("paged", ctx, {{"cuda_decode", "tensor_cores"}}),
+               Error);
 }
 
 }  // namespace
