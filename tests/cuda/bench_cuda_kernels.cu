@@ -512,9 +512,18 @@ Plan make_plan(bool quick, bool smoke = false) {
   else
     p.shapes = {{1, 4096},   {1, 32768}, {1, 131072}, {16, 4096},
                 {16, 32768}, {64, 4096}, {64, 8192}};
-  p.kernels = {
-      "paged_fp16", "paged_bf16", "paged_fp16_tc", "paged_bf16_tc",       "kivi4",
-      "kivi2",      "kivi4_tc",   "kivi2_tc",      "gather_tokens_25pct", "gather_pages_25pct"};
+  p.kernels = {"paged_fp16",
+               "paged_bf16",
+               "paged_fp16_tc",
+               "paged_bf16_tc",
+               "kivi4",
+               "kivi2",
+               "kivi4_tc",
+               "kivi2_tc",
+               "gather_tokens_25pct",
+               "gather_pages_25pct",
+               "gather_tokens_25pct_tc",
+               "gather_pages_25pct_tc"};
   return p;
 }
 
@@ -531,6 +540,12 @@ CaseResult run_case(const std::string& k, const Shape& s, const Device& dev, boo
     return bench_paged(s, KvDtype::kF16, GatherMode::kTokens, 0.25, dev, quick);
   if (k == "gather_pages_25pct")
     return bench_paged(s, KvDtype::kF16, GatherMode::kPages, 0.25, dev, quick);
+  if (k == "gather_tokens_25pct_tc")
+    return bench_paged(s, KvDtype::kF16, GatherMode::kTokens, 0.25, dev, quick,
+                       kc::DecodeKernel::kTensorCores);
+  if (k == "gather_pages_25pct_tc")
+    return bench_paged(s, KvDtype::kF16, GatherMode::kPages, 0.25, dev, quick,
+                       kc::DecodeKernel::kTensorCores);
   if (k == "kivi4") return bench_kivi(s, 4, false, dev, quick);
   if (k == "kivi4_tc") return bench_kivi(s, 4, true, dev, quick);
   if (k == "kivi2_tc") return bench_kivi(s, 2, true, dev, quick);
