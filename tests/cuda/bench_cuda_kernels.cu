@@ -561,6 +561,40 @@ std::string json_escape(const std::string& s) {
   return o;
 }
 
+// The results as JSON (what scripts/device-check.sh tabulates), written to a temporary file and
+// renamed over `path`, so that the file is always whole. copy_end 0: not measured yet.
+bool write_json(const std::string& path, const Device& dev, double copy0, double copy_end,
+                const std::vector<CaseResult>& results) {
+  const std::string tmp = path + ".tmp";
+  FILE* f = std::fopen(tmp.c_str(), "w");
+  if (!f) {
+    std::fprintf(stderr, "kvb_cuda_bench: cannot write %s\n", tmp.c_str());
+    return false;
+  }
+  std::fprintf(f, "{\n  \"device\": {\"name\": \"%s\", \"sms\": %d, \"l2_bytes\": %zu},\n",
+               json_escape(dev.name).c_str(), dev.sms, dev.l2_bytes);
+  std::fprintf(f,
+               "  \"copy_gbps\": %.3f,\n  \"copy_gbps_end\": %.3f,\n  \"shape\": "
+               "{\"num_kv_heads\": %d, \"num_qo_heads\": %d, \"head_dim\": %d},\n",
+               copy0, copy_end, kKvHeads, kQoHeads, kHeadDim);
+  std::fprintf(f, "  \"cases\": [\n");
+  for (size_t i = 0; i < results.size(); ++i) {
+    const CaseResult& r = results[i];
+    std::fprintf(
+        f,
+        "    {\"kernel\": \"%s\", \"batch\": %d, \"context\": %d, \"splits\": %d, \"sets\": %d, "
+        "\"median_us\": %.3f, \"p10_us\": %.3f, \"p90_us\": %.3f, \"n\": %d, \"bytes\": %.0f, "
+        "\"fp16_bytes\": %.0f, \"finite\": %s, \"note\": \"%s\"}%s\n",
+        r.kernel.c_str(), r.shape.batch, r.shape.context, r.splits, r.sets, r.median_us, r.p10_us,
+        r.p90_us, r.n, r.bytes, r.fp16_bytes, r.finite ? "true" : "false",
+        json_escape(r.note).c_str(), i + 1 < results.size() ? "," : "");
+  }
+  std::fprintf(f, "  ]\n}\n");
+  const bool ok = std::fclose(f) == 0 && std::rename(tmp.c_str(), path.c_str()) == 0;
+  if (!ok) std::fprintf(stderr, "kvb_cuda_bench: cannot write %s\n", path.c_str());
+  return ok;
+}
+
 int run_builtin(const std::string& json_path, bool quick, bool smoke, const std::string& filter) {
   const Device dev = device_info();
   const size_t copy_bytes = smoke   ? (size_t(4) << 20)
@@ -589,33 +623,11 @@ int run_builtin(const std::string& json_path, bool quick, bool smoke, const std:
           100.0 * gbps / copy0, r.finite ? "" : "  NON-FINITE OUTPUT",
           r.note.empty() ? "" : ("  " + r.note).c_str());
       std::fflush(stdout);
+      // Rewritten after every case: a stage killed by its timeout keeps what it measured.
+      if (!write_json(json_path, dev, copy0, 0.0, results)) return 2;
     }
   const double copy1 = copy_gbps(copy_bytes, quick);
-  FILE* f = std::fopen(json_path.c_str(), "w");
-  if (!f) {
-    std::fprintf(stderr, "kvb_cuda_bench: cannot write %s\n", json_path.c_str());
-    return 2;
-  }
-  std::fprintf(f, "{\n  \"device\": {\"name\": \"%s\", \"sms\": %d, \"l2_bytes\": %zu},\n",
-               json_escape(dev.name).c_str(), dev.sms, dev.l2_bytes);
-  std::fprintf(f,
-               "  \"copy_gbps\": %.3f,\n  \"copy_gbps_end\": %.3f,\n  \"shape\": "
-               "{\"num_kv_heads\": %d, \"num_qo_heads\": %d, \"head_dim\": %d},\n",
-               copy0, copy1, kKvHeads, kQoHeads, kHeadDim);
-  std::fprintf(f, "  \"cases\": [\n");
-  for (size_t i = 0; i < results.size(); ++i) {
-    const CaseResult& r = results[i];
-    std::fprintf(
-        f,
-        "    {\"kernel\": \"%s\", \"batch\": %d, \"context\": %d, \"splits\": %d, \"sets\": %d, "
-        "\"median_us\": %.3f, \"p10_us\": %.3f, \"p90_us\": %.3f, \"n\": %d, \"bytes\": %.0f, "
-        "\"fp16_bytes\": %.0f, \"finite\": %s, \"note\": \"%s\"}%s\n",
-        r.kernel.c_str(), r.shape.batch, r.shape.context, r.splits, r.sets, r.median_us, r.p10_us,
-        r.p90_us, r.n, r.bytes, r.fp16_bytes, r.finite ? "true" : "false",
-        json_escape(r.note).c_str(), i + 1 < results.size() ? "," : "");
-  }
-  std::fprintf(f, "  ]\n}\n");
-  std::fclose(f);
+  if (!write_json(json_path, dev, copy0, copy1, results)) return 2;
   std::printf("D2D copy at the end %.1f GB/s; wrote %s\n", copy1, json_path.c_str());
   int traced_off = 0;
   for (const CaseResult& r : results) {
