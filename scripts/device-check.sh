@@ -275,6 +275,12 @@ if ! ls /usr/lib/*/cmake/GTest/GTestConfig.cmake /usr/lib/cmake/GTest/GTestConfi
 fi
 DEP_FLAGS=()
 PREFIXES="$TORCH_CMAKE"
+# LibTorch's own libraries, named: TorchConfig's find_library looks in the system paths first, so a
+# system LibTorch (Debian's 1.13 on the dev machines) would shadow the wheel's (scripts/torch-wheel-check.sh).
+TORCH_LIB_DIR=$(dirname "$(dirname "$TORCH_CMAKE")")/lib  # torch/share/cmake -> torch/lib
+if [ -f "$TORCH_LIB_DIR/libtorch.so" ] && [ -f "$TORCH_LIB_DIR/libc10.so" ]; then
+  DEP_FLAGS+=(-DTORCH_LIBRARY="$TORCH_LIB_DIR/libtorch.so" -Dc10_LIBRARY="$TORCH_LIB_DIR/libc10.so")
+fi
 if [ -d "$ROOT/.devdeps/share/cmake" ]; then
   PREFIXES="$PREFIXES;$ROOT/.devdeps"
   [ -d "$ROOT/.devdeps/share/cmake/nlohmann_json" ] && DEP_FLAGS+=(-Dnlohmann_json_DIR="$ROOT/.devdeps/share/cmake/nlohmann_json")

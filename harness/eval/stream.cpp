@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>

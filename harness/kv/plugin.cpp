@@ -21,6 +21,12 @@ void load_plugin(const std::string& path) {
   KVB_CHECK(v == KVB_PLUGIN_ABI_VERSION, "--plugin ", path, ": built for plugin ABI version ", v,
             " but this kvbench has ABI version ", KVB_PLUGIN_ABI_VERSION,
             "; rebuild it against this kvbench's installed headers");
+  auto torch_version = reinterpret_cast<const char* (*)()>(dlsym(h, "kvb_plugin_torch_version"));
+  KVB_CHECK(torch_version, "--plugin ", path, ": not a kvbench plugin (kvb_plugin_torch_version missing)");
+  const std::string tv = torch_version();
+  KVB_CHECK(tv == TORCH_VERSION, "--plugin ", path, ": built against LibTorch ", tv,
+            " but this kvbench uses LibTorch ", TORCH_VERSION,
+            "; rebuild it against this kvbench's installed package (find_package(kvbench) finds the same LibTorch)");
   // Methods registered by the plugin are tagged with their origin.
   MethodRegistry& r = MethodRegistry::instance();
   auto before = r.names();

@@ -3,10 +3,15 @@
 // `kvbench`, target kvbench::plugin) that exports two C functions:
 //
 //   extern "C" int kvb_plugin_abi_version();                       // must return KVB_PLUGIN_ABI_VERSION
+//   extern "C" const char* kvb_plugin_torch_version();             // the LibTorch it was built with
 //   extern "C" const char* kvb_plugin_register(kvb::MethodRegistry* registry);  // nullptr or an error
 //
-// KVB_PLUGIN_ENTRY(body) writes both. Exceptions never cross the boundary. The ABI version changes
-// whenever KvCache, LayerInput, StepBatch, Footprint, MethodInfo or the registry change layout.
+// KVB_PLUGIN_ENTRY(body) writes all three. Exceptions never cross the boundary. The ABI version
+// changes whenever KvCache, LayerInput, StepBatch, Footprint, MethodInfo or the registry change
+// layout; the LibTorch version must be kvbench's own (tensors cross the boundary: a plugin built
+// against another LibTorch would crash at its first call instead of being refused).
+
+#include <torch/version.h>  // TORCH_VERSION
 
 #include <string>
 
@@ -15,13 +20,20 @@
 // The ABI version this header describes. (Defining it differently when building a plugin is how the
 // tests make a plugin "built for another ABI version"; kvbench itself always uses this value.)
 #ifndef KVB_PLUGIN_ABI_VERSION
-#define KVB_PLUGIN_ABI_VERSION 1
+#define KVB_PLUGIN_ABI_VERSION 2
+#endif
+// Likewise for the LibTorch version a plugin reports (the tests' "built against another LibTorch").
+#ifndef KVB_PLUGIN_TORCH_VERSION
+#define KVB_PLUGIN_TORCH_VERSION TORCH_VERSION
 #endif
 
 #define KVB_PLUGIN_ENTRY(registry_var)                                                  \
   static void kvb_plugin_register_impl(::kvb::MethodRegistry* registry_var);              \
   extern "C" __attribute__((visibility("default"))) int kvb_plugin_abi_version() {      \
     return KVB_PLUGIN_ABI_VERSION;                                                      \
+  }                                                                                     \
+  extern "C" __attribute__((visibility("default"))) const char* kvb_plugin_torch_version() { \
+    return KVB_PLUGIN_TORCH_VERSION;                                                    \
   }                                                                                     \
   extern "C" __attribute__((visibility("default"))) const char* kvb_plugin_register(    \
       ::kvb::MethodRegistry* registry) {                                                \
@@ -38,9 +50,9 @@
 
 namespace kvb {
 
-// dlopens `path`, checks its ABI version and registers its methods (their origin says plugin:<path>).
-// Throws kvb::Error naming the path on a missing file, a missing entry point, an ABI mismatch or a
-// registration error.
+// dlopens `path`, checks its ABI and LibTorch versions and registers its methods (their origin says
+// plugin:<path>). Throws kvb::Error naming the path on a missing file, a missing entry point, an ABI
+// or LibTorch mismatch or a registration error.
 void load_plugin(const std::string& path);
 int host_plugin_abi_version();
 

@@ -4,6 +4,7 @@
 // checkpointed state (trainer.cpp); adapters train in minutes and keep no optimiser state.
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>  // at::NoGradGuard (not in ATen.h since LibTorch 2)
 
 #include <cmath>
 #include <vector>

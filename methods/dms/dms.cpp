@@ -7,6 +7,7 @@
 // it chose to keep.
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>  // at::NoGradGuard (not in ATen.h since LibTorch 2)
 
 #include <algorithm>
 #include <cstring>

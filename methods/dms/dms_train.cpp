@@ -1,6 +1,7 @@
 #include "methods/dms/dms_train.h"
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>  // at::NoGradGuard (not in ATen.h since LibTorch 2)
 #include <ATen/CPUGeneratorImpl.h>
 
 #include <cmath>

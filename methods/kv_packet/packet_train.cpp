@@ -1,6 +1,7 @@
 #include "methods/kv_packet/packet_train.h"
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>  // at::NoGradGuard (not in ATen.h since LibTorch 2)
 
 #include <algorithm>
 #include <random>

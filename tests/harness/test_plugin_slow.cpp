@@ -1,5 +1,6 @@
 // The out-of-tree plugin path: install kvbench, build methods/example_plugin against the installed
-// package, load it with --plugin, run it into a database; a plugin built for another ABI is refused.
+// package, load it with --plugin, run it into a database; a plugin built for another ABI or against
+// another LibTorch is refused.
 
 #include <gtest/gtest.h>
 
@@ -55,7 +56,15 @@ TEST(Plugin, BuildsOutOfTreeLoadsRunsAndRejectsOtherAbi) {
   ASSERT_EQ(sh(cfg + " -B " + dir + "/bad -DCMAKE_CXX_FLAGS=-DKVB_PLUGIN_ABI_VERSION=99 && cmake --build " + dir + "/bad"), 0);
   auto refused = test::run_kvbench("--plugin " + dir + "/bad/libkvb_example_window.so methods");
   EXPECT_EQ(refused.exit_code, 2);
-  EXPECT_NE(refused.err.find("ABI version 99 but this kvbench has ABI version 1"), std::string::npos) << refused.err;
+  EXPECT_NE(refused.err.find("ABI version 99 but this kvbench has ABI version 2"), std::string::npos) << refused.err;
+
+  // Built against another LibTorch (as reported by the plugin): refused before any call into it.
+  ASSERT_EQ(sh(cfg + " -B " + dir + "/torch -DCMAKE_CXX_FLAGS='-DKVB_PLUGIN_TORCH_VERSION=\\\"0.0.1\\\"'" +
+               " && cmake --build " + dir + "/torch"), 0);
+  auto other = test::run_kvbench("--plugin " + dir + "/torch/libkvb_example_window.so methods");
+  EXPECT_EQ(other.exit_code, 2);
+  EXPECT_NE(other.err.find("built against LibTorch 0.0.1 but this kvbench uses LibTorch "), std::string::npos)
+      << other.err;
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 // the HF loader and the engine, loss that goes down, corrupt checkpoints and changed recipes refused.
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>  // at::NoGradGuard (not in ATen.h since LibTorch 2)
 #include <gtest/gtest.h>
 
 #include <filesystem>

@@ -6,6 +6,7 @@
 // lowers its KL and writes an adapter the method loads; bad adapters and parameters are refused.
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>  // at::NoGradGuard (not in ATen.h since LibTorch 2)
 #include <gtest/gtest.h>
 
 #include "datasets/corpus.h"
