@@ -20,6 +20,7 @@
 # Environment:
 #   OUT                     where results go (the device tool sets it)
 #   DEVICE_CHECK_DRY=1      print the plan and exercise the table code on made-up numbers; no GPU needed
+#   DEVICE_CHECK_E2E_CPU=KVBENCH  (with DRY) run each end-to-end config, shrunk, on the CPU through KVBENCH
 #   DEVICE_CHECK_TABLE_ONLY=DIR  only tabulate DIR's kernel_bench.json, sdpa.json, e2e.json,
 #                           cuda_tests.json (CI runs it on the emulator's smoke benchmark)
 #   DEVICE_CHECK_BUDGET_S   total seconds (default 450)
@@ -474,6 +475,32 @@ E2E_GRID=(
   "EVICT|{\"budget\":0.25,\"budget_unit\":\"ratio\"}|1,16|32768"
 )
 [ "$QUICK" = 1 ] && E2E_GRID=("${E2E_GRID[@]:0:4}")
+# DEVICE_CHECK_E2E_CPU=KVBENCH (dry runs; CI sets it): each cell's config, shrunk (synthetic:tiny, fp32,
+# 64-token context, 2 decode tokens) and on the CPU, through that kvbench, so that a renamed method
+# or parameter fails here and not on device time. A cell whose parameters ask for a CUDA-only kernel
+# must be refused as such (not as an unknown parameter); anything else must run.
+E2E_CPU_BAD=0
+rm -f "$WORK/e2e_cpu.sqlite"  # every config runs afresh (a finished run would be skipped)
+e2e_config_on_cpu() {  # config, label, params
+  local cpu_cfg=$WORK/e2e_cpu.json out rc
+  python3 - "$1" "$cpu_cfg" <<'PY'
+import json, sys
+c = json.load(open(sys.argv[1]))
+c.update({"model": "synthetic:tiny", "device": "cpu", "dtype": "fp32"})
+c["protocol"].update({"context": 64, "decode_tokens": 2, "prefill_chunk": 32})
+json.dump(c, open(sys.argv[2], "w"))
+PY
+  out=$("$DEVICE_CHECK_E2E_CPU" run -q --config "$cpu_cfg" --db "$WORK/e2e_cpu.sqlite" 2>&1)
+  rc=$?
+  if [ $rc = 0 ]; then
+    say "  config ok on the CPU: $2"
+  elif [[ $3 == *tensor_cores* ]] && [ $rc = 2 ] && grep -q "cuda_decode=tensor_cores: chooses the CUDA" <<<"$out"; then
+    say "  config refused on the CPU as CUDA-only, as it should be: $2"
+  else
+    E2E_CPU_BAD=$((E2E_CPU_BAD + 1))
+    say "  CONFIG FAILS on the CPU (rc $rc): $2: $(tail -n 1 <<<"$out")"
+  fi
+}
 if [ "$DRY" = 1 ] || [ -x "$KVBENCH" ]; then
   EVICT=snapkv
   if [ "$DRY" != 1 ]; then
@@ -498,7 +525,10 @@ if [ "$DRY" = 1 ] || [ -x "$KVBENCH" ]; then
 EOF
     rlog=$WORK/e2e_run.log
     if run_stage "e2e $label" 120 "$rlog" "$KVBENCH" run -q --config "$cfg" --db "$WORK/e2e.sqlite"; then status=ok; else status=failed; fi
-    [ "$DRY" = 1 ] && continue
+    if [ "$DRY" = 1 ]; then
+      [ -n "${DEVICE_CHECK_E2E_CPU:-}" ] && e2e_config_on_cpu "$cfg" "$label" "$params"
+      continue
+    fi
     python3 - "$E2E_JSON" "$rlog" "$method" "$params" "$batches" "$ctx" "$status" <<'PY'
 import json, sys
 path, rlog, method, params, batches, ctx, status = sys.argv[1:8]
@@ -579,6 +609,10 @@ EOF
   echo '[{"method": "full", "params": {}, "batch_sizes": "1,16", "context": 4096, "status": "ok", "result": {"metrics": {"decode_tok_s_b1": 50, "tpot_ms_b1": 20, "prefill_tok_s_b1": 9000, "decode_tok_s_b16": 600, "tpot_ms_b16": 26, "prefill_tok_s_b16": 20000, "physical_bytes": 1.2e9}}}, {"method": "kivi", "params": {"preset": "kivi-2"}, "batch_sizes": "1", "context": 4096, "status": "failed", "error": "example: CUDA out of memory"}]' >"$FAKE/e2e.json"
   echo '{"tests": 10, "failures": 0, "disabled": 0}' >"$FAKE/cuda_tests.json"
   python3 "$WORK/table.py" "$FAKE" "$STAGES_FILE" 1
+  if ((E2E_CPU_BAD > 0)); then
+    say "dry run FAILED: $E2E_CPU_BAD end-to-end config(s) do not run on the CPU (see above)"
+    exit 1
+  fi
   say "dry run done (nothing was built or run; the table above is made up)"
   exit 0
 fi
