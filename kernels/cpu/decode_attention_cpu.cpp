@@ -1,14 +1,17 @@
 // Optimised CPU decode attention over paged fp16/bf16 KV, dense or gathered (decode_attention.h),
 // and the fp32 merge of partial softmax states. One work item is (sequence, kv head): its K/V rows
 // are converted to fp32 a tile at a time and every query head of the group is served from that
-// tile.
+// tile. The item is compiled for AVX2 as well as the baseline (cpu_clones.h) and its softmax uses
+// the vectorisable exp of fast_exp.h.
 
 #include <algorithm>
 #include <cmath>
 #include <vector>
 
 #include "kvb/kernels/decode_attention.h"
+#include "kvb/kernels/detail/cpu_clones.h"
 #include "kvb/kernels/detail/dtype_io.h"
+#include "kvb/kernels/detail/fast_exp.h"
 
 namespace kvb::kernels {
 
@@ -21,7 +24,7 @@ struct Scratch {
   std::vector<float> m, l;             // [group]
 };
 
-void attend_item(const DecodeAttentionParams& p, int b, int kvh, Scratch& w) {
+KVB_CPU_CLONES void attend_item(const DecodeAttentionParams& p, int b, int kvh, Scratch& w) {
   const int group = p.num_qo_heads / p.num_kv_heads;
   const int hd = p.head_dim;
   const int64_t tok_stride = static_cast<int64_t>(p.num_kv_heads) * hd;
@@ -59,6 +62,14 @@ void attend_item(const DecodeAttentionParams& p, int b, int kvh, Scratch& w) {
                   static_cast<int64_t>(kvh) * hd;
     }
     if (n == 0) continue;
+    // Ask for every line of the tile's rows first (rows lie a token stride apart, pages anywhere):
+    // the conversion below then finds them arriving instead of waiting on each in turn.
+    const int64_t esz = kv_dtype_bytes(p.dtype), row_bytes = hd * esz;
+    for (int i = 0; i < n; ++i)
+      for (int64_t off = 0; off < row_bytes; off += 64) {
+        __builtin_prefetch(static_cast<const char*>(p.k_pages) + rows[i] * esz + off);
+        __builtin_prefetch(static_cast<const char*>(p.v_pages) + rows[i] * esz + off);
+      }
     for (int i = 0; i < n; ++i) {
       detail::load_row(p.k_pages, p.dtype, rows[i], hd, w.k.data() + i * hd);
       detail::load_row(p.v_pages, p.dtype, rows[i], hd, w.v.data() + i * hd);
@@ -71,16 +82,13 @@ void attend_item(const DecodeAttentionParams& p, int b, int kvh, Scratch& w) {
         s[i] = detail::dot_f32(q, w.k.data() + i * hd, hd);
         mx = std::max(mx, s[i]);
       }
-      const float corr = std::exp(w.m[g] - mx);  // exp(-inf) = 0 on the first tile
+      const float corr = detail::exp_f32(w.m[g] - mx);  // exp(-inf) = 0 on the first tile
       float* a = w.acc.data() + g * hd;
       for (int d = 0; d < hd; ++d) a[d] *= corr;
       float sum = w.l[g] * corr;
-      for (int i = 0; i < n; ++i) {
-        const float e = std::exp(s[i] - mx);
-        sum += e;
-        const float* v = w.v.data() + i * hd;
-        for (int d = 0; d < hd; ++d) a[d] += e * v[d];
-      }
+      for (int i = 0; i < n; ++i) s[i] = detail::exp_f32(s[i] - mx);  // a loop of its own: vectorises
+      for (int i = 0; i < n; ++i) sum += s[i];
+      detail::accumulate_rows(a, s, w.v.data(), n, hd, hd);
       w.m[g] = mx;
       w.l[g] = sum;
     }

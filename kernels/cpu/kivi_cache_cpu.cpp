@@ -2,13 +2,16 @@
 // Decode: one work item per (sequence, kv head); a quantized key page is scored without
 // dequantizing it: with per-channel scale s_c and min m_c, q . k_r = sum_c (q_c s_c) code_rc +
 // sum_c q_c m_c, so the scale is folded into q once per page. Value rows are dequantized one row at
-// a time.
+// a time. The item is compiled for AVX2 as well as the baseline (cpu_clones.h) and its softmax uses
+// the vectorisable exp of fast_exp.h.
 
 #include <algorithm>
 #include <cmath>
 #include <vector>
 
+#include "kvb/kernels/detail/cpu_clones.h"
 #include "kvb/kernels/detail/dtype_io.h"
+#include "kvb/kernels/detail/fast_exp.h"
 #include "kvb/kernels/detail/kivi_detail.h"
 #include "kvb/kernels/half.h"
 #include "kvb/kernels/kivi_cache.h"
@@ -21,11 +24,11 @@ namespace {
 constexpr int64_t kResidualTile = 64;
 
 struct KiviScratch {
-  std::vector<float> q, qs, bias, acc, m, l, s, k, v;
+  std::vector<float> q, qs, bias, acc, m, l, s, e, k, v;
   std::vector<uint8_t> codes, vcodes;
 };
 
-void kivi_item(const KiviDecodeParams& p, int b, int kvh, KiviScratch& w) {
+KVB_CPU_CLONES void kivi_item(const KiviDecodeParams& p, int b, int kvh, KiviScratch& w) {
   const KiviLayout& L = p.layout;
   const int group = p.num_qo_heads / L.num_kv_heads;
   const int64_t hd = L.head_dim, ps = L.page_size, H = L.num_kv_heads;
@@ -45,6 +48,7 @@ void kivi_item(const KiviDecodeParams& p, int b, int kvh, KiviScratch& w) {
   w.m.assign(group, -INFINITY);
   w.l.assign(group, 0.f);
   w.s.resize(group * tile_max);
+  w.e.resize(tile_max);
   w.v.resize(tile_max * hd);
   w.k.resize(tile_max * hd);
   w.codes.resize(ps * hd);
@@ -74,16 +78,14 @@ void kivi_item(const KiviDecodeParams& p, int b, int kvh, KiviScratch& w) {
       const float* s = w.s.data() + g * tile_max;
       float mx = w.m[g];
       for (int64_t i = 0; i < cnt; ++i) mx = std::max(mx, s[i]);
-      const float corr = std::exp(w.m[g] - mx);
+      const float corr = detail::exp_f32(w.m[g] - mx);
       float* a = w.acc.data() + g * hd;
       for (int64_t d = 0; d < hd; ++d) a[d] *= corr;
       float sum = w.l[g] * corr;
-      for (int64_t i = 0; i < cnt; ++i) {
-        const float e = std::exp(s[i] - mx);
-        sum += e;
-        const float* v = w.v.data() + i * hd;
-        for (int64_t d = 0; d < hd; ++d) a[d] += e * v[d];
-      }
+      float* e_row = w.e.data();
+      for (int64_t i = 0; i < cnt; ++i) e_row[i] = detail::exp_f32(s[i] - mx);  // vectorises
+      for (int64_t i = 0; i < cnt; ++i) sum += e_row[i];
+      detail::accumulate_rows(a, e_row, w.v.data(), cnt, hd, hd);
       w.m[g] = mx;
       w.l[g] = sum;
     }

@@ -2,6 +2,8 @@
 #include <cmath>
 #include <vector>
 
+#include "kvb/kernels/detail/cpu_clones.h"
+#include "kvb/kernels/detail/dtype_io.h"
 #include "kvb/kernels/paged_attention.h"
 
 namespace kvb::kernels {
@@ -10,7 +12,9 @@ namespace {
 
 // One (token, kv head): the query group's heads share each K/V row read. Online softmax keeps one
 // pass over the keys; scores for a page are computed first so the exp/rescale runs once per page.
-void attend_group(const PagedAttentionParams& p, int b, int64_t t, int kvh, float* scratch) {
+// Compiled for AVX2 as well (cpu_clones.h); the same bits either way (std::exp, sums in order).
+KVB_CPU_CLONES void attend_group(const PagedAttentionParams& p, int b, int64_t t, int kvh,
+                                 float* scratch) {
   const int group = p.num_qo_heads / p.num_kv_heads;
   const int hd = p.head_dim;
   const int64_t tok_stride = static_cast<int64_t>(p.num_kv_heads) * hd;
@@ -49,11 +53,10 @@ void attend_group(const PagedAttentionParams& p, int b, int64_t t, int kvh, floa
       for (int d = 0; d < hd; ++d) a[d] *= corr;
       float sum = l[g] * corr;
       for (int64_t j = 0; j < n; ++j) {
-        const float w = std::exp(sg[j] - mx);
-        sum += w;
-        const float* v = vpage + j * tok_stride;
-        for (int d = 0; d < hd; ++d) a[d] += w * v[d];
+        sg[j] = std::exp(sg[j] - mx);
+        sum += sg[j];
       }
+      detail::accumulate_rows(a, sg, vpage, n, tok_stride, hd);
       m[g] = mx;
       l[g] = sum;
     }

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <vector>
 
+#include "kvb/kernels/detail/cpu_clones.h"
 #include "kvb/kernels/half.h"
 #include "kvb/kernels/quantize.h"
 
@@ -72,7 +73,7 @@ void pack_codes_cpu(const uint8_t* codes, int64_t n, int32_t bits, uint8_t* pack
   }
 }
 
-void unpack_codes_cpu(const uint8_t* packed, int64_t n, int32_t bits, uint8_t* codes) {
+KVB_CPU_CLONES void unpack_codes_cpu(const uint8_t* packed, int64_t n, int32_t bits, uint8_t* codes) {
   const uint32_t mask = (1u << bits) - 1u;
   int64_t i = 0, o = 0;
   switch (bits) {

@@ -59,6 +59,30 @@ inline float dot_f32(const float* a, const float* b, int64_t n) {
   return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
 }
 
+// a[d] += sum_i e[i] * v[i * ld + d] for d < hd: the value side of a softmax tile. Channels go 16 at
+// a time with their sums held in registers across the rows (the row-by-row loop loads and stores
+// a[] once per row), and each a[d] still adds its rows in order, so the bits are the row-by-row
+// loop's.
+inline void accumulate_rows(float* a, const float* e, const float* v, int64_t n, int64_t ld,
+                            int64_t hd) {
+  int64_t d0 = 0;
+  for (; d0 + 16 <= hd; d0 += 16) {
+    float t[16];
+    for (int k = 0; k < 16; ++k) t[k] = a[d0 + k];
+    for (int64_t i = 0; i < n; ++i) {
+      const float ei = e[i];
+      const float* vi = v + i * ld + d0;
+      for (int k = 0; k < 16; ++k) t[k] += ei * vi[k];
+    }
+    for (int k = 0; k < 16; ++k) a[d0 + k] = t[k];
+  }
+  for (; d0 < hd; ++d0) {
+    float t = a[d0];
+    for (int64_t i = 0; i < n; ++i) t += e[i] * v[i * ld + d0];
+    a[d0] = t;
+  }
+}
+
 // n consecutive elements starting at element i into fp32.
 inline void load_row(const void* base, KvDtype d, int64_t i, int64_t n, float* out) {
   if (d == KvDtype::kF32) {
