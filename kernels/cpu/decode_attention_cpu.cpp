@@ -1,8 +1,11 @@
 // Optimised CPU decode attention over paged fp16/bf16 KV, dense or gathered (decode_attention.h),
-// and the fp32 merge of partial softmax states. One work item is (sequence, kv head): its K/V rows
-// are converted to fp32 a tile at a time and every query head of the group is served from that
-// tile. The item is compiled for AVX2 as well as the baseline (cpu_clones.h) and its softmax uses
-// the vectorisable exp of fast_exp.h.
+// and the fp32 merge of partial softmax states. One work item is (sequence, range of positions),
+// all kv heads: its K/V rows are converted to fp32 a tile at a time and every query head of a kv
+// head's group is served from that tile; a sequence split into ranges (when the batch alone gives
+// the threads too few items) has its ranges' softmax states merged at the end. The item is compiled
+// for AVX2 as well as the baseline (cpu_clones.h) and its softmax uses the exp of fast_exp.h.
+
+#include <omp.h>
 
 #include <algorithm>
 #include <cmath>
@@ -17,38 +20,45 @@ namespace kvb::kernels {
 
 namespace {
 
-constexpr int kTile = 64;  // rows converted to fp32 per step
+constexpr int kTile = 64;           // positions converted to fp32 per step
+constexpr int64_t kMinRange = 512;  // positions per work item when a sequence is split
 
 struct Scratch {
-  std::vector<float> k, v, q, acc, s;  // [kTile, hd] x2, [group, hd] x2, [group, kTile]
-  std::vector<float> m, l;             // [group]
+  std::vector<float> k, v, q, s;  // [kTile, hd] x2, [H, hd], [kTile]
+  int64_t rows[kTile];            // pool element offsets of the tile's tokens (kv head 0)
 };
 
-KVB_CPU_CLONES void attend_item(const DecodeAttentionParams& p, int b, int kvh, Scratch& w) {
+// One work item: sequence b, positions [j0, j1) of its scan, every kv head. Its online-softmax
+// state per query head h of the sequence: m[h], l[h], acc[h * hd] (unnormalised). Each tile's token
+// rows (all kv heads of a token are adjacent) are prefetched whole, then served head by head: one
+// thread reads whole 2 KiB token rows in turn instead of one head's 256 bytes every 2 KiB.
+KVB_CPU_CLONES void attend_range(const DecodeAttentionParams& p, int b, int64_t j0, int64_t j1,
+                                 Scratch& w, float* m, float* l, float* acc) {
   const int group = p.num_qo_heads / p.num_kv_heads;
-  const int hd = p.head_dim;
+  const int hd = p.head_dim, H = p.num_qo_heads;
   const int64_t tok_stride = static_cast<int64_t>(p.num_kv_heads) * hd;
   const int64_t page_stride = static_cast<int64_t>(p.page_size) * tok_stride;
   const int32_t* pages = p.page_indices + p.page_indptr[b];
   const int64_t len = p.kv_lens[b];
-  const int64_t scan = decode_scan_len(p, b);
-  const int64_t qo_off = (static_cast<int64_t>(b) * p.num_qo_heads + kvh * group) * hd;
+  const int64_t esz = kv_dtype_bytes(p.dtype), tok_bytes = tok_stride * esz;
 
-  w.q.resize(static_cast<size_t>(group) * hd);
-  w.acc.assign(static_cast<size_t>(group) * hd, 0.f);
+  w.q.resize(static_cast<size_t>(H) * hd);
   w.k.resize(static_cast<size_t>(kTile) * hd);
   w.v.resize(static_cast<size_t>(kTile) * hd);
-  w.s.resize(static_cast<size_t>(group) * kTile);
-  w.m.assign(group, -INFINITY);
-  w.l.assign(group, 0.f);
-  detail::load_row(p.q, p.dtype, qo_off, static_cast<int64_t>(group) * hd, w.q.data());
+  w.s.resize(kTile);
+  detail::load_row(p.q, p.dtype, static_cast<int64_t>(b) * H * hd, static_cast<int64_t>(H) * hd,
+                   w.q.data());
   for (float& x : w.q) x *= p.sm_scale;
+  for (int h = 0; h < H; ++h) {
+    m[h] = -INFINITY;
+    l[h] = 0.f;
+  }
+  std::fill(acc, acc + static_cast<int64_t>(H) * hd, 0.f);
 
-  int64_t rows[kTile];
-  for (int64_t j0 = 0; j0 < scan; j0 += kTile) {
+  for (int64_t t0 = j0; t0 < j1; t0 += kTile) {
     // Resolve the tile's positions to pool rows (skipping the dead slots of a selected last page).
     int n = 0;
-    for (int64_t j = j0; j < std::min(scan, j0 + kTile); ++j) {
+    for (int64_t j = t0; j < std::min(j1, t0 + kTile); ++j) {
       int64_t pos = j;
       if (p.gather == GatherMode::kTokens) {
         pos = p.gather_indices[p.gather_indptr[b] + j];
@@ -58,62 +68,99 @@ KVB_CPU_CLONES void attend_item(const DecodeAttentionParams& p, int b, int kvh, 
               j % p.page_size;
         if (pos >= len) continue;
       }
-      rows[n++] = pages[pos / p.page_size] * page_stride + (pos % p.page_size) * tok_stride +
-                  static_cast<int64_t>(kvh) * hd;
+      w.rows[n++] = pages[pos / p.page_size] * page_stride + (pos % p.page_size) * tok_stride;
     }
     if (n == 0) continue;
-    // Ask for every line of the tile's rows first (rows lie a token stride apart, pages anywhere):
-    // the conversion below then finds them arriving instead of waiting on each in turn.
-    const int64_t esz = kv_dtype_bytes(p.dtype), row_bytes = hd * esz;
     for (int i = 0; i < n; ++i)
-      for (int64_t off = 0; off < row_bytes; off += 64) {
-        __builtin_prefetch(static_cast<const char*>(p.k_pages) + rows[i] * esz + off);
-        __builtin_prefetch(static_cast<const char*>(p.v_pages) + rows[i] * esz + off);
+      for (int64_t off = 0; off < tok_bytes; off += 64) {
+        __builtin_prefetch(static_cast<const char*>(p.k_pages) + w.rows[i] * esz + off);
+        __builtin_prefetch(static_cast<const char*>(p.v_pages) + w.rows[i] * esz + off);
       }
-    for (int i = 0; i < n; ++i) {
-      detail::load_row(p.k_pages, p.dtype, rows[i], hd, w.k.data() + i * hd);
-      detail::load_row(p.v_pages, p.dtype, rows[i], hd, w.v.data() + i * hd);
-    }
-    for (int g = 0; g < group; ++g) {
-      const float* q = w.q.data() + g * hd;
-      float* s = w.s.data() + g * kTile;
-      float mx = w.m[g];
+    for (int kvh = 0; kvh < p.num_kv_heads; ++kvh) {
       for (int i = 0; i < n; ++i) {
-        s[i] = detail::dot_f32(q, w.k.data() + i * hd, hd);
-        mx = std::max(mx, s[i]);
+        detail::load_row(p.k_pages, p.dtype, w.rows[i] + kvh * hd, hd, w.k.data() + i * hd);
+        detail::load_row(p.v_pages, p.dtype, w.rows[i] + kvh * hd, hd, w.v.data() + i * hd);
       }
-      const float corr = detail::exp_f32(w.m[g] - mx);  // exp(-inf) = 0 on the first tile
-      float* a = w.acc.data() + g * hd;
-      for (int d = 0; d < hd; ++d) a[d] *= corr;
-      float sum = w.l[g] * corr;
-      for (int i = 0; i < n; ++i) s[i] = detail::exp_f32(s[i] - mx);  // a loop of its own: vectorises
-      for (int i = 0; i < n; ++i) sum += s[i];
-      detail::accumulate_rows(a, s, w.v.data(), n, hd, hd);
-      w.m[g] = mx;
-      w.l[g] = sum;
+      for (int g = 0; g < group; ++g) {
+        const int h = kvh * group + g;
+        const float* q = w.q.data() + static_cast<int64_t>(h) * hd;
+        float* s = w.s.data();
+        float mx = m[h];
+        for (int i = 0; i < n; ++i) {
+          s[i] = detail::dot_f32(q, w.k.data() + i * hd, hd);
+          mx = std::max(mx, s[i]);
+        }
+        const float corr = detail::exp_f32(m[h] - mx);  // exp(-inf) = 0 on the first tile
+        float* a = acc + static_cast<int64_t>(h) * hd;
+        for (int d = 0; d < hd; ++d) a[d] *= corr;
+        float sum = l[h] * corr;
+        for (int i = 0; i < n; ++i)
+          s[i] = detail::exp_f32(s[i] - mx);  // a loop of its own: vectorises
+        for (int i = 0; i < n; ++i) sum += s[i];
+        detail::accumulate_rows(a, s, w.v.data(), n, hd, hd);
+        m[h] = mx;
+        l[h] = sum;
+      }
     }
   }
-  for (int g = 0; g < group; ++g) {
-    const float inv = w.l[g] > 0.f ? 1.f / w.l[g] : 0.f;
-    for (int d = 0; d < hd; ++d) w.acc[g * hd + d] *= inv;
-  }
-  detail::store_row(p.o, p.dtype, qo_off, static_cast<int64_t>(group) * hd, w.acc.data());
 }
 
 }  // namespace
 
 void decode_attention_cpu(const DecodeAttentionParams& p) {
+  const int H = p.num_qo_heads, hd = p.head_dim;
   int64_t total = 0;
-  for (int b = 0; b < p.batch_size; ++b) total += decode_scan_len(p, b);
-  const int64_t items = static_cast<int64_t>(p.batch_size) * p.num_kv_heads;
-  const bool parallel = total * p.num_qo_heads * p.head_dim > (1 << 18);
+  std::vector<int64_t> scan(p.batch_size);
+  for (int b = 0; b < p.batch_size; ++b) total += (scan[b] = decode_scan_len(p, b));
+  const bool parallel = total * H * hd > (1 << 18);
+  // Work items: each sequence in ranges of >= kMinRange positions, enough of them for every thread
+  // to have two when the batch alone does not (their states are merged below).
+  const int threads = parallel ? std::max(1, omp_get_max_threads()) : 1;
+  const int64_t want =
+      threads > 1 ? std::max<int64_t>(1, (2 * threads + p.batch_size - 1) / p.batch_size) : 1;
+  std::vector<int64_t> first(p.batch_size + 1, 0), chunk(p.batch_size, 1);
+  for (int b = 0; b < p.batch_size; ++b) {
+    const int64_t ranges = std::max<int64_t>(1, std::min(want, scan[b] / kMinRange));
+    chunk[b] = (scan[b] + ranges - 1) / ranges;
+    first[b + 1] = first[b] + ranges;
+  }
+  const int64_t items = first[p.batch_size];
+  std::vector<float> st_m(items * H), st_l(items * H), st_acc(items * H * hd);
 #pragma omp parallel if (parallel)
   {
     Scratch w;
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t it = 0; it < items; ++it)
-      attend_item(p, static_cast<int>(it / p.num_kv_heads), static_cast<int>(it % p.num_kv_heads),
-                  w);
+    for (int64_t it = 0; it < items; ++it) {
+      const int b =
+          static_cast<int>(std::upper_bound(first.begin(), first.end(), it) - first.begin() - 1);
+      const int64_t j0 = (it - first[b]) * chunk[b], j1 = std::min(scan[b], j0 + chunk[b]);
+      attend_range(p, b, j0, j1, w, st_m.data() + it * H, st_l.data() + it * H,
+                   st_acc.data() + it * H * hd);
+    }
+  }
+  // Merge each sequence's ranges (one range: just the normalisation) and write the output.
+  std::vector<float> out(static_cast<size_t>(H) * hd);
+  for (int b = 0; b < p.batch_size; ++b) {
+    for (int h = 0; h < H; ++h) {
+      float M = -INFINITY;
+      for (int64_t it = first[b]; it < first[b + 1]; ++it)
+        if (st_l[it * H + h] > 0.f) M = std::max(M, st_m[it * H + h]);
+      float* o = out.data() + static_cast<int64_t>(h) * hd;
+      std::fill(o, o + hd, 0.f);
+      float W = 0.f;
+      for (int64_t it = first[b]; it < first[b + 1] && M > -INFINITY; ++it) {
+        const float lw = st_l[it * H + h];
+        if (!(lw > 0.f)) continue;
+        const float c = first[b + 1] - first[b] == 1 ? 1.f : std::exp(st_m[it * H + h] - M);
+        W += c * lw;
+        const float* a = st_acc.data() + (it * H + h) * hd;
+        for (int d = 0; d < hd; ++d) o[d] += c * a[d];
+      }
+      const float inv = W > 0.f ? 1.f / W : 0.f;
+      for (int d = 0; d < hd; ++d) o[d] *= inv;
+    }
+    detail::store_row(p.o, p.dtype, static_cast<int64_t>(b) * H * hd, static_cast<int64_t>(H) * hd,
+                      out.data());
   }
 }
 
