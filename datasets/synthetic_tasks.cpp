@@ -25,6 +25,7 @@
 #include "datasets/token_counter.h"
 #include "datasets/word_lists.h"
 #include "harness/common/error.h"
+#include "harness/common/json_parse.h"
 #include "harness/common/mapped_file.h"
 #include "harness/common/sha256.h"
 #include "harness/common/strings.h"
@@ -1656,7 +1657,7 @@ SampleSet generate_task_cached(const Tokenizer& tokenizer, const TaskSpec& spec,
   const std::string path = cache_dir + "/" + hash + ".json";
   if (file_exists(path)) {
     try {
-      SampleSet set = sample_set_from_json(json::parse(read_text_file(path)), path);
+      SampleSet set = sample_set_from_json(parse_json(read_text_file(path), path), path);
       bool ok = set.hash == hash && content_hash(set.samples) == set.content_hash;
       for (const auto& s : set.samples) ok = ok && sample_hash(s) == s.hash;
       if (ok) {

@@ -26,8 +26,13 @@ class MappedFile {
   size_t size_ = 0;
 };
 
-// Whole-file read for small text files (configs, JSON). Throws kvb::Error naming the path.
-std::string read_text_file(const std::string& path);
+// Whole-file read for text files (configs, JSON, corpora). Throws kvb::Error naming the path when it is
+// missing, not a regular file (a FIFO is refused at once, never waited on) or over `max_bytes`.
+inline constexpr size_t kMaxTextFileBytes = size_t{256} << 20;
+std::string read_text_file(const std::string& path, size_t max_bytes = kMaxTextFileBytes);
+// Throws kvb::Error naming the path unless it is an existing regular file (before a stream opens it:
+// opening a FIFO would block).
+void check_regular_file(const std::string& path);
 bool file_exists(const std::string& path);
 bool dir_exists(const std::string& path);
 

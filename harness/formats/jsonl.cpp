@@ -6,6 +6,8 @@
 #include <nlohmann/json.hpp>
 
 #include "harness/common/error.h"
+#include "harness/common/json_parse.h"
+#include "harness/common/mapped_file.h"
 #include "harness/common/strings.h"
 
 namespace kvb {
@@ -31,6 +33,7 @@ std::string describe(const nlohmann::json& v) {
 
 JsonlStats read_jsonl(const std::string& path, const JsonlOptions& options,
                       const std::function<void(const nlohmann::json&, size_t)>& on_record) {
+  check_regular_file(path);
   std::ifstream in(path, std::ios::binary);
   KVB_CHECK(in.good(), path, ": cannot open: ", std::strerror(errno));
   JsonlStats stats;
@@ -44,14 +47,8 @@ JsonlStats read_jsonl(const std::string& path, const JsonlOptions& options,
     }
     std::string where = path + ":" + std::to_string(stats.lines);
     try {
-      nlohmann::json record;
-      try {
-        record = nlohmann::json::parse(line);
-      } catch (const nlohmann::json::parse_error& e) {
-        // nlohmann's message starts with "[json.exception.parse_error.101] parse error at line 1,
-        // ..."; the byte column is the useful part and it is inside the message.
-        KVB_FAIL("invalid JSON: ", e.what());
-      }
+      // nlohmann's message says "parse error at line 1, column N": the column is the useful part.
+      nlohmann::json record = parse_json(line, "record");
       KVB_CHECK(record.is_object(), "expected a JSON object, got ", describe(record));
       on_record(record, stats.lines);
       ++stats.records;

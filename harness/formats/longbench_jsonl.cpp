@@ -3,6 +3,7 @@
 #include <nlohmann/json.hpp>
 
 #include "harness/common/error.h"
+#include "harness/common/json_parse.h"
 #include "harness/common/mapped_file.h"
 #include "harness/common/strings.h"
 #include "harness/metrics/text_metrics.h"
@@ -82,12 +83,7 @@ LongBenchFile read_longbench_jsonl(const std::string& path, const JsonlOptions& 
 
 std::map<std::string, LongBenchTask> load_longbench_tasks(const std::string& path) {
   std::string text = read_text_file(path);
-  nlohmann::json root;
-  try {
-    root = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::parse_error& e) {
-    KVB_FAIL(path, ": invalid JSON: ", e.what());
-  }
+  const nlohmann::json root = parse_json(text, path);
   KVB_CHECK(root.is_object(), path, ": expected a JSON object {task: {...}}, got ",
             root.type_name());
   static const std::vector<std::string> kKeys = {"prompt", "max_new_tokens", "metric",

@@ -3,6 +3,7 @@
 #include <nlohmann/json.hpp>
 
 #include "harness/common/error.h"
+#include "harness/common/json_parse.h"
 #include "harness/common/mapped_file.h"
 
 namespace kvb {
@@ -130,12 +131,7 @@ struct Reader {
 }  // namespace
 
 ModelConfig parse_hf_config(const std::string& json_text, const std::string& source) {
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(json_text);
-  } catch (const nlohmann::json::exception& e) {
-    KVB_FAIL(source, ": not valid JSON: ", e.what());
-  }
+  const nlohmann::json j = parse_json(json_text, source);
   KVB_CHECK(j.is_object(), source, ": expected a JSON object");
   Reader r{j, source};
 

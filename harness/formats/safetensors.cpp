@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "harness/common/error.h"
+#include "harness/common/json_parse.h"
 
 namespace kvb {
 
@@ -59,12 +60,7 @@ SafetensorsFile::SafetensorsFile(const std::string& path)
   KVB_CHECK(header_len <= kMaxHeaderBytes, path, ": header length ", header_len,
             " is implausibly large");
   const char* header = reinterpret_cast<const char*>(file_->data() + 8);
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(header, header + header_len);
-  } catch (const nlohmann::json::exception& e) {
-    KVB_FAIL(path, ": header is not valid JSON: ", e.what());
-  }
+  const nlohmann::json j = parse_json(std::string_view(header, header_len), path + ": header");
   KVB_CHECK(j.is_object(), path, ": header is not a JSON object");
 
   const uint8_t* data_start = file_->data() + 8 + header_len;
@@ -152,12 +148,7 @@ SafetensorsSet::SafetensorsSet(const std::string& model_dir) : dir_(model_dir) {
   const std::string single = model_dir + "/model.safetensors";
   const std::string index = model_dir + "/model.safetensors.index.json";
   if (file_exists(index)) {
-    nlohmann::json j;
-    try {
-      j = nlohmann::json::parse(read_text_file(index));
-    } catch (const nlohmann::json::exception& e) {
-      KVB_FAIL(index, ": not valid JSON: ", e.what());
-    }
+    const nlohmann::json j = parse_json(read_text_file(index), index);
     KVB_CHECK(j.is_object() && j.contains("weight_map") && j["weight_map"].is_object(), index,
               ": missing 'weight_map' object");
     std::map<std::string, const SafetensorsFile*> by_file;

@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "harness/common/error.h"
+#include "harness/common/json_parse.h"
 #include "harness/eval/grid.h"
 #include "harness/report/leaderboard.h"
 #include "harness/report/sample_stats.h"
@@ -19,7 +20,7 @@ using json = nlohmann::json;
 std::string describe(const RunRow& r) {
   std::string method = r.method;
   try {
-    method = method_label(json::parse(r.config_json)["method"]);
+    method = method_label(parse_json(r.config_json, "run config")["method"]);
   } catch (const std::exception&) {
   }
   return method + " · " + r.model + " · " + r.dataset + " · " + r.protocol;

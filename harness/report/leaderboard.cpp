@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "harness/common/error.h"
+#include "harness/common/json_parse.h"
 #include "harness/common/strings.h"
 #include "harness/eval/grid.h"
 #include "harness/eval/run_config.h"
@@ -416,7 +417,7 @@ Leaderboard build_leaderboard(ResultsDb& db, const LeaderboardOptions& options) 
     pf.protocol = "perf";
     pf.status = RunStatus::kDone;
     for (const auto& r : db.list_runs(pf)) {
-      const json cfg = json::parse(r.config_json);
+      const json cfg = parse_json(r.config_json, "run " + std::to_string(r.id) + " config");
       const int64_t ctx = cfg["protocol"].value("context", int64_t{0});
       const double v = metric_or_nan(run_metrics(r.id), "decode_tok_s");
       if (!std::isfinite(v)) continue;
@@ -432,7 +433,7 @@ Leaderboard build_leaderboard(ResultsDb& db, const LeaderboardOptions& options) 
   };
   std::map<std::string, Group> groups;
   for (const auto& r : runs) {
-    json cfg = json::parse(r.config_json);
+    json cfg = parse_json(r.config_json, "run " + std::to_string(r.id) + " config");
     json key = cfg;
     key.erase("method");
     key.erase("label");
@@ -517,7 +518,7 @@ Leaderboard build_leaderboard(ResultsDb& db, const LeaderboardOptions& options) 
     std::map<std::string, std::set<std::string>> show;
     std::map<std::string, std::map<std::string, std::set<std::string>>> values;  // method -> param -> values
     for (const RunRow* r : shown) {
-      const json cfg = json::parse(r->config_json);
+      const json cfg = parse_json(r->config_json, "run " + std::to_string(r->id) + " config");
       for (auto it = cfg["method"]["params"].begin(); it != cfg["method"]["params"].end(); ++it)
         values[r->method][it.key()].insert(it.value().dump());
     }
@@ -528,7 +529,7 @@ Leaderboard build_leaderboard(ResultsDb& db, const LeaderboardOptions& options) 
       for (const auto& [p, vals] : params) {
         const bool varies = vals.size() > 1;
         const bool non_default = !defaults.count(p) || vals.size() != 1 ||
-                                 !(json::parse(*vals.begin()) == defaults[p]);
+                                 !(parse_json(*vals.begin(), "parameter " + p) == defaults[p]);
         if (varies || non_default) show[m].insert(p);
       }
     }
@@ -546,7 +547,7 @@ Leaderboard build_leaderboard(ResultsDb& db, const LeaderboardOptions& options) 
     }
     for (const RunRow* r : shown) {
       LeaderRow row;
-      const json cfg = json::parse(r->config_json);
+      const json cfg = parse_json(r->config_json, "run " + std::to_string(r->id) + " config");
       row.method = r->method;
       row.params = cfg["method"]["params"];
       json show_list = json::array();

@@ -5,6 +5,7 @@
 #include <random>
 
 #include "harness/common/error.h"
+#include "harness/common/json_parse.h"
 #include "harness/metrics/metric_table.h"
 #include "harness/metrics/portable_random.h"
 
@@ -70,11 +71,8 @@ RunSamples extract_samples(const std::string& protocol, const std::vector<Sample
   RunSamples out;
   for (const auto& row : rows) {
     json j;
-    try {
-      j = json::parse(row.output_json);
-    } catch (const json::parse_error&) {
-      continue;  // the store validates JSON; be lenient with foreign files
-    }
+    // The store validates JSON; be lenient with foreign files (but never recurse into deep nesting).
+    if (!parse_json_if_valid(row.output_json, "sample output", &j)) continue;
     out.keys[row.index] = row.key;
     auto put = [&](const std::string& name, double num, double den) {
       if (std::isfinite(num) && std::isfinite(den) && den > 0) out.sums[name][row.index] = {num, den};

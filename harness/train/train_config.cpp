@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "harness/common/error.h"
+#include "harness/common/json_parse.h"
 #include "harness/common/mapped_file.h"
 #include "harness/common/strings.h"
 
@@ -224,13 +225,7 @@ TrainConfig parse_train_config(const nlohmann::json& j, const std::string& src) 
 
 TrainConfig load_train_config(const std::string& path) {
   std::string text = read_text_file(path);
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::exception& e) {
-    KVB_FAIL(path, ": not valid JSON: ", e.what());
-  }
-  return parse_train_config(j, path);
+  return parse_train_config(parse_json(text, path), path);
 }
 
 void apply_train_override(nlohmann::json& j, const std::string& a) {
@@ -238,11 +233,7 @@ void apply_train_override(nlohmann::json& j, const std::string& a) {
   KVB_CHECK(eq != std::string::npos && eq > 0, "--set '", a, "': expected key.path=value");
   const std::string path = a.substr(0, eq), value = a.substr(eq + 1);
   nlohmann::json v;
-  try {
-    v = nlohmann::json::parse(value);
-  } catch (const nlohmann::json::exception&) {
-    v = value;
-  }
+  if (!parse_json_if_valid(value, "--set '" + a + "'", &v)) v = value;
   nlohmann::json* cur = &j;
   size_t start = 0;
   while (true) {

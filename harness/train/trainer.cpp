@@ -26,6 +26,7 @@
 
 #include "datasets/corpus.h"
 #include "harness/common/error.h"
+#include "harness/common/json_parse.h"
 #include "harness/common/mapped_file.h"
 #include "harness/common/sha256.h"
 #include "harness/common/strings.h"
@@ -187,8 +188,8 @@ std::string training_summary(const TrainConfig& cfg, const ModelConfig& mc, cons
     std::string line;
     while (std::getline(in, line)) {
       if (line.empty()) continue;
-      auto j = nlohmann::json::parse(line, nullptr, false);
-      if (j.is_discarded()) continue;
+      nlohmann::json j;
+      if (!parse_json_if_valid(line, log_path, &j)) continue;
       (j.contains("loss") ? train : held).push_back(j);
     }
   }
@@ -434,12 +435,7 @@ void export_hf_model(const TrainWeights& w, const ModelConfig& c, const std::str
 
 TrainSummary run_training(const TrainOptions& opts) {
   // ---- config ----
-  nlohmann::json cj;
-  try {
-    cj = nlohmann::json::parse(read_text_file(opts.config_path));
-  } catch (const nlohmann::json::exception& e) {
-    KVB_FAIL(opts.config_path, ": not valid JSON: ", e.what());
-  }
+  nlohmann::json cj = parse_json(read_text_file(opts.config_path), opts.config_path);
   for (const auto& o : opts.overrides) apply_train_override(cj, o);
   TrainConfig cfg = parse_train_config(cj, opts.config_path);
   const std::string out = opts.out_dir.empty() ? "runs/train/" + cfg.name : opts.out_dir;
@@ -590,7 +586,8 @@ TrainSummary run_training(const TrainOptions& opts) {
       while (std::getline(in, line)) {
         if (line.empty()) continue;
         try {
-          auto j = nlohmann::json::parse(line);
+          nlohmann::json j;
+          if (!parse_json_if_valid(line, log_path, &j)) continue;  // a torn last line
           if (j.value("step", int64_t{0}) <= step) kept += line + "\n";
         } catch (const nlohmann::json::exception&) {
           // a torn last line from a crash: dropped

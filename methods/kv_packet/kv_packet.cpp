@@ -10,6 +10,7 @@
 #include <ATen/ATen.h>
 
 #include "harness/common/error.h"
+#include "harness/common/json_parse.h"
 #include "harness/kv/method_registry.h"
 #include "methods/common/codec_kv_cache.h"
 #include "methods/common/contiguous_kv_cache.h"
@@ -129,10 +130,9 @@ std::unique_ptr<KvCache> make_kv_packet(const CacheContext& ctx, const nlohmann:
   }
   const std::string inner = p["inner"];
   nlohmann::json inner_params;
-  try {
-    inner_params = nlohmann::json::parse(p["inner_params"].get<std::string>());
-  } catch (const nlohmann::json::exception& e) {
-    KVB_FAIL("method kv_packet.inner_params: not a JSON object (", e.what(), "): ",
+  if (!parse_json_if_valid(p["inner_params"].get<std::string>(), "method kv_packet.inner_params",
+                           &inner_params)) {
+    KVB_FAIL("method kv_packet.inner_params: not a JSON object: ",
              p["inner_params"].get<std::string>());
   }
   KVB_CHECK(inner_params.is_object(), "method kv_packet.inner_params: must be a JSON object, got ",

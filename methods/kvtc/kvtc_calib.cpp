@@ -12,6 +12,7 @@
 
 #include "datasets/corpus.h"
 #include "harness/common/error.h"
+#include "harness/common/json_parse.h"
 #include "harness/common/mapped_file.h"
 #include "harness/common/sha256.h"
 #include "harness/engine/engine.h"
@@ -207,12 +208,7 @@ std::shared_ptr<Artifact> load_artifact(const std::string& path) {
   SafetensorsFile f(path);
   auto it = f.metadata().find("kvtc");
   KVB_CHECK(it != f.metadata().end(), path, ": not a kvtc artifact (no 'kvtc' metadata)");
-  nlohmann::json head;
-  try {
-    head = nlohmann::json::parse(it->second);
-  } catch (const nlohmann::json::parse_error& e) {
-    KVB_FAIL(path, ": kvtc metadata is not JSON: ", e.what());
-  }
+  const nlohmann::json head = parse_json(it->second, path + ": kvtc metadata");
   auto a = std::make_shared<Artifact>();
   a->meta = head.at("meta");
   a->key = head.at("key").get<std::string>();

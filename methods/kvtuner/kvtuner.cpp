@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "harness/common/error.h"
+#include "harness/common/json_parse.h"
 #include "harness/common/mapped_file.h"
 #include "harness/common/sha256.h"
 #include "harness/kv/method_registry.h"
@@ -121,12 +122,7 @@ std::unique_ptr<KvCache> make_kvtuner(const CacheContext& ctx, const nlohmann::j
     const std::string where = "method kvtuner.config " + path;
     KVB_CHECK(file_exists(path), where, ": file not found");
     const std::string text = read_text_file(path);
-    nlohmann::json j;
-    try {
-      j = nlohmann::json::parse(text);
-    } catch (const nlohmann::json::parse_error& e) {
-      KVB_FAIL(where, ": not valid JSON: ", e.what());
-    }
+    const nlohmann::json j = parse_json(text, where);
     pairs = pairs_from_json(j, L, where);
     // The file is not part of the config hash: record which content ran (first 48 bits of sha256).
     extra["config_sha256_48"] =

@@ -70,7 +70,7 @@ TEST(LongBenchJsonl, StrictErrorsNameFileLineAndField) {
        {"field 'all_classes'"}},
       {R"({"input": "q", "context": "c", "answers": [], "length": 1.5, "dataset": "d", "_id": "x"})",
        {"field 'length'"}},
-      {R"({"input": "q", "context": "c",)", {"invalid JSON"}},
+      {R"({"input": "q", "context": "c",)", {"not valid JSON"}},
       {R"(["not", "an", "object"])", {"expected a JSON object"}},
   };
   for (size_t i = 0; i < cases.size(); ++i) {
@@ -103,7 +103,7 @@ TEST(LongBenchJsonl, SkipBadLinesCountsThem) {
   EXPECT_EQ(f.stats.bad_lines, 2u);
   EXPECT_EQ(f.stats.records, 2u);
   ASSERT_EQ(f.stats.bad_line_errors.size(), 2u);
-  EXPECT_NE(f.stats.bad_line_errors[0].find(path + ":2: invalid JSON"), std::string::npos);
+  EXPECT_NE(f.stats.bad_line_errors[0].find(path + ":2: record: not valid JSON"), std::string::npos);
   EXPECT_NE(f.stats.bad_line_errors[1].find(path + ":4: "), std::string::npos);
   // Without the option the first bad line throws.
   expect_error([&] { read_longbench_jsonl(path); }, {path + ":2:"});
@@ -168,7 +168,7 @@ TEST(LongBenchTasks, ErrorsNameTaskAndField) {
                {"field 'first_line_only'"});
   expect_error(load(R"({"qa": 3})"), {"task 'qa'", "expected an object"});
   expect_error(load(R"([1, 2])"), {"expected a JSON object"});
-  expect_error(load(R"({"qa": )"), {"t.json", "invalid JSON"});
+  expect_error(load(R"({"qa": )"), {"t.json", "not valid JSON"});
 }
 
 TEST(LongBenchTruncation, KeepsBothEnds) {

@@ -107,7 +107,7 @@ TEST(RequestTraceReader, StrictErrors) {
       {R"({"timestamp": 6, "input_length": 600, "output_length": -2, "hash_ids": [0, 1]})",
        {"field 'output_length'"}},
       {R"({"timestamp": 6, "input_length": 600, "output_length": 2, "hash_ids": [0, 1])",
-       {"invalid JSON"}},
+       {"not valid JSON"}},
   };
   for (size_t i = 0; i < cases.size(); ++i) {
     std::string path =

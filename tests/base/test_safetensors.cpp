@@ -180,7 +180,7 @@ TEST(SafetensorsFile, HeaderLengthBeyondFile) {
                    {path, "header length 18446744073709551615", "goes beyond the end"});
   // Exactly 8 bytes with a zero length: an empty header is not JSON.
   const std::string p8 = write_bytes(dir, "zero.safetensors", std::string(8, '\0'));
-  expect_kvb_error([&] { SafetensorsFile f(p8); }, {p8, "header is not valid JSON"});
+  expect_kvb_error([&] { SafetensorsFile f(p8); }, {p8, "header: not valid JSON"});
 }
 
 TEST(SafetensorsFile, HeaderNotJson) {
@@ -188,9 +188,9 @@ TEST(SafetensorsFile, HeaderNotJson) {
   const std::string path =
       write_bytes(dir, "nj.safetensors", st_serialize_raw("{\"w\": {\"dtype\": \"F32\",", ""));
   expect_kvb_error([&] { SafetensorsFile f(path); },
-                   {path, ": header is not valid JSON: ", "parse error"});
+                   {path, ": header: not valid JSON: ", "parse error"});
   const std::string p2 = write_bytes(dir, "nj2.safetensors", st_serialize_raw("\x01garbage\n", ""));
-  expect_kvb_error([&] { SafetensorsFile f(p2); }, {p2, "header is not valid JSON"});
+  expect_kvb_error([&] { SafetensorsFile f(p2); }, {p2, "header: not valid JSON"});
 }
 
 TEST(SafetensorsFile, HeaderNotAnObject) {
