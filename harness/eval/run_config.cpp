@@ -1,6 +1,7 @@
 #include "harness/eval/run_config.h"
 
 #include "harness/common/error.h"
+#include "harness/common/json_parse.h"
 #include "harness/common/mapped_file.h"
 #include "harness/common/strings.h"
 #include "harness/kv/method_registry.h"
@@ -46,6 +47,9 @@ const std::vector<ProtocolSpec>& protocol_specs() {
         int_param("questions", 2, 1, 64, "questions per story (recall)"),
         string_param("mode", "query_agnostic", {"query_agnostic", "query_aware"},
                      "compress the context before the question is seen, or with it"),
+        string_param("chat_template", "auto", {"auto", "none", "chatml", "llama3", "mistral", "gemma"},
+                     "wrap context + question in one user turn of an instruct model's template; auto: "
+                     "the tokenizer's own (GGUF tokenizer.chat_template, tokenizer_config.json), else none"),
         int_param("max_new_tokens", 0, 0, 1 << 16, "answer length cap (0: the task's default)"),
         string_param("path", "", {}, "LongBench JSONL file (source longbench)"),
         string_param("tasks", "", {}, "LongBench per-task prompt/metric JSON (source longbench)"),
@@ -142,11 +146,7 @@ const ProtocolSpec& protocol_spec(const std::string& name) {
 
 nlohmann::json load_config_file(const std::string& path) {
   KVB_CHECK(file_exists(path), path, ": config file not found");
-  try {
-    return nlohmann::json::parse(read_text_file(path));
-  } catch (const nlohmann::json::parse_error& e) {
-    KVB_FAIL(path, ": not valid JSON: ", e.what());
-  }
+  return parse_json(read_text_file(path), path);
 }
 
 void apply_overrides(nlohmann::json& config, const std::vector<std::string>& sets) {
@@ -155,11 +155,8 @@ void apply_overrides(nlohmann::json& config, const std::vector<std::string>& set
     KVB_CHECK(eq != std::string::npos && eq > 0, "--set '", s, "': expected key=value");
     const std::string key = s.substr(0, eq), text = s.substr(eq + 1);
     nlohmann::json value;
-    try {
-      value = nlohmann::json::parse(text);
-    } catch (const nlohmann::json::parse_error&) {
+    if (!parse_json_if_valid(text, "--set '" + s + "'", &value))
       value = text;  // bare words are strings: --set method.name=paged
-    }
     nlohmann::json* node = &config;
     size_t start = 0;
     for (;;) {

@@ -6,6 +6,7 @@
 #include <chrono>
 
 #include "harness/common/error.h"
+#include "harness/common/json_parse.h"
 #include "harness/common/strings.h"
 #include "harness/eval/ledger.h"
 #include "harness/eval/perf.h"
@@ -137,7 +138,7 @@ RunOutcome execute_run(const nlohmann::json& resolved, ResultsDb& db, const RunE
             std::to_string(r.tokens ? [&] { double s = 0; for (float k : r.kl) s += k; return s / r.tokens; }() : 0.0));
       }
       std::vector<StreamSampleResult> all;
-      for (const auto& s : db.samples(run_id)) all.push_back(StreamSampleResult::from_json(nlohmann::json::parse(s.output_json)));
+      for (const auto& s : db.samples(run_id)) all.push_back(StreamSampleResult::from_json(parse_json(s.output_json, "run " + std::to_string(run_id) + " sample")));
       out.metrics = stream_metrics(all, declared_simulated);
     } else if (protocol == "probe") {
       KVB_CHECK(!model->tokenizer_path.empty(), model->source, ": the probe protocol needs a tokenizer");
@@ -155,7 +156,7 @@ RunOutcome execute_run(const nlohmann::json& resolved, ResultsDb& db, const RunE
         out.samples_computed++;
       }
       std::vector<ProbeSampleResult> all;
-      for (const auto& s : db.samples(run_id)) all.push_back(ProbeSampleResult::from_json(nlohmann::json::parse(s.output_json)));
+      for (const auto& s : db.samples(run_id)) all.push_back(ProbeSampleResult::from_json(parse_json(s.output_json, "run " + std::to_string(run_id) + " sample")));
       out.metrics = probe_metrics(all);
     } else if (protocol == "qa") {
       KVB_CHECK(!model->tokenizer_path.empty(), model->source, ": the qa protocol needs a tokenizer");
@@ -169,6 +170,9 @@ RunOutcome execute_run(const nlohmann::json& resolved, ResultsDb& db, const RunE
       qo.mode = proto["mode"];
       qo.prefill_chunk = proto["prefill_chunk"];
       qo.cache_dir = env.cache_dir;
+      qo.chat = resolve_chat_template(proto["chat_template"], tok.chat_template(),
+                                      "config.protocol.chat_template");
+      if (qo.chat.active()) log("chat template: " + qo.chat.describe());
       const auto keys = db.done_sample_keys(run_id);
       for (size_t i = 0; i < samples.size(); ++i) {
         const int64_t idx = static_cast<int64_t>(i);
@@ -181,6 +185,7 @@ RunOutcome execute_run(const nlohmann::json& resolved, ResultsDb& db, const RunE
         nlohmann::json j = r.to_json();
         j["meta"] = samples[i].meta;
         j["dataset_hash"] = dataset_hash;
+        j["chat_template"] = qo.chat.describe();
         db.add_sample(run_id, idx, samples[i].key, j.dump());
         out.samples_computed++;
         double sc = 0;
@@ -190,7 +195,7 @@ RunOutcome execute_run(const nlohmann::json& resolved, ResultsDb& db, const RunE
             std::to_string(r.context_tokens) + " context tokens)");
       }
       std::vector<QaSampleResult> all;
-      for (const auto& s : db.samples(run_id)) all.push_back(QaSampleResult::from_json(nlohmann::json::parse(s.output_json)));
+      for (const auto& s : db.samples(run_id)) all.push_back(QaSampleResult::from_json(parse_json(s.output_json, "run " + std::to_string(run_id) + " sample")));
       out.metrics = qa_metrics(all, declared_simulated);
     } else if (protocol == "perf") {
       const auto batches = parse_int_list(proto["batch_sizes"], "batch_sizes", "batch size", 1, 4096);
@@ -206,7 +211,7 @@ RunOutcome execute_run(const nlohmann::json& resolved, ResultsDb& db, const RunE
         log("batch " + std::to_string(batches[i]) + ": decode " + std::to_string(c.decode_tok_s) + " tok/s");
       }
       std::vector<PerfCell> cells;
-      for (const auto& s : db.samples(run_id)) cells.push_back(PerfCell::from_json(nlohmann::json::parse(s.output_json)));
+      for (const auto& s : db.samples(run_id)) cells.push_back(PerfCell::from_json(parse_json(s.output_json, "run " + std::to_string(run_id) + " sample")));
       out.metrics = perf_metrics(cells, declared_simulated);
     } else if (protocol == "serve") {
       KVB_CHECK(!model->tokenizer_path.empty(), model->source, ": the serve protocol needs a tokenizer");
@@ -233,7 +238,7 @@ RunOutcome execute_run(const nlohmann::json& resolved, ResultsDb& db, const RunE
       }
       nlohmann::json footprint;
       for (const auto& s : db.samples(run_id))
-        if (s.index == 0) footprint = nlohmann::json::parse(s.output_json);
+        if (s.index == 0) footprint = parse_json(s.output_json, "run " + std::to_string(run_id) + " sample");
       if (!done.count(1)) {
         nlohmann::json sim = serve_simulation_sample(proto, footprint, resolve_data_dir(env.data_dir),
                                                      resolved["seed"].get<uint64_t>());
@@ -243,7 +248,7 @@ RunOutcome execute_run(const nlohmann::json& resolved, ResultsDb& db, const RunE
       }
       nlohmann::json sim;
       for (const auto& s : db.samples(run_id))
-        if (s.index == 1) sim = nlohmann::json::parse(s.output_json);
+        if (s.index == 1) sim = parse_json(s.output_json, "run " + std::to_string(run_id) + " sample");
       const MethodCaps& caps = MethodRegistry::instance().info(method).caps;
       out.metrics = serve_metrics(footprint, sim, !caps.evicts && !caps.query_aware);
       out.metrics.push_back({"simulated", declared_simulated ? 1.0 : 0.0, "", Direction::kNone});

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "datasets/corpus.h"
 #include "harness/common/error.h"
 #include "harness/common/strings.h"
 #include "harness/engine/engine.h"
@@ -87,7 +88,7 @@ ServeTarget serve_target(const std::string& preset) {
 
 std::string serve_trace_path(const std::string& name, const std::string& data_dir) {
   if (name == "conversation" || name == "synthetic")
-    return data_dir + "/mooncake-traces/" + name + "_trace.jsonl";
+    return find_data_file(data_dir, "mooncake-traces/" + name + "_trace.jsonl");
   return name;
 }
 

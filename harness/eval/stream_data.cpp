@@ -15,7 +15,9 @@ std::vector<StreamWindow> stream_windows(const std::string& tokenizer_path,
   wo.window_tokens = protocol["window"];
   wo.stride = protocol["stride"];
   wo.max_windows = protocol["max_windows"];
-  wo.bos = "each";
+  // Each window is a fresh document as the tokenizer would start one: BOS first only where the
+  // tokenizer adds one (SmolLM2's and Qwen's add none, so their windows are raw slices).
+  wo.bos = tok.add_bos() ? "each" : "none";
   TextWindows w = make_windows(tok, corpus->text, wo, corpus->name);
   *dataset_hash = w.hash;
   std::vector<StreamWindow> out;

@@ -40,6 +40,7 @@ struct ModelConfig {
   bool tied_embeddings = false;
   bool qkv_bias = false;      // Qwen2-style q/k/v projection bias
   int64_t bos_id = 1;
+  bool add_bos = true;        // the tokenizer prepends BOS to a text (false: SmolLM2, Qwen)
   std::vector<int64_t> eos_ids = {2};
   std::string weights_dtype = "F32";  // dtype the weights are stored in
 

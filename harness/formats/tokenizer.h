@@ -37,6 +37,8 @@ class Tokenizer {
   int64_t eos_id() const { return eos_id_; }
   int64_t unk_id() const { return unk_id_; }
   const std::string& path() const { return path_; }
+  bool add_bos() const { return true; }  // a SentencePiece model's documents start with BOS
+  const std::string& chat_template() const { return chat_template_; }  // none in tokenizer.model
 
  private:
   void parse(const std::string& bytes);
@@ -48,6 +50,7 @@ class Tokenizer {
     PieceType type = PieceType::kNormal;
   };
   std::string path_;
+  std::string chat_template_;
   std::vector<Piece> pieces_;
   std::unordered_map<std::string, int32_t> mergeable_;  // normal + user-defined pieces
   std::vector<std::string> user_defined_;               // matched atomically, longest first

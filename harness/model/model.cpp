@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "harness/common/asset_cache.h"
 #include "harness/common/error.h"
 #include "harness/common/mapped_file.h"
 #include "harness/common/strings.h"
@@ -66,6 +67,7 @@ std::vector<std::string> model_search_dirs(const std::string& models_dir) {
   if (std::string(KVB_REPO_MODELS_DIR) != "./models") dirs.push_back(KVB_REPO_MODELS_DIR);
 #endif
   dirs.push_back("../shared/models");
+  if (const std::string cache = kvb_asset_cache_dir(); !cache.empty()) dirs.push_back(cache + "/models");
   return dirs;
 }
 

@@ -58,7 +58,8 @@ class Model {
 };
 
 // Loads a model from a spec: a path (HF directory, llama2.c .bin, or a directory holding one), a name
-// looked up in the models path (--models-dir, $KVBENCH_MODELS, ./models, ../shared/models), or
+// looked up in the models path (--models-dir, $KVBENCH_MODELS, ./models, the repository's models/,
+// ../shared/models, the asset cache's models/: harness/common/asset_cache.h), or
 // synthetic:<preset>. Throws kvb::Error naming the file (and tensor or key) on any defect.
 std::shared_ptr<Model> load_model(const std::string& spec, const LoadOptions& opts = {});
 

