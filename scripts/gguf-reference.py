@@ -15,6 +15,9 @@ kvbench's C++ code:
                                     GGUF (a Q4_1 projection and the Q8_0 embedding), by tensor name
                                     and element offset; the file itself stays in ../shared.
 
+  tests/fuzz/corpus/gguf/seed.gguf  a small GGUF written by gguf.GGUFWriter (metadata of several
+                                    kinds, one tensor of each type above), the fuzzer's seed.
+
 Floats are written as JSON numbers that round-trip float32 exactly, so the C++ test compares bits.
 Run: /root/kvb-venv/bin/python scripts/gguf-reference.py [--models DIR]  (needs gguf and numpy).
 """
@@ -114,6 +117,28 @@ def smollm2_fixture(models):
     return out
 
 
+def write_seed(rng, path):
+    w = gguf.GGUFWriter(path, "llama")
+    w.add_uint32("llama.block_count", 1)
+    w.add_float32("llama.rope.freq_base", 10000.0)
+    w.add_bool("tokenizer.ggml.add_bos_token", False)
+    w.add_array("tokenizer.ggml.tokens", ["<unk>", "a", "b"])
+    w.add_array("tokenizer.ggml.scores", [0.0, -1.0, -2.0])
+    w.add_string("general.name", "seed")
+    w.add_tensor("f32", rng.normal(size=(2, 8)).astype(np.float32))
+    w.add_tensor("f16", rng.normal(size=(8,)).astype(np.float16))
+    for qtype in (T.BF16, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0):
+        block, size = GGML_QUANT_SIZES[qtype]
+        x = rng.normal(size=(2, 32)).astype(np.float32)
+        w.add_tensor(qtype.name.lower(), gguf.quants.quantize(x, qtype), raw_dtype=qtype)
+    for qtype in (T.Q4_K, T.Q5_K, T.Q6_K):
+        w.add_tensor(qtype.name.lower(), random_blocks(rng, qtype, 1), raw_dtype=qtype)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", default=os.path.join(HERE, "..", "..", "shared", "models"))
@@ -131,7 +156,10 @@ def main():
                    "file": "smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf",
                    "blocks": smollm2_fixture(args.models)}, f, indent=0)
         f.write("\n")
-    print("wrote", OUT_DIR, "with gguf", made_by["gguf"], file=sys.stderr)
+    seeds = os.path.join(HERE, "..", "tests", "fuzz", "corpus", "gguf")
+    os.makedirs(seeds, exist_ok=True)
+    write_seed(rng, os.path.join(seeds, "seed.gguf"))
+    print("wrote", OUT_DIR, "and", seeds, "with gguf", made_by["gguf"], file=sys.stderr)
 
 
 if __name__ == "__main__":
