@@ -77,7 +77,7 @@ Answers answer_all(std::shared_ptr<Model> model, const Tokenizer& tok, const std
   std::vector<int64_t> ctx_ids = tok.encode(s.context);
   if (s.max_context_tokens > 0 && static_cast<int64_t>(ctx_ids.size()) > s.max_context_tokens - 1)
     ctx_ids = truncate_middle(ctx_ids, static_cast<size_t>(s.max_context_tokens - 1));
-  ctx_ids.insert(ctx_ids.begin(), model->config.bos_id);
+  if (model->config.add_bos) ctx_ids.insert(ctx_ids.begin(), model->config.bos_id);
   Answers a;
   a.context_tokens = static_cast<int64_t>(ctx_ids.size());
   const int64_t per_token = model->config.kv_bytes_per_token(dtype_bytes(model->dtype));
