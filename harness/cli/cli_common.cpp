@@ -10,8 +10,8 @@ namespace kvb::cli {
 
 void add_model_options(CLI::App* app, ModelArgs* a) {
   app->add_option("--model,-m", a->model,
-                  "model: a path (HF directory, llama2.c .bin), a name in the models path, or "
-                  "synthetic:<preset>")
+                  "model: a path (HF directory, llama2.c .bin, .gguf, or a directory holding one "
+                  ".bin or .gguf), a name in the models path, or synthetic:<preset>")
       ->capture_default_str();
   app->add_option("--models-dir", a->models_dir,
                   "extra directory to look models up in (before $KVBENCH_MODELS, ./models, "

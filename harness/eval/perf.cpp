@@ -20,7 +20,7 @@ PerfCell run_perf_cell(std::shared_ptr<Model> model, const std::string& method,
   std::mt19937_64 rng(seed);
   std::vector<std::vector<int64_t>> prompts(batch);
   for (auto& p : prompts) {
-    p.push_back(c.bos_id);
+    if (c.add_bos) p.push_back(c.bos_id);
     // Never-zero ids from the vocabulary (not a run of zeros: kernels must not be timed on zeros).
     while (static_cast<int64_t>(p.size()) < context)
       p.push_back(3 + static_cast<int64_t>(uniform_index(rng, static_cast<uint64_t>(c.vocab_size - 3))));

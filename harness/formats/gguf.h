@@ -53,8 +53,10 @@ struct GgufValue {
 
 struct GgufTensor {
   std::string name;
+  std::string file;            // the file's path (or source name), for errors
   uint32_t type = 0;           // a GgmlType number
   std::vector<int64_t> dims;   // GGUF order: dims[0] fastest (a matrix [out][in] is dims {in, out})
+  uint64_t offset = 0;            // bytes from the start of the data section
   const uint8_t* data = nullptr;  // [nbytes], inside the mapping, read-only
   size_t nbytes = 0;
   int64_t numel() const;
@@ -66,9 +68,15 @@ class GgufFile {
  public:
   // Maps and validates `path`. Throws kvb::Error naming the file (and key or tensor) on any defect.
   explicit GgufFile(const std::string& path);
+  // Validates GGUF bytes held in memory (a fuzzer's input); `source` names them in errors. The
+  // bytes are copied, so the tensors' pointers stay valid for the object's lifetime.
+  GgufFile(const std::string& bytes, const std::string& source);
 
-  const std::string& path() const { return file_->path(); }
+  const std::string& path() const { return path_; }
   uint32_t version() const { return version_; }
+  size_t file_size() const { return size_; }
+  size_t data_offset() const { return data_offset_; }  // where the data section starts
+  uint32_t alignment() const { return alignment_; }
 
   bool has(const std::string& key) const { return meta_.count(key) != 0; }
   const std::map<std::string, GgufValue>& metadata() const { return meta_; }
@@ -93,7 +101,14 @@ class GgufFile {
   const std::vector<GgufTensor>& tensors() const { return tensors_; }  // file order
 
  private:
-  std::shared_ptr<MappedFile> file_;
+  void parse(const uint8_t* data, size_t size);
+
+  std::string path_;
+  std::shared_ptr<MappedFile> file_;         // a mapped file, or
+  std::shared_ptr<const std::string> bytes_;  // bytes given in memory
+  size_t size_ = 0;
+  size_t data_offset_ = 0;
+  uint32_t alignment_ = 32;
   uint32_t version_ = 0;
   std::map<std::string, GgufValue> meta_;
   std::vector<GgufTensor> tensors_;

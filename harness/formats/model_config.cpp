@@ -2,9 +2,12 @@
 
 #include <nlohmann/json.hpp>
 
+#include <map>
+
 #include "harness/common/error.h"
 #include "harness/common/json_parse.h"
 #include "harness/common/mapped_file.h"
+#include "harness/formats/gguf.h"
 
 namespace kvb {
 
@@ -69,7 +72,7 @@ nlohmann::json ModelConfig::to_json() const {
     rs["high_freq_factor"] = rope_scaling.high_freq_factor;
     rs["original_max_position_embeddings"] = rope_scaling.original_max_position_embeddings;
   }
-  return {{"name", name},
+  nlohmann::json j = {{"name", name},
           {"format", format},
           {"hidden_size", dim},
           {"intermediate_size", hidden_dim},
@@ -88,6 +91,9 @@ nlohmann::json ModelConfig::to_json() const {
           {"bos_token_id", bos_id},
           {"eos_token_id", eos_ids},
           {"weights_dtype", weights_dtype}};
+  // Only when false: the configs (and run hashes) of models that add a BOS stay as they were.
+  if (!add_bos) j["add_bos_token"] = false;
+  return j;
 }
 
 namespace {
@@ -200,6 +206,105 @@ ModelConfig parse_hf_config(const std::string& json_text, const std::string& sou
 ModelConfig load_hf_config(const std::string& path) {
   KVB_CHECK(file_exists(path), path, ": config.json not found");
   return parse_hf_config(read_text_file(path), path);
+}
+
+}  // namespace kvb
+
+namespace kvb {
+
+ModelConfig gguf_model_config(const GgufFile& f) {
+  const std::string& src = f.path();
+  const std::string arch = f.get_string("general.architecture");
+  // Qwen2 (biases, rotate-half RoPE) and others would need their own mapping and a reference to
+  // check it against; llama covers Llama 1-3, Mistral and SmolLM conversions.
+  KVB_CHECK(arch == "llama", src, ": general.architecture '", arch,
+            "' is not supported (llama)");
+  const std::string p = arch + ".";
+  ModelConfig c;
+  c.format = "gguf";
+  c.dim = f.get_int(p + "embedding_length");
+  c.hidden_dim = f.get_int(p + "feed_forward_length");
+  c.n_layers = f.get_int(p + "block_count");
+  c.n_heads = f.get_int(p + "attention.head_count");
+  c.n_kv_heads = f.get_int_or(p + "attention.head_count_kv", c.n_heads);
+  KVB_CHECK(c.n_heads > 0, src, ": '", p, "attention.head_count' must be positive (got ", c.n_heads,
+            ")");
+  c.head_dim = f.get_int_or(p + "attention.key_length", c.dim / c.n_heads);
+  const int64_t v_len = f.get_int_or(p + "attention.value_length", c.head_dim);
+  KVB_CHECK(v_len == c.head_dim, src, ": '", p, "attention.value_length' (", v_len,
+            ") differs from the key length (", c.head_dim, "); the engine needs one head size");
+  const int64_t rot = f.get_int_or(p + "rope.dimension_count", c.head_dim);
+  KVB_CHECK(rot == c.head_dim, src, ": '", p, "rope.dimension_count' is ", rot,
+            " but the head size is ", c.head_dim, ": partial rotary embeddings are not supported");
+  c.max_seq_len = f.get_int(p + "context_length");
+  c.rope_theta = f.get_float_or(p + "rope.freq_base", 10000.0);
+  c.norm_eps = f.get_float(p + "attention.layer_norm_rms_epsilon");
+  // llama.cpp's converter permutes q/k rows into Meta's adjacent-pair order (as llama2.c has them).
+  c.rope_style = RopeStyle::kInterleaved;
+
+  const std::string scaling = f.get_string_or(p + "rope.scaling.type", "none");
+  if (scaling == "linear") {
+    c.rope_scaling.type = "linear";
+    c.rope_scaling.factor = f.get_float(p + "rope.scaling.factor");
+    KVB_CHECK(c.rope_scaling.factor > 0, src, ": '", p, "rope.scaling.factor' must be positive");
+  } else if (scaling == "none") {
+    // Older conversions give a linear factor alone.
+    const double legacy = f.get_float_or(p + "rope.scale_linear", 1.0);
+    if (legacy != 1.0) {
+      KVB_CHECK(legacy > 0, src, ": '", p, "rope.scale_linear' must be positive");
+      c.rope_scaling.type = "linear";
+      c.rope_scaling.factor = legacy;
+    }
+  } else {
+    KVB_FAIL(src, ": '", p, "rope.scaling.type' is '", scaling,
+             "', which is not supported (none, linear)");
+  }
+  // Llama 3.1-style conversions store the per-frequency divisors as a tensor rather than the
+  // parameters; the engine computes llama3 scaling from the parameters only.
+  KVB_CHECK(!f.has_tensor("rope_freqs.weight"), src,
+            ": tensor 'rope_freqs.weight' (llama3 RoPE frequency factors) is not supported");
+
+  if (f.has("tokenizer.ggml.tokens")) {
+    c.vocab_size = static_cast<int64_t>(f.get_strings("tokenizer.ggml.tokens").size());
+    if (f.has(p + "vocab_size")) {
+      const int64_t v = f.get_int(p + "vocab_size");
+      KVB_CHECK(v == c.vocab_size, src, ": '", p, "vocab_size' (", v,
+                ") differs from the token list (", c.vocab_size, " tokens)");
+    }
+  } else if (f.has(p + "vocab_size")) {
+    c.vocab_size = f.get_int(p + "vocab_size");
+  } else {
+    const GgufTensor& e = f.tensor("token_embd.weight");
+    KVB_CHECK(e.dims.size() == 2, src, ": tensor 'token_embd.weight' must be a matrix");
+    c.vocab_size = e.dims[1];
+  }
+  c.tied_embeddings = !f.has_tensor("output.weight");
+  c.qkv_bias = f.has_tensor("blk.0.attn_q.bias");
+  for (const char* t : {"attn_output.bias", "ffn_gate.bias", "ffn_up.bias", "ffn_down.bias"}) {
+    KVB_CHECK(!f.has_tensor(std::string("blk.0.") + t), src, ": tensor 'blk.0.", t,
+              "': biases outside q/k/v are not supported");
+  }
+  c.bos_id = f.get_int_or("tokenizer.ggml.bos_token_id", 1);
+  c.eos_ids = {f.get_int_or("tokenizer.ggml.eos_token_id", 2)};
+  if (f.has("tokenizer.ggml.eot_token_id")) {
+    const int64_t eot = f.get_int("tokenizer.ggml.eot_token_id");
+    if (eot != c.eos_ids[0]) c.eos_ids.push_back(eot);
+  }
+  // llama.cpp adds a BOS unless the file says not to.
+  c.add_bos = f.get_bool_or("tokenizer.ggml.add_bos_token", true);
+
+  // The matrices' storage type: the most common type among the 2-D tensors.
+  std::map<std::string, int> types;
+  for (const GgufTensor& t : f.tensors())
+    if (t.dims.size() == 2) ++types[ggml_type_name(t.type)];
+  int best = 0;
+  for (const auto& [name, n] : types)
+    if (n > best) {
+      best = n;
+      c.weights_dtype = name;
+    }
+  c.validate(src);
+  return c;
 }
 
 }  // namespace kvb

@@ -1,6 +1,6 @@
 #pragma once
 // ModelConfig: the architecture of a Llama-family decoder, whatever file it came from (HF config.json,
-// a llama2.c header, a synthetic preset). Torch-free.
+// a llama2.c header, GGUF metadata, a synthetic preset). Torch-free.
 
 #include <cstdint>
 #include <string>
@@ -24,7 +24,7 @@ struct RopeScaling {
 
 struct ModelConfig {
   std::string name;           // display name: directory name, file stem or synthetic:<preset>
-  std::string format;         // hf | llama2c | synthetic
+  std::string format;         // hf | llama2c | gguf | synthetic
   int64_t dim = 0;            // hidden size
   int64_t hidden_dim = 0;     // FFN intermediate size
   int64_t n_layers = 0;
@@ -40,9 +40,10 @@ struct ModelConfig {
   bool tied_embeddings = false;
   bool qkv_bias = false;      // Qwen2-style q/k/v projection bias
   int64_t bos_id = 1;
-  bool add_bos = true;        // the tokenizer prepends BOS to a text (false: SmolLM2, Qwen)
   std::vector<int64_t> eos_ids = {2};
-  std::string weights_dtype = "F32";  // dtype the weights are stored in
+  // Whether a text gets bos_id in front (GGUF tokenizer.ggml.add_bos_token; SmolLM2 says no).
+  bool add_bos = true;
+  std::string weights_dtype = "F32";  // dtype the weights are stored in (GGUF: the matrices' type)
 
   int64_t q_dim() const { return n_heads * head_dim; }
   int64_t kv_dim() const { return n_kv_heads * head_dim; }
@@ -61,6 +62,12 @@ struct ModelConfig {
 // Throws kvb::Error naming the file and the key on any missing, mistyped or unsupported field.
 ModelConfig parse_hf_config(const std::string& json_text, const std::string& source);
 ModelConfig load_hf_config(const std::string& path);
+
+class GgufFile;
+// The config of a GGUF model from its metadata (general.architecture "llama": llama.* keys) and its
+// tensor index (tied embeddings when output.weight is absent). Refuses what the engine does not
+// implement (another architecture, partial rotary, YaRN, llama3 frequency factors) naming the key.
+ModelConfig gguf_model_config(const GgufFile& f);
 
 const char* rope_style_name(RopeStyle s);
 

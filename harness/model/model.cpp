@@ -12,6 +12,7 @@
 #include "harness/common/error.h"
 #include "harness/common/mapped_file.h"
 #include "harness/common/strings.h"
+#include "harness/formats/gguf.h"
 #include "harness/formats/llama2c_format.h"
 #include "harness/formats/safetensors.h"
 #include "harness/model/synthetic_presets.h"
@@ -240,6 +241,49 @@ void load_llama2c(Model& m, const std::string& path) {
   m.tokenizer_path = find_tokenizer(dir_of(path), m.config.vocab_size);
 }
 
+// A GGUF checkpoint (llama.cpp's format, usually quantized): every tensor is dequantized to fp32
+// one at a time, then cast to the load dtype and fused as load_hf fuses, so that the peak is the
+// model in its load dtype plus one layer's fp32 temporaries (the file itself is mapped, not read).
+void load_gguf(Model& m, const std::string& path) {
+  GgufFile f(path);
+  m.config = gguf_model_config(f);
+  std::string stem = base_name(path);
+  if (ends_with(stem, ".gguf")) stem = stem.substr(0, stem.size() - 5);
+  m.config.name = stem;
+  const ModelConfig& c = m.config;
+  auto get = [&](const std::string& name, std::vector<int64_t> shape) {
+    const GgufTensor& t = f.tensor(name);
+    KVB_CHECK(t.shape() == shape, path, ": tensor '", name, "' has shape ", shape_str(t.shape()),
+              " but the metadata implies ", shape_str(shape));
+    at::Tensor out = at::empty(shape, at::TensorOptions().dtype(at::kFloat));
+    gguf_dequantize(t, out.data_ptr<float>());
+    return out.to(m.device, m.dtype);
+  };
+  const int64_t D = c.dim, F = c.hidden_dim, Q = c.q_dim(), KV = c.kv_dim(), V = c.vocab_size;
+  auto& w = m.weights;
+  w.embedding = get("token_embd.weight", {V, D});
+  w.final_norm = get("output_norm.weight", {D});
+  w.lm_head = c.tied_embeddings ? w.embedding : get("output.weight", {V, D});
+  for (int64_t l = 0; l < c.n_layers; ++l) {
+    const std::string p = "blk." + std::to_string(l) + ".";
+    LayerWeights L;
+    L.attn_norm = get(p + "attn_norm.weight", {D});
+    L.wqkv = at::cat({get(p + "attn_q.weight", {Q, D}), get(p + "attn_k.weight", {KV, D}),
+                      get(p + "attn_v.weight", {KV, D})});
+    if (c.qkv_bias) {
+      L.bqkv = at::cat({get(p + "attn_q.bias", {Q}), get(p + "attn_k.bias", {KV}),
+                        get(p + "attn_v.bias", {KV})});
+    }
+    L.wo = get(p + "attn_output.weight", {D, Q});
+    L.ffn_norm = get(p + "ffn_norm.weight", {D});
+    L.w13 = at::cat({get(p + "ffn_gate.weight", {F, D}), get(p + "ffn_up.weight", {F, D})});
+    L.w2 = get(p + "ffn_down.weight", {D, F});
+    w.layers.push_back(std::move(L));
+  }
+  // The tokenizer is in the file's metadata (tokenizer.ggml.*).
+  m.tokenizer_path = path;
+}
+
 void load_synthetic(Model& m, const std::string& preset, const LoadOptions& opts) {
   m.config = synthetic_preset(preset);
   const ModelConfig& c = m.config;
@@ -367,19 +411,35 @@ std::shared_ptr<Model> load_model(const std::string& spec, const LoadOptions& op
   m->source = path;
   if (starts_with(path, "synthetic:")) {
     load_synthetic(*m, path.substr(10), opts);
-  } else if (dir_exists(path) && file_exists(path + "/config.json")) {
-    load_hf(*m, path, opts);
+  } else if (file_exists(path) && ends_with(path, ".gguf")) {
+    load_gguf(*m, path);
   } else if (file_exists(path)) {
     load_llama2c(*m, path);
   } else if (dir_exists(path)) {
+    // A directory: Hugging Face (config.json + safetensors), else one llama2.c .bin, else one .gguf.
+    // A GGUF download often comes with the upstream config.json and tokenizer.json but no
+    // safetensors, so config.json alone does not make it a Hugging Face directory.
+    const std::vector<std::string> ggufs = list_dir(path, ".gguf");
+    const bool safetensors = file_exists(path + "/model.safetensors") ||
+                             file_exists(path + "/model.safetensors.index.json");
     // A llama2.c model directory also holds tokenizer exports (tok512.bin, tokenizer.bin): skip them.
     std::vector<std::string> bins;
     for (const auto& b : list_dir(path, ".bin"))
       if (!starts_with(b, "tok")) bins.push_back(b);
-    KVB_CHECK(bins.size() == 1, path, ": no config.json, and ",
-              bins.empty() ? "no llama2.c .bin file" : "several .bin files (name one)");
-    m->source = path + "/" + bins[0];
-    load_llama2c(*m, m->source);
+    if (file_exists(path + "/config.json") && (safetensors || ggufs.empty())) {
+      load_hf(*m, path, opts);
+    } else if (!bins.empty() || ggufs.empty()) {
+      KVB_CHECK(bins.size() == 1, path, ": no config.json, and ",
+                bins.empty() ? "no llama2.c .bin file and no .gguf file"
+                             : "several .bin files (name one)");
+      m->source = path + "/" + bins[0];
+      load_llama2c(*m, m->source);
+    } else {
+      KVB_CHECK(ggufs.size() == 1, path, ": several .gguf files (", join(ggufs, ", "),
+                "): name one");
+      m->source = path + "/" + ggufs[0];
+      load_gguf(*m, m->source);
+    }
   }
   if (opts.rope_table_len > 0) m->ensure_rope_len(opts.rope_table_len);
   finish_weights(*m);

@@ -1,6 +1,7 @@
 #pragma once
 // A loaded Llama-family model: its config, its weights on one device in one dtype, and where its
-// tokenizer is. Weights come from a Hugging Face directory, a llama2.c checkpoint or a synthetic preset.
+// tokenizer is. Weights come from a Hugging Face directory, a llama2.c checkpoint, a GGUF file
+// (dequantized) or a synthetic preset.
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
@@ -57,9 +58,9 @@ class Model {
   int64_t weight_bytes() const;
 };
 
-// Loads a model from a spec: a path (HF directory, llama2.c .bin, or a directory holding one), a name
-// looked up in the models path (--models-dir, $KVBENCH_MODELS, ./models, the repository's models/,
-// ../shared/models, the asset cache's models/: harness/common/asset_cache.h), or
+// Loads a model from a spec: a path (HF directory, llama2.c .bin, .gguf, or a directory holding one
+// .bin or one .gguf), a name looked up in the models path (--models-dir, $KVBENCH_MODELS, ./models,
+// the repository's models/, ../shared/models, the asset cache's models/: harness/common/asset_cache.h), or
 // synthetic:<preset>. Throws kvb::Error naming the file (and tensor or key) on any defect.
 std::shared_ptr<Model> load_model(const std::string& spec, const LoadOptions& opts = {});
 

@@ -1,0 +1,185 @@
+// gguf_model_config: the llama.* metadata of a GGUF file becomes a ModelConfig (format "gguf",
+// adjacent-pair RoPE, tied embeddings without output.weight, add_bos from the tokenizer keys), and
+// whatever the engine does not implement is refused naming the file and the key or tensor.
+
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "harness/common/error.h"
+#include "harness/formats/gguf.h"
+#include "harness/formats/model_config.h"
+#include "tests/base/base_test_util.h"
+#include "tests/base/gguf_test_writer.h"
+
+namespace kvb {
+namespace {
+
+using ptest::expect_kvb_error;
+using ptest::GgBuild;
+using ptest::GgTensor;
+
+// The metadata of a tiny llama: dim 16, 2 heads of 8 (1 kv head), 10 tokens. `skip` leaves one key
+// out; `extra` adds entries after the others.
+GgBuild tiny_llama(const std::string& skip = "", void (*extra)(GgBuild&) = nullptr) {
+  GgBuild b;
+  auto u32 = [&](const std::string& k, uint32_t v) {
+    if (k != skip) b.u32(k, v);
+  };
+  if (skip != "general.architecture") b.str("general.architecture", "llama");
+  u32("llama.embedding_length", 16);
+  u32("llama.feed_forward_length", 40);
+  u32("llama.block_count", 2);
+  u32("llama.attention.head_count", 2);
+  u32("llama.attention.head_count_kv", 1);
+  u32("llama.rope.dimension_count", 8);
+  u32("llama.context_length", 128);
+  if (skip != "llama.rope.freq_base") b.f32("llama.rope.freq_base", 5000.f);
+  if (skip != "llama.attention.layer_norm_rms_epsilon")
+    b.f32("llama.attention.layer_norm_rms_epsilon", 1e-6f);
+  if (skip != "tokenizer.ggml.tokens")
+    b.strings("tokenizer.ggml.tokens", {"a", "b", "c", "d", "e", "f", "g", "h", "i", "j"});
+  u32("tokenizer.ggml.bos_token_id", 3);
+  u32("tokenizer.ggml.eos_token_id", 4);
+  if (extra) extra(b);
+  b.tensors.push_back({"blk.0.attn_norm.weight", {16}, 0, std::string(64, '\0')});
+  return b;
+}
+
+ModelConfig config_of(const GgBuild& b, const std::string& source = "<tiny>") {
+  return gguf_model_config(GgufFile(b.bytes(), source));
+}
+
+TEST(GgufModelConfig, TinyLlamaMapsEveryKey) {
+  const ModelConfig c = config_of(tiny_llama());
+  EXPECT_EQ(c.format, "gguf");
+  EXPECT_EQ(c.dim, 16);
+  EXPECT_EQ(c.hidden_dim, 40);
+  EXPECT_EQ(c.n_layers, 2);
+  EXPECT_EQ(c.n_heads, 2);
+  EXPECT_EQ(c.n_kv_heads, 1);
+  EXPECT_EQ(c.head_dim, 8);
+  EXPECT_EQ(c.vocab_size, 10);
+  EXPECT_EQ(c.max_seq_len, 128);
+  EXPECT_EQ(c.rope_theta, 5000.0);
+  EXPECT_EQ(c.norm_eps, static_cast<double>(1e-6f));
+  EXPECT_EQ(c.rope_style, RopeStyle::kInterleaved);
+  EXPECT_EQ(c.rope_scaling.type, "none");
+  EXPECT_TRUE(c.tied_embeddings);  // no output.weight
+  EXPECT_FALSE(c.qkv_bias);
+  EXPECT_EQ(c.bos_id, 3);
+  EXPECT_EQ(c.eos_ids, (std::vector<int64_t>{4}));
+  EXPECT_TRUE(c.add_bos);  // absent: llama.cpp's default
+  EXPECT_FALSE(c.to_json().contains("add_bos_token"));  // the default leaves the config JSON as it was
+
+  const ModelConfig d = config_of(tiny_llama("", [](GgBuild& b) {
+    b.boolean("tokenizer.ggml.add_bos_token", false);
+    b.str("llama.rope.scaling.type", "linear");
+    b.f32("llama.rope.scaling.factor", 4.f);
+    b.u32("tokenizer.ggml.eot_token_id", 5);
+    b.u32("llama.vocab_size", 10);
+    b.tensors.push_back({"output.weight", {16, 10}, 0, std::string(640, '\0')});
+  }));
+  EXPECT_FALSE(d.add_bos);
+  EXPECT_EQ(d.to_json()["add_bos_token"], false);
+  EXPECT_EQ(d.rope_scaling.type, "linear");
+  EXPECT_EQ(d.rope_scaling.factor, 4.0);
+  EXPECT_EQ(d.eos_ids, (std::vector<int64_t>{4, 5}));
+  EXPECT_FALSE(d.tied_embeddings);
+  // Defaults: rope.freq_base 10000, head_count_kv = head_count.
+  const ModelConfig e = config_of(tiny_llama("llama.rope.freq_base"));
+  EXPECT_EQ(e.rope_theta, 10000.0);
+  const ModelConfig f = config_of(tiny_llama("llama.attention.head_count_kv"));
+  EXPECT_EQ(f.n_kv_heads, 2);
+}
+
+TEST(GgufModelConfig, RefusesWhatTheEngineDoesNotImplement) {
+  GgBuild q = tiny_llama("general.architecture");
+  q.str("general.architecture", "qwen2");
+  expect_kvb_error([&] { config_of(q); },
+                   {"<tiny>", "general.architecture 'qwen2' is not supported (llama)"});
+  expect_kvb_error([&] { config_of(tiny_llama("general.architecture")); },
+                   {"<tiny>", "missing metadata key 'general.architecture'"});
+  for (const char* key : {"llama.embedding_length", "llama.feed_forward_length", "llama.block_count",
+                          "llama.attention.head_count", "llama.context_length",
+                          "llama.attention.layer_norm_rms_epsilon"}) {
+    expect_kvb_error([&] { config_of(tiny_llama(key)); },
+                     {"<tiny>", std::string("missing metadata key '") + key + "'"});
+  }
+  GgBuild rot = tiny_llama("llama.rope.dimension_count");
+  rot.u32("llama.rope.dimension_count", 4);
+  expect_kvb_error([&] { config_of(rot); },
+                   {"<tiny>", "'llama.rope.dimension_count' is 4 but the head size is 8",
+                    "partial rotary"});
+  expect_kvb_error([&] { config_of(tiny_llama("", [](GgBuild& b) {
+                     b.str("llama.rope.scaling.type", "yarn");
+                   })); },
+                   {"<tiny>", "'llama.rope.scaling.type' is 'yarn', which is not supported"});
+  expect_kvb_error([&] { config_of(tiny_llama("", [](GgBuild& b) {
+                     b.str("llama.rope.scaling.type", "linear");
+                   })); },
+                   {"<tiny>", "missing metadata key 'llama.rope.scaling.factor'"});
+  expect_kvb_error([&] { config_of(tiny_llama("", [](GgBuild& b) {
+                     b.tensors.push_back({"rope_freqs.weight", {4}, 0, std::string(16, '\0')});
+                   })); },
+                   {"<tiny>", "tensor 'rope_freqs.weight' (llama3 RoPE frequency factors)"});
+  expect_kvb_error([&] { config_of(tiny_llama("", [](GgBuild& b) {
+                     b.u32("llama.vocab_size", 11);
+                   })); },
+                   {"<tiny>", "'llama.vocab_size' (11) differs from the token list (10 tokens)"});
+  expect_kvb_error([&] { config_of(tiny_llama("", [](GgBuild& b) {
+                     b.tensors.push_back({"blk.0.attn_output.bias", {16}, 0, std::string(64, '\0')});
+                   })); },
+                   {"<tiny>", "tensor 'blk.0.attn_output.bias': biases outside q/k/v"});
+  expect_kvb_error([&] { config_of(tiny_llama("", [](GgBuild& b) {
+                     b.u32("llama.attention.value_length", 6);
+                   })); },
+                   {"<tiny>", "'llama.attention.value_length' (6) differs from the key length (8)"});
+  GgBuild wrong = tiny_llama("llama.block_count");
+  wrong.str("llama.block_count", "two");
+  expect_kvb_error([&] { config_of(wrong); },
+                   {"<tiny>", "'llama.block_count' is a string (string), not an integer"});
+  GgBuild bos = tiny_llama("tokenizer.ggml.bos_token_id");
+  bos.u32("tokenizer.ggml.bos_token_id", 10);
+  expect_kvb_error([&] { config_of(bos); }, {"<tiny>", "'bos_token_id' 10 is outside the vocabulary"});
+}
+
+TEST(GgufModelConfig, RealFiles) {
+  const std::string models = ptest::models_dir();
+  const ModelConfig s = gguf_model_config(
+      GgufFile(models + "/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf"));
+  EXPECT_EQ(s.dim, 576);
+  EXPECT_EQ(s.hidden_dim, 1536);
+  EXPECT_EQ(s.n_layers, 30);
+  EXPECT_EQ(s.n_heads, 9);
+  EXPECT_EQ(s.n_kv_heads, 3);
+  EXPECT_EQ(s.head_dim, 64);
+  EXPECT_EQ(s.vocab_size, 49152);
+  EXPECT_EQ(s.max_seq_len, 8192);
+  EXPECT_EQ(s.rope_theta, 100000.0);
+  EXPECT_TRUE(s.tied_embeddings);
+  EXPECT_FALSE(s.add_bos);
+  EXPECT_EQ(s.bos_id, 1);
+  EXPECT_EQ(s.eos_ids, (std::vector<int64_t>{2}));
+  EXPECT_EQ(s.weights_dtype, "Q4_1");
+  EXPECT_EQ(s.parameter_count(), 134515008);  // the README's count
+
+  const ModelConfig t = gguf_model_config(GgufFile(models + "/stories260K/stories260K.gguf"));
+  EXPECT_EQ(t.dim, 64);
+  EXPECT_EQ(t.hidden_dim, 172);
+  EXPECT_EQ(t.n_layers, 5);
+  EXPECT_EQ(t.n_heads, 8);
+  EXPECT_EQ(t.n_kv_heads, 4);
+  EXPECT_EQ(t.head_dim, 8);
+  EXPECT_EQ(t.vocab_size, 512);
+  EXPECT_EQ(t.max_seq_len, 2048);
+  EXPECT_FALSE(t.tied_embeddings);  // the converter wrote output.weight
+  EXPECT_TRUE(t.add_bos);
+  EXPECT_EQ(t.bos_id, 1);
+  EXPECT_EQ(t.weights_dtype, "F32");
+}
+
+}  // namespace
+}  // namespace kvb
