@@ -17,6 +17,7 @@
 #include "harness/common/error.h"
 #include "harness/common/mapped_file.h"
 #include "harness/formats/tokenizer.h"
+#include "harness/formats/unicode_text.h"
 #include "tests/base/base_test_util.h"
 
 namespace kvb {
@@ -103,6 +104,36 @@ TEST(TokenizerJson, Qwen2MatchesLlamaCppVocabTests) {
   std::cout << "qwen2 tokenizer.json vs ggml-vocab-qwen2: " << ok << "/" << total << "\n";
   EXPECT_EQ(ok, total);
   EXPECT_EQ(tok.encode(" Hello world"), (Ids{21927, 1879}));
+}
+
+// THE FUZZ ORACLE: HF `tokenizers`' ids for 300 seeded strings (unicode blocks, whitespace runs,
+// digits, code, CJK, emoji, combining marks for NFC, special tokens in the text), per tokenizer.
+TEST(TokenizerJson, MatchesHfTokenizersOnFuzzFixture) {
+  const auto fx = nlohmann::json::parse(read_text_file(std::string(KVB_TEST_FIXTURES) +
+                                                       "/tokenizers/fuzz.json"));
+  const auto strings = fx["strings"].get<std::vector<std::string>>();
+  ASSERT_GE(strings.size(), 300u);
+  const std::map<std::string, std::string> paths = {
+      {"llama3", llama3_json()}, {"qwen2", qwen2_json()}, {"smollm2", smollm2_json()}};
+  for (const auto& [name, path] : paths) {
+    ASSERT_TRUE(file_exists(path)) << path << " missing";
+    const Tokenizer& tok = cached(path);
+    const auto want = fx["ids"][name].get<std::vector<Ids>>();
+    ASSERT_EQ(want.size(), strings.size());
+    size_t ok = 0, round = 0;
+    for (size_t k = 0; k < strings.size(); ++k) {
+      const Ids got = tok.encode(strings[k]);
+      if (got == want[k]) ++ok;
+      else if (ok + 5 > k) ADD_FAILURE() << name << " string " << k << " '" << strings[k]
+                                          << "'\n  want " << show(want[k]) << "\n  got  " << show(got);
+      // Qwen2 normalizes to NFC, so its round trip gives the NFC form of the text.
+      if (tok.decode(got) == (name == "qwen2" ? uni_nfc(strings[k]) : strings[k])) ++round;
+    }
+    std::cout << name << " vs HF tokenizers " << fx["tokenizers_version"].get<std::string>() << ": "
+              << ok << "/" << strings.size() << " exact, " << round << " decode round trips\n";
+    EXPECT_EQ(ok, strings.size()) << name;
+    EXPECT_EQ(round, strings.size()) << name;
+  }
 }
 
 TEST(TokenizerJson, SmolLM2ReferenceIds) {
