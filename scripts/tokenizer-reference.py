@@ -1,7 +1,9 @@
 #!/root/kvb-venv/bin/python
 """Writes tests/fixtures/tokenizers/fuzz.json: a seeded fuzz set of strings and Hugging Face
 `tokenizers`' ids for them (add_special_tokens=False) under three real tokenizer.json files, which
-tests/base/test_tokenizer_json.cpp compares kvbench's tokenizer against.
+tests/base/test_tokenizer_json.cpp compares kvbench's tokenizer against; and toy.json, a small
+tokenizer.json built here (added-token flags, Digits, ByteLevel with a prefix space, a BOS
+template) with HF's ids for a few cases.
 
 Usage: /root/kvb-venv/bin/python scripts/tokenizer-reference.py [--models DIR] [--n N] [--seed S]
 DIR defaults to ../shared/models (or $KVBENCH_MODELS). Only ids and the generated strings are
@@ -84,6 +86,78 @@ def fuzz_strings(n, seed):
     return out
 
 
+def bytes_to_unicode():
+    bs = list(range(33, 127)) + list(range(161, 173)) + list(range(174, 256))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {b: chr(c) for b, c in zip(bs, cs)}
+
+
+def toy_tokenizer():
+    """A small byte-level tokenizer.json exercising what the real files do not: added-token flags
+    (lstrip, rstrip, single_word, normalized), Digits runs, ByteLevel with add_prefix_space and its
+    own regex, [a, b] merges, a TemplateProcessing BOS, NFC."""
+    chars = [bytes_to_unicode()[b] for b in range(256)]
+    vocab = {c: i for i, c in enumerate(chars)}
+    merges = [["Ġ", "t"], ["h", "e"], ["Ġt", "he"], ["i", "n"], ["in", "g"], ["1", "2"],
+              ["12", "3"], ["Ġ", "w"], ["o", "r"], ["Ġw", "or"], ["Ġwor", "d"], ["Ã", "©"],
+              ["Ġ", "Ġ"], ["Ċ", "Ċ"]]
+    for a, b in merges:
+        vocab.setdefault(a + b, len(vocab))
+    n = len(vocab)
+    added = [("<s>", True, False, False, False, False), ("<mask>", True, True, False, False, False),
+             ("[R]", True, False, True, False, False), ("word", False, False, False, True, False),
+             ("<n>", False, False, False, False, True), ("é!", False, False, False, False, True)]
+    added_tokens = [{"id": n + k, "content": c, "special": sp, "lstrip": ls, "rstrip": rs,
+                     "single_word": sw, "normalized": nm}
+                    for k, (c, sp, ls, rs, sw, nm) in enumerate(added)]
+    return {
+        "version": "1.0", "truncation": None, "padding": None, "added_tokens": added_tokens,
+        "normalizer": {"type": "Sequence", "normalizers": [{"type": "NFC"}]},
+        "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+            {"type": "Digits", "individual_digits": False},
+            {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True}]},
+        "post_processor": {"type": "TemplateProcessing",
+                           "single": [{"SpecialToken": {"id": "<s>", "type_id": 0}},
+                                      {"Sequence": {"id": "A", "type_id": 0}}],
+                           "pair": [{"Sequence": {"id": "A", "type_id": 0}},
+                                    {"Sequence": {"id": "B", "type_id": 1}}],
+                           "special_tokens": {"<s>": {"id": "<s>", "ids": [n], "tokens": ["<s>"]}}},
+        "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True,
+                    "use_regex": True},
+        "model": {"type": "BPE", "dropout": None, "unk_token": None,
+                  "continuing_subword_prefix": None, "end_of_word_suffix": None, "fuse_unk": False,
+                  "byte_fallback": False, "ignore_merges": False, "vocab": vocab, "merges": merges},
+    }
+
+
+TOY_CASES = ["the word", "a <mask> b", "x  <mask>y", "[R]   z", "a[R] \n b", "sword word words",
+             "word", "_word_", "wordy", "(word)", "the<n>the", "caf\u00e9! cafe\u0301! e\u0301!",
+             "123 12345 1234567", "ab12cd", "<s>the", "the <s> the", "<mask><mask>", "   ",
+             "\n\n\n", "thing thing", "word<mask>word"]
+
+
+def write_toy(path, strings):
+    doc = toy_tokenizer()
+    tok = Tokenizer.from_str(json.dumps(doc))
+    cases = TOY_CASES + strings[:60]
+    out = {"generator": "scripts/tokenizer-reference.py", "tokenizers_version": tokenizers.__version__,
+           "tokenizer": doc, "cases": [
+               {"text": t, "ids": tok.encode(t, add_special_tokens=False).ids,
+                "ids_special": tok.encode(t, add_special_tokens=True).ids,
+                "decoded": tok.decode(tok.encode(t, add_special_tokens=False).ids,
+                                      skip_special_tokens=False)} for t in cases]}
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(out, f, ensure_ascii=False, separators=(",", ":"))
+        f.write("\n")
+    print(f"wrote {path}: {len(cases)} toy cases", file=sys.stderr)
+
+
 def main():
     ap = argparse.ArgumentParser()
     here = os.path.dirname(os.path.abspath(__file__))
@@ -121,6 +195,7 @@ def main():
             blocks.append(f'    "{name}": [\n{rows}\n    ]')
         f.write(",\n".join(blocks))
         f.write("\n  }\n}\n")
+    write_toy(os.path.join(os.path.dirname(args.out), "toy.json"), strings)
     total = sum(len(x) for v in doc["ids"].values() for x in v)
     print(f"wrote {args.out}: {len(strings)} strings, {total} ids, tokenizers {tokenizers.__version__}",
           file=sys.stderr)

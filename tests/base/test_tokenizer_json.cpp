@@ -136,6 +136,33 @@ TEST(TokenizerJson, MatchesHfTokenizersOnFuzzFixture) {
   }
 }
 
+// A small tokenizer.json built by the script (toy.json) with what the real files lack: lstrip,
+// rstrip, single_word and normalized added tokens, Digits runs, ByteLevel with add_prefix_space and
+// its own regex, [a, b] merges, a TemplateProcessing BOS; HF's ids, BOS ids and decoded text.
+TEST(TokenizerJson, ToyTokenizerFlagsMatchHfTokenizers) {
+  const auto fx = nlohmann::json::parse(read_text_file(std::string(KVB_TEST_FIXTURES) +
+                                                       "/tokenizers/toy.json"));
+  const std::string dir = ptest::scratch_dir("toy_tok");
+  const Tokenizer tok(ptest::write_bytes(dir, "tokenizer.json", fx["tokenizer"].dump()));
+  EXPECT_TRUE(tok.add_bos());
+  EXPECT_EQ(tok.bos_id(), 270);
+  size_t ok = 0, n = 0;
+  for (const auto& c : fx["cases"]) {
+    const std::string text = c["text"].get<std::string>();
+    const Ids want = c["ids"].get<Ids>();
+    const Ids got = tok.encode(text);
+    const bool same = got == want && tok.encode(text, true) == c["ids_special"].get<Ids>() &&
+                      tok.decode(want) == c["decoded"].get<std::string>();
+    EXPECT_TRUE(same) << "'" << text << "'\n  want " << show(want) << "\n  got  " << show(got)
+                      << "\n  decoded '" << tok.decode(want) << "' want '"
+                      << c["decoded"].get<std::string>() << "'";
+    ok += same;
+    ++n;
+  }
+  std::cout << "toy tokenizer.json vs HF tokenizers: " << ok << "/" << n << "\n";
+  EXPECT_GE(n, 80u);
+}
+
 TEST(TokenizerJson, SmolLM2ReferenceIds) {
   ASSERT_TRUE(file_exists(smollm2_json())) << smollm2_json() << " missing";
   const Tokenizer& tok = cached(smollm2_json());
