@@ -363,6 +363,11 @@ SentencePieceModel::PieceType SentencePieceModel::type(int64_t id) const {
   return pieces_[static_cast<size_t>(id)].type;
 }
 
+float SentencePieceModel::score(int64_t id) const {
+  (void)piece(id);  // range check with a clear error
+  return pieces_[static_cast<size_t>(id)].score;
+}
+
 int64_t SentencePieceModel::piece_id(const std::string& p) const {
   for (size_t i = 0; i < pieces_.size(); ++i)
     if (pieces_[i].text == p) return static_cast<int64_t>(i);

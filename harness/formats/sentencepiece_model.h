@@ -33,6 +33,7 @@ class SentencePieceModel {
   std::string decode(const std::vector<int64_t>& ids) const;
   const std::string& piece(int64_t id) const;
   PieceType type(int64_t id) const;  // throws for an id out of range
+  float score(int64_t id) const;     // throws for an id out of range
   int64_t piece_id(const std::string& piece) const;  // -1 when absent
   int64_t vocab_size() const { return static_cast<int64_t>(pieces_.size()); }
   int64_t bos_id() const { return bos_id_; }
