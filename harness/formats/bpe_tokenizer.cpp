@@ -56,16 +56,21 @@ const char* const kMetaspace = "\xE2\x96\x81";
 
 BpeTokenizer::BpeTokenizer(TokenizerSpec spec) : spec_(std::move(spec)) {
   const std::string& src = spec_.source;
+  // Errors name the field as the source file spells it.
+  const bool gguf = spec_.format == "gguf";
+  const char* const vocab_key = gguf ? "tokenizer.ggml.tokens" : "model.vocab";
+  const char* const merges_key = gguf ? "tokenizer.ggml.merges" : "model.merges";
+  const char* const added_key = gguf ? "tokenizer.ggml.token_type" : "added_tokens";
   const int64_t n_model = static_cast<int64_t>(spec_.tokens.size());
-  KVB_CHECK(n_model > 0, src, ": model.vocab is empty");
-  KVB_CHECK(n_model <= kMaxTokenizerVocab, src, ": model.vocab has ", n_model,
+  KVB_CHECK(n_model > 0, src, ": ", vocab_key, " is empty");
+  KVB_CHECK(n_model <= kMaxTokenizerVocab, src, ": ", vocab_key, " has ", n_model,
             " tokens, more than the ", kMaxTokenizerVocab, " any real tokenizer has");
   int64_t n = n_model;
   for (const AddedToken& a : spec_.added) {
-    KVB_CHECK(a.id >= 0 && a.id < kMaxTokenizerVocab, src, ": added_tokens: id ", a.id,
+    KVB_CHECK(a.id >= 0 && a.id < kMaxTokenizerVocab, src, ": ", added_key, ": id ", a.id,
               " of '", a.content, "' is outside [0, ", kMaxTokenizerVocab, ")");
-    KVB_CHECK(!a.content.empty(), src, ": added_tokens: token ", a.id, " has empty content");
-    KVB_CHECK(static_cast<int64_t>(a.content.size()) <= kMaxTokenBytes, src, ": added_tokens: token ",
+    KVB_CHECK(!a.content.empty(), src, ": ", added_key, ": token ", a.id, " has empty content");
+    KVB_CHECK(static_cast<int64_t>(a.content.size()) <= kMaxTokenBytes, src, ": ", added_key, ": token ",
               a.id, " is longer than ", kMaxTokenBytes, " bytes");
     n = std::max(n, a.id + 1);
   }
@@ -74,10 +79,10 @@ BpeTokenizer::BpeTokenizer(TokenizerSpec spec) : spec_(std::move(spec)) {
   vocab_.reserve(static_cast<size_t>(n_model));
   for (int64_t id = 0; id < n_model; ++id) {
     const std::string& t = spec_.tokens[static_cast<size_t>(id)];
-    KVB_CHECK(static_cast<int64_t>(t.size()) <= kMaxTokenBytes, src, ": model.vocab: token ", id,
+    KVB_CHECK(static_cast<int64_t>(t.size()) <= kMaxTokenBytes, src, ": ", vocab_key, ": token ", id,
               " is longer than ", kMaxTokenBytes, " bytes");
     KVB_CHECK(vocab_.emplace(t, static_cast<int32_t>(id)).second, src,
-              ": model.vocab: duplicate token '", t, "' (ids ", vocab_[t], " and ", id, ")");
+              ": ", vocab_key, ": duplicate token '", t, "' (ids ", vocab_[t], " and ", id, ")");
     tokens_[static_cast<size_t>(id)] = t;
     filled[static_cast<size_t>(id)] = 1;
   }
@@ -85,8 +90,8 @@ BpeTokenizer::BpeTokenizer(TokenizerSpec spec) : spec_(std::move(spec)) {
   for (const AddedToken& a : spec_.added) {
     const size_t id = static_cast<size_t>(a.id);
     if (filled[id]) {
-      KVB_CHECK(tokens_[id] == a.content, src, ": added_tokens: id ", a.id, " is '", a.content,
-                "' but model.vocab has '", tokens_[id], "' there");
+      KVB_CHECK(tokens_[id] == a.content, src, ": ", added_key, ": id ", a.id, " is '", a.content,
+                "' but ", vocab_key, " has '", tokens_[id], "' there");
     }
     tokens_[id] = a.content;
     filled[id] = 1;
@@ -96,7 +101,7 @@ BpeTokenizer::BpeTokenizer(TokenizerSpec spec) : spec_(std::move(spec)) {
     KVB_CHECK(filled[id], src, ": token id ", id, " has no token (neither model.vocab nor added_tokens)");
   for (size_t id = 0; id < tokens_.size(); ++id) {
     auto ins = piece_ids_.emplace(tokens_[id], static_cast<int32_t>(id));
-    KVB_CHECK(ins.second || static_cast<int64_t>(id) < n_model, src, ": added_tokens: '", tokens_[id],
+    KVB_CHECK(ins.second || static_cast<int64_t>(id) < n_model, src, ": ", added_key, ": '", tokens_[id],
               "' (id ", id, ") duplicates token ", ins.first->second);
   }
 
@@ -104,10 +109,10 @@ BpeTokenizer::BpeTokenizer(TokenizerSpec spec) : spec_(std::move(spec)) {
   for (size_t r = 0; r < spec_.merges.size(); ++r) {
     const auto& m = spec_.merges[r];
     auto a = vocab_.find(m.first), b = vocab_.find(m.second), ab = vocab_.find(m.first + m.second);
-    KVB_CHECK(a != vocab_.end() && b != vocab_.end(), src, ": model.merges[", r, "] ('", m.first,
-              "' '", m.second, "') names a token not in model.vocab");
-    KVB_CHECK(ab != vocab_.end(), src, ": model.merges[", r, "] ('", m.first, "' '", m.second,
-              "') makes '", m.first + m.second, "', which is not in model.vocab");
+    KVB_CHECK(a != vocab_.end() && b != vocab_.end(), src, ": ", merges_key, "[", r, "] ('",
+              m.first, "' '", m.second, "') names a token not in ", vocab_key);
+    KVB_CHECK(ab != vocab_.end(), src, ": ", merges_key, "[", r, "] ('", m.first, "' '",
+              m.second, "') makes '", m.first + m.second, "', which is not in ", vocab_key);
     // Later duplicates win, as in tokenizers' merge map.
     merges_[pair_key(a->second, b->second)] = {static_cast<int32_t>(r), ab->second};
   }
