@@ -159,6 +159,9 @@ std::string find_tokenizer(const std::string& dir, int64_t vocab) {
   if (file_exists(p)) return p;
   auto models = list_dir(dir, ".model");
   if (models.size() == 1) return dir + "/" + models[0];
+  // A Hugging Face tokenizer.json when there is no SentencePiece model (Llama 3, Qwen2, SmolLM2).
+  p = dir + "/tokenizer.json";
+  if (file_exists(p)) return p;
   return "";
 }
 
@@ -382,6 +385,31 @@ std::shared_ptr<Model> load_model(const std::string& spec, const LoadOptions& op
   if (opts.rope_table_len > 0) m->ensure_rope_len(opts.rope_table_len);
   finish_weights(*m);
   return m;
+}
+
+std::string resolve_tokenizer_path(const std::string& spec, const std::string& models_dir) {
+  // The same dispatch as load_model, reading only config.json or the llama2.c header for the vocab.
+  const std::string path = resolve_model_path(spec, models_dir);
+  KVB_CHECK(!starts_with(path, "synthetic:"), path, ": a synthetic model has no tokenizer");
+  std::string tok;
+  if (dir_exists(path) && file_exists(path + "/config.json")) {
+    tok = find_tokenizer(path, load_hf_config(path + "/config.json").vocab_size);
+  } else {
+    std::string bin = path;
+    if (dir_exists(path)) {
+      std::vector<std::string> bins;
+      for (const auto& b : list_dir(path, ".bin"))
+        if (!starts_with(b, "tok")) bins.push_back(b);
+      KVB_CHECK(bins.size() == 1, path, ": no config.json, and ",
+                bins.empty() ? "no llama2.c .bin file" : "several .bin files (name one)");
+      bin = path + "/" + bins[0];
+    }
+    MappedFile file(bin);
+    const Llama2cLayout L = parse_llama2c_header(file.data(), file.size(), bin);
+    tok = find_tokenizer(dir_of(bin), L.config.vocab_size);
+  }
+  KVB_CHECK(!tok.empty(), path, ": no tokenizer.model or tokenizer.json found beside the model");
+  return tok;
 }
 
 }  // namespace kvb
