@@ -136,16 +136,64 @@ def toy_tokenizer():
     }
 
 
+def toy_spm_tokenizer():
+    """A SentencePiece-style tokenizer.json (the Llama 2 converter's shape) with a normalized added
+    token, whose content tokenizers normalizes (Prepend included) before matching, and an rstrip one."""
+    sp = "\u2581"
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2}
+    for b in range(256):
+        vocab[f"<0x{b:02X}>"] = len(vocab)
+    for c in [sp, "a", "b", "d", "e", "h", "l", "o", "r", "t", "w", "x", "<", ">"]:
+        vocab[c] = len(vocab)
+    merges = [[sp, "t"], ["h", "e"], [sp + "t", "he"], ["l", "l"], [sp, "w"], ["o", "r"],
+              [sp + "w", "or"], ["l", "d"], [sp + "wor", "ld"], ["h", "e"], [sp, "h"], ["e", "ll"],
+              [sp + "h", "ell"], [sp + "hell", "o"]]
+    for a, b in merges:
+        vocab.setdefault(a + b, len(vocab))
+    n = len(vocab)
+    added = [{"id": 0, "content": "<unk>", "special": True, "normalized": False},
+             {"id": 1, "content": "<s>", "special": True, "normalized": False},
+             {"id": 2, "content": "</s>", "special": True, "normalized": False},
+             {"id": n, "content": "<x>", "special": False, "normalized": True},
+             {"id": n + 1, "content": "[y]", "special": False, "normalized": False, "rstrip": True}]
+    for a in added:
+        for k in ["single_word", "lstrip", "rstrip"]:
+            a.setdefault(k, False)
+    return {
+        "version": "1.0", "truncation": None, "padding": None, "added_tokens": added,
+        "normalizer": {"type": "Sequence", "normalizers": [
+            {"type": "Prepend", "prepend": sp},
+            {"type": "Replace", "pattern": {"String": " "}, "content": sp}]},
+        "pre_tokenizer": None,
+        "post_processor": {"type": "TemplateProcessing",
+                           "single": [{"SpecialToken": {"id": "<s>", "type_id": 0}},
+                                      {"Sequence": {"id": "A", "type_id": 0}}],
+                           "pair": [{"Sequence": {"id": "A", "type_id": 0}},
+                                    {"Sequence": {"id": "B", "type_id": 1}}],
+                           "special_tokens": {"<s>": {"id": "<s>", "ids": [1], "tokens": ["<s>"]}}},
+        "decoder": {"type": "Sequence", "decoders": [
+            {"type": "Replace", "pattern": {"String": sp}, "content": " "},
+            {"type": "ByteFallback"}, {"type": "Fuse"},
+            {"type": "Strip", "content": " ", "start": 1, "stop": 0}]},
+        "model": {"type": "BPE", "dropout": None, "unk_token": "<unk>",
+                  "continuing_subword_prefix": None, "end_of_word_suffix": None, "fuse_unk": True,
+                  "byte_fallback": True, "ignore_merges": False, "vocab": vocab, "merges": merges},
+    }
+
+
+TOY_SPM_CASES = ["the world", "hello world", "hello <x> there", "hello<x>there", "<x>hello",
+                 " <x>", "a [y]   b", "zzz \U0001F999 qq", "<s>the", "the <s> the", "  two  spaces ",
+                 "", " ", "\u2581hello", "hello\nworld", "<x><x>", "caf\u00e9 \u4e2d"]
+
+
 TOY_CASES = ["the word", "a <mask> b", "x  <mask>y", "[R]   z", "a[R] \n b", "sword word words",
              "word", "_word_", "wordy", "(word)", "the<n>the", "caf\u00e9! cafe\u0301! e\u0301!",
              "123 12345 1234567", "ab12cd", "<s>the", "the <s> the", "<mask><mask>", "   ",
              "\n\n\n", "thing thing", "word<mask>word"]
 
 
-def write_toy(path, strings):
-    doc = toy_tokenizer()
+def write_toy(path, strings, doc, cases):
     tok = Tokenizer.from_str(json.dumps(doc))
-    cases = TOY_CASES + strings[:60]
     out = {"generator": "scripts/tokenizer-reference.py", "tokenizers_version": tokenizers.__version__,
            "tokenizer": doc, "cases": [
                {"text": t, "ids": tok.encode(t, add_special_tokens=False).ids,
@@ -195,7 +243,10 @@ def main():
             blocks.append(f'    "{name}": [\n{rows}\n    ]')
         f.write(",\n".join(blocks))
         f.write("\n  }\n}\n")
-    write_toy(os.path.join(os.path.dirname(args.out), "toy.json"), strings)
+    fixtures = os.path.dirname(args.out)
+    write_toy(os.path.join(fixtures, "toy.json"), strings, toy_tokenizer(), TOY_CASES + strings[:60])
+    write_toy(os.path.join(fixtures, "toy_spm.json"), strings, toy_spm_tokenizer(),
+              TOY_SPM_CASES + strings[:40])
     total = sum(len(x) for v in doc["ids"].values() for x in v)
     print(f"wrote {args.out}: {len(strings)} strings, {total} ids, tokenizers {tokenizers.__version__}",
           file=sys.stderr)

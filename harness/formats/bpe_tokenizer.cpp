@@ -128,13 +128,16 @@ BpeTokenizer::BpeTokenizer(TokenizerSpec spec) : spec_(std::move(spec)) {
   KVB_CHECK(!spec_.add_bos || spec_.bos_id >= 0, src, ": post_processor adds a BOS but none is known");
   KVB_CHECK(!spec_.add_eos || spec_.eos_id >= 0, src, ": post_processor adds an EOS but none is known");
 
-  for (const AddedToken& a : spec_.added)
-    added_by_byte_[a.normalized ? 1 : 0][static_cast<uint8_t>(a.content[0])].push_back(
-        static_cast<int32_t>(a.id));
+  for (const AddedToken& a : spec_.added) {
+    const std::string text = a.normalized ? normalize(a.content) : a.content;
+    if (text.empty()) continue;
+    if (text != a.content) decode_as_[static_cast<int32_t>(a.id)] = text;
+    added_by_byte_[a.normalized ? 1 : 0][static_cast<uint8_t>(text[0])].push_back({text, &a});
+  }
   for (auto& pass : added_by_byte_)
     for (auto& v : pass)
-      std::stable_sort(v.begin(), v.end(), [&](int32_t x, int32_t y) {
-        return tokens_[static_cast<size_t>(x)].size() > tokens_[static_cast<size_t>(y)].size();
+      std::stable_sort(v.begin(), v.end(), [](const AddedMatch& x, const AddedMatch& y) {
+        return x.text.size() > y.text.size();
       });
 }
 
@@ -169,22 +172,19 @@ void BpeTokenizer::find_added(const std::string& s, bool normalized, std::vector
   size_t last_end = 0;
   for (size_t i = 0; i < s.size();) {
     const auto& cands = by_byte[static_cast<uint8_t>(s[i])];
-    int32_t hit = -1;
-    for (int32_t id : cands) {  // longest first: leftmost-longest as tokenizers' Aho-Corasick
-      const std::string& c = tokens_[static_cast<size_t>(id)];
-      if (s.compare(i, c.size(), c) == 0) {
-        hit = id;
+    const AddedMatch* hit = nullptr;
+    for (const AddedMatch& c : cands) {  // longest first: leftmost-longest as tokenizers' Aho-Corasick
+      if (s.compare(i, c.text.size(), c.text) == 0) {
+        hit = &c;
         break;
       }
     }
-    if (hit < 0) {
+    if (hit == nullptr) {
       ++i;
       continue;
     }
-    const AddedToken* tok = nullptr;
-    for (const AddedToken& a : spec_.added)
-      if (a.id == hit) tok = &a;
-    size_t begin = i, end = i + tokens_[static_cast<size_t>(hit)].size();
+    const AddedToken* tok = hit->token;
+    size_t begin = i, end = i + hit->text.size();
     if (tok->single_word) {
       const bool left_ok = begin == 0 || !is_word_char(last_cp(s, begin));
       const bool right_ok = end == s.size() || !is_word_char(first_cp(s, end));
@@ -203,7 +203,7 @@ void BpeTokenizer::find_added(const std::string& s, bool normalized, std::vector
     if (tok->rstrip) {
       while (end < s.size() && uni_is_whitespace(first_cp(s, end))) end += utf8_valid_len(s, end);
     }
-    out->push_back({begin, end, hit});
+    out->push_back({begin, end, static_cast<int32_t>(tok->id)});
     last_end = end;
     i = end;
   }
@@ -387,6 +387,13 @@ void BpeTokenizer::encode_word(const std::string& w, std::vector<int64_t>* ids) 
   }
 }
 
+const std::string& BpeTokenizer::decode_text(int64_t id) const {
+  const std::string& t = piece(id);  // range check with a clear error
+  if (decode_as_.empty()) return t;
+  auto it = decode_as_.find(static_cast<int32_t>(id));
+  return it == decode_as_.end() ? t : it->second;
+}
+
 std::string BpeTokenizer::decode(const std::vector<int64_t>& ids, bool skip_special) const {
   std::string out;
   if (spec_.byte_level) {
@@ -397,7 +404,7 @@ std::string BpeTokenizer::decode(const std::vector<int64_t>& ids, bool skip_spec
     std::vector<uint32_t> cps;
     std::vector<size_t> off;
     for (int64_t id : ids) {
-      const std::string& t = piece(id);
+      const std::string& t = decode_text(id);
       if (skip_special && is_special(id)) continue;
       utf8_decode(t, &cps, &off);
       std::string mapped;
@@ -435,7 +442,7 @@ std::string BpeTokenizer::decode(const std::vector<int64_t>& ids, bool skip_spec
     n_pending = 0;
   };
   for (int64_t id : ids) {
-    const std::string& t = piece(id);
+    const std::string& t = decode_text(id);
     if (skip_special && is_special(id)) continue;
     const int v = byte_token_value(t);
     if (v >= 0) {

@@ -21,6 +21,8 @@ class BpeTokenizer : public TokenizerBackend {
   // Validates the spec (every merge names vocabulary tokens, ids in range, no duplicate tokens...)
   // and throws kvb::Error naming spec.source and the field.
   explicit BpeTokenizer(TokenizerSpec spec);
+  BpeTokenizer(const BpeTokenizer&) = delete;  // added_by_byte_ points into spec_
+  BpeTokenizer& operator=(const BpeTokenizer&) = delete;
 
   std::vector<int64_t> encode(const std::string& text) const override;
   std::string decode(const std::vector<int64_t>& ids, bool skip_special) const override;
@@ -46,6 +48,7 @@ class BpeTokenizer : public TokenizerBackend {
   void encode_segment(const std::string& s, bool first_segment, std::vector<int64_t>* ids) const;
   void encode_word(const std::string& w, std::vector<int64_t>* ids) const;
   std::string normalize(const std::string& s) const;
+  const std::string& decode_text(int64_t id) const;
 
   TokenizerSpec spec_;
   std::vector<std::string> tokens_;                 // id -> token (model and added tokens)
@@ -53,8 +56,16 @@ class BpeTokenizer : public TokenizerBackend {
   std::unordered_map<std::string, int32_t> piece_ids_;  // every token, added ones included
   std::unordered_map<uint64_t, std::pair<int32_t, int32_t>> merges_;  // (left, right) -> rank, id
   std::vector<uint8_t> special_;                                      // by id
-  // Added tokens by their first byte, longest first, for the raw and the normalized pass.
-  std::vector<int32_t> added_by_byte_[2][256];
+  // Added tokens by the first byte of the text they match, longest first, for the raw pass and the
+  // normalized pass (a normalized token matches its content normalized, as tokenizers does).
+  struct AddedMatch {
+    std::string text;
+    const AddedToken* token;
+  };
+  std::vector<AddedMatch> added_by_byte_[2][256];
+  // Normalized added tokens decode as their normalized content (what tokenizers 0.23 does: a
+  // Prepend normalizer's U+2581 comes back as a space).
+  std::unordered_map<int32_t, std::string> decode_as_;
   int32_t byte_ids_[256];  // <0xXX> tokens for byte fallback, -1 when absent
   mutable std::mutex cache_mu_;
   mutable std::unordered_map<std::string, std::vector<int32_t>> cache_;

@@ -139,28 +139,32 @@ TEST(TokenizerJson, MatchesHfTokenizersOnFuzzFixture) {
 // A small tokenizer.json built by the script (toy.json) with what the real files lack: lstrip,
 // rstrip, single_word and normalized added tokens, Digits runs, ByteLevel with add_prefix_space and
 // its own regex, [a, b] merges, a TemplateProcessing BOS; HF's ids, BOS ids and decoded text.
-TEST(TokenizerJson, ToyTokenizerFlagsMatchHfTokenizers) {
-  const auto fx = nlohmann::json::parse(read_text_file(std::string(KVB_TEST_FIXTURES) +
-                                                       "/tokenizers/toy.json"));
-  const std::string dir = ptest::scratch_dir("toy_tok");
-  const Tokenizer tok(ptest::write_bytes(dir, "tokenizer.json", fx["tokenizer"].dump()));
-  EXPECT_TRUE(tok.add_bos());
-  EXPECT_EQ(tok.bos_id(), 270);
-  size_t ok = 0, n = 0;
-  for (const auto& c : fx["cases"]) {
-    const std::string text = c["text"].get<std::string>();
-    const Ids want = c["ids"].get<Ids>();
-    const Ids got = tok.encode(text);
-    const bool same = got == want && tok.encode(text, true) == c["ids_special"].get<Ids>() &&
-                      tok.decode(want) == c["decoded"].get<std::string>();
-    EXPECT_TRUE(same) << "'" << text << "'\n  want " << show(want) << "\n  got  " << show(got)
-                      << "\n  decoded '" << tok.decode(want) << "' want '"
-                      << c["decoded"].get<std::string>() << "'";
-    ok += same;
-    ++n;
+TEST(TokenizerJson, ToyTokenizersMatchHfTokenizers) {
+  // toy.json: byte-level; toy_spm.json: SentencePiece-style (Prepend + Replace, byte fallback, a
+  // normalized added token that tokenizers matches in its normalized form "\u2581<x>").
+  for (const auto& [file, bos] : {std::pair<std::string, int64_t>{"toy.json", 270}, {"toy_spm.json", 1}}) {
+    const auto fx = nlohmann::json::parse(read_text_file(std::string(KVB_TEST_FIXTURES) +
+                                                         "/tokenizers/" + file));
+    const std::string dir = ptest::scratch_dir("toy_tok");
+    const Tokenizer tok(ptest::write_bytes(dir, "tokenizer.json", fx["tokenizer"].dump()));
+    EXPECT_TRUE(tok.add_bos());
+    EXPECT_EQ(tok.bos_id(), bos);
+    size_t ok = 0, n = 0;
+    for (const auto& c : fx["cases"]) {
+      const std::string text = c["text"].get<std::string>();
+      const Ids want = c["ids"].get<Ids>();
+      const Ids got = tok.encode(text);
+      const bool same = got == want && tok.encode(text, true) == c["ids_special"].get<Ids>() &&
+                        tok.decode(want) == c["decoded"].get<std::string>();
+      EXPECT_TRUE(same) << file << " '" << text << "'\n  want " << show(want) << "\n  got  "
+                        << show(got) << "\n  decoded '" << tok.decode(want) << "' want '"
+                        << c["decoded"].get<std::string>() << "'";
+      ok += same;
+      ++n;
+    }
+    std::cout << file << " vs HF tokenizers: " << ok << "/" << n << "\n";
+    EXPECT_GE(n, 50u);
   }
-  std::cout << "toy tokenizer.json vs HF tokenizers: " << ok << "/" << n << "\n";
-  EXPECT_GE(n, 80u);
 }
 
 TEST(TokenizerJson, SmolLM2ReferenceIds) {
