@@ -1,9 +1,8 @@
 // `kvbench tokenize`: text to ids (or ids to text) with a model's or a file's tokenizer, as JSON.
 
 #include <iostream>
-#include <sstream>
-
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "harness/cli/cli_common.h"
 #include "harness/common/error.h"
@@ -39,8 +38,9 @@ std::vector<int64_t> parse_ids(const std::string& s) {
 void register_tokenize(CLI::App& app) {
   auto a = std::make_shared<TokenizeArgs>();
   CLI::App* sub = app.add_subcommand(
-      "tokenize", "encode --text to token ids (or decode --ids to text) with a model's or a file's "
-                  "tokenizer; prints JSON");
+      "tokenize",
+      "encode --text to token ids (or decode --ids to text) with a model's or a file's "
+      "tokenizer; prints JSON");
   auto* m = sub->add_option("--model,-m", a->model,
                             "model whose tokenizer to use (resolved as other commands do; weights "
                             "are not read)");

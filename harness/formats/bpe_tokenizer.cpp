@@ -42,8 +42,10 @@ int byte_token_value(const std::string& t) {
   int v = 0;
   for (int k = 3; k < 5; ++k) {
     const char c = t[k];
-    const int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10
-                : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+    const int d = c >= '0' && c <= '9'   ? c - '0'
+                  : c >= 'a' && c <= 'f' ? c - 'a' + 10
+                  : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                                         : -1;
     if (d < 0) return -1;
     v = v * 16 + d;
   }
@@ -67,11 +69,11 @@ BpeTokenizer::BpeTokenizer(TokenizerSpec spec) : spec_(std::move(spec)) {
             " tokens, more than the ", kMaxTokenizerVocab, " any real tokenizer has");
   int64_t n = n_model;
   for (const AddedToken& a : spec_.added) {
-    KVB_CHECK(a.id >= 0 && a.id < kMaxTokenizerVocab, src, ": ", added_key, ": id ", a.id,
-              " of '", a.content, "' is outside [0, ", kMaxTokenizerVocab, ")");
+    KVB_CHECK(a.id >= 0 && a.id < kMaxTokenizerVocab, src, ": ", added_key, ": id ", a.id, " of '",
+              a.content, "' is outside [0, ", kMaxTokenizerVocab, ")");
     KVB_CHECK(!a.content.empty(), src, ": ", added_key, ": token ", a.id, " has empty content");
-    KVB_CHECK(static_cast<int64_t>(a.content.size()) <= kMaxTokenBytes, src, ": ", added_key, ": token ",
-              a.id, " is longer than ", kMaxTokenBytes, " bytes");
+    KVB_CHECK(static_cast<int64_t>(a.content.size()) <= kMaxTokenBytes, src, ": ", added_key,
+              ": token ", a.id, " is longer than ", kMaxTokenBytes, " bytes");
     n = std::max(n, a.id + 1);
   }
   tokens_.assign(static_cast<size_t>(n), std::string());
@@ -79,10 +81,10 @@ BpeTokenizer::BpeTokenizer(TokenizerSpec spec) : spec_(std::move(spec)) {
   vocab_.reserve(static_cast<size_t>(n_model));
   for (int64_t id = 0; id < n_model; ++id) {
     const std::string& t = spec_.tokens[static_cast<size_t>(id)];
-    KVB_CHECK(static_cast<int64_t>(t.size()) <= kMaxTokenBytes, src, ": ", vocab_key, ": token ", id,
-              " is longer than ", kMaxTokenBytes, " bytes");
-    KVB_CHECK(vocab_.emplace(t, static_cast<int32_t>(id)).second, src,
-              ": ", vocab_key, ": duplicate token '", t, "' (ids ", vocab_[t], " and ", id, ")");
+    KVB_CHECK(static_cast<int64_t>(t.size()) <= kMaxTokenBytes, src, ": ", vocab_key, ": token ",
+              id, " is longer than ", kMaxTokenBytes, " bytes");
+    KVB_CHECK(vocab_.emplace(t, static_cast<int32_t>(id)).second, src, ": ", vocab_key,
+              ": duplicate token '", t, "' (ids ", vocab_[t], " and ", id, ")");
     tokens_[static_cast<size_t>(id)] = t;
     filled[static_cast<size_t>(id)] = 1;
   }
@@ -98,11 +100,12 @@ BpeTokenizer::BpeTokenizer(TokenizerSpec spec) : spec_(std::move(spec)) {
     special_[id] = a.special ? 1 : 0;
   }
   for (size_t id = 0; id < filled.size(); ++id)
-    KVB_CHECK(filled[id], src, ": token id ", id, " has no token (neither model.vocab nor added_tokens)");
+    KVB_CHECK(filled[id], src, ": token id ", id,
+              " has no token (neither model.vocab nor added_tokens)");
   for (size_t id = 0; id < tokens_.size(); ++id) {
     auto ins = piece_ids_.emplace(tokens_[id], static_cast<int32_t>(id));
-    KVB_CHECK(ins.second || static_cast<int64_t>(id) < n_model, src, ": ", added_key, ": '", tokens_[id],
-              "' (id ", id, ") duplicates token ", ins.first->second);
+    KVB_CHECK(ins.second || static_cast<int64_t>(id) < n_model, src, ": ", added_key, ": '",
+              tokens_[id], "' (id ", id, ") duplicates token ", ins.first->second);
   }
 
   merges_.reserve(spec_.merges.size());
@@ -111,8 +114,8 @@ BpeTokenizer::BpeTokenizer(TokenizerSpec spec) : spec_(std::move(spec)) {
     auto a = vocab_.find(m.first), b = vocab_.find(m.second), ab = vocab_.find(m.first + m.second);
     KVB_CHECK(a != vocab_.end() && b != vocab_.end(), src, ": ", merges_key, "[", r, "] ('",
               m.first, "' '", m.second, "') names a token not in ", vocab_key);
-    KVB_CHECK(ab != vocab_.end(), src, ": ", merges_key, "[", r, "] ('", m.first, "' '",
-              m.second, "') makes '", m.first + m.second, "', which is not in ", vocab_key);
+    KVB_CHECK(ab != vocab_.end(), src, ": ", merges_key, "[", r, "] ('", m.first, "' '", m.second,
+              "') makes '", m.first + m.second, "', which is not in ", vocab_key);
     // Later duplicates win, as in tokenizers' merge map.
     merges_[pair_key(a->second, b->second)] = {static_cast<int32_t>(r), ab->second};
   }
@@ -125,8 +128,10 @@ BpeTokenizer::BpeTokenizer(TokenizerSpec spec) : spec_(std::move(spec)) {
   for (int64_t x : {spec_.unk_id, spec_.bos_id, spec_.eos_id})
     KVB_CHECK(x >= -1 && x < n, src, ": special token id ", x, " is outside the vocabulary [0, ", n,
               ")");
-  KVB_CHECK(!spec_.add_bos || spec_.bos_id >= 0, src, ": post_processor adds a BOS but none is known");
-  KVB_CHECK(!spec_.add_eos || spec_.eos_id >= 0, src, ": post_processor adds an EOS but none is known");
+  KVB_CHECK(!spec_.add_bos || spec_.bos_id >= 0, src,
+            ": post_processor adds a BOS but none is known");
+  KVB_CHECK(!spec_.add_eos || spec_.eos_id >= 0, src,
+            ": post_processor adds an EOS but none is known");
 
   for (const AddedToken& a : spec_.added) {
     const std::string text = a.normalized ? normalize(a.content) : a.content;
@@ -167,13 +172,15 @@ std::vector<int64_t> BpeTokenizer::special_ids() const {
   return out;
 }
 
-void BpeTokenizer::find_added(const std::string& s, bool normalized, std::vector<Match>* out) const {
+void BpeTokenizer::find_added(const std::string& s, bool normalized,
+                              std::vector<Match>* out) const {
   const auto& by_byte = added_by_byte_[normalized ? 1 : 0];
   size_t last_end = 0;
   for (size_t i = 0; i < s.size();) {
     const auto& cands = by_byte[static_cast<uint8_t>(s[i])];
     const AddedMatch* hit = nullptr;
-    for (const AddedMatch& c : cands) {  // longest first: leftmost-longest as tokenizers' Aho-Corasick
+    for (const AddedMatch& c :
+         cands) {  // longest first: leftmost-longest as tokenizers' Aho-Corasick
       if (s.compare(i, c.text.size(), c.text) == 0) {
         hit = &c;
         break;
@@ -246,7 +253,8 @@ std::vector<int64_t> BpeTokenizer::encode(const std::string& text) const {
   std::vector<Match> raw;
   find_added(s, false, &raw);
   bool have_normalized_added = false;
-  for (const auto& v : added_by_byte_[1]) have_normalized_added = have_normalized_added || !v.empty();
+  for (const auto& v : added_by_byte_[1])
+    have_normalized_added = have_normalized_added || !v.empty();
   size_t pos = 0;
   auto text_segment = [&](size_t b, size_t e) {
     if (e <= b) return;
@@ -372,9 +380,11 @@ void BpeTokenizer::encode_word(const std::string& w, std::vector<int64_t>* ids) 
     syms[next_pos].len = 0;
     if (right.next >= 0) syms[right.next].prev = top.pos;
     if (cur.prev >= 0)
-      if (const auto* p = lookup(syms[cur.prev].id, cur.id)) queue.push({p->first, cur.prev, p->second});
+      if (const auto* p = lookup(syms[cur.prev].id, cur.id))
+        queue.push({p->first, cur.prev, p->second});
     if (cur.next >= 0)
-      if (const auto* q = lookup(cur.id, syms[cur.next].id)) queue.push({q->first, top.pos, q->second});
+      if (const auto* q = lookup(cur.id, syms[cur.next].id))
+        queue.push({q->first, top.pos, q->second});
   }
   std::vector<int32_t> out;
   for (const Sym& s : syms)
@@ -397,9 +407,9 @@ const std::string& BpeTokenizer::decode_text(int64_t id) const {
 std::string BpeTokenizer::decode(const std::vector<int64_t>& ids, bool skip_special) const {
   std::string out;
   if (spec_.byte_level) {
-    // tokenizers' ByteLevel decoder: each token's characters back to bytes (a token with a character
-    // outside the byte alphabet, e.g. an added token with a space, contributes its UTF-8 as is),
-    // then lossy UTF-8 over the whole.
+    // tokenizers' ByteLevel decoder: each token's characters back to bytes (a token with a
+    // character outside the byte alphabet, e.g. an added token with a space, contributes its UTF-8
+    // as is), then lossy UTF-8 over the whole.
     std::string bytes;
     std::vector<uint32_t> cps;
     std::vector<size_t> off;

@@ -51,8 +51,8 @@ class BpeTokenizer : public TokenizerBackend {
   const std::string& decode_text(int64_t id) const;
 
   TokenizerSpec spec_;
-  std::vector<std::string> tokens_;                 // id -> token (model and added tokens)
-  std::unordered_map<std::string, int32_t> vocab_;  // model vocabulary, token -> id
+  std::vector<std::string> tokens_;                     // id -> token (model and added tokens)
+  std::unordered_map<std::string, int32_t> vocab_;      // model vocabulary, token -> id
   std::unordered_map<std::string, int32_t> piece_ids_;  // every token, added ones included
   std::unordered_map<uint64_t, std::pair<int32_t, int32_t>> merges_;  // (left, right) -> rank, id
   std::vector<uint8_t> special_;                                      // by id

@@ -113,7 +113,8 @@ struct ByteTable {
     int extra = 0;
     for (int b = 0; b < 256; ++b) {
       const bool printable = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174);
-      const uint32_t cp = printable ? static_cast<uint32_t>(b) : static_cast<uint32_t>(256 + extra++);
+      const uint32_t cp =
+          printable ? static_cast<uint32_t>(b) : static_cast<uint32_t>(256 + extra++);
       utf8_append(cp, &chr[b]);
       byte_of[cp] = b;
     }
@@ -129,10 +130,14 @@ const char* const kMetaspace = "\xE2\x96\x81";
 }  // namespace
 
 bool split_regex_from_pattern(const std::string& pattern, SplitRegex* out) {
-  if (pattern == kGpt2Pattern) *out = SplitRegex::kGpt2;
-  else if (pattern == kLlama3Pattern) *out = SplitRegex::kLlama3;
-  else if (pattern == kQwen2Pattern) *out = SplitRegex::kQwen2;
-  else return false;
+  if (pattern == kGpt2Pattern)
+    *out = SplitRegex::kGpt2;
+  else if (pattern == kLlama3Pattern)
+    *out = SplitRegex::kLlama3;
+  else if (pattern == kQwen2Pattern)
+    *out = SplitRegex::kQwen2;
+  else
+    return false;
   return true;
 }
 
@@ -144,9 +149,15 @@ void split_by_regex(SplitRegex re, const std::string& s, std::vector<std::string
   for (size_t i = 0; i < t.n();) {
     size_t m = 0;
     switch (re) {
-      case SplitRegex::kGpt2: m = match_gpt2(t, i); break;
-      case SplitRegex::kLlama3: m = match_llama3(t, i, true); break;
-      case SplitRegex::kQwen2: m = match_llama3(t, i, false); break;
+      case SplitRegex::kGpt2:
+        m = match_gpt2(t, i);
+        break;
+      case SplitRegex::kLlama3:
+        m = match_llama3(t, i, true);
+        break;
+      case SplitRegex::kQwen2:
+        m = match_llama3(t, i, false);
+        break;
     }
     if (m == 0) {
       ++i;
@@ -197,8 +208,10 @@ void pre_tokenize(const std::vector<PreTokenizerStep>& steps, bool first_segment
           // HF applies the prefix space to every piece that reaches this step.
           std::string src = st.add_prefix_space && !s.empty() && s[0] != ' ' ? " " + s : s;
           std::vector<std::string> parts;
-          if (st.use_regex) split_by_regex(SplitRegex::kGpt2, src, &parts);
-          else parts.push_back(std::move(src));
+          if (st.use_regex)
+            split_by_regex(SplitRegex::kGpt2, src, &parts);
+          else
+            parts.push_back(std::move(src));
           for (const std::string& part : parts) {
             std::string mapped;
             mapped.reserve(part.size() * 2);
@@ -213,16 +226,19 @@ void pre_tokenize(const std::vector<PreTokenizerStep>& steps, bool first_segment
               s.compare(0, 3, kMetaspace) != 0)
             m = kMetaspace;
           for (char c : s) {
-            if (c == ' ') m += kMetaspace;
-            else m += c;
+            if (c == ' ')
+              m += kMetaspace;
+            else
+              m += c;
           }
           next.push_back(std::move(m));
           break;
         }
       }
     }
-    next.erase(std::remove_if(next.begin(), next.end(), [](const std::string& x) { return x.empty(); }),
-               next.end());
+    next.erase(
+        std::remove_if(next.begin(), next.end(), [](const std::string& x) { return x.empty(); }),
+        next.end());
     pieces->swap(next);
   }
 }

@@ -1,7 +1,8 @@
 #pragma once
 // The pre-tokenizers of Hugging Face `tokenizers` that real BPE checkpoints use, over UTF-8 pieces:
-// Split with the GPT-2 / Llama 3 / Qwen2 regexes (hand-written matchers over code points that follow
-// the regexes' alternation and backtracking exactly), Digits, ByteLevel and Metaspace. Torch-free.
+// Split with the GPT-2 / Llama 3 / Qwen2 regexes (hand-written matchers over code points that
+// follow the regexes' alternation and backtracking exactly), Digits, ByteLevel and Metaspace.
+// Torch-free.
 
 #include <cstdint>
 #include <string>
@@ -24,8 +25,8 @@ const std::string& byte_level_char(uint8_t b);
 int byte_level_byte(uint32_t cp);
 
 // Runs the steps in order; each step maps every piece to zero or more pieces. `pieces` holds valid
-// UTF-8 on entry; after a ByteLevel step pieces are in the GPT-2 byte alphabet. `first_segment`: the
-// segment starts the text (Metaspace's prepend_scheme "first").
+// UTF-8 on entry; after a ByteLevel step pieces are in the GPT-2 byte alphabet. `first_segment`:
+// the segment starts the text (Metaspace's prepend_scheme "first").
 void pre_tokenize(const std::vector<PreTokenizerStep>& steps, bool first_segment,
                   std::vector<std::string>* pieces);
 

@@ -12,7 +12,8 @@ namespace kvb {
 namespace {
 
 bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
 }  // namespace
@@ -24,7 +25,8 @@ Tokenizer::Tokenizer(const std::string& path) : path_(path) {
 #if KVB_HAVE_GGUF_READER
     impl_ = tokenizer_backend_from_gguf(GgufFile(path));
 #else
-    KVB_FAIL(path, ": GGUF tokenizers need the GGUF reader (harness/formats/gguf.cpp), which this "
+    KVB_FAIL(path,
+             ": GGUF tokenizers need the GGUF reader (harness/formats/gguf.cpp), which this "
              "build does not have");
 #endif
   } else {
@@ -34,8 +36,8 @@ Tokenizer::Tokenizer(const std::string& path) : path_(path) {
 }
 
 Tokenizer::Tokenizer(const std::string& bytes, const std::string& source) : path_(source) {
-  impl_ = std::make_shared<SentencePieceBackend>(std::make_shared<SentencePieceModel>(bytes, source),
-                                                 "sentencepiece");
+  impl_ = std::make_shared<SentencePieceBackend>(
+      std::make_shared<SentencePieceModel>(bytes, source), "sentencepiece");
 }
 
 Tokenizer::Tokenizer(const TokenizerSpec& spec) : path_(spec.source) {

@@ -1,8 +1,9 @@
 #pragma once
-// kvb::Tokenizer: the tokenizer every call site holds (by value; copies share one backend). The path
-// decides the backend:
+// kvb::Tokenizer: the tokenizer every call site holds (by value; copies share one backend). The
+// path decides the backend:
 //   - `*.model` (anything not below): SentencePiece ModelProto, read by sentencepiece_model.h;
-//   - `*.json` (`tokenizer.json`): a Hugging Face `tokenizers` BPE file, byte-level (GPT-2, Llama 3,
+//   - `*.json` (`tokenizer.json`): a Hugging Face `tokenizers` BPE file, byte-level (GPT-2, Llama
+//   3,
 //     Qwen2, SmolLM2) or SentencePiece-style (Llama 2, Mistral, TinyLlama), bpe_tokenizer.h;
 //   - `*.gguf`: the `tokenizer.ggml.*` metadata ("gpt2" byte-level BPE, "llama" SentencePiece).
 // Torch-free. Every backend throws kvb::Error naming the file and the field for a file it cannot
@@ -31,8 +32,8 @@ class Tokenizer {
   // A BPE tokenizer from an already-read vocabulary (tokenizer_spec.h); `spec.source` names it.
   explicit Tokenizer(const TokenizerSpec& spec);
 
-  // Text to ids. Added/special tokens written in the text become their ids (tokenizer.json / GGUF BPE,
-  // as HF `tokenizers` with add_special_tokens=False). `add_special`: also prepend BOS when
+  // Text to ids. Added/special tokens written in the text become their ids (tokenizer.json / GGUF
+  // BPE, as HF `tokenizers` with add_special_tokens=False). `add_special`: also prepend BOS when
   // add_bos() and append EOS when add_eos() (add_special_tokens=True).
   std::vector<int64_t> encode(const std::string& text, bool add_special = false) const;
   // Ids to text. Special tokens are written out unless `skip_special` (SentencePiece control pieces
@@ -50,8 +51,8 @@ class Tokenizer {
   bool add_eos() const { return impl_->add_eos(); }  // RobertaProcessing-style templates
   bool is_special(int64_t id) const { return impl_->is_special(id); }
   std::vector<int64_t> special_ids() const { return impl_->special_ids(); }
-  // The raw chat template (GGUF tokenizer.chat_template; tokenizer_config.json's chat_template beside
-  // a tokenizer.json), "" when none.
+  // The raw chat template (GGUF tokenizer.chat_template; tokenizer_config.json's chat_template
+  // beside a tokenizer.json), "" when none.
   const std::string& chat_template() const { return impl_->chat_template(); }
   // "sentencepiece", "tokenizer.json", "gguf" (the file format), then the model, e.g.
   // "tokenizer.json:bpe-byte-level".

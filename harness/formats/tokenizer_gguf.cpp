@@ -36,9 +36,10 @@ int64_t id_key(const GgufFile& f, const std::string& key, size_t n) {
 // writes it (llama.cpp's llama-vocab.cpp regexes are those same patterns).
 void set_pre_tokenizer(const GgufFile& f, TokenizerSpec* spec) {
   const std::string key = "tokenizer.ggml.pre";
-  KVB_CHECK(f.has(key), f.path(), ": ", key,
-            " is missing (llama.cpp then falls back to its 'default' regex set, which kvbench does not "
-            "implement)");
+  KVB_CHECK(
+      f.has(key), f.path(), ": ", key,
+      " is missing (llama.cpp then falls back to its 'default' regex set, which kvbench does not "
+      "implement)");
   const std::string pre = f.get_string(key);
   PreTokenizerStep split;
   split.type = PreTokenizerStep::Type::kSplit;
@@ -49,7 +50,8 @@ void set_pre_tokenizer(const GgufFile& f, TokenizerSpec* spec) {
     split.regex = SplitRegex::kLlama3;
     bytes.use_regex = false;
     spec->pre_tokenizers = {split, bytes};
-    spec->ignore_merges = true;  // llama.cpp sets ignore_merges for this pre type, as Llama 3's file
+    spec->ignore_merges =
+        true;  // llama.cpp sets ignore_merges for this pre type, as Llama 3's file
   } else if (pre == "qwen2") {
     split.regex = SplitRegex::kQwen2;
     bytes.use_regex = false;
@@ -115,7 +117,7 @@ std::shared_ptr<const TokenizerBackend> sentencepiece_from_gguf(const GgufFile& 
     have_bytes = have_bytes || types[i] == kTypeByte;
   }
   std::string trainer;
-  pb_uint(3, 2, &trainer);  // model_type BPE
+  pb_uint(3, 2, &trainer);                    // model_type BPE
   pb_uint(35, have_bytes ? 1 : 0, &trainer);  // byte_fallback, as llama.cpp uses byte tokens
   pb_bytes(2, trainer, &proto);
   std::string norm;
@@ -124,13 +126,14 @@ std::shared_ptr<const TokenizerBackend> sentencepiece_from_gguf(const GgufFile& 
   pb_uint(4, 0, &norm);  // llama.cpp never collapses whitespace
   pb_bytes(3, norm, &proto);
   auto model = std::make_shared<SentencePieceModel>(proto, f.path());
-  for (const auto& [key, id] : {std::pair<const char*, int64_t>{"tokenizer.ggml.bos_token_id",
-                                                                model->bos_id()},
-                                {"tokenizer.ggml.eos_token_id", model->eos_id()},
-                                {"tokenizer.ggml.unknown_token_id", model->unk_id()}}) {
+  for (const auto& [key, id] :
+       {std::pair<const char*, int64_t>{"tokenizer.ggml.bos_token_id", model->bos_id()},
+        {"tokenizer.ggml.eos_token_id", model->eos_id()},
+        {"tokenizer.ggml.unknown_token_id", model->unk_id()}}) {
     const int64_t want = id_key(f, key, n);
-    KVB_CHECK(want < 0 || want == id, f.path(), ": ", key, " = ", want, " but the vocabulary's own ",
-              "piece is ", id, " (only <s>/</s>/<unk> as those are supported)");
+    KVB_CHECK(want < 0 || want == id, f.path(), ": ", key, " = ", want,
+              " but the vocabulary's own ", "piece is ", id,
+              " (only <s>/</s>/<unk> as those are supported)");
   }
   return std::make_shared<SentencePieceBackend>(model, "gguf:sentencepiece",
                                                 f.get_bool_or("tokenizer.ggml.add_bos_token", true),

@@ -44,10 +44,13 @@ struct Reader {
               kMaxTokenizerVocab, ")");
     return x;
   }
-  std::string type(const json& obj, const std::string& where) const { return str(obj, "type", where); }
+  std::string type(const json& obj, const std::string& where) const {
+    return str(obj, "type", where);
+  }
 };
 
-void read_normalizer(const Reader& r, const json& n, const std::string& where, TokenizerSpec* spec) {
+void read_normalizer(const Reader& r, const json& n, const std::string& where,
+                     TokenizerSpec* spec) {
   if (n.is_null()) return;
   const std::string t = r.type(n, where);
   if (t == "Sequence") {
@@ -63,8 +66,8 @@ void read_normalizer(const Reader& r, const json& n, const std::string& where, T
     const json& pat = r.field(n, "pattern", where);
     KVB_CHECK(pat.is_object() && pat.contains("String") && pat["String"].is_string(), r.src, ": ",
               where, ".pattern: only a {\"String\": ...} pattern is supported");
-    spec->normalizers.push_back(
-        {NormalizerStep::Type::kReplace, pat["String"].get<std::string>(), r.str(n, "content", where)});
+    spec->normalizers.push_back({NormalizerStep::Type::kReplace, pat["String"].get<std::string>(),
+                                 r.str(n, "content", where)});
   } else {
     KVB_FAIL(r.src, ": ", where, ".type '", t,
              "' is not supported (supported: NFC, Prepend, Replace, Sequence)");
@@ -84,8 +87,8 @@ void read_pre_tokenizer(const Reader& r, const json& p, const std::string& where
     return;
   } else if (t == "Split") {
     const json& pat = r.field(p, "pattern", where);
-    KVB_CHECK(pat.is_object() && pat.contains("Regex") && pat["Regex"].is_string(), r.src, ": ", where,
-              ".pattern: only a {\"Regex\": ...} pattern is supported");
+    KVB_CHECK(pat.is_object() && pat.contains("Regex") && pat["Regex"].is_string(), r.src, ": ",
+              where, ".pattern: only a {\"Regex\": ...} pattern is supported");
     const std::string re = pat["Regex"].get<std::string>();
     KVB_CHECK(split_regex_from_pattern(re, &st.regex), r.src, ": ", where, ".pattern.Regex '", re,
               "' is not one kvbench implements (the GPT-2, Llama 3 and Qwen2 patterns)");
@@ -106,10 +109,13 @@ void read_pre_tokenizer(const Reader& r, const json& p, const std::string& where
     st.type = PreTokenizerStep::Type::kMetaspace;
     KVB_CHECK(r.str(p, "replacement", where) == kMetaspace, r.src, ": ", where,
               ".replacement: only U+2581 is supported");
-    KVB_CHECK(!r.flag(p, "split", where, false), r.src, ": ", where, ".split = true is not supported");
+    KVB_CHECK(!r.flag(p, "split", where, false), r.src, ": ", where,
+              ".split = true is not supported");
     std::string scheme = "always";
-    if (p.contains("prepend_scheme")) scheme = r.str(p, "prepend_scheme", where);
-    else if (!r.flag(p, "add_prefix_space", where, true)) scheme = "never";
+    if (p.contains("prepend_scheme"))
+      scheme = r.str(p, "prepend_scheme", where);
+    else if (!r.flag(p, "add_prefix_space", where, true))
+      scheme = "never";
     KVB_CHECK(scheme == "always" || scheme == "first" || scheme == "never", r.src, ": ", where,
               ".prepend_scheme '", scheme, "' is not one of always, first, never");
     st.add_prefix_space = scheme != "never";
@@ -156,7 +162,8 @@ void read_post_processor(const Reader& r, const json& p, const std::string& wher
         KVB_CHECK(!seen_a, r.src, ": ", w, ": a second sequence in a single template");
         seen_a = true;
       } else if (item.is_object() && item.contains("SpecialToken")) {
-        const int64_t id = special_token_id(r, specials, r.str(item["SpecialToken"], "id", w), where);
+        const int64_t id =
+            special_token_id(r, specials, r.str(item["SpecialToken"], "id", w), where);
         if (!seen_a) {
           spec->bos_id = id;
           spec->add_bos = true;
@@ -273,8 +280,9 @@ TokenizerSpec tokenizer_spec_from_json(const std::string& text, const std::strin
             ": model.dropout is set (BPE dropout is not deterministic; not supported)");
   for (const char* k : {"continuing_subword_prefix", "end_of_word_suffix"}) {
     auto it = model.find(k);
-    KVB_CHECK(it == model.end() || it->is_null() || (it->is_string() && it->get<std::string>().empty()),
-              source, ": model.", k, " is set (not supported)");
+    KVB_CHECK(
+        it == model.end() || it->is_null() || (it->is_string() && it->get<std::string>().empty()),
+        source, ": model.", k, " is set (not supported)");
   }
   spec.byte_fallback = r.flag(model, "byte_fallback", "model", false);
   spec.fuse_unk = r.flag(model, "fuse_unk", "model", false);
@@ -289,11 +297,12 @@ TokenizerSpec tokenizer_spec_from_json(const std::string& text, const std::strin
   std::vector<uint8_t> seen(vocab.size(), 0);
   for (auto it = vocab.begin(); it != vocab.end(); ++it) {
     const int64_t id = r.id(it.value(), "model.vocab['" + it.key() + "']");
-    KVB_CHECK(id < static_cast<int64_t>(vocab.size()), source, ": model.vocab['", it.key(), "'] = ", id,
-              " is outside [0, ", vocab.size(), ") (the vocabulary must number its tokens densely)");
+    KVB_CHECK(id < static_cast<int64_t>(vocab.size()), source, ": model.vocab['", it.key(),
+              "'] = ", id, " is outside [0, ", vocab.size(),
+              ") (the vocabulary must number its tokens densely)");
     KVB_CHECK(!seen[static_cast<size_t>(id)], source, ": model.vocab: id ", id,
-              " is given to two tokens ('", spec.tokens[static_cast<size_t>(id)], "' and '", it.key(),
-              "')");
+              " is given to two tokens ('", spec.tokens[static_cast<size_t>(id)], "' and '",
+              it.key(), "')");
     seen[static_cast<size_t>(id)] = 1;
     spec.tokens[static_cast<size_t>(id)] = it.key();
   }
@@ -309,7 +318,8 @@ TokenizerSpec tokenizer_spec_from_json(const std::string& text, const std::strin
       const size_t sp = s.find(' ');
       KVB_CHECK(sp != std::string::npos && sp > 0 && sp + 1 < s.size() &&
                     s.find(' ', sp + 1) == std::string::npos,
-                source, ": model.merges[", k, "] '", s, "' is not two tokens separated by one space");
+                source, ": model.merges[", k, "] '", s,
+                "' is not two tokens separated by one space");
       spec.merges.emplace_back(s.substr(0, sp), s.substr(sp + 1));
     } else {  // ["a", "b"] (tokenizers >= 0.20)
       KVB_CHECK(m.is_array() && m.size() == 2 && m[0].is_string() && m[1].is_string(), source,
@@ -345,13 +355,14 @@ TokenizerSpec tokenizer_spec_from_json(const std::string& text, const std::strin
   }
 
   if (j.contains("normalizer")) read_normalizer(r, j["normalizer"], "normalizer", &spec);
-  if (j.contains("pre_tokenizer")) read_pre_tokenizer(r, j["pre_tokenizer"], "pre_tokenizer", &spec);
+  if (j.contains("pre_tokenizer"))
+    read_pre_tokenizer(r, j["pre_tokenizer"], "pre_tokenizer", &spec);
   if (j.contains("post_processor"))
     read_post_processor(r, j["post_processor"], "post_processor", &spec);
   read_decoder(r, j.contains("decoder") ? j["decoder"] : json(), "decoder", &spec);
 
-  // Token names for ids the file does not assign: tokenizer_config.json when present, else the names
-  // these families use.
+  // Token names for ids the file does not assign: tokenizer_config.json when present, else the
+  // names these families use.
   auto id_of = [&](const std::string& name) -> int64_t {
     for (const AddedToken& a : spec.added)
       if (a.content == name) return a.id;
@@ -379,15 +390,15 @@ TokenizerSpec tokenizer_spec_from_json(const std::string& text, const std::strin
         KVB_CHECK(ct->is_array() && !ct->empty(), config_source,
                   ": chat_template is neither a string nor a list of named templates");
         for (const json& e : *ct) {
-          KVB_CHECK(e.is_object() && e.contains("template") && e["template"].is_string(), config_source,
-                    ": chat_template: an entry without a \"template\" string");
+          KVB_CHECK(e.is_object() && e.contains("template") && e["template"].is_string(),
+                    config_source, ": chat_template: an entry without a \"template\" string");
           if (spec.chat_template.empty() || (e.contains("name") && e["name"] == "default"))
             spec.chat_template = e["template"].get<std::string>();
         }
       }
     }
-    for (const auto& [key, name] : {std::pair<const char*, std::string>{"bos_token", cfg_bos},
-                                    {"eos_token", cfg_eos}})
+    for (const auto& [key, name] :
+         {std::pair<const char*, std::string>{"bos_token", cfg_bos}, {"eos_token", cfg_eos}})
       KVB_CHECK(name.empty() || id_of(name) >= 0, config_source, ": ", key, " '", name,
                 "' is not a token of ", source);
   }
@@ -428,8 +439,8 @@ TokenizerSpec tokenizer_spec_from_json(const std::string& text, const std::strin
 TokenizerSpec tokenizer_spec_from_json_file(const std::string& path) {
   KVB_CHECK(file_exists(path), path, ": tokenizer file not found");
   const size_t slash = path.find_last_of('/');
-  const std::string cfg =
-      (slash == std::string::npos ? std::string() : path.substr(0, slash + 1)) + "tokenizer_config.json";
+  const std::string cfg = (slash == std::string::npos ? std::string() : path.substr(0, slash + 1)) +
+                          "tokenizer_config.json";
   const std::string model_cfg =
       (slash == std::string::npos ? std::string() : path.substr(0, slash + 1)) + "config.json";
   const std::string cfg_text = file_exists(cfg) ? read_text_file(cfg) : std::string();

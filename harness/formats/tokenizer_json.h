@@ -1,10 +1,11 @@
 #pragma once
 // Reads a Hugging Face `tokenizers` file (`tokenizer.json`) into a TokenizerSpec: BPE models
-// (byte-level: GPT-2, Llama 3, Qwen2, SmolLM2; SentencePiece-style: Llama 2, Mistral, TinyLlama) with
-// the normalizers, pre-tokenizers, post-processors and decoders those files carry. Anything else (a
-// WordPiece or Unigram model, an unknown regex, a decoder we do not implement) is a kvb::Error naming
-// the file and the field, never an approximation. A `tokenizer_config.json` beside the file supplies
-// chat_template and the bos/eos names when present (then config.json's bos/eos ids). Torch-free.
+// (byte-level: GPT-2, Llama 3, Qwen2, SmolLM2; SentencePiece-style: Llama 2, Mistral, TinyLlama)
+// with the normalizers, pre-tokenizers, post-processors and decoders those files carry. Anything
+// else (a WordPiece or Unigram model, an unknown regex, a decoder we do not implement) is a
+// kvb::Error naming the file and the field, never an approximation. A `tokenizer_config.json`
+// beside the file supplies chat_template and the bos/eos names when present (then config.json's
+// bos/eos ids). Torch-free.
 
 #include <string>
 

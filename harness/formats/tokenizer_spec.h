@@ -11,8 +11,8 @@
 
 namespace kvb {
 
-// The pre-tokenizer regexes kvbench recognises, by their exact strings (pre_tokenizer.h matches them
-// by hand: they need \p{L}, \p{N} and lookahead, which std::regex lacks).
+// The pre-tokenizer regexes kvbench recognises, by their exact strings (pre_tokenizer.h matches
+// them by hand: they need \p{L}, \p{N} and lookahead, which std::regex lacks).
 enum class SplitRegex {
   kGpt2,    // 's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
   kLlama3,  // (?i:'s|...|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|...
@@ -22,7 +22,8 @@ enum class SplitRegex {
 struct PreTokenizerStep {
   enum class Type {
     kSplit,      // Split(Regex, Isolated): matches and the gaps between them become pieces
-    kByteLevel,  // ByteLevel: optional prefix space, optional GPT-2 regex split, bytes to GPT-2 chars
+    kByteLevel,  // ByteLevel: optional prefix space, optional GPT-2 regex split, bytes to GPT-2
+                 // chars
     kDigits,     // Digits: numeric characters split off, one by one or in runs
     kMetaspace,  // Metaspace: spaces to U+2581 (+ prefix U+2581 first / always), no split
   };
@@ -66,8 +67,8 @@ struct TokenizerSpec {
   bool fuse_unk = false;       // consecutive unknowns become one unk
   int64_t unk_id = -1;
 
-  // Decoding of the SentencePiece style (Replace U+2581 -> ' ', ByteFallback, Fuse, Strip one leading
-  // space); byte-level files decode through the GPT-2 byte alphabet instead.
+  // Decoding of the SentencePiece style (Replace U+2581 -> ' ', ByteFallback, Fuse, Strip one
+  // leading space); byte-level files decode through the GPT-2 byte alphabet instead.
   bool decode_strip_leading_space = false;
 
   int64_t bos_id = -1, eos_id = -1;

@@ -61,7 +61,8 @@ std::string utf8_lossy(const std::string& s) {
     const uint8_t b0 = static_cast<uint8_t>(s[i]);
     size_t need = 0;
     uint8_t lo = 0x80, hi = 0xBF;  // the allowed range of the second byte
-    if (b0 >= 0xC2 && b0 <= 0xDF) need = 1;
+    if (b0 >= 0xC2 && b0 <= 0xDF)
+      need = 1;
     else if (b0 >= 0xE0 && b0 <= 0xEF) {
       need = 2;
       if (b0 == 0xE0) lo = 0xA0;

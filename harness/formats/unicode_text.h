@@ -1,13 +1,13 @@
 #pragma once
 // UTF-8 and Unicode character properties for the tokenizers (pre_tokenizer.h, bpe_tokenizer.h).
 //
-// Why ICU (libicu-dev) rather than generated tables: the pre-tokenizer regexes of Llama 3, Qwen2 and
-// GPT-2 need the general categories L and N and White_Space, and Qwen2 normalizes to NFC; Hugging
-// Face `tokenizers` takes these from the Unicode tables of its Rust crates, and ICU is the maintained
-// implementation of the same tables (composition exclusions, canonical ordering included). Tables
-// generated into the tree would be a few hundred KB of data to keep in step by hand; ICU is one Debian
-// package. A mismatch between ICU's Unicode version and the reference's shows up as a fixture
-// disagreement in tests/base/test_tokenizer_json.cpp, not silently.
+// Why ICU (libicu-dev) rather than generated tables: the pre-tokenizer regexes of Llama 3, Qwen2
+// and GPT-2 need the general categories L and N and White_Space, and Qwen2 normalizes to NFC;
+// Hugging Face `tokenizers` takes these from the Unicode tables of its Rust crates, and ICU is the
+// maintained implementation of the same tables (composition exclusions, canonical ordering
+// included). Tables generated into the tree would be a few hundred KB of data to keep in step by
+// hand; ICU is one Debian package. A mismatch between ICU's Unicode version and the reference's
+// shows up as a fixture disagreement in tests/base/test_tokenizer_json.cpp, not silently.
 
 #include <cstddef>
 #include <cstdint>
@@ -21,8 +21,8 @@ namespace kvb {
 size_t utf8_valid_len(const std::string& s, size_t i);
 // Replaces every byte that starts no valid UTF-8 character with U+FFFD (one per byte).
 std::string utf8_sanitize(const std::string& s);
-// Lossy UTF-8 as Rust's String::from_utf8_lossy (and Python's errors="replace"): each maximal invalid
-// subsequence becomes one U+FFFD.
+// Lossy UTF-8 as Rust's String::from_utf8_lossy (and Python's errors="replace"): each maximal
+// invalid subsequence becomes one U+FFFD.
 std::string utf8_lossy(const std::string& s);
 // Decodes valid UTF-8 (as utf8_sanitize produces) to code points; offsets[k] is the byte offset of
 // code point k, offsets.back() == s.size().

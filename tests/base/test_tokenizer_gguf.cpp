@@ -94,10 +94,10 @@ TEST(TokenizerGguf, SmolLM2MatchesItsTokenizerJson) {
   EXPECT_EQ(g.special_ids().size(), 17u);
   EXPECT_EQ(g.chat_template().rfind("{% for message in messages %}", 0), 0u) << g.chat_template();
   EXPECT_EQ(g.encode("One day, a clever fox found a shiny key under the old oak tree."),
-            (Ids{2705, 1194, 28, 253, 15355, 16438, 983, 253, 20581, 1646, 656, 260, 1573, 16033, 3187,
-                 30}));
-  const auto fx = nlohmann::json::parse(read_text_file(std::string(KVB_TEST_FIXTURES) +
-                                                       "/tokenizers/fuzz.json"));
+            (Ids{2705, 1194, 28, 253, 15355, 16438, 983, 253, 20581, 1646, 656, 260, 1573, 16033,
+                 3187, 30}));
+  const auto fx = nlohmann::json::parse(
+      read_text_file(std::string(KVB_TEST_FIXTURES) + "/tokenizers/fuzz.json"));
   const auto strings = fx["strings"].get<std::vector<std::string>>();
   const auto want = fx["ids"]["smollm2"].get<std::vector<Ids>>();
   size_t ok = 0;
@@ -135,9 +135,11 @@ TEST(TokenizerGguf, LlamaVocabularyEncodesAsSentencePiece) {
   EXPECT_EQ(g.kind(), "gguf:sentencepiece");
   EXPECT_TRUE(g.add_bos());
   EXPECT_EQ(g.chat_template(), "{{ bos_token }}");
-  std::string book = read_text_file(ptest::data_dir() + "/tinystories-valid-sample/tinystories_val.txt");
+  std::string book =
+      read_text_file(ptest::data_dir() + "/tinystories-valid-sample/tinystories_val.txt");
   book.resize(std::min<size_t>(book.size(), 20000));
-  for (const std::string& t : {book, std::string("  two leading spaces, naïve café 🦙"), std::string()})
+  for (const std::string& t :
+       {book, std::string("  two leading spaces, naïve café 🦙"), std::string()})
     EXPECT_EQ(g.encode(t), ref.encode(t));
   EXPECT_EQ(g.encode("Hi", true), (Ids{1, 6324}));
 }
@@ -154,7 +156,8 @@ TEST(TokenizerGguf, RefusesUnknownModelsAndPreTokenizers) {
   };
   expect_error(ptest::write_bytes(dir, "default.gguf", gpt2("default").bytes()),
                "tokenizer.ggml.pre 'default' is not supported");
-  expect_error(ptest::write_bytes(dir, "nopre.gguf", gpt2("").bytes()), "tokenizer.ggml.pre is missing");
+  expect_error(ptest::write_bytes(dir, "nopre.gguf", gpt2("").bytes()),
+               "tokenizer.ggml.pre is missing");
   GgufWriter bert;
   bert.s("tokenizer.ggml.model", "bert");
   expect_error(ptest::write_bytes(dir, "bert.gguf", bert.bytes()), "tokenizer.ggml.model 'bert'");
@@ -167,7 +170,8 @@ TEST(TokenizerGguf, RefusesUnknownModelsAndPreTokenizers) {
   merge.s("tokenizer.ggml.pre", "gpt-2");
   merge.strings("tokenizer.ggml.tokens", {"a", "b"});
   merge.strings("tokenizer.ggml.merges", {"a b"});
-  expect_error(ptest::write_bytes(dir, "merge.gguf", merge.bytes()), "tokenizer.ggml.merges[0] ('a' 'b') makes 'ab'");
+  expect_error(ptest::write_bytes(dir, "merge.gguf", merge.bytes()),
+               "tokenizer.ggml.merges[0] ('a' 'b') makes 'ab'");
   GgufWriter ok = gpt2("smollm");
   const Tokenizer t(ptest::write_bytes(dir, "ok.gguf", ok.bytes()));
   EXPECT_EQ(t.encode("ab"), (Ids{2}));
@@ -178,12 +182,14 @@ TEST(TokenizerGguf, RefusesUnknownModelsAndPreTokenizers) {
 
 TEST(TokenizerGguf, NeedsTheGgufReader) {
   try {
-    const Tokenizer t(ptest::models_dir() + "/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf");
+    const Tokenizer t(ptest::models_dir() +
+                      "/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf");
     ADD_FAILURE() << "a .gguf path loaded without the GGUF reader";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("GGUF reader"), std::string::npos) << e.what();
   }
-  GTEST_SKIP() << "harness/formats/gguf.cpp is not in this tree; the GGUF tokenizer tests did not run";
+  GTEST_SKIP()
+      << "harness/formats/gguf.cpp is not in this tree; the GGUF tokenizer tests did not run";
 }
 
 #endif

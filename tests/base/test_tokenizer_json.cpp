@@ -1,7 +1,8 @@
 // Tokenizer backends for tokenizer.json (byte-level BPE: Llama 3, Qwen2, SmolLM2) against reference
-// ids: llama.cpp's 46 vocab test strings (ids produced by HF `tokenizers`, add_special_tokens=False),
-// SmolLM2's README/reference.json ids, and the fuzz fixture scripts/tokenizer-reference.py writes
-// from HF `tokenizers` (tests/fixtures/tokenizers/). Decoding round trips; the facade's dispatch.
+// ids: llama.cpp's 46 vocab test strings (ids produced by HF `tokenizers`,
+// add_special_tokens=False), SmolLM2's README/reference.json ids, and the fuzz fixture
+// scripts/tokenizer-reference.py writes from HF `tokenizers` (tests/fixtures/tokenizers/). Decoding
+// round trips; the facade's dispatch.
 
 #include <gtest/gtest.h>
 
@@ -25,8 +26,12 @@ namespace {
 
 using Ids = std::vector<int64_t>;
 
-std::string llama3_json() { return ptest::models_dir() + "/llama3-qwen2-tokenizers/llama3/tokenizer.json"; }
-std::string qwen2_json() { return ptest::models_dir() + "/llama3-qwen2-tokenizers/qwen2/tokenizer.json"; }
+std::string llama3_json() {
+  return ptest::models_dir() + "/llama3-qwen2-tokenizers/llama3/tokenizer.json";
+}
+std::string qwen2_json() {
+  return ptest::models_dir() + "/llama3-qwen2-tokenizers/qwen2/tokenizer.json";
+}
 std::string smollm2_json() { return ptest::models_dir() + "/smollm2-135m-instruct/tokenizer.json"; }
 std::string vocab_tests(const std::string& name) {
   return ptest::models_dir() + "/llama3-qwen2-tokenizers/llama.cpp-vocab-tests/ggml-vocab-" + name;
@@ -78,9 +83,11 @@ size_t agree_with_vocab_tests(const Tokenizer& tok, const std::string& name, siz
   size_t ok = 0;
   for (size_t k = 0; k < inp.size() && k < out.size(); ++k) {
     const Ids got = tok.encode(inp[k]);
-    if (got == out[k]) ++ok;
-    else ADD_FAILURE() << name << " string " << k << " '" << inp[k] << "'\n  want " << show(out[k])
-                       << "\n  got  " << show(got);
+    if (got == out[k])
+      ++ok;
+    else
+      ADD_FAILURE() << name << " string " << k << " '" << inp[k] << "'\n  want " << show(out[k])
+                    << "\n  got  " << show(got);
   }
   *total = inp.size();
   return ok;
@@ -109,8 +116,8 @@ TEST(TokenizerJson, Qwen2MatchesLlamaCppVocabTests) {
 // THE FUZZ ORACLE: HF `tokenizers`' ids for 300 seeded strings (unicode blocks, whitespace runs,
 // digits, code, CJK, emoji, combining marks for NFC, special tokens in the text), per tokenizer.
 TEST(TokenizerJson, MatchesHfTokenizersOnFuzzFixture) {
-  const auto fx = nlohmann::json::parse(read_text_file(std::string(KVB_TEST_FIXTURES) +
-                                                       "/tokenizers/fuzz.json"));
+  const auto fx = nlohmann::json::parse(
+      read_text_file(std::string(KVB_TEST_FIXTURES) + "/tokenizers/fuzz.json"));
   const auto strings = fx["strings"].get<std::vector<std::string>>();
   ASSERT_GE(strings.size(), 300u);
   const std::map<std::string, std::string> paths = {
@@ -123,9 +130,11 @@ TEST(TokenizerJson, MatchesHfTokenizersOnFuzzFixture) {
     size_t ok = 0, round = 0;
     for (size_t k = 0; k < strings.size(); ++k) {
       const Ids got = tok.encode(strings[k]);
-      if (got == want[k]) ++ok;
-      else if (ok + 5 > k) ADD_FAILURE() << name << " string " << k << " '" << strings[k]
-                                          << "'\n  want " << show(want[k]) << "\n  got  " << show(got);
+      if (got == want[k])
+        ++ok;
+      else if (ok + 5 > k)
+        ADD_FAILURE() << name << " string " << k << " '" << strings[k] << "'\n  want "
+                      << show(want[k]) << "\n  got  " << show(got);
       // Qwen2 normalizes to NFC, so its round trip gives the NFC form of the text.
       if (tok.decode(got) == (name == "qwen2" ? uni_nfc(strings[k]) : strings[k])) ++round;
     }
@@ -142,9 +151,10 @@ TEST(TokenizerJson, MatchesHfTokenizersOnFuzzFixture) {
 TEST(TokenizerJson, ToyTokenizersMatchHfTokenizers) {
   // toy.json: byte-level; toy_spm.json: SentencePiece-style (Prepend + Replace, byte fallback, a
   // normalized added token that tokenizers matches in its normalized form "\u2581<x>").
-  for (const auto& [file, bos] : {std::pair<std::string, int64_t>{"toy.json", 270}, {"toy_spm.json", 1}}) {
-    const auto fx = nlohmann::json::parse(read_text_file(std::string(KVB_TEST_FIXTURES) +
-                                                         "/tokenizers/" + file));
+  for (const auto& [file, bos] :
+       {std::pair<std::string, int64_t>{"toy.json", 270}, {"toy_spm.json", 1}}) {
+    const auto fx = nlohmann::json::parse(
+        read_text_file(std::string(KVB_TEST_FIXTURES) + "/tokenizers/" + file));
     const std::string dir = ptest::scratch_dir("toy_tok");
     const Tokenizer tok(ptest::write_bytes(dir, "tokenizer.json", fx["tokenizer"].dump()));
     EXPECT_TRUE(tok.add_bos());
@@ -171,8 +181,8 @@ TEST(TokenizerJson, SmolLM2ReferenceIds) {
   ASSERT_TRUE(file_exists(smollm2_json())) << smollm2_json() << " missing";
   const Tokenizer& tok = cached(smollm2_json());
   EXPECT_EQ(tok.encode("One day, a clever fox found a shiny key under the old oak tree."),
-            (Ids{2705, 1194, 28, 253, 15355, 16438, 983, 253, 20581, 1646, 656, 260, 1573, 16033, 3187,
-                 30}));
+            (Ids{2705, 1194, 28, 253, 15355, 16438, 983, 253, 20581, 1646, 656, 260, 1573, 16033,
+                 3187, 30}));
   EXPECT_EQ(tok.encode("The capital of France is"), (Ids{504, 3575, 282, 4649, 314}));
   // reference.json's ChatML prompt: the specials in the text become their ids.
   const auto ref = nlohmann::json::parse(
@@ -183,7 +193,8 @@ TEST(TokenizerJson, SmolLM2ReferenceIds) {
   EXPECT_EQ(tok.encode(prompt), want);
   EXPECT_EQ(tok.decode(want), prompt);
   // The generated continuations decode to the recorded text.
-  EXPECT_EQ(tok.decode(ref["plain"]["out_ids"].get<Ids>()), ref["plain"]["text"].get<std::string>());
+  EXPECT_EQ(tok.decode(ref["plain"]["out_ids"].get<Ids>()),
+            ref["plain"]["text"].get<std::string>());
   EXPECT_EQ(tok.decode(ref["chat"]["out_ids"].get<Ids>()), ref["chat"]["text"].get<std::string>());
   EXPECT_EQ(tok.decode(ref["chat"]["out_ids"].get<Ids>(), /*skip_special=*/true),
             "The capital of France is Paris.");
@@ -223,9 +234,17 @@ TEST(TokenizerJson, SpecialsBosAndKinds) {
 
 TEST(TokenizerJson, DecodeRoundTrips) {
   const std::vector<std::string> texts = {
-      "", " ", "Hello world", "  leading and trailing  ", "tabs\tand\nnew\r\nlines\n\n\n",
-      "数字 12345 and ١٢٣ (Arabic-Indic)", "emoji 🦙🚀 and ZWJ 👩‍👩‍👧", "code: for (int i = 0; i < n; ++i) {}",
-      "café naïve Ångström", "<|im_start|>user\nhi<|im_end|>", "'s 'S 'll 'LL don't I'M",
+      "",
+      " ",
+      "Hello world",
+      "  leading and trailing  ",
+      "tabs\tand\nnew\r\nlines\n\n\n",
+      "数字 12345 and ١٢٣ (Arabic-Indic)",
+      "emoji 🦙🚀 and ZWJ 👩‍👩‍👧",
+      "code: for (int i = 0; i < n; ++i) {}",
+      "café naïve Ångström",
+      "<|im_start|>user\nhi<|im_end|>",
+      "'s 'S 'll 'LL don't I'M",
   };
   for (const std::string& path : {llama3_json(), qwen2_json(), smollm2_json()}) {
     const Tokenizer& tok = cached(path);
@@ -234,12 +253,17 @@ TEST(TokenizerJson, DecodeRoundTrips) {
 }
 
 TEST(TokenizerJson, InvalidUtf8BecomesReplacementCharacters) {
-  // Defined behaviour: each byte that starts no valid UTF-8 character is U+FFFD (as the SentencePiece
-  // backend and spm_encode do), so encoding invalid text equals encoding its sanitized form.
+  // Defined behaviour: each byte that starts no valid UTF-8 character is U+FFFD (as the
+  // SentencePiece backend and spm_encode do), so encoding invalid text equals encoding its
+  // sanitized form.
   const Tokenizer& tok = cached(llama3_json());
-  EXPECT_EQ(tok.encode("a\xFF" "b\xC3"), tok.encode("a\xEF\xBF\xBD" "b\xEF\xBF\xBD"));
+  EXPECT_EQ(tok.encode("a\xFF"
+                       "b\xC3"),
+            tok.encode("a\xEF\xBF\xBD"
+                       "b\xEF\xBF\xBD"));
   EXPECT_EQ(tok.decode(tok.encode("x\x80y")), "x\xEF\xBF\xBDy");
-  // A byte token that is half of a character decodes lossily, one U+FFFD per maximal bad subsequence.
+  // A byte token that is half of a character decodes lossily, one U+FFFD per maximal bad
+  // subsequence.
   const Ids e = tok.encode("é");  // one token, bytes C3 A9
   ASSERT_EQ(e.size(), 1u);
   const Ids half = {tok.piece_id("\xC3\x83")};  // the GPT-2 character for byte C3

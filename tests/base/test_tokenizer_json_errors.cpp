@@ -1,5 +1,5 @@
-// Bad tokenizer.json files: every defect is a kvb::Error naming the file and the field, never a crash
-// (this binary runs under ASan + UBSan). The base file is the script-built toy tokenizer
+// Bad tokenizer.json files: every defect is a kvb::Error naming the file and the field, never a
+// crash (this binary runs under ASan + UBSan). The base file is the script-built toy tokenizer
 // (tests/fixtures/tokenizers/toy.json), mutated one field at a time, then byte by byte at random.
 
 #include <gtest/gtest.h>
@@ -20,11 +20,12 @@ namespace {
 using json = nlohmann::json;
 
 json toy() {
-  return json::parse(read_text_file(std::string(KVB_TEST_FIXTURES) + "/tokenizers/toy.json"))["tokenizer"];
+  return json::parse(
+      read_text_file(std::string(KVB_TEST_FIXTURES) + "/tokenizers/toy.json"))["tokenizer"];
 }
 
-// Writes `doc` as tokenizer.json, loads it, and expects a kvb::Error whose message names the file and
-// contains `field`.
+// Writes `doc` as tokenizer.json, loads it, and expects a kvb::Error whose message names the file
+// and contains `field`.
 void expect_error(const std::string& text, const std::string& field) {
   const std::string dir = ptest::scratch_dir("tokjson_err");
   const std::string path = ptest::write_bytes(dir, "tokenizer.json", text);
@@ -53,8 +54,10 @@ TEST(TokenizerJsonErrors, UnknownComponents) {
   d["pre_tokenizer"]["pretokenizers"][0] = {{"type", "Whitespace"}};
   expect_error(d, "pre_tokenizer.pretokenizers[0].type 'Whitespace'");
   d = toy();
-  d["pre_tokenizer"] = {{"type", "Split"}, {"pattern", {{"Regex", "\\w+|[^\\w\\s]+"}}},
-                        {"behavior", "Isolated"}, {"invert", false}};
+  d["pre_tokenizer"] = {{"type", "Split"},
+                        {"pattern", {{"Regex", "\\w+|[^\\w\\s]+"}}},
+                        {"behavior", "Isolated"},
+                        {"invert", false}};
   expect_error(d, "pre_tokenizer.pattern.Regex '\\w+|[^\\w\\s]+' is not one kvbench implements");
   d["pre_tokenizer"]["pattern"] = {{"String", " "}};
   expect_error(d, "pre_tokenizer.pattern: only a {\"Regex\": ...}");
@@ -151,7 +154,8 @@ TEST(TokenizerJsonErrors, NotJsonMissingAndSideFiles) {
     ADD_FAILURE() << "no error for an eos_token that is no token";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("tokenizer_config.json: eos_token '<missing>'"),
-              std::string::npos) << e.what();
+              std::string::npos)
+        << e.what();
   }
   ptest::write_bytes(dir, "tokenizer_config.json",
                      "{\"eos_token\": {\"content\": \"<mask>\"}, \"chat_template\": \"{{ x }}\"}");
@@ -175,9 +179,15 @@ TEST(TokenizerJsonErrors, FuzzCorruptFilesNeverCrash) {
     for (int e = 0; e < edits; ++e) {
       const size_t at = rng() % s.size();
       switch (rng() % 3) {
-        case 0: s[at] = static_cast<char>(rng() & 0xFF); break;
-        case 1: s.erase(at, 1 + rng() % 8); break;
-        default: s.insert(at, 1, "{}[]\",:0-9 \\"[rng() % 13]); break;
+        case 0:
+          s[at] = static_cast<char>(rng() & 0xFF);
+          break;
+        case 1:
+          s.erase(at, 1 + rng() % 8);
+          break;
+        default:
+          s.insert(at, 1, "{}[]\",:0-9 \\"[rng() % 13]);
+          break;
       }
     }
     const std::string path = ptest::write_bytes(dir, "tokenizer.json", s);

@@ -1,9 +1,10 @@
 // The SentencePiece-style tokenizer.json (Llama 2 / Mistral / TinyLlama repositories: Prepend +
-// Replace normalizer, BPE with byte_fallback and fuse_unk, Replace/ByteFallback/Fuse/Strip decoder).
-// No such file is in ../shared, so the test writes one from the real Llama 2 tokenizer.model exactly
-// as transformers' LlamaConverter does (vocab in id order; merges from SentencePieceExtractor: every
-// split of a piece into two pieces, ordered by the piece's score), then compares the BPE backend
-// with the SentencePiece backend on real text and with llama.cpp's llama-spm vectors (HF ids).
+// Replace normalizer, BPE with byte_fallback and fuse_unk, Replace/ByteFallback/Fuse/Strip
+// decoder). No such file is in ../shared, so the test writes one from the real Llama 2
+// tokenizer.model exactly as transformers' LlamaConverter does (vocab in id order; merges from
+// SentencePieceExtractor: every split of a piece into two pieces, ordered by the piece's score),
+// then compares the BPE backend with the SentencePiece backend on real text and with llama.cpp's
+// llama-spm vectors (HF ids).
 
 #include <gtest/gtest.h>
 
@@ -66,13 +67,19 @@ std::string llama_converter_json(const std::string& model_path) {
               [](const M& a, const M& b) { return std::tie(a.l, a.r) < std::tie(b.l, b.r); });
     merges.insert(merges.end(), local.begin(), local.end());
   }
-  std::stable_sort(merges.begin(), merges.end(), [](const M& a, const M& b) { return a.score > b.score; });
+  std::stable_sort(merges.begin(), merges.end(),
+                   [](const M& a, const M& b) { return a.score > b.score; });
   json jm = json::array();
   for (const M& m : merges) jm.push_back(sp.piece(m.l) + " " + sp.piece(m.r));
   json added = json::array();
   for (int64_t id : {sp.unk_id(), sp.bos_id(), sp.eos_id()})
-    added.push_back({{"id", id}, {"content", sp.piece(id)}, {"single_word", false}, {"lstrip", false},
-                     {"rstrip", false}, {"normalized", false}, {"special", true}});
+    added.push_back({{"id", id},
+                     {"content", sp.piece(id)},
+                     {"single_word", false},
+                     {"lstrip", false},
+                     {"rstrip", false},
+                     {"normalized", false},
+                     {"special", true}});
   const std::string sp_char = "\xE2\x96\x81";
   json doc = {
       {"version", "1.0"},
@@ -85,9 +92,11 @@ std::string llama_converter_json(const std::string& model_path) {
       {"pre_tokenizer", nullptr},
       {"post_processor",
        {{"type", "TemplateProcessing"},
-        {"single", {{{"SpecialToken", {{"id", "<s>"}, {"type_id", 0}}}},
-                    {{"Sequence", {{"id", "A"}, {"type_id", 0}}}}}},
-        {"special_tokens", {{"<s>", {{"id", "<s>"}, {"ids", {sp.bos_id()}}, {"tokens", {"<s>"}}}}}}}},
+        {"single",
+         {{{"SpecialToken", {{"id", "<s>"}, {"type_id", 0}}}},
+          {{"Sequence", {{"id", "A"}, {"type_id", 0}}}}}},
+        {"special_tokens",
+         {{"<s>", {{"id", "<s>"}, {"ids", {sp.bos_id()}}, {"tokens", {"<s>"}}}}}}}},
       {"decoder",
        {{"type", "Sequence"},
         {"decoders",
@@ -96,8 +105,13 @@ std::string llama_converter_json(const std::string& model_path) {
           {{"type", "Fuse"}},
           {{"type", "Strip"}, {"content", " "}, {"start", 1}, {"stop", 0}}}}}},
       {"model",
-       {{"type", "BPE"}, {"dropout", nullptr}, {"unk_token", "<unk>"}, {"fuse_unk", true},
-        {"byte_fallback", true}, {"vocab", vocab}, {"merges", jm}}},
+       {{"type", "BPE"},
+        {"dropout", nullptr},
+        {"unk_token", "<unk>"},
+        {"fuse_unk", true},
+        {"byte_fallback", true},
+        {"vocab", vocab},
+        {"merges", jm}}},
   };
   return doc.dump();
 }
@@ -105,7 +119,8 @@ std::string llama_converter_json(const std::string& model_path) {
 const Tokenizer& llama2_json_tok() {
   static const Tokenizer* tok = [] {
     const std::string dir = ptest::scratch_dir("llama2_json");
-    return new Tokenizer(ptest::write_bytes(dir, "tokenizer.json", llama_converter_json(llama2_model())));
+    return new Tokenizer(
+        ptest::write_bytes(dir, "tokenizer.json", llama_converter_json(llama2_model())));
   }();
   return *tok;
 }
@@ -139,18 +154,23 @@ TEST(TokenizerSpmJson, Llama2ConvertedMatchesSentencePieceOnRealText) {
   EXPECT_EQ(hf.unk_id(), 0);
   std::vector<std::string> texts;
   const std::string data = ptest::data_dir();
-  for (const char* f : {"/tinystories-valid-sample/tinystories_val.txt",
-                        "/gutenberg-long/moby_dick_pg2701.txt", "/gutenberg-long/war_and_peace_pg2600.txt"})
+  for (const char* f :
+       {"/tinystories-valid-sample/tinystories_val.txt", "/gutenberg-long/moby_dick_pg2701.txt",
+        "/gutenberg-long/war_and_peace_pg2600.txt"})
     for (auto& l : lines_of(data + f, 150)) texts.push_back(l);
-  for (const char* t : {"naïve café — 東京 🙂", "emoji 👍🏽👨‍👩‍👧 flags 🇫🇷🇯🇵", "CJK 日本語のテキスト 中文 한국어",
-                        "digits 0123456789 and 3.14159", "symbols !@#$%^&*()_+-=[]{}|;:'\",.<>/?`~",
-                        "multiple   spaces   inside  words", "\ttab\tseparated", "a"})
+  for (const char* t :
+       {"naïve café — 東京 🙂", "emoji 👍🏽👨‍👩‍👧 flags 🇫🇷🇯🇵",
+        "CJK 日本語のテキスト 中文 한국어", "digits 0123456789 and 3.14159",
+        "symbols !@#$%^&*()_+-=[]{}|;:'\",.<>/?`~", "multiple   spaces   inside  words",
+        "\ttab\tseparated", "a"})
     texts.push_back(t);
   size_t same = 0, round = 0;
   for (const std::string& t : texts) {
     const Ids a = hf.encode(t), b = spm.encode(t);
-    if (a == b) ++same;
-    else if (same + 3 > texts.size() - 10) ADD_FAILURE() << "'" << t << "'\n  json " << show(a) << "\n  spm  " << show(b);
+    if (a == b)
+      ++same;
+    else if (same + 3 > texts.size() - 10)
+      ADD_FAILURE() << "'" << t << "'\n  json " << show(a) << "\n  spm  " << show(b);
     if (hf.decode(a) == t) ++round;
   }
   std::cout << "llama2 tokenizer.json (converted) vs SentencePiece backend: " << same << "/"
@@ -162,7 +182,9 @@ TEST(TokenizerSpmJson, Llama2ConvertedMatchesSentencePieceOnRealText) {
 
 TEST(TokenizerSpmJson, Llama2ConvertedMatchesLlamaCppSpmVectors) {
   const Tokenizer& hf = llama2_json_tok();
-  const std::string base = ptest::models_dir() + "/llama3-qwen2-tokenizers/llama.cpp-vocab-tests/ggml-vocab-llama-spm.gguf";
+  const std::string base =
+      ptest::models_dir() +
+      "/llama3-qwen2-tokenizers/llama.cpp-vocab-tests/ggml-vocab-llama-spm.gguf";
   const std::string inp = read_text_file(base + ".inp");
   const std::string sep = "\n__ggml_vocab_test__\n";
   std::vector<std::string> strings;
@@ -182,8 +204,11 @@ TEST(TokenizerSpmJson, Llama2ConvertedMatchesLlamaCppSpmVectors) {
   size_t ok = 0, ok_spm = 0;
   for (size_t k = 0; k < strings.size(); ++k) {
     const Ids got = hf.encode(strings[k]);
-    if (got == want[k]) ++ok;
-    else ADD_FAILURE() << k << " '" << strings[k] << "'\n  want " << show(want[k]) << "\n  got  " << show(got);
+    if (got == want[k])
+      ++ok;
+    else
+      ADD_FAILURE() << k << " '" << strings[k] << "'\n  want " << show(want[k]) << "\n  got  "
+                    << show(got);
     if (spm.encode(strings[k]) == want[k]) ++ok_spm;
   }
   std::cout << "llama2 tokenizer.json (converted) vs ggml-vocab-llama-spm: " << ok << "/46; "

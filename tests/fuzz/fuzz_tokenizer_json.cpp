@@ -1,8 +1,8 @@
 // libFuzzer target for tokenizer.json parsing and encoding: any bytes must give a tokenizer or a
-// kvb::Error, never a crash, a sanitizer report or a huge allocation. A file that loads then encodes
-// a fixed text (specials, digits, CJK, invalid UTF-8) and text taken from the input's tail, and
-// decodes the ids. CMake wiring is pending: the fuzz build (KVB_BUILD_FUZZ, tests/fuzz/CMakeLists.txt)
-// lives on the GGUF reader's branch; once merged, add
+// kvb::Error, never a crash, a sanitizer report or a huge allocation. A file that loads then
+// encodes a fixed text (specials, digits, CJK, invalid UTF-8) and text taken from the input's tail,
+// and decodes the ids. CMake wiring is pending: the fuzz build (KVB_BUILD_FUZZ,
+// tests/fuzz/CMakeLists.txt) lives on the GGUF reader's branch; once merged, add
 //   kvb_add_fuzzer(fuzz_tokenizer_json <harness/formats tokenizer sources> mapped_file.cpp)
 // linking nlohmann_json and ICU::uc.
 
