@@ -112,6 +112,10 @@ TEST(TokenizerJsonErrors, BadVocabularyAndMerges) {
   d = toy();
   d["model"]["vocab"] = json::object();
   expect_error(d, "model.vocab is empty");
+  // A token written twice: JSON keeps one key, so the ids no longer number the vocabulary densely.
+  expect_error(
+      std::string(R"({"model": {"type": "BPE", "vocab": {"a": 0, "a": 1, "b": 2}, "merges": []}})"),
+      "model.vocab['b'] = 2 is outside [0, 2)");
   d = toy();
   d["model"]["unk_token"] = "<nope>";
   expect_error(d, "model.unk_token '<nope>' is not in model.vocab");
