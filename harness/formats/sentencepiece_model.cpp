@@ -117,7 +117,8 @@ SentencePieceModel::SentencePieceModel(const std::string& model_path) : path_(mo
   parse(read_text_file(model_path));
 }
 
-SentencePieceModel::SentencePieceModel(const std::string& bytes, const std::string& source) : path_(source) {
+SentencePieceModel::SentencePieceModel(const std::string& bytes, const std::string& source)
+    : path_(source) {
   parse(bytes);
 }
 
@@ -455,7 +456,8 @@ std::string SentencePieceBackend::decode(const std::vector<int64_t>& ids, bool s
 bool SentencePieceBackend::is_special(int64_t id) const {
   if (id < 0 || id >= m_->vocab_size()) return false;
   const auto t = m_->type(id);
-  return t == SentencePieceModel::PieceType::kControl || t == SentencePieceModel::PieceType::kUnknown;
+  using T = SentencePieceModel::PieceType;
+  return t == T::kControl || t == T::kUnknown;
 }
 
 std::vector<int64_t> SentencePieceBackend::special_ids() const {
