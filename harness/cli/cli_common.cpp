@@ -39,7 +39,7 @@ std::shared_ptr<Model> load_model_from_args(const ModelArgs& a) {
 
 std::unique_ptr<Tokenizer> load_tokenizer(const Model& m) {
   KVB_CHECK(!m.tokenizer_path.empty(), m.source,
-            ": no tokenizer.model found beside the model (text needs a tokenizer)");
+            ": no tokenizer.model or tokenizer.json found beside the model (text needs a tokenizer)");
   auto t = std::make_unique<Tokenizer>(m.tokenizer_path);
   KVB_CHECK(t->vocab_size() == m.config.vocab_size, t->path(), ": tokenizer has ", t->vocab_size(),
             " pieces but the model's vocabulary is ", m.config.vocab_size);

@@ -41,5 +41,6 @@ void register_train(CLI::App& app);
 void register_kvtuner_search(CLI::App& app);
 void register_dms_train(CLI::App& app);
 void register_packet_train(CLI::App& app);
+void register_tokenize(CLI::App& app);
 
 }  // namespace kvb::cli

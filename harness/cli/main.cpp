@@ -27,6 +27,7 @@ int main(int argc, char** argv) {
   kvb::cli::register_kvtuner_search(app);
   kvb::cli::register_dms_train(app);
   kvb::cli::register_packet_train(app);
+  kvb::cli::register_tokenize(app);
   std::vector<std::string> plugins;
   app.add_option("--plugin", plugins, "load KV methods from a plugin shared library (repeatable)")
       ->each([](const std::string& p) { kvb::load_plugin(p); });

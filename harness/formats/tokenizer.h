@@ -1,66 +1,68 @@
 #pragma once
-// A SentencePiece tokenizer read straight from `tokenizer.model` (the ModelProto wire format), with
-// BPE encoding and decoding implemented here. Torch-free.
-//
-// Why not libsentencepiece: Debian's build carries its own protobuf-lite 3.14 and exports its symbols,
-// while Debian's LibTorch links the full protobuf 3.21; whichever loads first breaks the other's static
-// initialisers (a crash before main, or a version abort). Parsing the model ourselves removes the
-// conflict; the tests check every encoding against the real `spm_encode` on real text.
-//
-// Supported: BPE models (Llama 1/2, Mistral, TinyLlama, llama2.c's tok*.model, kvbench's own) with the
-// identity normalizer, byte fallback, add_dummy_prefix, remove_extra_whitespaces. Unigram models and
-// NFKC normalization are refused with a clear error rather than tokenized approximately.
+// kvb::Tokenizer: the tokenizer every call site holds (by value; copies share one backend). The
+// path decides the backend:
+//   - `*.model` (anything not below): SentencePiece ModelProto, read by sentencepiece_model.h;
+//   - `*.json` (`tokenizer.json`): a Hugging Face `tokenizers` BPE file, byte-level (GPT-2,
+//     Llama 3, Qwen2, SmolLM2) or SentencePiece-style (Llama 2, Mistral, TinyLlama), bpe_tokenizer.h;
+//   - `*.gguf`: the `tokenizer.ggml.*` metadata ("gpt2" byte-level BPE, "llama" SentencePiece).
+// Torch-free. Every backend throws kvb::Error naming the file and the field for a file it cannot
+// tokenize exactly; nothing is approximated.
 
 #include <cstdint>
+#include <memory>
 #include <string>
-#include <unordered_map>
 #include <vector>
+
+#include "harness/formats/sentencepiece_model.h"
+#include "harness/formats/tokenizer_backend.h"
 
 namespace kvb {
 
+struct TokenizerSpec;
+
 class Tokenizer {
  public:
-  enum class PieceType : uint8_t { kNormal = 1, kUnknown = 2, kControl = 3, kUserDefined = 4,
-                                   kUnused = 5, kByte = 6 };
+  using PieceType = SentencePieceModel::PieceType;
 
   // Throws kvb::Error naming the path when the file is missing, corrupt or unsupported.
-  explicit Tokenizer(const std::string& model_path);
-  // Parses serialized ModelProto bytes; `source` names them in errors.
+  explicit Tokenizer(const std::string& path);
+  // Parses serialized SentencePiece ModelProto bytes; `source` names them in errors.
   Tokenizer(const std::string& bytes, const std::string& source);
+  // A BPE tokenizer from an already-read vocabulary (tokenizer_spec.h); `spec.source` names it.
+  explicit Tokenizer(const TokenizerSpec& spec);
 
-  std::vector<int64_t> encode(const std::string& text) const;  // no BOS/EOS
-  std::string decode(const std::vector<int64_t>& ids) const;
-  const std::string& piece(int64_t id) const;
-  int64_t piece_id(const std::string& piece) const;  // -1 when absent
-  int64_t vocab_size() const { return static_cast<int64_t>(pieces_.size()); }
-  int64_t bos_id() const { return bos_id_; }
-  int64_t eos_id() const { return eos_id_; }
-  int64_t unk_id() const { return unk_id_; }
+  // Text to ids. Added/special tokens written in the text become their ids (tokenizer.json / GGUF
+  // BPE, as HF `tokenizers` with add_special_tokens=False). `add_special`: also prepend BOS when
+  // add_bos() and append EOS when add_eos() (add_special_tokens=True).
+  std::vector<int64_t> encode(const std::string& text, bool add_special = false) const;
+  // Ids to text. Special tokens are written out unless `skip_special` (SentencePiece control pieces
+  // stay invisible either way, as in spm_decode).
+  std::string decode(const std::vector<int64_t>& ids, bool skip_special = false) const;
+  const std::string& piece(int64_t id) const { return impl_->piece(id); }
+  int64_t piece_id(const std::string& piece) const { return impl_->piece_id(piece); }
+  int64_t vocab_size() const { return impl_->vocab_size(); }
+  int64_t bos_id() const { return impl_->bos_id(); }  // -1 when none
+  int64_t eos_id() const { return impl_->eos_id(); }  // -1 when none
+  int64_t unk_id() const { return impl_->unk_id(); }  // -1 when none
+  // Whether the tokenizer's own rule prepends BOS (tokenizer.json post-processor, GGUF
+  // tokenizer.ggml.add_bos_token; true for SentencePiece models, as Llama 2 does).
+  bool add_bos() const { return impl_->add_bos(); }
+  bool add_eos() const { return impl_->add_eos(); }  // RobertaProcessing-style templates
+  bool is_special(int64_t id) const { return impl_->is_special(id); }
+  std::vector<int64_t> special_ids() const { return impl_->special_ids(); }
+  // The raw chat template (GGUF tokenizer.chat_template; tokenizer_config.json's chat_template
+  // beside a tokenizer.json), "" when none.
+  const std::string& chat_template() const { return impl_->chat_template(); }
+  // "sentencepiece", "tokenizer.json", "gguf" (the file format), then the model, e.g.
+  // "tokenizer.json:bpe-byte-level".
+  std::string kind() const { return impl_->kind(); }
   const std::string& path() const { return path_; }
   bool add_bos() const { return true; }  // a SentencePiece model's documents start with BOS
   const std::string& chat_template() const { return chat_template_; }  // none in tokenizer.model
 
  private:
-  void parse(const std::string& bytes);
-  std::string normalize(const std::string& text) const;
-
-  struct Piece {
-    std::string text;
-    float score = 0.f;
-    PieceType type = PieceType::kNormal;
-  };
   std::string path_;
-  std::string chat_template_;
-  std::vector<Piece> pieces_;
-  std::unordered_map<std::string, int32_t> mergeable_;  // normal + user-defined pieces
-  std::vector<std::string> user_defined_;               // matched atomically, longest first
-  int32_t byte_ids_[256];
-  bool byte_fallback_ = false;
-  bool add_dummy_prefix_ = true;
-  bool remove_extra_whitespaces_ = true;
-  bool escape_whitespaces_ = true;
-  int64_t unk_id_ = 0, bos_id_ = 1, eos_id_ = 2;
-  std::string unk_surface_ = " \xE2\x81\x87 ";
+  std::shared_ptr<const TokenizerBackend> impl_;
 };
 
 }  // namespace kvb

@@ -162,6 +162,9 @@ std::string find_tokenizer(const std::string& dir, int64_t vocab) {
   if (file_exists(p)) return p;
   auto models = list_dir(dir, ".model");
   if (models.size() == 1) return dir + "/" + models[0];
+  // A Hugging Face tokenizer.json when there is no SentencePiece model (Llama 3, Qwen2, SmolLM2).
+  p = dir + "/tokenizer.json";
+  if (file_exists(p)) return p;
   return "";
 }
 
@@ -315,6 +318,36 @@ void load_synthetic(Model& m, const std::string& preset, const LoadOptions& opts
   }
 }
 
+struct ModelFiles {
+  std::string format;  // hf | llama2c | gguf
+  std::string path;    // the HF directory, or the .bin / .gguf file
+};
+
+// Which checkpoint a (resolved, non-synthetic) path is. A directory: Hugging Face (config.json +
+// safetensors), else one llama2.c .bin, else one .gguf. A GGUF download often comes with the upstream
+// config.json and tokenizer.json but no safetensors, so config.json alone does not make it a Hugging
+// Face directory.
+ModelFiles locate_model_files(const std::string& path) {
+  if (file_exists(path)) return {ends_with(path, ".gguf") ? "gguf" : "llama2c", path};
+  KVB_CHECK(dir_exists(path), path, ": neither a file nor a directory");
+  const std::vector<std::string> ggufs = list_dir(path, ".gguf");
+  const bool safetensors = file_exists(path + "/model.safetensors") ||
+                           file_exists(path + "/model.safetensors.index.json");
+  // A llama2.c model directory also holds tokenizer exports (tok512.bin, tokenizer.bin): skip them.
+  std::vector<std::string> bins;
+  for (const auto& b : list_dir(path, ".bin"))
+    if (!starts_with(b, "tok")) bins.push_back(b);
+  if (file_exists(path + "/config.json") && (safetensors || ggufs.empty())) return {"hf", path};
+  if (!bins.empty() || ggufs.empty()) {
+    KVB_CHECK(bins.size() == 1, path, ": no config.json, and ",
+              bins.empty() ? "no llama2.c .bin file and no .gguf file"
+                           : "several .bin files (name one)");
+    return {"llama2c", path + "/" + bins[0]};
+  }
+  KVB_CHECK(ggufs.size() == 1, path, ": several .gguf files (", join(ggufs, ", "), "): name one");
+  return {"gguf", path + "/" + ggufs[0]};
+}
+
 }  // namespace
 
 std::vector<double> rope_inv_freq(const ModelConfig& c) {
@@ -411,39 +444,34 @@ std::shared_ptr<Model> load_model(const std::string& spec, const LoadOptions& op
   m->source = path;
   if (starts_with(path, "synthetic:")) {
     load_synthetic(*m, path.substr(10), opts);
-  } else if (file_exists(path) && ends_with(path, ".gguf")) {
-    load_gguf(*m, path);
-  } else if (file_exists(path)) {
-    load_llama2c(*m, path);
-  } else if (dir_exists(path)) {
-    // A directory: Hugging Face (config.json + safetensors), else one llama2.c .bin, else one .gguf.
-    // A GGUF download often comes with the upstream config.json and tokenizer.json but no
-    // safetensors, so config.json alone does not make it a Hugging Face directory.
-    const std::vector<std::string> ggufs = list_dir(path, ".gguf");
-    const bool safetensors = file_exists(path + "/model.safetensors") ||
-                             file_exists(path + "/model.safetensors.index.json");
-    // A llama2.c model directory also holds tokenizer exports (tok512.bin, tokenizer.bin): skip them.
-    std::vector<std::string> bins;
-    for (const auto& b : list_dir(path, ".bin"))
-      if (!starts_with(b, "tok")) bins.push_back(b);
-    if (file_exists(path + "/config.json") && (safetensors || ggufs.empty())) {
-      load_hf(*m, path, opts);
-    } else if (!bins.empty() || ggufs.empty()) {
-      KVB_CHECK(bins.size() == 1, path, ": no config.json, and ",
-                bins.empty() ? "no llama2.c .bin file and no .gguf file"
-                             : "several .bin files (name one)");
-      m->source = path + "/" + bins[0];
-      load_llama2c(*m, m->source);
-    } else {
-      KVB_CHECK(ggufs.size() == 1, path, ": several .gguf files (", join(ggufs, ", "),
-                "): name one");
-      m->source = path + "/" + ggufs[0];
-      load_gguf(*m, m->source);
-    }
+  } else {
+    const ModelFiles f = locate_model_files(path);
+    m->source = f.path;
+    if (f.format == "hf") load_hf(*m, f.path, opts);
+    else if (f.format == "gguf") load_gguf(*m, f.path);
+    else load_llama2c(*m, f.path);
   }
   if (opts.rope_table_len > 0) m->ensure_rope_len(opts.rope_table_len);
   finish_weights(*m);
   return m;
+}
+
+std::string resolve_tokenizer_path(const std::string& spec, const std::string& models_dir) {
+  // The same dispatch as load_model, reading only config.json or the llama2.c header for the vocab.
+  const std::string path = resolve_model_path(spec, models_dir);
+  KVB_CHECK(!starts_with(path, "synthetic:"), path, ": a synthetic model has no tokenizer");
+  const ModelFiles f = locate_model_files(path);
+  if (f.format == "gguf") return f.path;  // the GGUF carries its vocabulary
+  std::string tok;
+  if (f.format == "hf") {
+    tok = find_tokenizer(f.path, load_hf_config(f.path + "/config.json").vocab_size);
+  } else {
+    MappedFile file(f.path);
+    const Llama2cLayout L = parse_llama2c_header(file.data(), file.size(), f.path);
+    tok = find_tokenizer(dir_of(f.path), L.config.vocab_size);
+  }
+  KVB_CHECK(!tok.empty(), path, ": no tokenizer.model or tokenizer.json found beside the model");
+  return tok;
 }
 
 }  // namespace kvb

@@ -67,6 +67,9 @@ std::shared_ptr<Model> load_model(const std::string& spec, const LoadOptions& op
 // Where a model spec resolves to, without loading it (for error messages and `inspect`).
 std::string resolve_model_path(const std::string& spec, const std::string& models_dir);
 std::vector<std::string> model_search_dirs(const std::string& models_dir);
+// The tokenizer file load_model would give the model `spec` (Model::tokenizer_path), found without
+// reading weights; throws naming the model when it has none.
+std::string resolve_tokenizer_path(const std::string& spec, const std::string& models_dir);
 
 c10::Device parse_device(const std::string& s);
 c10::ScalarType parse_dtype(const std::string& s);
