@@ -57,8 +57,6 @@ class Tokenizer {
   // "tokenizer.json:bpe-byte-level".
   std::string kind() const { return impl_->kind(); }
   const std::string& path() const { return path_; }
-  bool add_bos() const { return true; }  // a SentencePiece model's documents start with BOS
-  const std::string& chat_template() const { return chat_template_; }  // none in tokenizer.model
 
  private:
   std::string path_;
