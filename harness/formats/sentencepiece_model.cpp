@@ -7,6 +7,7 @@
 
 #include "harness/common/error.h"
 #include "harness/common/mapped_file.h"
+#include "harness/formats/unicode_text.h"
 
 namespace kvb {
 
@@ -78,29 +79,6 @@ struct Wire {
 
 constexpr const char* kSpace = "\xE2\x96\x81";  // U+2581, SentencePiece's visible space
 
-// SentencePiece's string_util::DecodeUTF8 validity rule: the length of the valid UTF-8 character at
-// s[i] (shortest form, no surrogates, <= U+10FFFF), or 0 when the byte starts no valid character.
-size_t valid_utf8_len(const std::string& s, size_t i) {
-  const size_t n = s.size() - i;
-  auto b = [&](size_t k) { return static_cast<uint8_t>(s[i + k]); };
-  auto trail = [&](size_t k) { return (b(k) & 0xC0) == 0x80; };
-  auto valid_cp = [](uint32_t c) { return c < 0xD800 || (c >= 0xE000 && c <= 0x10FFFF); };
-  if (b(0) < 0x80) return 1;
-  if (n >= 2 && (b(0) & 0xE0) == 0xC0) {
-    const uint32_t c = ((b(0) & 0x1Fu) << 6) | (b(1) & 0x3Fu);
-    return trail(1) && c >= 0x80 && valid_cp(c) ? 2 : 0;
-  }
-  if (n >= 3 && (b(0) & 0xF0) == 0xE0) {
-    const uint32_t c = ((b(0) & 0x0Fu) << 12) | ((b(1) & 0x3Fu) << 6) | (b(2) & 0x3Fu);
-    return trail(1) && trail(2) && c >= 0x800 && valid_cp(c) ? 3 : 0;
-  }
-  if (n >= 4 && (b(0) & 0xF8) == 0xF0) {
-    const uint32_t c =
-        ((b(0) & 0x07u) << 18) | ((b(1) & 0x3Fu) << 12) | ((b(2) & 0x3Fu) << 6) | (b(3) & 0x3Fu);
-    return trail(1) && trail(2) && trail(3) && c >= 0x10000 && valid_cp(c) ? 4 : 0;
-  }
-  return 0;
-}
 
 size_t utf8_len(uint8_t c) {
   if (c < 0x80) return 1;
@@ -227,19 +205,9 @@ void SentencePieceModel::parse(const std::string& bytes) {
 
 std::string SentencePieceModel::normalize(const std::string& text) const {
   // Like SentencePiece's normalizer, every byte that does not start a valid UTF-8 character becomes
-  // U+FFFD (checked against spm_encode in tests/base/test_tokenizer.cpp).
-  std::string s;
-  s.reserve(text.size());
-  for (size_t i = 0; i < text.size();) {
-    const size_t len = valid_utf8_len(text, i);
-    if (len == 0) {
-      s += "\xEF\xBF\xBD";
-      ++i;
-    } else {
-      s.append(text, i, len);
-      i += len;
-    }
-  }
+  // U+FFFD (checked against spm_encode in tests/base/test_tokenizer.cpp); its string_util::DecodeUTF8
+  // validity rule is utf8_valid_len's.
+  std::string s = utf8_sanitize(text);
   if (remove_extra_whitespaces_) {
     std::string out;
     bool prev_space = true;  // drops leading spaces
@@ -384,16 +352,7 @@ std::string SentencePieceModel::decode(const std::vector<int64_t>& ids) const {
   std::string out;
   std::string bytes;  // pending byte pieces
   auto flush_bytes = [&] {
-    for (size_t i = 0; i < bytes.size();) {
-      const size_t len = valid_utf8_len(bytes, i);
-      if (len == 0) {
-        out += "\xEF\xBF\xBD";
-        ++i;
-      } else {
-        out.append(bytes, i, len);
-        i += len;
-      }
-    }
+    out += utf8_sanitize(bytes);
     bytes.clear();
   };
   bool is_bos_ws = true;

@@ -24,15 +24,6 @@ const std::vector<int64_t> kStoriesSentence = {1,   385, 328, 432, 261, 280, 305
                                                422, 410, 354, 422, 318, 264, 285, 265, 334,
                                                341, 334, 412, 433, 259, 276, 411, 426};
 
-std::vector<int64_t> greedy(const std::shared_ptr<Model>& m, const std::vector<int64_t>& prompt,
-                            int64_t n, std::vector<int64_t> stop = {}) {
-  Engine e(m, make_default_kv(*m));
-  GenerateOptions g;
-  g.max_new_tokens = n;
-  g.stop_ids = stop.empty() ? std::vector<int64_t>{-1} : stop;  // {-1}: never stop early
-  return e.generate({prompt}, g).tokens[0];
-}
-
 TEST(GgufModel, Stories260KGgufGivesTheLlama2cLogits) {
   auto bin = load_model(test::models_dir() + "/stories260K/stories260K.bin");
   auto gg = load_model(test::models_dir() + "/stories260K/stories260K.gguf");
@@ -55,7 +46,7 @@ TEST(GgufModel, Stories260KGgufGivesTheLlama2cLogits) {
   EXPECT_EQ(rg.n(), 34);
   EXPECT_NEAR(rg.nll_sum, 54.4041, 5e-4);  // models/stories260K/README.md
   EXPECT_NEAR(rg.nll_sum, rb.nll_sum, 1e-6);
-  EXPECT_EQ(greedy(gg, {1}, 64), greedy(bin, {1}, 64));
+  EXPECT_EQ(test::greedy(gg, {1}, 64), test::greedy(bin, {1}, 64));
 }
 
 TEST(GgufModel, SpecsNamingAGgufOrADirectoryHoldingOne) {

@@ -30,15 +30,6 @@ nlohmann::json smollm2_reference() {
   return nlohmann::json::parse(read_text_file(smollm2_dir() + "/reference.json"));
 }
 
-std::vector<int64_t> greedy(const std::shared_ptr<Model>& m, const std::vector<int64_t>& prompt,
-                            int64_t n, std::vector<int64_t> stop = {}) {
-  Engine e(m, make_default_kv(*m));
-  GenerateOptions g;
-  g.max_new_tokens = n;
-  g.stop_ids = stop.empty() ? std::vector<int64_t>{-1} : stop;  // {-1}: never stop early
-  return e.generate({prompt}, g).tokens[0];
-}
-
 TEST(GgufSmolLM2, ConfigAndWeights) {
   auto m = smollm2();
   const ModelConfig& c = m->config;
@@ -89,7 +80,7 @@ TEST(GgufSmolLM2, GreedyContinuations) {
   const std::vector<int64_t> prompt = ref["plain"]["prompt_ids"];
   const std::vector<int64_t> want = ref["plain"]["out_ids"];
   ASSERT_EQ(want.size(), 24u);
-  const std::vector<int64_t> got = greedy(m, prompt, 24);
+  const std::vector<int64_t> got = test::greedy(m, prompt, 24);
   size_t match = 0;
   while (match < got.size() && match < want.size() && got[match] == want[match]) ++match;
   std::cout << "[ smollm2 ] plain greedy: " << match << " of 24 tokens match the reference\n";
@@ -98,7 +89,7 @@ TEST(GgufSmolLM2, GreedyContinuations) {
   // The chat prompt: "The capital of France is Paris.<|im_end|>".
   const std::vector<int64_t> chat = ref["chat"]["prompt_ids"];
   EXPECT_EQ(chat.size(), 37u);
-  const std::vector<int64_t> answer = greedy(m, chat, 16, m->config.eos_ids);
+  const std::vector<int64_t> answer = test::greedy(m, chat, 16, m->config.eos_ids);
   EXPECT_EQ(answer, (std::vector<int64_t>{504, 3575, 282, 4649, 314, 7042, 30}));  // then EOS 2
 }
 

@@ -12,6 +12,7 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "harness/engine/engine.h"
 #include "harness/eval/run_config.h"
 #include "harness/eval/runner.h"
 #include "harness/eval/stream.h"
@@ -65,6 +66,15 @@ CommandResult run_kvbench(const std::string& args) {
   std::remove(out.c_str());
   std::remove(err.c_str());
   return r;
+}
+
+std::vector<int64_t> greedy(const std::shared_ptr<Model>& m, const std::vector<int64_t>& prompt,
+                            int64_t n, std::vector<int64_t> stop) {
+  Engine e(m, make_default_kv(*m));
+  GenerateOptions g;
+  g.max_new_tokens = n;
+  g.stop_ids = stop.empty() ? std::vector<int64_t>{-1} : stop;  // {-1}: never stop early
+  return e.generate({prompt}, g).tokens[0];
 }
 
 std::shared_ptr<Model> stories260k() {

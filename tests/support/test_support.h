@@ -37,6 +37,10 @@ CommandResult run_kvbench(const std::string& args);
 
 // stories260K from models_dir(), loaded once per process (CPU fp32).
 std::shared_ptr<Model> stories260k();
+// Greedy continuation of `prompt` by `m` with the full cache: `n` tokens, or up to one of `stop`
+// (none: never stops early).
+std::vector<int64_t> greedy(const std::shared_ptr<Model>& m, const std::vector<int64_t>& prompt,
+                            int64_t n, std::vector<int64_t> stop = {});
 // The first `count` TinyStories validation windows of `window` tokens (stories260K's tokenizer), as
 // the stream protocol cuts them.
 std::vector<std::vector<int64_t>> story_windows(int window, int count);
