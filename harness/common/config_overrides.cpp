@@ -10,8 +10,8 @@ namespace kvb {
 namespace {
 
 // Offset of the first byte that breaks UTF-8 (overlongs, surrogates and > U+10FFFF included), or
-// npos. A bare-word value becomes a JSON string, and nlohmann refuses to dump invalid UTF-8 (found by
-// fuzz_set_grammar: an uncaught type_error when the config was hashed or printed).
+// npos. A bare-word value becomes a JSON string, and nlohmann refuses to dump invalid UTF-8 (found
+// by fuzz_set_grammar: an uncaught type_error when the config was hashed or printed).
 size_t invalid_utf8_at(const std::string& s) {
   size_t i = 0;
   while (i < s.size()) {

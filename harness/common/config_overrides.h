@@ -1,11 +1,10 @@
 #pragma once
-// The `--set a.b.c=value` grammar of `kvbench run` and `kvbench grid`. Torch-free, so that it can be
-// fuzzed (tests/fuzz/fuzz_set_grammar.cpp) without LibTorch.
-
-#include <string>
-#include <vector>
+// The `--set a.b.c=value` grammar of `kvbench run` and `kvbench grid`. Torch-free, so that it can
+// be fuzzed (tests/fuzz/fuzz_set_grammar.cpp) without LibTorch.
 
 #include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
 
 namespace kvb {
 

@@ -1,6 +1,7 @@
 #pragma once
-// Upper bounds on user-given sizes that would otherwise turn a typo into a hang or a huge allocation.
-// Each is checked where the value enters (CLI flag, config key, model file), naming it. Torch-free.
+// Upper bounds on user-given sizes that would otherwise turn a typo into a hang or a huge
+// allocation. Each is checked where the value enters (CLI flag, config key, model file), naming it.
+// Torch-free.
 
 #include <cstdint>
 #include <string>

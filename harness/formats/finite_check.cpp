@@ -14,7 +14,8 @@ int64_t scan(const unsigned char* p, int64_t n, T exp_mask) {
   T buf[kBlock];
   for (int64_t start = 0; start < n; start += kBlock) {
     const int64_t len = n - start < kBlock ? n - start : kBlock;
-    std::memcpy(buf, p + start * static_cast<int64_t>(sizeof(T)), static_cast<size_t>(len) * sizeof(T));
+    std::memcpy(buf, p + start * static_cast<int64_t>(sizeof(T)),
+                static_cast<size_t>(len) * sizeof(T));
     bool hit = false;
     for (int64_t i = 0; i < len; ++i) hit |= (buf[i] & exp_mask) == exp_mask;
     if (!hit) continue;

@@ -1,8 +1,8 @@
 #pragma once
-// Finds the first NaN or Inf in a weight tensor's raw bytes, so that a damaged checkpoint is refused
-// at load naming the tensor instead of producing NaN logits (or a silently wrong score) later. The
-// test looks only at exponent bits (all ones means Inf or NaN), one pass over the source bytes with
-// no conversion and no allocation. Torch-free.
+// Finds the first NaN or Inf in a weight tensor's raw bytes, so that a damaged checkpoint is
+// refused at load naming the tensor instead of producing NaN logits (or a silently wrong score)
+// later. The test looks only at exponent bits (all ones means Inf or NaN), one pass over the source
+// bytes with no conversion and no allocation. Torch-free.
 
 #include <cstdint>
 

@@ -29,24 +29,39 @@ using nlohmann::json;
 using ptest::expect_kvb_error;
 
 const std::vector<ParamSpec>& specs() {
-  static const std::vector<ParamSpec> s = {int_param("block_size", 16, 1, 4096, "tokens per block"),
-                                           int_param("offset", 0, std::nullopt, std::nullopt, "any")};
+  static const std::vector<ParamSpec> s = {
+      int_param("block_size", 16, 1, 4096, "tokens per block"),
+      int_param("offset", 0, std::nullopt, std::nullopt, "any")};
   return s;
 }
 
 TEST(IntParams, NonIntegersAndOutOfRangeFloatsNameTheKey) {
-  expect_kvb_error([] { resolve_params(specs(), json{{"block_size", 2.5}}, "method paged"); },
-                   {"method paged.block_size", "expected an integer", "2.5"});
+  expect_kvb_error(
+      [] {
+        resolve_params(specs(), json{{"block_size", 2.5}}, "method paged");
+      },
+      {"method paged.block_size", "expected an integer", "2.5"});
   // 1e300 is a whole float, but casting it to int64 is undefined (in practice INT64_MIN, which an
   // unbounded key would then accept): it must be refused as not fitting, naming the key.
-  expect_kvb_error([] { resolve_params(specs(), json{{"offset", 1e300}}, "method paged"); },
-                   {"method paged.offset", "1e+300", "does not fit a 64-bit integer"});
-  expect_kvb_error([] { resolve_params(specs(), json{{"block_size", 1e300}}, "method paged"); },
-                   {"method paged.block_size", "does not fit a 64-bit integer", "allowed range"});
-  expect_kvb_error([] { resolve_params(specs(), json{{"offset", -1e19}}, "m"); }, {"m.offset", "does not fit"});
+  expect_kvb_error(
+      [] {
+        resolve_params(specs(), json{{"offset", 1e300}}, "method paged");
+      },
+      {"method paged.offset", "1e+300", "does not fit a 64-bit integer"});
+  expect_kvb_error(
+      [] {
+        resolve_params(specs(), json{{"block_size", 1e300}}, "method paged");
+      },
+      {"method paged.block_size", "does not fit a 64-bit integer", "allowed range"});
+  expect_kvb_error(
+      [] {
+        resolve_params(specs(), json{{"offset", -1e19}}, "m");
+      },
+      {"m.offset", "does not fit"});
   // An unsigned above INT64_MAX would wrap negative through get<int64_t>.
-  expect_kvb_error([] { resolve_params(specs(), json::parse(R"({"offset": 18446744073709551615})"), "m"); },
-                   {"m.offset", "18446744073709551615", "does not fit"});
+  expect_kvb_error(
+      [] { resolve_params(specs(), json::parse(R"({"offset": 18446744073709551615})"), "m"); },
+      {"m.offset", "18446744073709551615", "does not fit"});
   // What is in range still resolves, floats with integral values included.
   const json ok = resolve_params(specs(), json{{"block_size", 32.0}, {"offset", -9.0e18}}, "m");
   EXPECT_EQ(ok["block_size"].get<int64_t>(), 32);
@@ -61,13 +76,15 @@ TEST(ThreadCount, BoundedAndNamed) {
   expect_kvb_error([] { check_thread_count(kMaxThreads + 1, "--threads"); },
                    {"--threads", "1025 threads", "[0, 1024]"});
   expect_kvb_error([] { check_thread_count(-1, "--threads"); }, {"--threads", "-1"});
-  expect_kvb_error([] { check_thread_count(0, "--threads-list", false); }, {"--threads-list", "[1, 1024]"});
+  expect_kvb_error([] { check_thread_count(0, "--threads-list", false); },
+                   {"--threads-list", "[1, 1024]"});
 }
 
 std::string hf_config(const std::string& max_pos) {
   return R"({"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
              "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 32,
-             "max_position_embeddings": )" + max_pos + "}";
+             "max_position_embeddings": )" +
+         max_pos + "}";
 }
 
 TEST(ModelConfigBounds, DeclaredContextIsBounded) {
@@ -124,14 +141,17 @@ TEST(ResultsDbIntegrity, DamagedPagesFailQuickCheckNamingTheFile) {
       spec.provenance_json = "{}";
       const int64_t id = db.begin_run(spec).id;
       for (int i = 0; i < 200; ++i)
-        db.add_sample(id, i, "k" + std::to_string(i), json{{"text", std::string(200, 'a' + i % 26)}}.dump());
+        db.add_sample(id, i, "k" + std::to_string(i),
+                      json{{"text", std::string(200, 'a' + i % 26)}}.dump());
     }
     db.check_integrity();  // a sound file passes
   }
   // Fold the WAL into the file so that the damage below is what a reader sees.
   sqlite3* raw = nullptr;
   ASSERT_EQ(sqlite3_open(path.c_str(), &raw), SQLITE_OK);
-  ASSERT_EQ(sqlite3_exec(raw, "PRAGMA wal_checkpoint(TRUNCATE); PRAGMA journal_mode=DELETE;", nullptr, nullptr, nullptr), SQLITE_OK);
+  ASSERT_EQ(sqlite3_exec(raw, "PRAGMA wal_checkpoint(TRUNCATE); PRAGMA journal_mode=DELETE;",
+                         nullptr, nullptr, nullptr),
+            SQLITE_OK);
   sqlite3_close(raw);
   std::string bytes = ptest::read_bytes(path);
   const size_t page = 4096;
@@ -154,14 +174,18 @@ TEST(FuzzRegressions, NumberOverflowIsAKvbErrorNamingTheSource) {
   EXPECT_FALSE(parse_json_if_valid("1e400", "--set", &out));  // a bare word, as syntax errors are
 }
 
-// Found by fuzz_set_grammar: a bare-word value with invalid UTF-8 became a JSON string that nlohmann
-// then refused to dump (an uncaught type_error when the config was hashed or printed).
+// Found by fuzz_set_grammar: a bare-word value with invalid UTF-8 became a JSON string that
+// nlohmann then refused to dump (an uncaught type_error when the config was hashed or printed).
 TEST(FuzzRegressions, SetRefusesInvalidUtf8) {
   json config = json::object();
-  expect_kvb_error([&] { apply_overrides(config, {"label=caf\xe9"}); }, {"--set", "not valid UTF-8", "byte 9"});
-  expect_kvb_error([&] { apply_overrides(config, {"a\xc0\xaf=1"}); }, {"not valid UTF-8", "byte 1"});  // overlong
-  expect_kvb_error([&] { apply_overrides(config, {"x=\xed\xa0\x80"}); }, {"not valid UTF-8"});  // surrogate
-  expect_kvb_error([&] { apply_overrides(config, {"x=\xf0\x9f\x98"}); }, {"not valid UTF-8"});  // truncated
+  expect_kvb_error([&] { apply_overrides(config, {"label=caf\xe9"}); },
+                   {"--set", "not valid UTF-8", "byte 9"});
+  expect_kvb_error([&] { apply_overrides(config, {"a\xc0\xaf=1"}); },
+                   {"not valid UTF-8", "byte 1"});  // overlong
+  expect_kvb_error([&] { apply_overrides(config, {"x=\xed\xa0\x80"}); },
+                   {"not valid UTF-8"});  // surrogate
+  expect_kvb_error([&] { apply_overrides(config, {"x=\xf0\x9f\x98"}); },
+                   {"not valid UTF-8"});  // truncated
   apply_overrides(config, {"label=caf\xc3\xa9 \xf0\x9f\x98\x80", "method.params.budget=0.5"});
   EXPECT_EQ(config["label"], "caf\xc3\xa9 \xf0\x9f\x98\x80");
   EXPECT_EQ(config["method"]["params"]["budget"], 0.5);

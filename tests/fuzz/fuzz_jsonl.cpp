@@ -1,6 +1,6 @@
-// libFuzzer target for the line-oriented readers: generic JSONL, LongBench samples, Mooncake request
-// traces (strict and skipping bad lines), and the LongBench task config (one JSON document). Any
-// bytes give records or a kvb::Error, never a crash, a sanitizer report or a hang.
+// libFuzzer target for the line-oriented readers: generic JSONL, LongBench samples, Mooncake
+// request traces (strict and skipping bad lines), and the LongBench task config (one JSON
+// document). Any bytes give records or a kvb::Error, never a crash, a sanitizer report or a hang.
 
 #include <cstddef>
 #include <cstdint>
@@ -17,12 +17,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     kvb::JsonlOptions jo;
     jo.skip_bad_lines = skip;
     try {
-      kvb::read_jsonl(path, jo, [](const nlohmann::json& r, size_t) { (void)kvb::json_string(r, "text"); });
+      kvb::read_jsonl(path, jo,
+                      [](const nlohmann::json& r, size_t) { (void)kvb::json_string(r, "text"); });
     } catch (const kvb::Error&) {
     }
     try {
       const auto lb = kvb::read_longbench_jsonl(path, jo);
-      for (const auto& s : lb.samples) (void)kvb::format_longbench_prompt("{context}\n{input}", s.context, s.input);
+      for (const auto& s : lb.samples)
+        (void)kvb::format_longbench_prompt("{context}\n{input}", s.context, s.input);
     } catch (const kvb::Error&) {
     }
     try {

@@ -10,7 +10,8 @@
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   try {
     const kvb::Llama2cLayout L = kvb::parse_llama2c_header(data, size, "<fuzz>");
-    if (L.expected_bytes > size) __builtin_trap();  // the parser promised the file holds every array
+    if (L.expected_bytes > size)
+      __builtin_trap();  // the parser promised the file holds every array
     for (const auto& a : L.arrays) {
       size_t n = 1;
       for (int64_t d : a.shape) n *= static_cast<size_t>(d);

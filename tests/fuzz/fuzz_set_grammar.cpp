@@ -24,7 +24,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   try {
     if (!lines.empty() && !kvb::parse_json_if_valid(lines[0], "<fuzz config>", &config))
       config = nlohmann::json::object();
-    kvb::apply_overrides(config, std::vector<std::string>(lines.begin() + (lines.empty() ? 0 : 1), lines.end()));
+    kvb::apply_overrides(
+        config, std::vector<std::string>(lines.begin() + (lines.empty() ? 0 : 1), lines.end()));
     (void)config.dump();
   } catch (const kvb::Error&) {
   }

@@ -1,6 +1,7 @@
 #pragma once
-// Shared by the libFuzzer targets whose readers take a path: the input is written to one scratch file
-// per process (overwritten each run), since those readers map or stream files rather than bytes.
+// Shared by the libFuzzer targets whose readers take a path: the input is written to one scratch
+// file per process (overwritten each run), since those readers map or stream files rather than
+// bytes.
 
 #include <unistd.h>
 
