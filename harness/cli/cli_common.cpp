@@ -5,6 +5,7 @@
 #include <iostream>
 
 #include "harness/common/error.h"
+#include "harness/common/limits.h"
 
 namespace kvb::cli {
 
@@ -23,7 +24,7 @@ void add_model_options(CLI::App* app, ModelArgs* a) {
 }
 
 std::shared_ptr<Model> load_model_from_args(const ModelArgs& a) {
-  KVB_CHECK(a.threads >= 0, "--threads must be >= 0 (got ", a.threads, ")");
+  check_thread_count(a.threads, "--threads");
   if (a.threads > 0) at::set_num_threads(a.threads);
   LoadOptions o;
   o.device = a.device;
@@ -35,6 +36,11 @@ std::shared_ptr<Model> load_model_from_args(const ModelArgs& a) {
             << m->config.parameter_count() << " params) from " << m->source << " on "
             << m->device.str() << " as " << dtype_name(m->dtype) << "\n";
   return m;
+}
+
+void check_db_path(const std::string& path, const std::string& flag) {
+  KVB_CHECK(!path.empty() && path != ":memory:", flag, ": '", path,
+            "' is a database SQLite discards at exit, so the results would be lost; give a file path");
 }
 
 std::unique_ptr<Tokenizer> load_tokenizer(const Model& m) {

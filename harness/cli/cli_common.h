@@ -23,6 +23,9 @@ struct ModelArgs {
 void add_model_options(CLI::App* app, ModelArgs* a);
 // Applies --threads and loads the model (logging to stderr).
 std::shared_ptr<Model> load_model_from_args(const ModelArgs& a);
+// Refuses a results-DB path whose rows SQLite would discard at exit (":memory:", and "" which SQLite
+// opens as a private temporary file): a run or grid into it would report success and keep nothing.
+void check_db_path(const std::string& path, const std::string& flag);
 // The model's tokenizer; throws naming the model when it has none.
 std::unique_ptr<Tokenizer> load_tokenizer(const Model& m);
 

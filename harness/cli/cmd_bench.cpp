@@ -15,6 +15,7 @@
 
 #include "harness/cli/cli_common.h"
 #include "harness/common/error.h"
+#include "harness/common/limits.h"
 #include "harness/engine/engine.h"
 
 namespace kvb::cli {
@@ -67,6 +68,7 @@ void register_bench(CLI::App& app) {
   sub->callback([args] {
     auto batches = parse_list(args->batches, "--batch");
     auto threads = parse_list(args->threads, "--threads-list");
+    for (int64_t th : threads) check_thread_count(th, "--threads-list", /*allow_default=*/false);
     KVB_CHECK(args->context >= 2, "--context must be >= 2");
     KVB_CHECK(args->repeats >= 1, "--repeats must be >= 1");
     auto model = load_model_from_args(args->model);

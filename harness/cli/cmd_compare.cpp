@@ -59,9 +59,11 @@ void register_compare(CLI::App& app) {
       must_exist(pa);
       must_exist(pb);
       ResultsDb da(pa);
+      da.check_integrity();
       std::unique_ptr<ResultsDb> owned;
       if (pb != pa) owned = std::make_unique<ResultsDb>(pb);
       ResultsDb& dbb = owned ? *owned : da;
+      if (owned) dbb.check_integrity();
       const RunRow a = find_run_ref(da, args->refs[0]);
       const RunRow b = find_run_ref(dbb, args->refs[1]);
       RunComparison c = compare_runs(da, a, dbb, b, o);
@@ -74,6 +76,8 @@ void register_compare(CLI::App& app) {
       must_exist(args->db_a);
       must_exist(args->db_b);
       ResultsDb da(args->db_a), dbb(args->db_b);
+      da.check_integrity();
+      dbb.check_integrity();
       RunFilter f;
       f.grid = args->grid;
       f.status = RunStatus::kDone;

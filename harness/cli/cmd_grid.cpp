@@ -76,6 +76,7 @@ void register_grid(CLI::App& app) {
   sub->add_flag("--verbose,-v", args->verbose, "also print each run's per-sample lines");
   sub->add_flag("--quiet,-q", args->quiet, "no progress output (same as --progress none)");
   sub->callback([args] {
+    if (!args->dry_run) check_db_path(args->db, "--db");
     GridOptions go;
     go.sets = args->sets;
     go.models_dir = args->models_dir;
@@ -223,6 +224,7 @@ void register_merge(CLI::App& app) {
       KVB_CHECK(path_exists(in), in, ": no such results database");
       KVB_CHECK(in != args->out, in, ": cannot merge a database into itself");
     }
+    check_db_path(args->out, "merge: OUT");
     ResultsDb out(args->out);
     MergeStats total;
     nlohmann::json per = nlohmann::json::array();

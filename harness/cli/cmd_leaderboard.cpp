@@ -50,6 +50,7 @@ void register_leaderboard(CLI::App& app) {
     std::string text;
     {
       ResultsDb db(args->db);
+      db.check_integrity();
       Leaderboard lb = build_leaderboard(db, o);
       if (args->format == "md") text = leaderboard_markdown(lb);
       else if (args->format == "csv") text = leaderboard_csv(lb);

@@ -32,6 +32,7 @@ void register_run(CLI::App& app) {
   sub->add_option("--cache-dir", args->cache_dir, "full-cache baseline cache (default: <db dir>/cache/baseline)");
   sub->add_flag("--quiet,-q", args->quiet, "no progress lines");
   sub->callback([args] {
+    check_db_path(args->db, "--db");
     nlohmann::json raw = load_config_file(args->config);
     apply_overrides(raw, args->sets);
     nlohmann::json resolved = resolve_run_config(raw);  // every config error surfaces here, before the DB

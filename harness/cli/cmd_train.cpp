@@ -5,6 +5,7 @@
 
 #include "harness/cli/cli_common.h"
 #include "harness/common/error.h"
+#include "harness/common/limits.h"
 #include "harness/train/trainer.h"
 
 namespace kvb::cli {
@@ -34,7 +35,7 @@ void register_train(CLI::App& app) {
   sub->add_option("--threads", args->threads, "CPU threads (0: LibTorch's default)");
   sub->add_flag("--quiet,-q", args->opts.quiet, "no progress lines");
   sub->callback([args] {
-    KVB_CHECK(args->threads >= 0, "--threads must be >= 0");
+    check_thread_count(args->threads, "--threads");
     if (args->threads > 0) at::set_num_threads(args->threads);
     TrainSummary s = run_training(args->opts);
     nlohmann::json j = {{"steps_done", s.steps_done}, {"total_steps", s.total_steps},

@@ -1,6 +1,7 @@
 #include "harness/common/params.h"
 
 #include <cmath>
+#include <cstdint>
 
 #include "harness/common/error.h"
 #include "harness/common/strings.h"
@@ -33,10 +34,18 @@ nlohmann::json check_value(const ParamSpec& s, const nlohmann::json& v, const st
   const std::string key = where + "." + s.name;
   switch (s.type) {
     case ParamType::kInt: {
-      // 16 and 16.0 are both accepted as ints; 16.5 is not.
-      bool ok = v.is_number_integer() ||
-                (v.is_number_float() && std::floor(v.get<double>()) == v.get<double>());
-      KVB_CHECK(ok, key, ": expected an integer, got ", v.dump());
+      // 16 and 16.0 are both accepted as ints; 16.5 is not. A float must also fit int64 before the
+      // cast (casting 1e300 is undefined behaviour, in practice INT64_MIN, which a range check with
+      // no lower bound would then accept), and an unsigned above INT64_MAX would wrap negative.
+      const bool whole_float = v.is_number_float() && std::isfinite(v.get<double>()) &&
+                               std::floor(v.get<double>()) == v.get<double>();
+      KVB_CHECK(v.is_number_integer() || whole_float, key, ": expected an integer, got ", v.dump());
+      constexpr double kTwo63 = 9223372036854775808.0;  // 2^63, exactly representable
+      const bool fits = v.is_number_unsigned()
+                            ? v.get<uint64_t>() <= static_cast<uint64_t>(INT64_MAX)
+                            : !whole_float || (v.get<double>() >= -kTwo63 && v.get<double>() < kTwo63);
+      KVB_CHECK(fits, key, ": ", v.dump(), " does not fit a 64-bit integer; allowed range ",
+                range_str(s));
       const int64_t x = v.is_number_integer() ? v.get<int64_t>() : static_cast<int64_t>(v.get<double>());
       KVB_CHECK((!s.min || x >= *s.min) && (!s.max || x <= *s.max), key, ": ", x,
                 " is outside the allowed range ", range_str(s));

@@ -118,6 +118,22 @@ std::string scalar_text(const json& v) {
   return v.dump();
 }
 
+// The most cells a grid may expand to. Counted before anything is expanded (method parameter lists
+// included), so a small file of long lists fails at once instead of building millions of configs.
+constexpr size_t kMaxGridCells = 1000000;
+
+// How many methods `v` expands to: the product of its parameter lists' lengths, saturating at
+// kMaxGridCells + 1 so that no product overflows. Checks nothing else; expand_method_value does.
+size_t method_value_count(const json& v) {
+  if (!v.is_object() || !v.contains("params") || !v["params"].is_object()) return 1;
+  size_t n = 1;
+  for (const auto& p : v["params"]) {
+    if (!p.is_array() || p.empty()) continue;
+    n = p.size() > (kMaxGridCells + 1) / n ? kMaxGridCells + 1 : n * p.size();
+  }
+  return n;
+}
+
 // {"name": n, "params": {k: [a, b], j: c}} -> one object per combination of the list values.
 std::vector<json> expand_method_value(const json& v, const std::string& where) {
   if (v.is_string()) return {json{{"name", v}}};
@@ -351,8 +367,7 @@ GridPlan expand_grid(const json& grid, const GridOptions& options) {
       for (size_t i = 0; i < it.value().size(); ++i) {
         const json& v = it.value()[i];
         if (it.key() == "method") {
-          auto ex = expand_method_value(v, where + "[" + std::to_string(i) + "]");
-          values.insert(values.end(), ex.begin(), ex.end());
+          values.push_back(v);  // expanded below, once the cell count is known to be in bounds
         } else {
           KVB_CHECK(!v.is_array(), where, "[", i, "]: a value cannot be a list (lists are axes)");
           values.push_back(v);
@@ -363,14 +378,41 @@ GridPlan expand_grid(const json& grid, const GridOptions& options) {
     }
   }
   // List-valued params in the base method form an implicit method axis.
+  bool base_method_axis = false;
   if (!axes.count("method") && base.contains("method") && base["method"].is_object() &&
       base["method"].contains("params") && base["method"]["params"].is_object()) {
     bool lists = false;
     for (const auto& p : base["method"]["params"]) lists = lists || p.is_array();
     if (lists) {
-      axes["method"] = expand_method_value(base["method"], "grid.base.method");
+      axes["method"] = {base["method"]};
       axis_paths["method"] = {"method"};
+      base_method_axis = true;
     }
+  }
+  // Cartesian product size, method lists counted unexpanded (saturating: no overflow).
+  {
+    size_t total = 1;
+    for (const auto& [k, v] : axes) {
+      size_t n = 0;
+      if (k == "method") {
+        for (const auto& m : v) n = std::min(kMaxGridCells + 1, n + method_value_count(m));
+      } else {
+        n = v.size();
+      }
+      total = n > (kMaxGridCells + 1) / total ? kMaxGridCells + 1 : total * n;
+    }
+    KVB_CHECK(total <= kMaxGridCells, "grid: the axes (method parameter lists included) expand to more than ",
+              kMaxGridCells, " cells; split the grid or shorten its lists");
+  }
+  if (axes.count("method")) {
+    std::vector<json> expanded;
+    const std::vector<json> raw = std::move(axes["method"]);
+    for (size_t i = 0; i < raw.size(); ++i) {
+      auto ex = expand_method_value(raw[i], base_method_axis ? std::string("grid.base.method")
+                                                             : "grid.axes.method[" + std::to_string(i) + "]");
+      expanded.insert(expanded.end(), ex.begin(), ex.end());
+    }
+    axes["method"] = std::move(expanded);
   }
   for (const auto& [k, v] : axes) plan.axis_keys.push_back(k);
 
@@ -393,7 +435,7 @@ GridPlan expand_grid(const json& grid, const GridOptions& options) {
   size_t total = 1;
   for (const auto& [k, v] : axes) {
     total *= v.size();
-    KVB_CHECK(total <= 1000000, "grid: the axes expand to more than 1,000,000 cells");
+    KVB_CHECK(total <= kMaxGridCells, "grid: the axes expand to more than ", kMaxGridCells, " cells");
   }
   plan.expanded = total;
 

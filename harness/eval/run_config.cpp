@@ -2,6 +2,7 @@
 
 #include "harness/common/error.h"
 #include "harness/common/json_parse.h"
+#include "harness/common/limits.h"
 #include "harness/common/mapped_file.h"
 #include "harness/common/strings.h"
 #include "harness/kv/method_registry.h"
@@ -149,35 +150,6 @@ nlohmann::json load_config_file(const std::string& path) {
   return parse_json(read_text_file(path), path);
 }
 
-void apply_overrides(nlohmann::json& config, const std::vector<std::string>& sets) {
-  for (const auto& s : sets) {
-    const auto eq = s.find('=');
-    KVB_CHECK(eq != std::string::npos && eq > 0, "--set '", s, "': expected key=value");
-    const std::string key = s.substr(0, eq), text = s.substr(eq + 1);
-    nlohmann::json value;
-    if (!parse_json_if_valid(text, "--set '" + s + "'", &value))
-      value = text;  // bare words are strings: --set method.name=paged
-    nlohmann::json* node = &config;
-    size_t start = 0;
-    for (;;) {
-      const size_t dot = key.find('.', start);
-      const std::string part = key.substr(start, dot - start);
-      KVB_CHECK(!part.empty(), "--set '", s, "': empty key component");
-      if (!node->is_object()) *node = nlohmann::json::object();
-      if (dot == std::string::npos) {
-        (*node)[part] = value;
-        break;
-      }
-      // "method.params.x" on a config whose method is the string shorthand: expand it first.
-      if (part == "method" && node == &config && config.contains("method") &&
-          config["method"].is_string())
-        config["method"] = {{"name", config["method"]}};
-      node = &(*node)[part];
-      start = dot + 1;
-    }
-  }
-}
-
 namespace {
 
 void check_keys(const nlohmann::json& obj, const std::vector<std::string>& allowed,
@@ -199,7 +171,7 @@ nlohmann::json resolve_run_config(const nlohmann::json& raw) {
       string_param("model", "stories260K", {}, "model spec"),
       string_param("device", "cpu", {}, "cpu | cuda | cuda:N"),
       string_param("dtype", "fp32", {"fp32", "bf16", "fp16"}, "compute dtype"),
-      int_param("threads", 0, 0, 1024, "CPU threads (0: default)"),
+      int_param("threads", 0, 0, static_cast<double>(kMaxThreads), "CPU threads (0: default)"),
       int_param("seed", 0, 0, 1e15, "seed for anything random"),
       string_param("label", "", {}, "free text, not hashed"),
   };

@@ -14,6 +14,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "harness/common/config_overrides.h"  // apply_overrides, with the config loaders
 #include "harness/common/params.h"
 
 namespace kvb {
@@ -30,9 +31,6 @@ const ProtocolSpec& protocol_spec(const std::string& name);  // throws with a hi
 
 // Parses a config file. Throws kvb::Error naming the file (and line/column for bad JSON).
 nlohmann::json load_config_file(const std::string& path);
-
-// Applies "a.b.c=value" overrides (value parsed as JSON when it parses, else taken as a string).
-void apply_overrides(nlohmann::json& config, const std::vector<std::string>& sets);
 
 // Validates every key (unknown keys are errors with a nearest-name hint), the method (against the
 // registry and its schema) and the protocol; returns the config with all defaults filled in.

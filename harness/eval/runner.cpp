@@ -100,6 +100,46 @@ RunOutcome execute_run(const nlohmann::json& resolved, ResultsDb& db, const RunE
     lo.synthetic_seed = resolved["seed"].get<uint64_t>();
     auto model = load_model(resolved["model"], lo);
     spec.provenance_json = provenance_json(env, *model);
+
+    // Everything the protocol reads from the user (data files, lists, depths, lengths, targets) is
+    // read and checked here, before the run row exists: a config that cannot run fails with one line
+    // and leaves the database as it was, instead of as a failed run (or a "done" run of 0 samples).
+    const bool needs_tokenizer = protocol == "stream" || protocol == "probe" || protocol == "qa" || protocol == "serve";
+    KVB_CHECK(!needs_tokenizer || !model->tokenizer_path.empty(), model->source, ": the ", protocol,
+              " protocol needs a tokenizer");
+    std::string dataset_hash;
+    std::vector<StreamWindow> windows;  // stream, probe; serve's footprint text
+    std::unique_ptr<Tokenizer> qa_tok;
+    std::vector<QaSample> qa_set;
+    std::vector<int64_t> int_list;  // perf: batch sizes; serve: probe lengths
+    if (protocol == "stream" || protocol == "probe") {
+      const int64_t window = proto["window"];
+      KVB_CHECK(window <= model->config.max_seq_len, "config.protocol.window: ", window,
+                " tokens is longer than the model's context of ", model->config.max_seq_len,
+                " (max_position_embeddings of ", model->source, ")");
+      windows = stream_windows(model->tokenizer_path, proto, env.data_dir, &dataset_hash);
+      KVB_CHECK(!windows.empty(), "config.protocol.dataset: '", proto["dataset"].get<std::string>(),
+                "' yields no window of ", window, " tokens");
+    } else if (protocol == "qa") {
+      qa_tok = std::make_unique<Tokenizer>(model->tokenizer_path);
+      nlohmann::json p = proto;
+      p["seed"] = resolved["seed"];
+      qa_set = qa_samples(*qa_tok, p, env.data_dir, env.cache_dir, &dataset_hash);
+      KVB_CHECK(!qa_set.empty(), "config.protocol: the qa source '", proto["source"].get<std::string>(),
+                "' yields no samples");
+    } else if (protocol == "perf") {
+      int_list = parse_int_list(proto["batch_sizes"], "batch_sizes", "batch size", 1, 4096);
+    } else if (protocol == "serve") {
+      const int64_t decode = proto["probe_decode_tokens"];
+      int_list = parse_int_list(proto["probe_lengths"], "probe_lengths", "length", 2,
+                                model->config.max_seq_len - decode);
+      check_serve_inputs(proto, resolve_data_dir(env.data_dir));
+      nlohmann::json wp = {{"dataset", proto["dataset"]}, {"stride", 0}, {"max_windows", 1},
+                           {"window", *std::max_element(int_list.begin(), int_list.end())}};
+      windows = stream_windows(model->tokenizer_path, wp, env.data_dir, &dataset_hash);
+      KVB_CHECK(!windows.empty(), proto["dataset"].get<std::string>(), ": no text for the footprint probe");
+    }
+
     RunInfo info = db.begin_run(spec);
     run_id = info.id;
     out.run_id = run_id;
@@ -112,9 +152,6 @@ RunOutcome execute_run(const nlohmann::json& resolved, ResultsDb& db, const RunE
     const std::set<int64_t> done = db.done_sample_indices(run_id);
 
     if (protocol == "stream") {
-      KVB_CHECK(!model->tokenizer_path.empty(), model->source, ": the stream protocol needs a tokenizer");
-      std::string dataset_hash;
-      auto windows = stream_windows(model->tokenizer_path, proto, env.data_dir, &dataset_hash);
       out.samples_total = static_cast<int64_t>(windows.size());
       StreamOptions so;
       so.prefill_tokens = proto["prefill_tokens"];
@@ -141,9 +178,6 @@ RunOutcome execute_run(const nlohmann::json& resolved, ResultsDb& db, const RunE
       for (const auto& s : db.samples(run_id)) all.push_back(StreamSampleResult::from_json(parse_json(s.output_json, "run " + std::to_string(run_id) + " sample")));
       out.metrics = stream_metrics(all, declared_simulated);
     } else if (protocol == "probe") {
-      KVB_CHECK(!model->tokenizer_path.empty(), model->source, ": the probe protocol needs a tokenizer");
-      std::string dataset_hash;
-      auto windows = stream_windows(model->tokenizer_path, proto, env.data_dir, &dataset_hash);
       out.samples_total = static_cast<int64_t>(windows.size());
       ProbeOptions po;
       po.prefill_tokens = proto["prefill_tokens"];
@@ -159,12 +193,8 @@ RunOutcome execute_run(const nlohmann::json& resolved, ResultsDb& db, const RunE
       for (const auto& s : db.samples(run_id)) all.push_back(ProbeSampleResult::from_json(parse_json(s.output_json, "run " + std::to_string(run_id) + " sample")));
       out.metrics = probe_metrics(all);
     } else if (protocol == "qa") {
-      KVB_CHECK(!model->tokenizer_path.empty(), model->source, ": the qa protocol needs a tokenizer");
-      Tokenizer tok(model->tokenizer_path);
-      nlohmann::json p = proto;
-      p["seed"] = resolved["seed"];
-      std::string dataset_hash;
-      auto samples = qa_samples(tok, p, env.data_dir, env.cache_dir, &dataset_hash);
+      const Tokenizer& tok = *qa_tok;
+      const std::vector<QaSample>& samples = qa_set;
       out.samples_total = static_cast<int64_t>(samples.size());
       QaOptions qo;
       qo.mode = proto["mode"];
@@ -198,7 +228,7 @@ RunOutcome execute_run(const nlohmann::json& resolved, ResultsDb& db, const RunE
       for (const auto& s : db.samples(run_id)) all.push_back(QaSampleResult::from_json(parse_json(s.output_json, "run " + std::to_string(run_id) + " sample")));
       out.metrics = qa_metrics(all, declared_simulated);
     } else if (protocol == "perf") {
-      const auto batches = parse_int_list(proto["batch_sizes"], "batch_sizes", "batch size", 1, 4096);
+      const std::vector<int64_t>& batches = int_list;
       out.samples_total = static_cast<int64_t>(batches.size());
       for (size_t i = 0; i < batches.size(); ++i) {
         const int64_t idx = static_cast<int64_t>(i);
@@ -214,16 +244,10 @@ RunOutcome execute_run(const nlohmann::json& resolved, ResultsDb& db, const RunE
       for (const auto& s : db.samples(run_id)) cells.push_back(PerfCell::from_json(parse_json(s.output_json, "run " + std::to_string(run_id) + " sample")));
       out.metrics = perf_metrics(cells, declared_simulated);
     } else if (protocol == "serve") {
-      KVB_CHECK(!model->tokenizer_path.empty(), model->source, ": the serve protocol needs a tokenizer");
       out.samples_total = 2;
       if (!done.count(0)) {
         const int64_t decode = proto["probe_decode_tokens"];
-        const auto lengths = parse_int_list(proto["probe_lengths"], "probe_lengths", "length", 2,
-                                            model->config.max_seq_len - decode);
-        nlohmann::json wp = {{"dataset", proto["dataset"]}, {"stride", 0}, {"max_windows", 1},
-                             {"window", *std::max_element(lengths.begin(), lengths.end())}};
-        std::string dataset_hash;
-        auto windows = stream_windows(model->tokenizer_path, wp, env.data_dir, &dataset_hash);
+        const std::vector<int64_t>& lengths = int_list;
         KVB_CHECK(!windows.empty(), proto["dataset"].get<std::string>(), ": no text for the footprint probe");
         auto points = measure_footprint_points(model, method, method_params, windows[0].tokens, lengths,
                                                decode, proto["prefill_chunk"]);

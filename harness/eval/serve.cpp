@@ -120,6 +120,22 @@ FootprintCurve curve_from_json(const nlohmann::json& footprint) {
 
 }  // namespace
 
+void check_serve_inputs(const nlohmann::json& proto, const std::string& data_dir) {
+  const std::string target = proto.at("target");
+  try {
+    (void)serve_target(target);
+  } catch (const Error& e) {
+    KVB_FAIL("config.protocol.target: ", e.what());
+  }
+  const std::string trace_name = proto.at("trace");
+  if (trace_name == "generated") return;  // made from gen_* parameters, each range-checked
+  const std::string path = serve_trace_path(trace_name, data_dir);
+  TraceReadOptions ro;
+  ro.block_size_tokens = proto.at("trace_block_tokens");
+  const RequestTrace trace = read_request_trace(path, ro);
+  KVB_CHECK(!trace.requests.empty(), path, ": the trace has no requests");
+}
+
 nlohmann::json serve_simulation_sample(const nlohmann::json& proto, const nlohmann::json& footprint,
                                        const std::string& data_dir, uint64_t seed) {
   const ServeTarget target = serve_target(proto.at("target"));

@@ -48,6 +48,11 @@ nlohmann::json footprint_sample_json(const std::vector<FootprintPoint>& points,
 
 // Sample 1: reads the trace, scales the footprint curve to the target, measures the Redis prefix
 // store when the protocol names one, simulates. `proto` is the resolved serve protocol.
+// What the simulation reads from the user, checked before a run begins (so that a bad one leaves no
+// run row): the target preset, and for a file trace that it reads and has requests once cut to
+// max_requests. Throws kvb::Error naming the key or file.
+void check_serve_inputs(const nlohmann::json& proto, const std::string& data_dir);
+
 nlohmann::json serve_simulation_sample(const nlohmann::json& proto, const nlohmann::json& footprint,
                                        const std::string& data_dir, uint64_t seed);
 

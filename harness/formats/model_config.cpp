@@ -6,6 +6,7 @@
 
 #include "harness/common/error.h"
 #include "harness/common/json_parse.h"
+#include "harness/common/limits.h"
 #include "harness/common/mapped_file.h"
 #include "harness/formats/gguf.h"
 
@@ -44,6 +45,30 @@ void ModelConfig::validate(const std::string& source) const {
   positive(head_dim, "head_dim");
   positive(vocab_size, "vocab_size");
   positive(max_seq_len, "max_position_embeddings");
+  // Each size bounded far above any released model, and their products through the parameter
+  // count (evaluated in double first), so that q_dim(), kv_bytes_per_token() and parameter_count()
+  // cannot overflow int64 on a hostile config.
+  auto at_most = [&](int64_t v, int64_t max, const char* key) {
+    KVB_CHECK(v <= max, source, ": '", key, "' ", v, " is above the supported maximum ", max);
+  };
+  at_most(dim, int64_t{1} << 24, "hidden_size");
+  at_most(hidden_dim, int64_t{1} << 24, "intermediate_size");
+  at_most(vocab_size, int64_t{1} << 24, "vocab_size");
+  at_most(n_layers, int64_t{1} << 16, "num_hidden_layers");
+  at_most(n_heads, int64_t{1} << 16, "num_attention_heads");
+  at_most(n_kv_heads, int64_t{1} << 16, "num_key_value_heads");
+  at_most(head_dim, int64_t{1} << 16, "head_dim");
+  {
+    const double D = static_cast<double>(dim), Q = static_cast<double>(n_heads) * head_dim,
+                 KV = static_cast<double>(n_kv_heads) * head_dim;
+    const double per_layer = 2 * D + D * (Q + 2 * KV) + Q * D + 3 * D * hidden_dim + (Q + 2 * KV);
+    const double params = n_layers * per_layer + 2.0 * vocab_size * D + D;
+    KVB_CHECK(params <= 1e15, source, ": the sizes imply ", params,
+              " parameters, above the supported 1e15");
+  }
+  // Bounded before anything is sized by it (RoPE tables, KV reservations); see kMaxContextTokens.
+  KVB_CHECK(max_seq_len <= kMaxContextTokens, source, ": 'max_position_embeddings' ", max_seq_len,
+            " is above the supported maximum ", kMaxContextTokens, " (2^24 tokens)");
   KVB_CHECK(n_heads % n_kv_heads == 0, source, ": num_attention_heads (", n_heads,
             ") must be a multiple of num_key_value_heads (", n_kv_heads, ")");
   KVB_CHECK(head_dim % 2 == 0, source, ": head_dim (", head_dim, ") must be even for RoPE");

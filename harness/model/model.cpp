@@ -13,6 +13,7 @@
 #include "harness/common/mapped_file.h"
 #include "harness/common/strings.h"
 #include "harness/formats/gguf.h"
+#include "harness/formats/finite_check.h"
 #include "harness/formats/llama2c_format.h"
 #include "harness/formats/safetensors.h"
 #include "harness/model/synthetic_presets.h"
@@ -113,6 +114,15 @@ std::string base_name(const std::string& path) {
   return pos == std::string::npos ? p : p.substr(pos + 1);
 }
 
+// Refuses a tensor holding NaN or Inf, naming it: a damaged checkpoint otherwise loads and yields NaN
+// logits (or, through a softmax that masks them, a plausible but wrong score) far from the cause.
+void check_finite(const void* data, int64_t numel, FloatBits bits, const std::string& file,
+                  const std::string& name) {
+  const int64_t at = first_nonfinite(data, numel, bits);
+  KVB_CHECK(at < 0, file, ": tensor '", name, "' holds NaN or Inf (first at flat element ", at,
+            " of ", numel, "); the checkpoint is damaged");
+}
+
 std::string shape_str(at::IntArrayRef s) {
   std::string out = "[";
   for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
@@ -123,15 +133,19 @@ std::string shape_str(at::IntArrayRef s) {
 at::Tensor st_to_tensor(const StTensor& t, const std::string& file, at::IntArrayRef want,
                         c10::ScalarType dtype, c10::Device device) {
   c10::ScalarType src;
+  FloatBits bits;
   switch (t.dtype) {
     case StDtype::kF32:
       src = c10::kFloat;
+      bits = FloatBits::kF32;
       break;
     case StDtype::kF16:
       src = c10::kHalf;
+      bits = FloatBits::kF16;
       break;
     case StDtype::kBF16:
       src = c10::kBFloat16;
+      bits = FloatBits::kBF16;
       break;
     default:
       KVB_FAIL(file, ": tensor '", t.name, "' has dtype ", st_dtype_name(t.dtype),
@@ -139,6 +153,9 @@ at::Tensor st_to_tensor(const StTensor& t, const std::string& file, at::IntArray
   }
   KVB_CHECK(at::IntArrayRef(t.shape) == want, file, ": tensor '", t.name, "' has shape ",
             shape_str(t.shape), " but config.json implies ", shape_str(want));
+  int64_t numel = 1;
+  for (int64_t d : t.shape) numel *= d;
+  check_finite(t.data, numel, bits, file, t.name);
   at::Tensor view = at::from_blob(const_cast<uint8_t*>(t.data), t.shape,
                                   at::TensorOptions().dtype(src).device(c10::kCPU));
   return view.to(device, dtype, /*non_blocking=*/false, /*copy=*/true);
@@ -152,7 +169,9 @@ void finish_weights(Model& m) {
     L.attn_norm = L.attn_norm.to(at::kFloat);
     L.ffn_norm = L.ffn_norm.to(at::kFloat);
   }
-  m.ensure_rope_len(std::max<int64_t>(m.config.max_seq_len, 8192));
+  // A fixed 8192 positions up front (8192 x head_dim floats, twice), not the declared context: a
+  // config may declare millions of positions, and transformer_forward grows the tables on demand.
+  m.ensure_rope_len(8192);
 }
 
 std::string find_tokenizer(const std::string& dir, int64_t vocab) {
@@ -217,6 +236,9 @@ void load_llama2c(Model& m, const std::string& path) {
   auto arr = [&](const std::string& name) -> at::Tensor {
     for (const auto& a : L.arrays) {
       if (a.name == name) {
+        int64_t numel = 1;
+        for (int64_t d : a.shape) numel *= d;
+        check_finite(base + a.offset_floats, numel, FloatBits::kF32, path, name);
         at::Tensor v = at::from_blob(const_cast<float*>(base + a.offset_floats), a.shape,
                                      at::TensorOptions().dtype(at::kFloat));
         return v.to(m.device, m.dtype, false, /*copy=*/true);
@@ -260,6 +282,7 @@ void load_gguf(Model& m, const std::string& path) {
               " but the metadata implies ", shape_str(shape));
     at::Tensor out = at::empty(shape, at::TensorOptions().dtype(at::kFloat));
     gguf_dequantize(t, out.data_ptr<float>());
+    check_finite(out.data_ptr<float>(), out.numel(), FloatBits::kF32, path, name);
     return out.to(m.device, m.dtype);
   };
   const int64_t D = c.dim, F = c.hidden_dim, Q = c.q_dim(), KV = c.kv_dim(), V = c.vocab_size;

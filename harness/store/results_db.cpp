@@ -423,6 +423,32 @@ int ResultsDb::schema_version() {
   return s.step() ? static_cast<int>(s.col_int(0)) : 0;
 }
 
+void ResultsDb::check_integrity() {
+  std::lock_guard<std::recursive_mutex> lock(mutex_);
+  std::string first;
+  int64_t problems = 0;
+  try {
+    Stmt s(*this, "PRAGMA quick_check(10)");
+    while (s.step()) {
+      const std::string line = s.col_text(0);
+      if (line == "ok") continue;
+      if (first.empty()) {
+        first = line;  // SQLite's lines may hold newlines; the error stays one line
+        for (char& c : first)
+          if (c == '\n') c = ' ';
+      }
+      ++problems;
+    }
+  } catch (const Error& e) {
+    // Damage bad enough that the check itself cannot run (a garbled root page) is the same verdict.
+    if (first.empty()) first = e.what();
+    ++problems;
+  }
+  KVB_CHECK(problems == 0, "results DB ", path_, ": fails PRAGMA quick_check (", first,
+            problems > 1 ? "; and more" : "",
+            "): the file is damaged; restore it from a copy or re-run into a new --db");
+}
+
 void ResultsDb::transaction(const std::function<void()>& fn) {
   Txn txn(*this);
   fn();

@@ -170,6 +170,10 @@ class ResultsDb {
   const std::string& path() const { return path_; }
   static int latest_schema_version();  // the version a DB has after opening with the built-in list
   int schema_version();                // PRAGMA user_version of this file
+  // PRAGMA quick_check (O(pages), no index cross-check): throws kvb::Error naming the file and
+  // SQLite's first complaint when the file is damaged. Readers that summarise a whole DB call it so
+  // that a damaged page fails loudly instead of silently dropping or garbling rows.
+  void check_integrity();
 
   // Runs `fn` inside one transaction: its writes commit together or, if it throws (or the process
   // dies), not at all. Operations called inside it join it (as savepoints) instead of committing

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -235,6 +236,88 @@ TEST(CliErrors, TruncatedLlama2cCheckpoint) {
                         {dir + "/m.bin", "does not match its header"});
   write(dir + "/h.bin", bin.substr(0, 20));
   expect_one_line_error(run_kvbench("inspect --model " + dir + "/h.bin"), {dir + "/h.bin", "truncated"});
+}
+
+// The first element of `tensor` in a safetensors header set to `bits` (F32), data offsets unchanged.
+void poke_f32(HfCopy& c, const std::string& tensor, int64_t element, uint32_t bits) {
+  uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = (n << 8) | static_cast<uint8_t>(c.weights[i]);
+  const auto h = c.header();
+  ASSERT_TRUE(h.contains(tensor)) << tensor;
+  ASSERT_EQ(h[tensor]["dtype"], "F32");
+  const size_t at = 8 + n + h[tensor]["data_offsets"][0].get<size_t>() + 4 * element;
+  for (int b = 0; b < 4; ++b) c.weights[at + b] = static_cast<char>((bits >> (8 * b)) & 0xff);
+}
+
+TEST(CliErrors, NonFiniteWeightsAreRefusedNamingTheTensor) {
+  {
+    HfCopy c;
+    poke_f32(c, "model.layers.2.mlp.down_proj.weight", 17, 0x7fc00000u);  // NaN
+    c.save();
+    expect_one_line_error(run_kvbench("score --model " + c.dir + " --text 'Once upon a time'"),
+                          {c.dir + "/model.safetensors", "'model.layers.2.mlp.down_proj.weight'",
+                           "NaN or Inf", "element 17"});
+  }
+  {
+    HfCopy c;
+    poke_f32(c, "model.embed_tokens.weight", 0, 0xff800000u);  // -Inf
+    c.save();
+    expect_one_line_error(run_kvbench("inspect --model " + c.dir), {"'model.embed_tokens.weight'", "NaN or Inf"});
+  }
+  // llama2.c: the first float after the 28-byte header is token_embedding[0][0].
+  std::string dir = test::make_temp_dir("l2cnan");
+  std::string bin = slurp(test::models_dir() + "/stories260K/stories260K.bin");
+  const uint32_t nan = 0x7fc00000u;
+  std::memcpy(&bin[28 + 4 * 3], &nan, 4);
+  write(dir + "/m.bin", bin);
+  expect_one_line_error(run_kvbench("inspect --model " + dir + "/m.bin"),
+                        {dir + "/m.bin", "'token_embedding'", "NaN or Inf", "element 3"});
+}
+
+TEST(CliErrors, DeclaredContextIsBoundedBeforeRopeTables) {
+  // 2^40 positions: the RoPE tables alone would be 2^40 x head_dim floats. Refused at the config,
+  // naming the key, instead of an allocation failure or an OOM kill.
+  HfCopy c;
+  auto j = nlohmann::json::parse(c.config);
+  j["max_position_embeddings"] = int64_t{1} << 40;
+  c.config = j.dump();
+  c.save();
+  expect_one_line_error(run_kvbench("inspect --model " + c.dir),
+                        {c.dir + "/config.json", "'max_position_embeddings' 1099511627776", "supported maximum"});
+  // A long declared context within the bound loads without allocating tables for it.
+  j["max_position_embeddings"] = int64_t{1} << 24;
+  c.config = j.dump();
+  c.save();
+  auto r = run_kvbench("score --model " + c.dir + " --text 'Once upon a time'");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+}
+
+TEST(CliErrors, ThreadCountsAreBounded) {
+  expect_one_line_error(run_kvbench("score --model " + hf_dir() + " --threads 100000 --text hi"),
+                        {"--threads", "100000 threads", "[0, 1024]"});
+  expect_one_line_error(run_kvbench("inspect --model synthetic:tiny --threads -2"), {"--threads", "-2"});
+  expect_one_line_error(run_kvbench("bench --model synthetic:tiny --threads-list 1,5000"),
+                        {"--threads-list", "5000 threads"});
+  expect_one_line_error(run_kvbench("train --threads 2000 -c /nonexistent.json"), {"--threads", "2000"});
+}
+
+TEST(CliErrors, ScoreRefusesTextLongerThanTheContext) {
+  // stories260K's context is 512 positions; ~700 tokens of text is refused before any forward pass.
+  std::string text;
+  for (int i = 0; i < 70; ++i) text += "The cat sat on the mat. ";
+  expect_one_line_error(run_kvbench("score --model " + hf_dir() + " --text '" + text + "'"),
+                        {"--text", "longer than the model's context of 512", "--beyond-context"});
+  std::string ids;
+  for (int i = 0; i < 513; ++i) ids += " 5";
+  expect_one_line_error(run_kvbench("score --model " + hf_dir() + " --ids" + ids), {"--ids", "513 tokens"});
+  // Exactly the context is scored, and the override scores past it.
+  ids.resize(ids.size() - 2);
+  auto r = run_kvbench("score --model " + hf_dir() + " --ids" + ids);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(nlohmann::json::parse(r.out)["n"], 511);
+  r = run_kvbench("score --model " + hf_dir() + " --beyond-context --ids" + ids + " 5 5");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(nlohmann::json::parse(r.out)["n"], 513);
 }
 
 }  // namespace

@@ -276,6 +276,35 @@ TEST(Grid, ThreeShardsInThreeProcessesMergedEqualTheUnshardedRun) {
   EXPECT_EQ(dump_db(dir + "/merged.sqlite").samples, a.samples);
 }
 
+// A ~3 KB grid whose method parameter lists multiply to 200^4 = 1.6e9 methods: refused from the
+// list lengths before any method is expanded (the old check ran after expansion, building every
+// config in memory first), with bounded time and memory.
+TEST(Grid, LongMethodListsAreCountedBeforeExpansion) {
+  const std::string dir = test::make_temp_dir("grid_lists");
+  std::string list;
+  for (int i = 0; i < 200; ++i) list += (i ? "," : "") + std::to_string(i + 1);
+  const std::string cfg = dir + "/grid.json";
+  write_file(cfg, R"({"name": "big", "base": {"model": ")" + model_path() + R"(", "protocol": "stream"},
+    "axes": {"method": [{"name": "paged", "params": {"block_size": [)" + list + R"(]}},
+                        {"name": "quest", "params": {"budget": [)" + list + "], \"page_size\": [" + list +
+                      "], \"a\": [" + list + "], \"b\": [" + list + R"(]}}]}})");
+  ASSERT_LT(read_file(cfg).size(), 4000u);
+  const auto t0 = std::chrono::steady_clock::now();
+  auto r = test::run_kvbench("grid --dry-run -c " + cfg + " --db " + dir + "/db.sqlite");
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_NE(r.err.find("method parameter lists included"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("more than 1000000 cells"), std::string::npos) << r.err;
+  EXPECT_LT(s, 10.0);
+  // In the library too: the same grid through expand_grid throws at once.
+  EXPECT_THROW(expand_grid(json::parse(read_file(cfg)), GridOptions{}), Error);
+  // Lists whose product is within the limit still expand, in the same order as before.
+  write_file(cfg, R"({"base": {"model": ")" + model_path() + R"(", "protocol": "stream"},
+    "axes": {"method": [{"name": "paged", "params": {"block_size": [4, 8, 16]}}, "full"]}})");
+  GridPlan plan = expand_grid(json::parse(read_file(cfg)), GridOptions{});
+  ASSERT_EQ(plan.cells.size(), 4u);
+}
+
 TEST(Grid, DryRunPlansWithoutWritingAndShowsWhatIsDone) {
   const std::string dir = test::make_temp_dir("grid_dry");
   const std::string cfg = dir + "/grid.json";

@@ -9,6 +9,8 @@
 #include <cmath>
 #include <cstdio>
 #include <random>
+#include <sqlite3.h>
+#include <algorithm>
 
 #include "harness/common/error.h"
 #include "harness/eval/run_config.h"
@@ -488,6 +490,37 @@ TEST(Compare, PairedComparisonFlagsRegressionsByDirection) {
   auto none = test::run_kvbench("compare --db " + f.db + " ffffffff 1");
   EXPECT_EQ(none.exit_code, 2);
   EXPECT_NE(none.err.find("no run whose config hash starts with ffffffff"), std::string::npos) << none.err;
+}
+
+// A results DB with a garbled page: leaderboard and compare refuse it with one line naming the file
+// and PRAGMA quick_check, instead of ranking whatever rows still read.
+TEST(Leaderboard, DamagedDatabaseIsRefusedByQuickCheck) {
+  Fixture f = make_fixture();
+  {
+    // Grow the file so that the damage lands in a sample page, then fold the WAL into the file.
+    ResultsDb db(f.db);
+    const json e10 = {{"name", "evict"}, {"params", {{"budget", 0.3}}}};
+    std::vector<json> many;
+    for (int i = 0; i < 400; ++i) many.push_back(stream_sample(0.01 * i, 4.0, 3, 100));
+    add_stream_run(db, stream_cfg("m3", e10), many);
+  }
+  sqlite3* raw = nullptr;
+  ASSERT_EQ(sqlite3_open(f.db.c_str(), &raw), SQLITE_OK);
+  ASSERT_EQ(sqlite3_exec(raw, "PRAGMA wal_checkpoint(TRUNCATE); PRAGMA journal_mode=DELETE;", nullptr, nullptr, nullptr), SQLITE_OK);
+  sqlite3_close(raw);
+  std::string bytes = read_file(f.db);
+  const size_t page = 4096;
+  ASSERT_GT(bytes.size(), 12 * page);
+  for (size_t i = 8 * page; i < 8 * page + 64; ++i) bytes[i] = static_cast<char>(0xA5);
+  write_file(f.db, bytes);
+  auto lb = test::run_kvbench("leaderboard --db " + f.db);
+  EXPECT_EQ(lb.exit_code, 2) << lb.out << lb.err;
+  EXPECT_TRUE(lb.out.empty()) << lb.out;
+  EXPECT_NE(lb.err.find(f.db + ": fails PRAGMA quick_check"), std::string::npos) << lb.err;
+  EXPECT_EQ(std::count(lb.err.begin(), lb.err.end(), '\n'), 1) << lb.err;
+  auto cmp = test::run_kvbench("compare --db-a " + f.db + " --db-b " + f.db);
+  EXPECT_EQ(cmp.exit_code, 2) << cmp.out << cmp.err;
+  EXPECT_NE(cmp.err.find("fails PRAGMA quick_check"), std::string::npos) << cmp.err;
 }
 
 TEST(Compare, TwoDatabasesMatchedByConfigHash) {

@@ -7,6 +7,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <fstream>
 #include <thread>
@@ -113,6 +114,59 @@ TEST(Run, MalformedConfigsFailWithOneLineAndWriteNothing) {
   auto r = test::run_kvbench("run -c " + cfg + " --set method.params.blok_size=8 --db " + dir + "/dbs.sqlite");
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_NE(r.err.find("did you mean 'block_size'"), std::string::npos) << r.err;
+}
+
+// Checks that depend on the model or the data (not only on the config) still run before the run row
+// exists: each bad config exits 2 with one line naming the input and leaves no run in the database.
+TEST(Run, RunTimeInputErrorsExitTwoAndLeaveNoRunRow) {
+  std::string dir = test::make_temp_dir("norow");
+  const std::string model = "\"model\": \"" + test::models_dir() + "/stories260K\"";
+  const std::string empty_jsonl = write_config(dir, "empty.jsonl", "\n\n");
+  const std::string bad_jsonl = write_config(dir, "bad.jsonl", "{\"not\": \"longbench\"}\n[1, 2]\n");
+  const std::string tasks = test::fixtures_dir() + "/longbench/tasks.json";
+  struct Case {
+    std::string protocol, needle;
+  };
+  std::vector<Case> cases = {
+      {R"({"name": "perf", "context": 32, "decode_tokens": 4, "batch_sizes": "1,x"})", "config.protocol.batch_sizes: 'x'"},
+      {R"({"name": "perf", "context": 32, "decode_tokens": 4, "batch_sizes": "1,,2"})", "config.protocol.batch_sizes"},
+      {R"({"name": "stream", "dataset": "no-such-corpus", "window": 64})", "no-such-corpus"},
+      {R"({"name": "stream", "window": 1024})", "config.protocol.window: 1024 tokens is longer than the model's context of 512"},
+      {R"({"name": "probe", "window": 600})", "config.protocol.window: 600"},
+      {R"({"name": "qa", "source": "synthetic", "task": "passkey", "length": 256, "depths": "0,1.5"})", "config.protocol.depths: '1.5'"},
+      {R"({"name": "qa", "source": "synthetic", "task": "passkey", "length": 0})", "passkey"},
+      {R"({"name": "qa", "source": "synthetic", "task": "passkey", "length": 32})", "passkey"},
+      {R"({"name": "qa", "source": "longbench", "path": ")" + empty_jsonl + R"(", "tasks": ")" + tasks + R"("})", "yields no samples"},
+      {R"({"name": "qa", "source": "longbench", "skip_bad_lines": true, "path": ")" + bad_jsonl + R"(", "tasks": ")" + tasks + R"("})", "yields no samples"},
+      {R"({"name": "serve", "target": "llama-9z", "probe_lengths": "16,32"})", "config.protocol.target"},
+      {R"({"name": "serve", "trace": "/nonexistent/trace.jsonl", "probe_lengths": "16,32"})", "/nonexistent/trace.jsonl"},
+      {R"({"name": "serve", "trace": "generated", "probe_lengths": "16,4000"})", "config.protocol.probe_lengths: '4000'"},
+  };
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const std::string cfg = write_config(dir, "c" + std::to_string(i) + ".json",
+                                         "{" + model + ", \"method\": \"paged\", \"protocol\": " + cases[i].protocol + "}");
+    const std::string db = dir + "/db" + std::to_string(i) + ".sqlite";
+    auto r = test::run_kvbench("run -q -c " + cfg + " --db " + db + " --data-dir " + test::data_dir());
+    EXPECT_EQ(r.exit_code, 2) << cases[i].protocol << "\n" << r.err;
+    EXPECT_NE(r.err.find(cases[i].needle), std::string::npos) << "want '" << cases[i].needle << "' in: " << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+    if (std::ifstream(db).good()) {
+      ResultsDb d(db);
+      EXPECT_EQ(d.list_runs().size(), 0u) << "a run row was written for case " << i << ": " << cases[i].protocol;
+    }
+  }
+}
+
+TEST(Run, InMemoryDatabaseIsRefused) {
+  std::string dir = test::make_temp_dir("memdb");
+  std::string cfg = write_config(dir, "c.json", stream_config("paged", 1, 32));
+  for (const std::string db : {"':memory:'", "''"}) {
+    auto r = test::run_kvbench("run -q -c " + cfg + " --db " + db + " --data-dir " + test::data_dir());
+    EXPECT_EQ(r.exit_code, 2) << db << ": " << r.err;
+    EXPECT_NE(r.err.find("--db"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("results would be lost"), std::string::npos) << r.err;
+    EXPECT_TRUE(r.out.empty()) << r.out;
+  }
 }
 
 TEST(Run, SigkillThenRerunCompletesWithoutDuplicatesOrPartialRows) {

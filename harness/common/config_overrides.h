@@ -1,0 +1,14 @@
+#pragma once
+// The `--set a.b.c=value` grammar of `kvbench run` and `kvbench grid`. Torch-free, so that it can
+// be fuzzed (tests/fuzz/fuzz_set_grammar.cpp) without LibTorch.
+
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+namespace kvb {
+
+// Applies "a.b.c=value" overrides (value parsed as JSON when it parses, else taken as a string).
+void apply_overrides(nlohmann::json& config, const std::vector<std::string>& sets);
+
+}  // namespace kvb
