@@ -424,7 +424,7 @@ TEST(Testbed, ShippedModelThroughTheHfLoaderReproducesTheTrainersHeldOutLoss) {
   const std::string dir =
       (fs::path(test::fixtures_dir()).parent_path().parent_path() / "models" / "kvb-testbed").string();
   if (!fs::exists(dir + "/model.safetensors"))
-    GTEST_SKIP() << dir << " is not shipped yet (issue 9: no CPU run has learned retrieval so far)";
+    GTEST_SKIP() << dir << " is not shipped yet (no CPU run has learned retrieval so far)";
   std::ifstream in(dir + "/TRAINING.md");
   const std::string md((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   const std::string mark = "## Recipe\n\n```json\n";
