@@ -1,3 +1,4 @@
+#include "harness/engine/thread_policy.h"
 #include "harness/cli/cli_common.h"
 
 #include <ATen/Parallel.h>
@@ -25,7 +26,7 @@ void add_model_options(CLI::App* app, ModelArgs* a) {
 
 std::shared_ptr<Model> load_model_from_args(const ModelArgs& a) {
   check_thread_count(a.threads, "--threads");
-  if (a.threads > 0) at::set_num_threads(a.threads);
+  apply_thread_policy(a.threads);
   LoadOptions o;
   o.device = a.device;
   o.dtype = a.dtype;

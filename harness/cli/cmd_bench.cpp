@@ -13,6 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "harness/engine/thread_policy.h"
 #include "harness/cli/cli_common.h"
 #include "harness/common/error.h"
 #include "harness/common/limits.h"
@@ -74,7 +75,7 @@ void register_bench(CLI::App& app) {
     auto model = load_model_from_args(args->model);
     nlohmann::json rows = nlohmann::json::array();
     for (int64_t th : threads) {
-      at::set_num_threads(static_cast<int>(th));
+      apply_thread_policy(static_cast<int>(th));
       for (int64_t B : batches) {
         // Decode: from BOS, generate context-1 tokens per sequence, never stopping early.
         GenerateOptions g;

@@ -3,6 +3,7 @@
 #include <ATen/Parallel.h>
 #include <nlohmann/json.hpp>
 
+#include "harness/engine/thread_policy.h"
 #include "harness/cli/cli_common.h"
 #include "harness/common/error.h"
 #include "harness/common/limits.h"
@@ -36,7 +37,7 @@ void register_train(CLI::App& app) {
   sub->add_flag("--quiet,-q", args->opts.quiet, "no progress lines");
   sub->callback([args] {
     check_thread_count(args->threads, "--threads");
-    if (args->threads > 0) at::set_num_threads(args->threads);
+    apply_thread_policy(args->threads);
     TrainSummary s = run_training(args->opts);
     nlohmann::json j = {{"steps_done", s.steps_done}, {"total_steps", s.total_steps},
                         {"last_loss", s.last_loss}, {"heldout_loss", s.heldout_loss},

@@ -5,11 +5,13 @@
 
 #include <iostream>
 
+#include "harness/engine/thread_policy.h"
 #include "harness/cli/cli_common.h"
 #include "harness/common/error.h"
 #include "harness/kv/plugin.h"
 
 int main(int argc, char** argv) {
+  kvb::apply_thread_policy(0);  // one thread pool from the start; configs may set a count later
   CLI::App app{"kvbench: a benchmark and evaluation harness for KV-cache compression methods"};
   app.require_subcommand(1);
   app.set_version_flag("--version", std::string("kvbench ") + KVB_VERSION_STRING);

@@ -148,33 +148,44 @@ Answers answer_all(std::shared_ptr<Model> model, const Tokenizer& tok, const std
   return a;
 }
 
-std::vector<std::string> full_answers(std::shared_ptr<Model> model, const Tokenizer& tok,
-                                      const QaSample& s, const QaOptions& opts) {
-  nlohmann::json key = {{"v", 1},          {"model", model->config.to_json()},
-                        {"source", model->source}, {"weights_bytes", model->weight_bytes()},
-                        {"device", model->device.str()}, {"dtype", dtype_name(model->dtype)},
+// Where the full-cache answers of a sample live in the baseline cache ("" when there is none): keyed
+// by everything that decides them (model, weights, device, dtype, mode, chunking, the sample, the
+// decoding limits, the chat template), not by the method being compared.
+std::string baseline_path(const Model& model, const QaSample& s, const QaOptions& opts) {
+  if (opts.cache_dir.empty()) return "";
+  nlohmann::json key = {{"v", 1},          {"model", model.config.to_json()},
+                        {"source", model.source}, {"weights_bytes", model.weight_bytes()},
+                        {"device", model.device.str()}, {"dtype", dtype_name(model.dtype)},
                         {"mode", opts.mode}, {"chunk", opts.prefill_chunk},
                         {"sample", s.key},  {"max_new", s.max_new_tokens},
                         {"stop", s.stop},   {"max_ctx", s.max_context_tokens}};
   if (opts.chat.active()) key["chat"] = opts.chat.describe();
-  std::string path;
-  if (!opts.cache_dir.empty()) {
-    path = opts.cache_dir + "/qa-" + sha256_hex(key.dump()) + ".json";
-    if (file_exists(path)) {
-      try {
-        return parse_json(read_text_file(path), path).get<std::vector<std::string>>();
-      } catch (const std::exception&) {
-        // A damaged cache entry is recomputed below.
-      }
+  return opts.cache_dir + "/qa-" + sha256_hex(key.dump()) + ".json";
+}
+
+void store_baseline(const std::string& path, const std::string& dir,
+                    const std::vector<std::string>& predictions) {
+  if (path.empty()) return;
+  ::mkdir(dir.c_str(), 0755);
+  const std::string tmp = path + ".tmp" + std::to_string(::getpid());
+  std::ofstream(tmp) << nlohmann::json(predictions).dump();
+  std::rename(tmp.c_str(), path.c_str());
+}
+
+// The full-cache answers a method's answers are paired with: from the baseline cache when a `full`
+// run (or an earlier method's run) has put them there, else computed once and stored.
+std::vector<std::string> full_answers(std::shared_ptr<Model> model, const Tokenizer& tok,
+                                      const QaSample& s, const QaOptions& opts) {
+  const std::string path = baseline_path(*model, s, opts);
+  if (!path.empty() && file_exists(path)) {
+    try {
+      return parse_json(read_text_file(path), path).get<std::vector<std::string>>();
+    } catch (const std::exception&) {
+      // A damaged cache entry is recomputed below.
     }
   }
   auto a = answer_all(model, tok, "full", nlohmann::json::object(), s, opts);
-  if (!path.empty()) {
-    ::mkdir(opts.cache_dir.c_str(), 0755);
-    const std::string tmp = path + ".tmp" + std::to_string(::getpid());
-    std::ofstream(tmp) << nlohmann::json(a.predictions).dump();
-    std::rename(tmp.c_str(), path.c_str());
-  }
+  store_baseline(path, opts.cache_dir, a.predictions);
   return a.predictions;
 }
 
@@ -186,8 +197,16 @@ QaSampleResult run_qa_sample(std::shared_ptr<Model> model, const Tokenizer& tok,
   KVB_CHECK(opts.mode == "query_agnostic" || opts.mode == "query_aware", "qa: unknown mode '",
             opts.mode, "'");
   QaSampleResult r;
+  auto t0 = std::chrono::steady_clock::now();
   Answers mine = answer_all(model, tok, method, method_params, s, opts);
-  std::vector<std::string> full = method == "full" ? mine.predictions : full_answers(model, tok, s, opts);
+  mine.timing.answer_s = seconds_since(t0);
+  t0 = std::chrono::steady_clock::now();
+  // A `full` run is its own baseline, and leaves its answers in the baseline cache for the methods
+  // compared with it (a grid's full-cache run is never repeated for them).
+  const bool is_full = method == "full" && method_params.empty();
+  if (is_full) store_baseline(baseline_path(*model, s, opts), opts.cache_dir, mine.predictions);
+  std::vector<std::string> full = is_full ? mine.predictions : full_answers(model, tok, s, opts);
+  mine.timing.full_answer_s = is_full ? 0.0 : seconds_since(t0);
   r.context_tokens = mine.context_tokens;
   r.ledger = mine.ledger;
   r.timing = mine.timing;
@@ -221,7 +240,9 @@ nlohmann::json QaSampleResult::to_json() const {
             {"question_s", timing.question_s},
             {"prefill_tokens", timing.prefill_tokens},
             {"documents", timing.documents},
-            {"document_prefill_s", timing.document_prefill_s}}},
+            {"document_prefill_s", timing.document_prefill_s},
+            {"answer_s", timing.answer_s},
+            {"full_answer_s", timing.full_answer_s}}},
           {"ledger", ledger_to_json(ledger)}};
 }
 
@@ -237,7 +258,7 @@ QaSampleResult QaSampleResult::from_json(const nlohmann::json& j) {
   if (j.contains("timing")) {  // rows stored before timings were recorded lack it
     const auto& t = j.at("timing");
     r.timing = {t.at("context_s"), t.at("question_s"), t.at("prefill_tokens"), t.at("documents"),
-                t.at("document_prefill_s")};
+                t.at("document_prefill_s"), t.value("answer_s", -1.0), t.value("full_answer_s", -1.0)};
   }
   r.ledger = ledger_from_json(j.at("ledger"));
   return r;
@@ -263,8 +284,8 @@ std::vector<Metric> qa_metrics(const std::vector<QaSampleResult>& samples, bool 
                            {"agreement_with_full", agree / n, "", D::kHigher},
                            {"questions", static_cast<double>(n), "", D::kNone}};
   for (auto& x : m) x.n = n;
-  double ttft = 0, tokens = 0, docs = 0, doc_s = 0;
-  int64_t timed = 0;
+  double ttft = 0, tokens = 0, docs = 0, doc_s = 0, answer = 0, full_answer = 0;
+  int64_t timed = 0, answer_timed = 0;
   for (const auto& s : samples) {
     if (s.timing.context_s < 0 || s.timing.question_s < 0) continue;
     ttft += s.timing.context_s + s.timing.question_s;
@@ -272,6 +293,11 @@ std::vector<Metric> qa_metrics(const std::vector<QaSampleResult>& samples, bool 
     docs += static_cast<double>(s.timing.documents);
     doc_s += s.timing.document_prefill_s;
     ++timed;
+    if (s.timing.answer_s >= 0 && s.timing.full_answer_s >= 0) {
+      answer += s.timing.answer_s;
+      full_answer += s.timing.full_answer_s;
+      ++answer_timed;
+    }
   }
   if (timed > 0) {
     const double k = 1.0 / static_cast<double>(timed);
@@ -282,6 +308,15 @@ std::vector<Metric> qa_metrics(const std::vector<QaSampleResult>& samples, bool 
       t.push_back({"document_prefill_ms", 1e3 * doc_s * k, "ms", D::kNone});
     }
     for (auto& x : t) x.n = timed;
+    m.insert(m.end(), t.begin(), t.end());
+  }
+  if (answer_timed > 0) {
+    // Per sample: the method's own work, and the full-cache answers it was paired with when they had
+    // to be computed (0 when the baseline cache held them).
+    const double k = 1e3 / static_cast<double>(answer_timed);
+    std::vector<Metric> t = {{"sample_ms", answer * k, "ms", D::kLower},
+                             {"full_answer_ms", full_answer * k, "ms", D::kNone}};
+    for (auto& x : t) x.n = answer_timed;
     m.insert(m.end(), t.begin(), t.end());
   }
   auto l = ledger_metrics(ledger, declared_simulated);

@@ -67,6 +67,9 @@ struct QaTiming {
   int64_t prefill_tokens = 0;
   int64_t documents = 0;
   double document_prefill_s = 0;
+  // Wall time of the method's whole sample (context, questions, greedy answers), and of computing the
+  // full-cache answers it is paired with (0 when they came from the baseline cache or the run is full).
+  double answer_s = -1, full_answer_s = -1;
 };
 
 struct QaSampleResult {

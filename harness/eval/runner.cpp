@@ -1,3 +1,4 @@
+#include "harness/engine/thread_policy.h"
 #include "harness/eval/runner.h"
 
 #include <ATen/Parallel.h>
@@ -92,7 +93,7 @@ RunOutcome execute_run(const nlohmann::json& resolved, ResultsDb& db, const RunE
   const auto t0 = std::chrono::steady_clock::now();
   int64_t run_id = 0;
   try {
-    if (resolved["threads"].get<int64_t>() > 0) at::set_num_threads(resolved["threads"].get<int>());
+    apply_thread_policy(resolved["threads"].get<int>());
     LoadOptions lo;
     lo.device = resolved["device"];
     lo.dtype = resolved["dtype"];

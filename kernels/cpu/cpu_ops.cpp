@@ -1,12 +1,11 @@
+#include <algorithm>
 #include <cmath>
 
 #include "kvb/kernels/cpu_ops.h"
-
-#if KVB_HAVE_BLAS
-extern "C" void sgemm_(const char* transa, const char* transb, const int* m, const int* n,
-                       const int* k, const float* alpha, const float* a, const int* lda,
-                       const float* b, const int* ldb, const float* beta, float* c, const int* ldc);
-#endif
+#include "kvb/kernels/detail/cpu_clones.h"
+#include "kvb/kernels/detail/fast_exp.h"
+#include "kvb/kernels/detail/gemm.h"
+#include "kvb/kernels/threads.h"
 
 namespace kvb::kernels {
 
@@ -25,25 +24,26 @@ void rms_norm_f32(const float* x, const float* w, float* out, int64_t rows, int6
 
 void linear_f32(const float* x, const float* w, const float* bias, float* y, int64_t rows,
                 int64_t in, int64_t out, bool accumulate) {
-#if KVB_HAVE_BLAS
-  // Row-major y[rows, out] is column-major y'[out, rows]: y' = w'^T x' with w' = w read column-major.
-  const int m = static_cast<int>(out), n = static_cast<int>(rows), k = static_cast<int>(in);
-  const float alpha = 1.f, beta = accumulate ? 1.f : 0.f;
-  sgemm_("T", "N", &m, &n, &k, &alpha, w, &k, x, &k, &beta, y, &m);
-#else
-  for (int64_t r = 0; r < rows; ++r) {
-    for (int64_t o = 0; o < out; ++o) {
-      const float* wr = w + o * in;
-      const float* xr = x + r * in;
-      float acc = 0.f;
-      for (int64_t i = 0; i < in; ++i) acc += wr[i] * xr[i];
-      y[r * out + o] = accumulate ? y[r * out + o] + acc : acc;
+  // Output channels in fixed slices of kSlice, the slices shared out over the OpenMP threads, each a
+  // single-threaded GEMM (threads.h). The slicing does not depend on the thread count, so neither do
+  // the bits (the BLAS picks its kernels and blocking by shape: one GEMM over all channels and one
+  // over a part of them may round differently).
+  constexpr int64_t kSlice = 256;
+  const double macs = static_cast<double>(rows) * static_cast<double>(in) * static_cast<double>(out);
+  const int64_t slices = (out + kSlice - 1) / kSlice;
+  const bool parallel = macs >= kMinParallelMacs && slices > 1 && cpu_threads() > 1;
+  const float beta = accumulate ? 1.f : 0.f;
+#pragma omp parallel for schedule(static) if (parallel)
+  for (int64_t s = 0; s < slices; ++s) {
+    const int64_t o0 = s * kSlice, o1 = std::min(out, o0 + kSlice);
+    if (rows == 1)
+      detail::gemv_n(o1 - o0, in, w + o0 * in, in, x, beta, y + o0);
+    else
+      detail::gemm_nt(rows, o1 - o0, in, x, in, w + o0 * in, in, beta, y + o0, out);
+    if (bias) {
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t o = o0; o < o1; ++o) y[r * out + o] += bias[o];
     }
-  }
-#endif
-  if (bias) {
-    for (int64_t r = 0; r < rows; ++r)
-      for (int64_t o = 0; o < out; ++o) y[r * out + o] += bias[o];
   }
 }
 
@@ -66,12 +66,13 @@ void rope_f32(float* x, int64_t tokens, int64_t heads, int64_t head_dim, int64_t
   }
 }
 
-void silu_mul_f32(const float* gu, float* out, int64_t rows, int64_t F) {
+KVB_CPU_CLONES void silu_mul_f32(const float* gu, float* out, int64_t rows, int64_t F) {
+  // exp_f32 (within 2 ulp of exp) rather than std::exp, a libm call per element: the loop vectorises.
   for (int64_t r = 0; r < rows; ++r) {
     const float* g = gu + r * 2 * F;
     const float* u = g + F;
     float* o = out + r * F;
-    for (int64_t i = 0; i < F; ++i) o[i] = g[i] / (1.f + std::exp(-g[i])) * u[i];
+    for (int64_t i = 0; i < F; ++i) o[i] = g[i] / (1.f + detail::exp_f32(-g[i])) * u[i];
   }
 }
 

@@ -4,15 +4,20 @@
 
 #include "kvb/kernels/detail/cpu_clones.h"
 #include "kvb/kernels/detail/dtype_io.h"
+#include "kvb/kernels/detail/fast_exp.h"
+#include "kvb/kernels/detail/gemm.h"
 #include "kvb/kernels/paged_attention.h"
+#include "kvb/kernels/threads.h"
 
 namespace kvb::kernels {
 
 namespace {
 
-// One (token, kv head): the query group's heads share each K/V row read. Online softmax keeps one
-// pass over the keys; scores for a page are computed first so the exp/rescale runs once per page.
-// Compiled for AVX2 as well (cpu_clones.h); the same bits either way (std::exp, sums in order).
+// ---- Decode-shaped work: one (token, kv head) ----
+// The query group's heads share each K/V row read. Online softmax keeps one pass over the keys;
+// scores for a page are computed first so the exp/rescale runs once per page. Compiled for AVX2 as
+// well (cpu_clones.h); the same bits either way (dot_f32's eight fixed partial sums, exp_f32, the
+// value rows added in order).
 KVB_CPU_CLONES void attend_group(const PagedAttentionParams& p, int b, int64_t t, int kvh,
                                  float* scratch) {
   const int group = p.num_qo_heads / p.num_kv_heads;
@@ -31,7 +36,7 @@ KVB_CPU_CLONES void attend_group(const PagedAttentionParams& p, int b, int64_t t
     l[g] = 0.f;
   }
   std::fill(acc, acc + group * hd, 0.f);
-  const float* qbase = p.q + (t * p.num_qo_heads + kvh * group) * hd;
+  const float* qbase = p.q + t * p.qo_stride() + kvh * group * hd;
 
   for (int64_t j0 = 0; j0 < n_keys; j0 += p.page_size) {
     const int64_t n = std::min<int64_t>(p.page_size, n_keys - j0);
@@ -42,57 +47,180 @@ KVB_CPU_CLONES void attend_group(const PagedAttentionParams& p, int b, int64_t t
       float* sg = s + g * p.page_size;
       float mx = m[g];
       for (int64_t j = 0; j < n; ++j) {
-        const float* k = kpage + j * tok_stride;
-        float dot = 0.f;
-        for (int d = 0; d < hd; ++d) dot += q[d] * k[d];
-        sg[j] = dot * p.sm_scale;
+        sg[j] = detail::dot_f32(q, kpage + j * tok_stride, hd) * p.sm_scale;
         mx = std::max(mx, sg[j]);
       }
-      const float corr = std::exp(m[g] - mx);  // exp(-inf) = 0 on the first page
+      const float corr = detail::exp_f32(m[g] - mx);  // exp(-inf) = 0 on the first page
       float* a = acc + g * hd;
       for (int d = 0; d < hd; ++d) a[d] *= corr;
       float sum = l[g] * corr;
-      for (int64_t j = 0; j < n; ++j) {
-        sg[j] = std::exp(sg[j] - mx);
-        sum += sg[j];
-      }
+      for (int64_t j = 0; j < n; ++j) sg[j] = detail::exp_f32(sg[j] - mx);  // vectorises
+      for (int64_t j = 0; j < n; ++j) sum += sg[j];
       detail::accumulate_rows(a, sg, vpage, n, tok_stride, hd);
       m[g] = mx;
       l[g] = sum;
     }
   }
-  float* obase = p.o + (t * p.num_qo_heads + kvh * group) * hd;
+  float* obase = p.o + t * p.qo_stride() + kvh * group * hd;
   for (int g = 0; g < group; ++g) {
     const float inv = 1.f / l[g];
     for (int d = 0; d < hd; ++d) obase[g * hd + d] = acc[g * hd + d] * inv;
   }
 }
 
+// ---- Prefill-shaped work: a block of query tokens of one sequence, one kv head ----
+// FlashAttention's tiling on the CPU: the block's rows (token, group head) against key blocks of
+// kKeyBlock, scores and value sums as BLAS GEMMs, an online softmax between them, and key blocks past
+// the block's last query skipped (causal). A key block is gathered from its pages into contiguous
+// rows unless the sequence sits in one page (the dense caches), where the GEMMs read the page with
+// its token stride.
+constexpr int64_t kQueryBlock = 32;   // tokens per work item (x group rows)
+constexpr int64_t kKeyBlock = 256;    // keys per GEMM pair
+constexpr int64_t kMinTiledTokens = 8;  // fewer new tokens than this: the decode-shaped path
+
+struct TiledScratch {
+  std::vector<float> q, k, v, s, o, m, l;
+  void size(int64_t rows, int64_t hd) {
+    q.resize(rows * hd);
+    o.resize(rows * hd);
+    s.resize(rows * kKeyBlock);
+    k.resize(kKeyBlock * hd);
+    v.resize(kKeyBlock * hd);
+    m.resize(rows);
+    l.resize(rows);
+  }
+};
+
+// Row r = (token t0 + r / group, head g = r % group) of the block: exponentiate its scores against
+// keys [j0, j0 + nk) in place, masked past its causal limit, and fold them into the running max m,
+// sum l and output row o (rescaled by exp(m_old - m_new)).
+KVB_CPU_CLONES void softmax_block(float* s, float* o, float* m, float* l, int64_t rows, int group,
+                                  int64_t hd, int64_t nk, int64_t j0, int64_t first_limit) {
+  for (int64_t r = 0; r < rows; ++r) {
+    float* sr = s + r * kKeyBlock;
+    // Keys j <= limit are visible to this row: limit = past + local token index.
+    const int64_t valid = std::max<int64_t>(0, std::min<int64_t>(nk, first_limit + r / group - j0 + 1));
+    // Max and sum in eight fixed lanes (a single accumulator is a serial chain the compiler may not
+    // reorder); the exps in their own loop, so that it vectorises.
+    float lane[8];
+    for (int k = 0; k < 8; ++k) lane[k] = m[r];
+    int64_t j = 0;
+    for (; j + 8 <= valid; j += 8)
+      for (int k = 0; k < 8; ++k) lane[k] = std::max(lane[k], sr[j + k]);
+    for (; j < valid; ++j) lane[0] = std::max(lane[0], sr[j]);
+    const float mx = std::max(std::max(std::max(lane[0], lane[1]), std::max(lane[2], lane[3])),
+                              std::max(std::max(lane[4], lane[5]), std::max(lane[6], lane[7])));
+    const float corr = detail::exp_f32(m[r] - mx);
+    for (j = 0; j < valid; ++j) sr[j] = detail::exp_f32(sr[j] - mx);
+    for (j = valid; j < nk; ++j) sr[j] = 0.f;
+    for (int k = 0; k < 8; ++k) lane[k] = 0.f;
+    for (j = 0; j + 8 <= valid; j += 8)
+      for (int k = 0; k < 8; ++k) lane[k] += sr[j + k];
+    for (; j < valid; ++j) lane[0] += sr[j];
+    const float sum = ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
+    l[r] = l[r] * corr + sum;
+    m[r] = mx;
+    float* orow = o + r * hd;
+    for (int64_t d = 0; d < hd; ++d) orow[d] *= corr;
+  }
+}
+
+void attend_tiled(const PagedAttentionParams& p, int b, int64_t t0, int64_t t1, int kvh,
+                  TiledScratch& w) {
+  const int group = p.num_qo_heads / p.num_kv_heads;
+  const int64_t hd = p.head_dim;
+  const int64_t tok_stride = static_cast<int64_t>(p.num_kv_heads) * hd;
+  const int64_t page_stride = p.page_size * tok_stride;
+  const int32_t* pages = p.page_indices + p.page_indptr[b];
+  const int64_t past = p.past_lens[b];
+  const int64_t rows = (t1 - t0) * group;
+  const int64_t local0 = t0 - p.q_indptr[b];  // the block's first token within its sequence's step
+  const int64_t n_keys = past + (t1 - p.q_indptr[b]);  // keys the block's last token sees
+  const bool one_page = p.page_indptr[b + 1] - p.page_indptr[b] == 1;
+  w.size(rows, hd);
+  // The block's query rows, pre-scaled by sm_scale, contiguous: row (t, g) <- q[t, kvh * group + g].
+  for (int64_t t = t0; t < t1; ++t)
+    for (int g = 0; g < group; ++g) {
+      const float* src = p.q + t * p.qo_stride() + (kvh * group + g) * hd;
+      float* dst = w.q.data() + ((t - t0) * group + g) * hd;
+      for (int64_t d = 0; d < hd; ++d) dst[d] = src[d] * p.sm_scale;
+    }
+  std::fill(w.o.begin(), w.o.begin() + rows * hd, 0.f);
+  std::fill(w.m.begin(), w.m.begin() + rows, -INFINITY);
+  std::fill(w.l.begin(), w.l.begin() + rows, 0.f);
+  for (int64_t j0 = 0; j0 < n_keys; j0 += kKeyBlock) {
+    const int64_t nk = std::min(kKeyBlock, n_keys - j0);
+    const float* kb;
+    const float* vb;
+    int64_t ld;
+    if (one_page) {
+      kb = p.k_pages + pages[0] * page_stride + j0 * tok_stride + kvh * hd;
+      vb = p.v_pages + pages[0] * page_stride + j0 * tok_stride + kvh * hd;
+      ld = tok_stride;
+    } else {
+      for (int64_t j = 0; j < nk; ++j) {
+        const int64_t key = j0 + j;
+        const int64_t off = pages[key / p.page_size] * page_stride +
+                            (key % p.page_size) * tok_stride + kvh * hd;
+        std::copy(p.k_pages + off, p.k_pages + off + hd, w.k.data() + j * hd);
+        std::copy(p.v_pages + off, p.v_pages + off + hd, w.v.data() + j * hd);
+      }
+      kb = w.k.data();
+      vb = w.v.data();
+      ld = hd;
+    }
+    detail::gemm_nt(rows, nk, hd, w.q.data(), hd, kb, ld, 0.f, w.s.data(), kKeyBlock);
+    softmax_block(w.s.data(), w.o.data(), w.m.data(), w.l.data(), rows, group, hd, nk, j0,
+                  past + local0);
+    detail::gemm_nn(rows, hd, nk, w.s.data(), kKeyBlock, vb, ld, 1.f, w.o.data(), hd);
+  }
+  for (int64_t t = t0; t < t1; ++t)
+    for (int g = 0; g < group; ++g) {
+      const int64_t r = (t - t0) * group + g;
+      const float inv = 1.f / w.l[r];
+      float* dst = p.o + t * p.qo_stride() + (kvh * group + g) * hd;
+      for (int64_t d = 0; d < hd; ++d) dst[d] = w.o[r * hd + d] * inv;
+    }
+}
+
+// A work item: tokens [t0, t1) of sequence b against kv head kvh; tiled when t1 - t0 > 1.
+struct Item {
+  int32_t b, kvh;
+  int64_t t0, t1;
+};
+
 }  // namespace
 
 void paged_attention_cpu(const PagedAttentionParams& p) {
   const int group = p.num_qo_heads / p.num_kv_heads;
   const size_t scratch_floats = static_cast<size_t>(group) * (p.head_dim + 2 + p.page_size);
-  // Work items: (token, kv head). Tokens are found from items through the batch's q_indptr.
-  const int64_t num_tokens = p.q_indptr[p.batch_size];
-  std::vector<int32_t> token_seq(num_tokens);
-  int64_t total_keys = 0;
+  // Sequences with many new tokens (prefill chunks) go in query blocks through the tiled path; the
+  // rest (decode steps, short chunks) token by token.
+  std::vector<Item> items;
+  double macs = 0;
   for (int b = 0; b < p.batch_size; ++b) {
-    for (int64_t t = p.q_indptr[b]; t < p.q_indptr[b + 1]; ++t) {
-      token_seq[t] = b;
-      total_keys += p.past_lens[b] + (t - p.q_indptr[b]) + 1;
-    }
+    const int64_t q0 = p.q_indptr[b], q1 = p.q_indptr[b + 1];
+    const int64_t n_new = q1 - q0;
+    macs += static_cast<double>(n_new) * static_cast<double>(p.past_lens[b] + (n_new + 1) / 2) *
+            p.num_qo_heads * p.head_dim * 2.0;
+    const bool tiled = n_new >= kMinTiledTokens;
+    for (int64_t t = q0; t < q1; t += tiled ? kQueryBlock : 1)
+      for (int kvh = 0; kvh < p.num_kv_heads; ++kvh)
+        items.push_back({b, kvh, t, tiled ? std::min(q1, t + kQueryBlock) : t + 1});
   }
-  const int64_t items = num_tokens * p.num_kv_heads;
-  // Threads only pay off past a few hundred thousand multiply-adds (fork/join costs ~microseconds).
-  const bool parallel = total_keys * p.num_qo_heads * p.head_dim > (1 << 18);
+  const int64_t n_items = static_cast<int64_t>(items.size());
+  const bool parallel = macs >= kMinParallelMacs && n_items > 1;
 #pragma omp parallel if (parallel)
   {
     std::vector<float> scratch(scratch_floats);
-#pragma omp for schedule(dynamic, 4)
-    for (int64_t it = 0; it < items; ++it) {
-      const int64_t t = it / p.num_kv_heads;
-      attend_group(p, token_seq[t], t, static_cast<int>(it % p.num_kv_heads), scratch.data());
+    TiledScratch tiled;
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t i = 0; i < n_items; ++i) {
+      const Item& it = items[i];
+      if (it.t1 - it.t0 > 1 || p.q_indptr[it.b + 1] - p.q_indptr[it.b] >= kMinTiledTokens)
+        attend_tiled(p, it.b, it.t0, it.t1, it.kvh, tiled);
+      else
+        attend_group(p, it.b, it.t0, it.kvh, scratch.data());
     }
   }
 }

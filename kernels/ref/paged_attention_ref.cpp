@@ -13,6 +13,8 @@ std::string paged_attention_check(const PagedAttentionParams& p) {
       p.page_size <= 0)
     return "non-positive size";
   if (p.num_qo_heads % p.num_kv_heads != 0) return "num_qo_heads not a multiple of num_kv_heads";
+  if (p.qo_token_stride != 0 && p.qo_token_stride < static_cast<int64_t>(p.num_qo_heads) * p.head_dim)
+    return "qo_token_stride shorter than a token's heads";
   for (int b = 0; b < p.batch_size; ++b) {
     const int64_t n_new = p.q_indptr[b + 1] - p.q_indptr[b];
     const int64_t len = p.past_lens[b] + n_new;
@@ -34,7 +36,7 @@ void paged_attention_ref(const PagedAttentionParams& p) {
       const int64_t n_keys = p.past_lens[b] + (t - p.q_indptr[b]) + 1;
       for (int h = 0; h < p.num_qo_heads; ++h) {
         const int kvh = h / group;
-        const float* q = p.q + (t * p.num_qo_heads + h) * hd;
+        const float* q = p.q + t * p.qo_stride() + h * hd;
         std::vector<double> s(n_keys);
         double mx = -INFINITY;
         for (int64_t j = 0; j < n_keys; ++j) {
@@ -47,7 +49,7 @@ void paged_attention_ref(const PagedAttentionParams& p) {
         }
         double sum = 0;
         for (auto& x : s) sum += (x = std::exp(x - mx));
-        float* o = p.o + (t * p.num_qo_heads + h) * hd;
+        float* o = p.o + t * p.qo_stride() + h * hd;
         for (int64_t d = 0; d < hd; ++d) {
           double acc = 0;
           for (int64_t j = 0; j < n_keys; ++j) {

@@ -11,6 +11,7 @@
 #include "harness/kv/rope_shift.h"
 #include "harness/model/model.h"
 #include "kvb/kernels/cpu_ops.h"
+#include "kvb/kernels/paged_attention.h"
 
 namespace kvb {
 
@@ -491,9 +492,33 @@ void EvictingKvCache::attend_seq_fast(Seq& s, int layer, const at::Tensor& q, co
       hd.last.assign(static_cast<size_t>(rows), 0.f);
       last = hd.last.data();
     }
-    head_attention_f32(qp + h * G_ * D_, Hq_ * D_, n, G_, D_, keys, V, scratch_vis_.data(),
-                       sm_scale_, op + h * G_ * D_, Hq_ * D_,
-                       needs_.accumulate ? hd.acc.data() : nullptr, 0, last, scratch_p_.data());
+    if (!needs_.accumulate && !last) {
+      // Plain attention (no scores to keep): the CPU kernel, with its tiled prefill path, this head's
+      // rows as one page.
+      const int32_t page_indptr[2] = {0, 1}, page = 0;
+      const int64_t q_indptr[2] = {0, n};
+      kernels::PagedAttentionParams p;
+      p.q = qp + h * G_ * D_;
+      p.o = op + h * G_ * D_;
+      p.qo_token_stride = Hq_ * D_;
+      p.k_pages = keys;
+      p.v_pages = V;
+      p.page_indptr = page_indptr;
+      p.page_indices = &page;
+      p.q_indptr = q_indptr;
+      p.past_lens = &past;
+      p.batch_size = 1;
+      p.num_qo_heads = static_cast<int32_t>(G_);
+      p.num_kv_heads = 1;
+      p.head_dim = static_cast<int32_t>(D_);
+      p.page_size = static_cast<int32_t>(std::max<int64_t>(rows, 1));
+      p.sm_scale = sm_scale_;
+      kernels::paged_attention_cpu(p);
+    } else {
+      head_attention_f32(qp + h * G_ * D_, Hq_ * D_, n, G_, D_, keys, V, scratch_vis_.data(),
+                         sm_scale_, op + h * G_ * D_, Hq_ * D_,
+                         needs_.accumulate ? hd.acc.data() : nullptr, 0, last, scratch_p_.data());
+    }
     if (opts_.codec) {
       if (s.decoding) {
         flush_pending(s, layer, h);

@@ -3,6 +3,8 @@
 
 #include <gtest/gtest.h>
 
+#include <filesystem>
+
 #include "datasets/recall_task.h"
 #include "harness/common/error.h"
 #include "harness/eval/qa.h"
@@ -115,6 +117,44 @@ TEST(Qa, LongBenchFixtureRunsAndBadLinesNameFileAndLine) {
   EXPECT_FALSE(j["items"][0]["answers"].empty());
   EXPECT_EQ(QaSampleResult::from_json(j).items[0].answers,
             j["items"][0]["answers"].get<std::vector<std::string>>());
+}
+
+}  // namespace
+}  // namespace kvb
+
+namespace kvb {
+namespace {
+
+// A `full` run leaves its answers in the baseline cache, so a method compared with it afterwards
+// pairs with them without computing the full cache again (full_answer_s ~ 0), and with the same
+// texts; timing fields land per sample.
+TEST(Qa, AFullRunIsTheBaselineOfTheMethodsAfterIt) {
+  std::string dir = test::make_temp_dir("qa_baseline");
+  ResultsDb db(dir + "/db.sqlite");
+  RunEnv env;
+  env.data_dir = test::data_dir();
+  env.cache_dir = dir + "/cache";
+  const std::string proto = "\"source\": \"recall\", \"num_samples\": 3";
+  RunOutcome full = execute_run(qa_config("full", proto), db, env);
+  auto full_rows = db.samples(full.run_id);
+  ASSERT_EQ(full_rows.size(), 3u);
+  int cached = 0;
+  for (const auto& e : std::filesystem::directory_iterator(env.cache_dir))
+    cached += e.path().filename().string().rfind("qa-", 0) == 0;
+  EXPECT_EQ(cached, 3) << "the full run's answers are the baseline cache's entries";
+  RunOutcome paged = execute_run(qa_config("paged", proto), db, env);
+  auto rows = db.samples(paged.run_id);
+  ASSERT_EQ(rows.size(), 3u);
+  for (size_t i = 0; i < rows.size(); ++i) {
+    auto j = nlohmann::json::parse(rows[i].output_json);
+    auto f = nlohmann::json::parse(full_rows[i].output_json);
+    EXPECT_GT(j["timing"]["answer_s"].get<double>(), 0.0);
+    EXPECT_GE(j["timing"]["full_answer_s"].get<double>(), 0.0);
+    for (size_t k = 0; k < j["items"].size(); ++k)
+      EXPECT_EQ(j["items"][k]["full_prediction"], f["items"][k]["prediction"]);
+  }
+  EXPECT_GT(metric(paged.metrics, "sample_ms"), 0.0);
+  EXPECT_EQ(metric(full.metrics, "full_answer_ms"), 0.0);
 }
 
 }  // namespace

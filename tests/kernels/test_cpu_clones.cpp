@@ -1,7 +1,7 @@
 // The CPU kernels' AVX2 clones (cpu_clones.h) and their helpers: the vectorisable exp is within one
 // ulp or two of a correctly rounded exp, accumulate_rows keeps each channel's row order, and the
 // fp32 paged-attention kernel (whose clone this machine runs when it has AVX2) computes exactly the
-// bits of the same arithmetic written as plain in-order scalar code here (compiled for the
+// bits of the same arithmetic written as plain scalar code here (compiled for the
 // baseline, so without FMA): no contraction into FMAs, no reordered sums.
 
 #include <gtest/gtest.h>
@@ -74,8 +74,8 @@ TEST(CpuClones, AccumulateRowsKeepsEachChannelsRowOrder) {
   }
 }
 
-// attend_group's arithmetic as plain scalar code: per page, in-order dot products, std::exp, the
-// rescale, the weights added row by row.
+// attend_group's arithmetic as plain scalar code: per page, dot products in eight fixed partial sums,
+// exp_f32, the rescale, the weights added row by row.
 std::vector<float> paged_in_order(const PagedAttentionParams& p, const std::vector<float>& q,
                                   const std::vector<float>& k, const std::vector<float>& v,
                                   int64_t len) {
@@ -93,16 +93,19 @@ std::vector<float> paged_in_order(const PagedAttentionParams& p, const std::vect
         float mx = m;
         for (int64_t j = 0; j < n; ++j) {
           const float* kr = k.data() + (page * ps + j) * tok + kvh * hd;
-          float dot = 0.f;
-          for (int d = 0; d < hd; ++d) dot += qh[d] * kr[d];
+          // dot_f32's order: lane d % 8 sums its channels in order, then a fixed pairwise tree.
+          float lane[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+          for (int d = 0; d < hd; ++d) lane[d % 8] += qh[d] * kr[d];
+          const float dot = ((lane[0] + lane[1]) + (lane[2] + lane[3])) +
+                            ((lane[4] + lane[5]) + (lane[6] + lane[7]));
           s[j] = dot * p.sm_scale;
           mx = std::max(mx, s[j]);
         }
-        const float corr = std::exp(m - mx);
+        const float corr = detail::exp_f32(m - mx);
         for (int d = 0; d < hd; ++d) acc[d] *= corr;
         float sum = l * corr;
         for (int64_t j = 0; j < n; ++j) {
-          const float w = std::exp(s[j] - mx);
+          const float w = detail::exp_f32(s[j] - mx);
           sum += w;
           const float* vr = v.data() + (page * ps + j) * tok + kvh * hd;
           for (int d = 0; d < hd; ++d) acc[d] += w * vr[d];

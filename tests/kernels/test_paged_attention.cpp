@@ -1,5 +1,6 @@
 // paged_attention_cpu against the scalar oracle on odd sizes: lengths 1/54/97/2048, partial last pages,
-// GQA groups 1/4/8, head_dim 64/128, shuffled page ids, multi-token chunks with history, poisoned output.
+// GQA groups 1/3/4/8, head_dim 64/128, shuffled page ids, multi-token chunks with history (the tiled
+// prefill path), poisoned output.
 
 #include <gtest/gtest.h>
 
@@ -88,6 +89,17 @@ TEST(PagedAttention, PrefillChunksWithHistoryAndPartialPages) {
   run_case({{0}, {33}, 4, 2, 64, 1}, 5);     // page size 1: token-level pages
 }
 
+// Prefill chunks long enough for the tiled path: query blocks of 32 tokens, key blocks of 256 (so
+// several key blocks, causal skips and a partial last block), gathered from small pages or read in
+// place from one page (the dense caches' layout), groups of 3 (SmolLM2's 9/3), short chunks beside
+// long ones in one batch.
+TEST(PagedAttention, LongPrefillThroughTheTiledPath) {
+  run_case({{0}, {700}, 3, 3, 64, 16}, 6);
+  run_case({{300}, {301}, 2, 3, 64, 1024}, 7);       // one page holds the sequence
+  run_case({{0, 513, 7}, {260, 9, 1}, 2, 4, 64, 32}, 8);
+  run_case({{1}, {8}, 1, 1, 128, 5}, 9);              // the shortest tiled chunk
+}
+
 TEST(PagedAttention, RejectsTooFewPages) {
   std::vector<int64_t> q_indptr = {0, 1}, past = {16};
   std::vector<int32_t> page_indptr = {0, 1}, pages = {0};
@@ -104,6 +116,64 @@ TEST(PagedAttention, RejectsTooFewPages) {
   p.head_dim = 8;
   p.page_size = 16;
   EXPECT_NE(paged_attention_check(p).find("too few pages"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace kvb::kernels
+
+namespace kvb::kernels {
+namespace {
+
+// One kv head's query group read in place from wider rows (qo_token_stride), against that head's
+// keys alone: the same bits as the packed call over all heads, decode and tiled prefill alike.
+TEST(PagedAttention, OneKvHeadThroughTheTokenStrideMatchesThePackedCall) {
+  const int kv_heads = 3, group = 3, hd = 64, H = kv_heads * group;
+  for (int64_t n_new : {1, 40}) {
+    const int64_t past = 290, len = past + n_new;
+    std::mt19937 rng(21 + n_new);
+    std::normal_distribution<float> nd(0.f, 1.f);
+    std::vector<float> q(n_new * H * hd), k(len * kv_heads * hd), v(k.size());
+    for (auto* vec : {&q, &k, &v})
+      for (auto& x : *vec) x = nd(rng);
+    const int32_t page_indptr[2] = {0, 1}, page = 0;
+    const int64_t q_indptr[2] = {0, n_new};
+    PagedAttentionParams p;
+    p.q = q.data();
+    p.k_pages = k.data();
+    p.v_pages = v.data();
+    p.page_indptr = page_indptr;
+    p.page_indices = &page;
+    p.q_indptr = q_indptr;
+    p.past_lens = &past;
+    p.batch_size = 1;
+    p.num_qo_heads = H;
+    p.num_kv_heads = kv_heads;
+    p.head_dim = hd;
+    p.page_size = static_cast<int32_t>(len);
+    p.sm_scale = 0.125f;
+    std::vector<float> packed(q.size(), NAN), strided(q.size(), NAN);
+    p.o = packed.data();
+    paged_attention_cpu(p);
+    for (int h = 0; h < kv_heads; ++h) {
+      std::vector<float> kh(len * hd), vh(len * hd);
+      for (int64_t j = 0; j < len; ++j)
+        for (int d = 0; d < hd; ++d) {
+          kh[j * hd + d] = k[(j * kv_heads + h) * hd + d];
+          vh[j * hd + d] = v[(j * kv_heads + h) * hd + d];
+        }
+      PagedAttentionParams ph = p;
+      ph.q = q.data() + h * group * hd;
+      ph.o = strided.data() + h * group * hd;
+      ph.qo_token_stride = H * hd;
+      ph.k_pages = kh.data();
+      ph.v_pages = vh.data();
+      ph.num_qo_heads = group;
+      ph.num_kv_heads = 1;
+      ASSERT_EQ(paged_attention_check(ph), "");
+      paged_attention_cpu(ph);
+    }
+    for (size_t i = 0; i < q.size(); ++i) ASSERT_EQ(packed[i], strided[i]) << "n_new " << n_new << " at " << i;
+  }
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 // past_lens[b] + (t - q_indptr[b]) and attends causally to cache indices [0, that index].
 //
 // Layouts (NHD, FlashInfer's vocabulary):
+//   q, o:  [num_tokens, num_qo_heads, head_dim], token rows qo_stride() floats apart
 //   pages: [num_pages, page_size, num_kv_heads, head_dim]
 //   page_indices[page_indptr[b] .. page_indptr[b+1]) are sequence b's pages, in order.
 
@@ -27,6 +28,12 @@ struct PagedAttentionParams {
   int32_t head_dim = 0;
   int32_t page_size = 0;
   float sm_scale = 1.0f;
+  // Floats from one token's row to the next in q and o; 0: num_qo_heads * head_dim (packed). Larger
+  // when q/o are one kv head's group within wider rows (a per-head cache attends head by head).
+  int64_t qo_token_stride = 0;
+  int64_t qo_stride() const {
+    return qo_token_stride > 0 ? qo_token_stride : static_cast<int64_t>(num_qo_heads) * head_dim;
+  }
 };
 
 // Empty string when supported, else the reason.

@@ -1,0 +1,22 @@
+#pragma once
+// Row-major single-threaded fp32 GEMMs for the CPU kernels, on the linked BLAS (OpenBLAS on Debian)
+// or a plain loop when none was linked. Callers thread over their own work items (OpenMP); the BLAS
+// itself is held to one thread (threads.h), so that one pool serves the whole forward pass.
+
+#include <cstdint>
+
+namespace kvb::kernels::detail {
+
+// c[m, n] = a[m, k] . b[n, k]^T + beta * c.   Row strides lda, ldb, ldc (in floats).
+void gemm_nt(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b,
+             int64_t ldb, float beta, float* c, int64_t ldc);
+
+// c[m, n] = a[m, k] . b[k, n] + beta * c.   Row strides lda, ldb, ldc (in floats).
+void gemm_nn(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b,
+             int64_t ldb, float beta, float* c, int64_t ldc);
+
+// y[n] = b[n, k] . x[k] + beta * y: one row against a weight matrix. A GEMM with one row would
+// pack (copy) the whole of b on every call, which costs more than the products.
+void gemv_n(int64_t n, int64_t k, const float* b, int64_t ldb, const float* x, float beta, float* y);
+
+}  // namespace kvb::kernels::detail
