@@ -212,6 +212,33 @@ TEST(HfFamilies, WindowLayersHoldOnlyTheirWindow) {
   }
 }
 
+// A fork shares the window rows and continues exactly; the source is untouched by the fork's steps.
+// Truncating below what a window layer still holds is refused, not answered from a short window.
+TEST(HfFamilies, ForkContinuesExactlyAndTruncationBeyondTheWindowIsRefused) {
+  const Reference ref = read_reference("gemma3");
+  auto m = load_dir(fixture_dir("gemma3"));
+  const auto& ids = ref.prompts[0];
+  const std::vector<int64_t> head(ids.begin(), ids.begin() + 12), tail(ids.begin() + 12, ids.end());
+  const at::Tensor want = ref.logits[0].narrow(0, 12, static_cast<int64_t>(tail.size()));
+  Engine e(m, method_store(*m, "full"));
+  const int64_t s = e.new_sequence();
+  e.prefill({s}, {head});
+  const int64_t f = e.fork(s);
+  for (int64_t seq : {f, s}) {
+    std::vector<at::Tensor> rows;
+    e.prefill({seq}, {tail}, [&](const at::Tensor& l, int64_t) { rows.push_back(l.clone()); });
+    EXPECT_LT(rel_err(at::cat(rows), want), 1e-4) << (seq == f ? "fork" : "source");
+  }
+  try {
+    e.kv().truncate(s, static_cast<int64_t>(ids.size()) - 2);
+    ADD_FAILURE() << "expected an error";
+  } catch (const Error& err) {
+    EXPECT_NE(std::string(err.what()).find("no longer holds the rows its window needs"),
+              std::string::npos)
+        << err.what();
+  }
+}
+
 // An eviction method on a model whose every layer is a window has nothing to compress: refused.
 TEST(HfFamilies, CompressingMethodWithoutGlobalLayersIsRefused) {
   auto m = load_dir(fixture_dir("mistral_sw"));
