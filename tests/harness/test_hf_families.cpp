@@ -343,9 +343,38 @@ TEST(HfFamilies, ServeProtocolRunsOnTheFamilyPresets) {
                                            {"probe_lengths", "64,128"}}}});
     const RunOutcome o = execute_run(cfg, db, env);
     const ModelConfig t = synthetic_preset(target);
-    EXPECT_EQ(test::metric(o.metrics, "serve_baseline_kv_bytes_per_token"),
-              static_cast<double>(t.kv_bytes_per_token(2)));
+    const double baseline = test::metric(o.metrics, "serve_baseline_kv_bytes_per_token");
+    if (t.n_window_layers() == 0) {
+      EXPECT_EQ(baseline, static_cast<double>(t.kv_bytes_per_token(2)));
+    } else {
+      // The windowed full cache per token at the trace's mean length: below every layer's bytes.
+      EXPECT_LT(baseline, static_cast<double>(t.kv_bytes_per_token(2)));
+      EXPECT_GT(baseline, static_cast<double>(t.kv_bytes_per_token(2)) *
+                              (t.n_layers - t.n_window_layers()) / t.n_layers);
+    }
+    // The full cache is its own baseline, windows included.
+    EXPECT_NEAR(test::metric(o.metrics, "compression_ratio"), 1.0, 0.02);
   }
+  // A codec compresses Gemma 3's global layers only: its window layers stay dense, so the ratio at
+  // the target is below the one at Qwen3-8B's shapes (every layer global) but above 1.
+  std::map<std::string, double> kivi;
+  for (const char* target : {"qwen3-8b", "gemma-3-4b"}) {
+    const json cfg = resolve_run_config({{"model", test::models_dir() + "/stories260K"},
+                                         {"dtype", "bf16"},
+                                         {"method", {{"name", "kivi"}, {"params", {{"preset", "kivi-2"}}}}},
+                                         {"protocol",
+                                          {{"name", "serve"},
+                                           {"target", target},
+                                           {"max_requests", 20},
+                                           {"kv_pool_gib", 4},
+                                           {"prefix_cache_gib", 8},
+                                           {"probe_lengths", "64,128,256"}}}});
+    kivi[target] = test::metric(execute_run(cfg, db, env).metrics, "compression_ratio");
+  }
+  std::cout << "[serve] kivi-2 compression_ratio: qwen3-8b " << kivi["qwen3-8b"] << ", gemma-3-4b "
+            << kivi["gemma-3-4b"] << "\n";
+  EXPECT_GT(kivi["gemma-3-4b"], 1.0);
+  EXPECT_LT(kivi["gemma-3-4b"], kivi["qwen3-8b"]);
 }
 
 // `kvbench inspect` prints each family's shapes (without materializing a preset's weights), and a
