@@ -408,6 +408,8 @@ ModelConfig parse_hf_config(const std::string& json_text, const std::string& sou
 
   // Attention variants the engine does not compute.
   refuse_unless(r, "attn_logit_softcapping", nullptr, "softcapping of the attention scores");
+  refuse_unless(r, "dual_chunk_attention_config", nullptr, "dual chunk attention");
+  refuse_unless(r, "attention_chunk_size", nullptr, "chunked attention");
   refuse_unless(r, "use_bidirectional_attention", false, "bidirectional attention");
   if (gemma) {
     c.post_norms = true;

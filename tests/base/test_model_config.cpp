@@ -425,6 +425,10 @@ TEST(ModelConfigFamilies, FamilyFieldsAndRefusals) {
   j["use_bidirectional_attention"] = true;
   expect_kvb_error([&] { parse(j); }, {kSrc, "'use_bidirectional_attention' is true"});
   j = base_config();
+  j["model_type"] = "qwen2";
+  j["dual_chunk_attention_config"] = {{"chunk_size", 262144}};
+  expect_kvb_error([&] { parse(j); }, {kSrc, "'dual_chunk_attention_config' is", "dual chunk"});
+  j = base_config();
   j["final_logit_softcapping"] = 30.0;
   expect_kvb_error([&] { parse(j); }, {kSrc, "'final_logit_softcapping' is 30"});
   j = base_config();
