@@ -20,6 +20,10 @@ Phi-3's fused projections, Mistral's and Gemma 3's sliding windows (prompts long
 Gemma 3's local RoPE base, (1 + w) norms, post-sublayer norms, embedding scale, GeGLU,
 query_pre_attn_scalar and final logit softcapping.
 
+With the models directory at hand (--models, default ../shared/models), it also writes
+real/stories260K-hf.json: transformers' summed NLL, per-position argmax and last logits for the real
+stories260K-hf checkpoint on the README sentence (the weights stay where they are).
+
 CI has no Python torch: the C++ tests read only the committed fixtures. Regenerate with
   /root/kvb-torch/bin/python scripts/hf-reference.py [--out tests/fixtures/hf]
 (needs torch, transformers and safetensors; the versions used are written to each reference.json
