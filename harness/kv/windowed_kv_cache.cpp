@@ -23,9 +23,9 @@ at::Tensor attend_window(const at::Tensor& q, const at::Tensor& k, const at::Ten
   at::Tensor qh = q.reshape({n, Hk, G, D}).permute({1, 2, 0, 3}).reshape({Hk, G * n, D});
   at::Tensor s = at::bmm(qh.to(at::kFloat), K.to(at::kFloat).transpose(1, 2)).mul_(sm_scale);
   auto opts = at::TensorOptions().dtype(at::kLong).device(q.device());
-  at::Tensor j = at::arange(L, opts).unsqueeze(0);              // [1, L]
-  at::Tensor i = (at::arange(n, opts) + past).unsqueeze(1);     // [n, 1]
-  at::Tensor hidden = (j > i).logical_or_(j <= i - window);     // [n, L]
+  at::Tensor j = at::arange(L, opts).unsqueeze(0);           // [1, L]
+  at::Tensor i = (at::arange(n, opts) + past).unsqueeze(1);  // [n, 1]
+  at::Tensor hidden = (j > i).logical_or_(j <= i - window);  // [n, L]
   s.view({Hk, G, n, L}).masked_fill_(hidden, -std::numeric_limits<float>::infinity());
   at::Tensor pr = at::softmax(s, -1);
   at::Tensor o = at::bmm(pr, V.to(at::kFloat)).to(q.scalar_type());  // [Hk, G*n, D]
@@ -45,8 +45,9 @@ CacheContext global_layer_context(const CacheContext& ctx) {
 }
 
 std::unique_ptr<KvCache> make_window_aware(
-    const CacheContext& ctx, const std::function<std::unique_ptr<KvCache>(const CacheContext&)>& make,
-    bool needs_global, const std::string& what) {
+    const CacheContext& ctx,
+    const std::function<std::unique_ptr<KvCache>(const CacheContext&)>& make, bool needs_global,
+    const std::string& what) {
   if (ctx.config.n_window_layers() == 0) return make(ctx);
   std::unique_ptr<KvCache> inner;
   if (ctx.config.n_window_layers() < ctx.config.n_layers) {
@@ -203,7 +204,8 @@ std::map<std::string, double> WindowedKvCache::counters() const {
 std::vector<HeadSnapshot> WindowedKvCache::probe_view(int layer, int64_t seq_id) const {
   KVB_CHECK(layer >= 0 && layer < ctx_.config.n_layers, "WindowedKvCache: layer ", layer,
             " out of range");
-  if (inner_layer_[layer] >= 0) return inner_->probe_view(static_cast<int>(inner_layer_[layer]), seq_id);
+  if (inner_layer_[layer] >= 0)
+    return inner_->probe_view(static_cast<int>(inner_layer_[layer]), seq_id);
   std::vector<HeadSnapshot> out;
   auto h = held_[layer].find(seq_id);
   if (h == held_[layer].end() || !h->second.n()) return out;

@@ -20,13 +20,15 @@ TEST(FamilyPresets, PerfProtocolRunsOnQwen3AndGemma3Shapes) {
   ResultsDb db(dir + "/db.sqlite");
   for (const char* preset : {"qwen3-8b-2l", "gemma-3-4b-6l"}) {
     SCOPED_TRACE(preset);
-    const nlohmann::json cfg = resolve_run_config(
-        {{"model", std::string("synthetic:") + preset},
-         {"dtype", "bf16"},
-         {"method", "full"},
-         {"protocol",
-          {{"name", "perf"}, {"context", 24}, {"decode_tokens", 2}, {"batch_sizes", "1"},
-           {"repeats", 1}}}});
+    const nlohmann::json cfg = resolve_run_config({{"model", std::string("synthetic:") + preset},
+                                                   {"dtype", "bf16"},
+                                                   {"method", "full"},
+                                                   {"protocol",
+                                                    {{"name", "perf"},
+                                                     {"context", 24},
+                                                     {"decode_tokens", 2},
+                                                     {"batch_sizes", "1"},
+                                                     {"repeats", 1}}}});
     const RunOutcome o = execute_run(cfg, db, RunEnv{});
     EXPECT_EQ(o.samples_total, 1);
     EXPECT_GT(test::metric(o.metrics, "decode_tok_s"), 0.0);

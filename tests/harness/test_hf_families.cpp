@@ -1,9 +1,9 @@
 // Each architecture family against Hugging Face transformers: the fixtures under tests/fixtures/hf
-// (scripts/hf-reference.py: tiny random-weight models and the logits transformers computes for them)
-// are loaded by kvbench and must give the same logits (max |diff| / max |ref| <= 1e-4 per prompt) and
-// the same greedy tokens, on the fast CPU path and on the generic LibTorch path, in whole and chunked
-// prefill, on the default store and a method's store; the transformers 4 layout of each config gives
-// the same model; window layers hold only their window.
+// (scripts/hf-reference.py: tiny random-weight models and the logits transformers computes for
+// them) are loaded by kvbench and must give the same logits (max |diff| / max |ref| <= 1e-4 per
+// prompt) and the same greedy tokens, on the fast CPU path and on the generic LibTorch path, in
+// whole and chunked prefill, on the default store and a method's store; the transformers 4 layout
+// of each config gives the same model; window layers hold only their window.
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
@@ -11,7 +11,6 @@
 #include <cstdio>
 #include <fstream>
 #include <iostream>
-
 #include <nlohmann/json.hpp>
 
 #include "harness/common/mapped_file.h"
@@ -108,8 +107,7 @@ TEST_P(HfFamily, LogitsAndGreedyMatchTransformers) {
   std::cout << "[" << arch << "] max relative logit error vs transformers: " << worst << "\n";
   RecordProperty("max_rel_logit_err", std::to_string(worst));
   ASSERT_FALSE(ref.greedy.empty());
-  EXPECT_EQ(test::greedy(m, ref.prompts[0], static_cast<int64_t>(ref.greedy.size())),
-            ref.greedy);
+  EXPECT_EQ(test::greedy(m, ref.prompts[0], static_cast<int64_t>(ref.greedy.size())), ref.greedy);
 }
 
 TEST_P(HfFamily, GenericPathChunkedPrefillAndMethodStoreAgree) {
@@ -127,12 +125,14 @@ TEST_P(HfFamily, GenericPathChunkedPrefillAndMethodStoreAgree) {
   set_cpu_f32_fast_path(false);
   const double generic = rel_err(prompt_logits(m, make_default_kv(*m), ids), ref.logits[0]);
   set_cpu_f32_fast_path(true);
-  std::cout << "[" << arch << "] generic LibTorch path: max relative logit error " << generic << "\n";
+  std::cout << "[" << arch << "] generic LibTorch path: max relative logit error " << generic
+            << "\n";
   EXPECT_LT(generic, 1e-4) << arch << " generic path";
 }
 
 // transformers 4 wrote rope_theta / rope_scaling at the top level (Gemma 3 also
-// rope_local_base_freq and sliding_window_pattern); the same model in that layout is the same model.
+// rope_local_base_freq and sliding_window_pattern); the same model in that layout is the same
+// model.
 TEST_P(HfFamily, TransformersFourLayoutIsTheSameModel) {
   const std::string arch = GetParam();
   const std::string v4 = fixture_dir(arch) + "/config.v4.json";
@@ -254,7 +254,8 @@ TEST(HfFamilies, CompressingMethodWithoutGlobalLayersIsRefused) {
 // The real stories260K-hf checkpoint against transformers' figures for it (the weights come from
 // the models directory; the fixture holds only transformers' numbers).
 TEST(HfFamilies, RealStories260kMatchesTransformers) {
-  const json ref = json::parse(read_text_file(test::fixtures_dir() + "/hf/real/stories260K-hf.json"));
+  const json ref =
+      json::parse(read_text_file(test::fixtures_dir() + "/hf/real/stories260K-hf.json"));
   auto m = load_dir(test::models_dir() + "/stories260K-hf");
   const auto ids = ref.at("ids").get<std::vector<int64_t>>();
   const at::Tensor logits = prompt_logits(m, make_default_kv(*m), ids);
@@ -264,7 +265,8 @@ TEST(HfFamilies, RealStories260kMatchesTransformers) {
   const auto last = ref.at("last_logits").get<std::vector<float>>();
   const at::Tensor want = at::tensor(last, at::kFloat);
   const double err = rel_err(logits[logits.size(0) - 1], want);
-  std::cout << "[stories260K-hf] last-position relative logit error vs transformers: " << err << "\n";
+  std::cout << "[stories260K-hf] last-position relative logit error vs transformers: " << err
+            << "\n";
   EXPECT_LT(err, 1e-4);
   Engine e(m, make_default_kv(*m));
   EXPECT_NEAR(e.score(ids).nll_sum, ref.at("nll_sum").get<double>(), 1e-4);
@@ -280,19 +282,21 @@ TEST(HfFamilies, GridOverEvictionQuantizationAndTieringOnGemma3AndQwen3) {
       {"base",
        {{"model", fixture_dir("qwen3")},
         {"protocol",
-         {{"name", "perf"}, {"context", 96}, {"decode_tokens", 4}, {"batch_sizes", "1"},
+         {{"name", "perf"},
+          {"context", 96},
+          {"decode_tokens", 4},
+          {"batch_sizes", "1"},
           {"repeats", 1}}}}},
       {"axes",
        {{"model", {fixture_dir("gemma3"), fixture_dir("qwen3")}},
         {"method",
-         {"full", {{"name", "snapkv"}, {"params", {{"budget", 0.25}}}},
+         {"full",
+          {{"name", "snapkv"}, {"params", {{"budget", 0.25}}}},
           {{"name", "kivi"},
            {"params", {{"k_bits", 2}, {"v_bits", 2}, {"group_size", 8}, {"residual_length", 8}}}},
           {{"name", "specache"},
            {"params", {{"group_size", 8}, {"residual_length", 8}, {"top_k", 4}}}}}}}}};
-  {
-    std::ofstream(dir + "/grid.json") << grid.dump();
-  }
+  { std::ofstream(dir + "/grid.json") << grid.dump(); }
   const std::string db_path = dir + "/db.sqlite";
   auto r = test::run_kvbench("grid -q -c " + dir + "/grid.json --db " + db_path);
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
@@ -311,7 +315,8 @@ TEST(HfFamilies, GridOverEvictionQuantizationAndTieringOnGemma3AndQwen3) {
               << test::metric(m, "baseline_bytes") << " B\n";
   }
   EXPECT_EQ(done, 8);
-  // The full cache is the baseline, windows included (Gemma 3's window layers hold 5 rows, not 100).
+  // The full cache is the baseline, windows included (Gemma 3's window layers hold 5 rows, not
+  // 100).
   EXPECT_NEAR(ratio["gemma3/full"], 1.0, 0.05);
   EXPECT_NEAR(ratio["qwen3/full"], 1.0, 0.05);
   // Eviction at 25% on Gemma 3 compresses only its 2 global layers: 2 x 100 rows become about
@@ -359,16 +364,17 @@ TEST(HfFamilies, ServeProtocolRunsOnTheFamilyPresets) {
   // the target is below the one at Qwen3-8B's shapes (every layer global) but above 1.
   std::map<std::string, double> kivi;
   for (const char* target : {"qwen3-8b", "gemma-3-4b"}) {
-    const json cfg = resolve_run_config({{"model", test::models_dir() + "/stories260K"},
-                                         {"dtype", "bf16"},
-                                         {"method", {{"name", "kivi"}, {"params", {{"preset", "kivi-2"}}}}},
-                                         {"protocol",
-                                          {{"name", "serve"},
-                                           {"target", target},
-                                           {"max_requests", 20},
-                                           {"kv_pool_gib", 4},
-                                           {"prefix_cache_gib", 8},
-                                           {"probe_lengths", "64,128,256"}}}});
+    const json cfg =
+        resolve_run_config({{"model", test::models_dir() + "/stories260K"},
+                            {"dtype", "bf16"},
+                            {"method", {{"name", "kivi"}, {"params", {{"preset", "kivi-2"}}}}},
+                            {"protocol",
+                             {{"name", "serve"},
+                              {"target", target},
+                              {"max_requests", 20},
+                              {"kv_pool_gib", 4},
+                              {"prefix_cache_gib", 8},
+                              {"probe_lengths", "64,128,256"}}}});
     kivi[target] = test::metric(execute_run(cfg, db, env).metrics, "compression_ratio");
   }
   std::cout << "[serve] kivi-2 compression_ratio: qwen3-8b " << kivi["qwen3-8b"] << ", gemma-3-4b "
@@ -411,8 +417,10 @@ TEST(HfFamilies, InspectPrintsTheFamiliesAndRefusesUnimplementedFields) {
   // A Phi-3 config with longrope scaling: refused by name, exit 2.
   const std::string dir = test::make_temp_dir("families_refuse");
   json cfg = json::parse(read_text_file(fixture_dir("phi3") + "/config.json"));
-  cfg["rope_parameters"] = {{"rope_type", "longrope"}, {"rope_theta", 10000.0},
-                            {"short_factor", json::array()}, {"long_factor", json::array()}};
+  cfg["rope_parameters"] = {{"rope_type", "longrope"},
+                            {"rope_theta", 10000.0},
+                            {"short_factor", json::array()},
+                            {"long_factor", json::array()}};
   std::ofstream(dir + "/config.json") << cfg.dump();
   {
     std::ifstream in(fixture_dir("phi3") + "/model.safetensors", std::ios::binary);
