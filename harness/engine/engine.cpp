@@ -8,6 +8,7 @@
 #include "harness/common/error.h"
 #include "harness/engine/transformer.h"
 #include "harness/kv/paged_kv_cache.h"
+#include "harness/kv/windowed_kv_cache.h"
 
 namespace kvb {
 
@@ -16,7 +17,16 @@ double ScoreResult::ppl() const { return token_nll.empty() ? 0.0 : std::exp(nll_
 std::unique_ptr<KvCache> make_default_kv(const Model& model, int64_t block_size) {
   PagedKvCache::Options o;
   o.block_size = block_size;
-  return std::make_unique<PagedKvCache>(model.config, model.device, model.dtype, o);
+  CacheContext ctx;
+  ctx.config = model.config;
+  ctx.device = model.device;
+  ctx.dtype = model.dtype;
+  return make_window_aware(
+      ctx,
+      [&](const CacheContext& c) {
+        return std::make_unique<PagedKvCache>(c.config, c.device, c.dtype, o);
+      },
+      /*needs_global=*/false, "the paged store");
 }
 
 Engine::Engine(std::shared_ptr<Model> model, std::unique_ptr<KvCache> kv, EngineOptions opts)

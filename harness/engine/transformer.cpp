@@ -11,6 +11,32 @@ namespace kvb {
 
 namespace {
 
+bool g_cpu_f32_fast_path = true;
+
+// out[r, i] = gelu_tanh(gu[r, i]) * gu[r, F + i] (GeGLU), the tanh approximation as PyTorch's
+// gelu(approximate="tanh") computes it.   gu: [rows, 2F]; out: [rows, F]
+void gelu_tanh_mul_f32(const float* gu, float* out, int64_t rows, int64_t F) {
+  constexpr float kBeta = static_cast<float>(M_SQRT2 * M_2_SQRTPI * 0.5);
+  constexpr float kKappa = 0.044715f;
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* g = gu + r * 2 * F;
+    const float* u = g + F;
+    float* o = out + r * F;
+    for (int64_t i = 0; i < F; ++i) {
+      const float x = g[i];
+      const float inner = kBeta * (x + kKappa * x * x * x);
+      o[i] = 0.5f * x * (1.0f + std::tanh(inner)) * u[i];
+    }
+  }
+}
+
+// The attention scale: 1/sqrt(head_dim) computed in float (as it always was, so Llama-family
+// logits stay bit-identical), or Gemma's query_pre_attn_scalar^-0.5.
+float attention_scale(const ModelConfig& c) {
+  return c.query_pre_attn_scalar > 0 ? static_cast<float>(c.attn_scale())
+                                     : 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+}
+
 // The CPU fp32 forward: the same computation as the generic path below, on raw pointers with BLAS
 // matmuls and fused row loops, so that a decode step of a small model costs microseconds, not the
 // ~30 LibTorch dispatches per layer of the generic path. The KV seam is unchanged: the cache gets the
@@ -27,7 +53,9 @@ at::Tensor forward_cpu_f32(Model& model, KvCache& kv, const std::vector<int64_t>
   const float eps = static_cast<float>(c.norm_eps);
   const auto f32 = at::TensorOptions().dtype(at::kFloat);
   // One allocation for the step's activations: x | h | qkv | k_pre | v | act(2F) | ffn(F).
-  at::Tensor buf = at::empty({T * (2 * D + QKV + 2 * KV + 3 * F)}, f32);
+  // A sublayer output buffer `post` (T x D) follows where the config norms it before the add.
+  const bool post = c.post_norms;
+  at::Tensor buf = at::empty({T * (2 * D + QKV + 2 * KV + 3 * F + (post ? D : 0))}, f32);
   float* x = buf.data_ptr<float>();
   float* h = x + T * D;
   float* qkv = h + T * D;
@@ -35,22 +63,26 @@ at::Tensor forward_cpu_f32(Model& model, KvCache& kv, const std::vector<int64_t>
   float* v = k_pre + T * KV;
   float* gu = v + T * KV;
   float* act = gu + T * 2 * F;
+  float* sub = act + T * F;  // [T, D] where post
   const float* emb = w.embedding.data_ptr<float>();
   if (input_embeds) {
+    // Soft rows enter as given (the embedding scale belongs to the token lookup, as in HF).
     at::Tensor e = input_embeds->to(at::kCPU, at::kFloat).contiguous();
     std::copy(e.data_ptr<float>(), e.data_ptr<float>() + T * D, x);
   } else {
     for (int64_t t = 0; t < T; ++t) std::copy(emb + tokens[t] * D, emb + (tokens[t] + 1) * D, x + t * D);
+    if (c.embed_scale != 1.0) {
+      const float s = static_cast<float>(c.embed_scale);
+      for (int64_t i = 0; i < T * D; ++i) x[i] *= s;
+    }
   }
   at::Tensor q_t = at::empty({T, c.n_heads, HD}, f32);
   at::Tensor k_t = at::empty({T, c.n_kv_heads, HD}, f32);
   at::Tensor kpre_t = at::from_blob(k_pre, {T, c.n_kv_heads, HD}, f32);
   at::Tensor v_t = at::from_blob(v, {T, c.n_kv_heads, HD}, f32);
   at::Tensor x_t = at::from_blob(x, {T, D}, f32);
-  const float* cos = w.rope_cos.data_ptr<float>();
-  const float* sin = w.rope_sin.data_ptr<float>();
   const bool inter = c.rope_style == RopeStyle::kInterleaved;
-  const float sm_scale = 1.0f / std::sqrt(static_cast<float>(HD));
+  const float sm_scale = attention_scale(c);
 
   kv.begin_step(batch);
   for (int64_t l = 0; l < c.n_layers; ++l) {
@@ -67,6 +99,14 @@ at::Tensor forward_cpu_f32(Model& model, KvCache& kv, const std::vector<int64_t>
       std::copy(row + Q, row + Q + KV, k_pre + t * KV);
       std::copy(row + Q + KV, row + QKV, v + t * KV);
     }
+    if (c.qk_norm) {
+      // Per head, before RoPE; the pre-RoPE keys a method sees are the normed ones.
+      k::rms_norm_f32(q, L.q_norm.data_ptr<float>(), q, T * c.n_heads, HD, eps);
+      k::rms_norm_f32(kr, L.k_norm.data_ptr<float>(), kr, T * c.n_kv_heads, HD, eps);
+      std::copy(kr, kr + T * KV, k_pre);
+    }
+    const float* cos = w.layer_cos(c, l).data_ptr<float>();
+    const float* sin = w.layer_sin(c, l).data_ptr<float>();
     k::rope_f32(q, T, c.n_heads, HD, Q, cos, sin, batch.positions.data(), inter);
     k::rope_f32(kr, T, c.n_kv_heads, HD, KV, cos, sin, batch.positions.data(), inter);
     LayerInput in;
@@ -78,12 +118,29 @@ at::Tensor forward_cpu_f32(Model& model, KvCache& kv, const std::vector<int64_t>
     in.batch = &batch;
     in.sm_scale = sm_scale;
     in.hidden = &x_t;
+    in.window = c.is_window_layer(l) ? c.layer_windows[l] : 0;
     at::Tensor attn = kv.attend(in).contiguous();  // [T, n_heads, head_dim]
-    k::linear_f32(attn.data_ptr<float>(), L.wo.data_ptr<float>(), nullptr, x, T, Q, D, true);
+    if (post) {
+      k::linear_f32(attn.data_ptr<float>(), L.wo.data_ptr<float>(), nullptr, sub, T, Q, D, false);
+      k::rms_norm_f32(sub, L.post_attn_norm.data_ptr<float>(), sub, T, D, eps);
+      for (int64_t i = 0; i < T * D; ++i) x[i] += sub[i];
+    } else {
+      k::linear_f32(attn.data_ptr<float>(), L.wo.data_ptr<float>(), nullptr, x, T, Q, D, true);
+    }
     k::rms_norm_f32(x, L.ffn_norm.data_ptr<float>(), h, T, D, eps);
     k::linear_f32(h, L.w13.data_ptr<float>(), nullptr, gu, T, D, 2 * F, false);
-    k::silu_mul_f32(gu, act, T, F);
-    k::linear_f32(act, L.w2.data_ptr<float>(), nullptr, x, T, F, D, true);
+    if (c.activation == Activation::kGeluTanh) {
+      gelu_tanh_mul_f32(gu, act, T, F);
+    } else {
+      k::silu_mul_f32(gu, act, T, F);
+    }
+    if (post) {
+      k::linear_f32(act, L.w2.data_ptr<float>(), nullptr, sub, T, F, D, false);
+      k::rms_norm_f32(sub, L.post_ffn_norm.data_ptr<float>(), sub, T, D, eps);
+      for (int64_t i = 0; i < T * D; ++i) x[i] += sub[i];
+    } else {
+      k::linear_f32(act, L.w2.data_ptr<float>(), nullptr, x, T, F, D, true);
+    }
   }
   kv.end_step(batch);
 
@@ -98,10 +155,17 @@ at::Tensor forward_cpu_f32(Model& model, KvCache& kv, const std::vector<int64_t>
   at::Tensor logits = at::empty({R, c.vocab_size}, f32);
   k::linear_f32(normed.data_ptr<float>(), w.lm_head.data_ptr<float>(), nullptr,
                 logits.data_ptr<float>(), R, D, c.vocab_size, false);
+  if (c.final_logit_softcap > 0) {
+    const float cap = static_cast<float>(c.final_logit_softcap);
+    float* p = logits.data_ptr<float>();
+    for (int64_t i = 0; i < R * c.vocab_size; ++i) p[i] = cap * std::tanh(p[i] / cap);
+  }
   return logits;
 }
 
 }  // namespace
+
+void set_cpu_f32_fast_path(bool enabled) { g_cpu_f32_fast_path = enabled; }
 
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
   at::Tensor xf = x.to(at::kFloat);
@@ -138,21 +202,36 @@ at::Tensor transformer_forward(Model& model, KvCache& kv, const std::vector<int6
   int64_t max_pos = 0;
   for (int64_t p : batch.positions) max_pos = std::max(max_pos, p);
   model.ensure_rope_len(max_pos + 1);
+  // A window layer must be served by a store that applies the window (WindowedKvCache, which
+  // MethodRegistry::create and make_default_kv put around a method's store); any other would
+  // attend to every token, silently not the model.
+  KVB_CHECK(c.n_window_layers() == 0 || kv.serves_windows(), c.name, " has ",
+            c.n_window_layers(), " sliding-window layers, but the KV store '", kv.name(),
+            "' does not apply windows (wrap it in a WindowedKvCache)");
   if (input_embeds) {
     KVB_CHECK(input_embeds->dim() == 2 && input_embeds->size(0) == T && input_embeds->size(1) == c.dim,
               "transformer_forward: input_embeds must be [", T, ", ", c.dim, "]");
   }
-  if (dev.is_cpu() && model.dtype == at::kFloat) {
+  if (g_cpu_f32_fast_path && dev.is_cpu() && model.dtype == at::kFloat) {
     return forward_cpu_f32(model, kv, tokens, batch, logit_rows, input_embeds);
   }
 
   at::Tensor pos = at::tensor(batch.positions, at::kLong).to(dev);
   at::Tensor cos = w.rope_cos.index_select(0, pos);  // [T, head_dim / 2]
   at::Tensor sin = w.rope_sin.index_select(0, pos);
+  at::Tensor cos_local, sin_local;
+  if (w.rope_cos_local.defined()) {
+    cos_local = w.rope_cos_local.index_select(0, pos);
+    sin_local = w.rope_sin_local.index_select(0, pos);
+  }
   at::Tensor x = input_embeds  // [T, dim]
                      ? input_embeds->to(dev, model.dtype)
                      : w.embedding.index_select(0, at::tensor(tokens, at::kLong).to(dev));
-  const float sm_scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  if (!input_embeds && c.embed_scale != 1.0) {
+    // In the model dtype, as HF multiplies by the scale cast to the weights' dtype.
+    x = x * at::scalar_tensor(c.embed_scale, x.options());
+  }
+  const float sm_scale = attention_scale(c);
 
   kv.begin_step(batch);
   for (int64_t l = 0; l < c.n_layers; ++l) {
@@ -162,8 +241,13 @@ at::Tensor transformer_forward(Model& model, KvCache& kv, const std::vector<int6
     at::Tensor q = qkv.narrow(1, 0, Q).view({T, c.n_heads, c.head_dim});
     at::Tensor k = qkv.narrow(1, Q, KV).contiguous().view({T, c.n_kv_heads, c.head_dim});
     at::Tensor v = qkv.narrow(1, Q + KV, KV).contiguous().view({T, c.n_kv_heads, c.head_dim});
-    at::Tensor q_rot = apply_rope(q, cos, sin, c.rope_style);
-    at::Tensor k_rot = apply_rope(k, cos, sin, c.rope_style);
+    if (c.qk_norm) {
+      q = rms_norm(q, L.q_norm, c.norm_eps);
+      k = rms_norm(k, L.k_norm, c.norm_eps);
+    }
+    const bool local = cos_local.defined() && c.is_window_layer(l);
+    at::Tensor q_rot = apply_rope(q, local ? cos_local : cos, local ? sin_local : sin, c.rope_style);
+    at::Tensor k_rot = apply_rope(k, local ? cos_local : cos, local ? sin_local : sin, c.rope_style);
     LayerInput in;
     in.layer = static_cast<int>(l);
     in.q = &q_rot;
@@ -173,12 +257,19 @@ at::Tensor transformer_forward(Model& model, KvCache& kv, const std::vector<int6
     in.batch = &batch;
     in.sm_scale = sm_scale;
     in.hidden = &x;
+    in.window = c.is_window_layer(l) ? c.layer_windows[l] : 0;
     at::Tensor attn = kv.attend(in);  // [T, n_heads, head_dim]
-    x = x + at::linear(attn.reshape({T, Q}), L.wo);
+    at::Tensor o = at::linear(attn.reshape({T, Q}), L.wo);
+    if (c.post_norms) o = rms_norm(o, L.post_attn_norm, c.norm_eps);
+    x = x + o;
     h = rms_norm(x, L.ffn_norm, c.norm_eps);
     at::Tensor gu = at::linear(h, L.w13);  // [T, 2F]
-    at::Tensor act = at::silu(gu.narrow(1, 0, F)).mul_(gu.narrow(1, F, F));
-    x = x + at::linear(act, L.w2);
+    at::Tensor gate = c.activation == Activation::kGeluTanh ? at::gelu(gu.narrow(1, 0, F), "tanh")
+                                                             : at::silu(gu.narrow(1, 0, F));
+    at::Tensor act = gate.mul_(gu.narrow(1, F, F));
+    at::Tensor f = at::linear(act, L.w2);
+    if (c.post_norms) f = rms_norm(f, L.post_ffn_norm, c.norm_eps);
+    x = x + f;
   }
   kv.end_step(batch);
 
@@ -186,7 +277,10 @@ at::Tensor transformer_forward(Model& model, KvCache& kv, const std::vector<int6
     x = x.index_select(0, at::tensor(logit_rows, at::kLong).to(dev));
   }
   x = rms_norm(x, w.final_norm, c.norm_eps);
-  return at::linear(x, w.lm_head).to(at::kFloat);
+  at::Tensor logits = at::linear(x, w.lm_head).to(at::kFloat);
+  if (c.final_logit_softcap > 0)
+    logits = at::tanh(logits / c.final_logit_softcap).mul_(c.final_logit_softcap);
+  return logits;
 }
 
 }  // namespace kvb

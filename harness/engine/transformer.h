@@ -19,6 +19,10 @@ at::Tensor transformer_forward(Model& model, KvCache& kv, const std::vector<int6
                                const StepBatch& batch, const std::vector<int64_t>& logit_rows,
                                const at::Tensor* input_embeds = nullptr);
 
+// Whether CPU fp32 steps take the raw-pointer fast path (default) or the generic LibTorch path; the
+// two compute the same thing, and tests check that by running both. Not thread-safe.
+void set_cpu_f32_fast_path(bool enabled);
+
 // RMSNorm in fp32: x * rsqrt(mean(x^2) + eps) * weight, returned in x's dtype.
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
 

@@ -62,8 +62,9 @@ PerfCell run_perf_cell(std::shared_ptr<Model> model, const std::string& method,
     if (r == repeats) {
       cell.ledger.fp = e.kv().footprint();
       cell.ledger.tokens_seen = batch * (context + decode_tokens);
-      cell.ledger.baseline_bytes = cell.ledger.tokens_seen * c.kv_bytes_per_token(dtype_bytes(model->dtype));
-      cell.ledger.baseline_bytes_16bit = cell.ledger.tokens_seen * c.kv_bytes_per_token(2);
+      // Per sequence: a model's window layers hold only their window, in the full cache too.
+      cell.ledger.baseline_bytes = batch * c.full_kv_bytes(context + decode_tokens, dtype_bytes(model->dtype));
+      cell.ledger.baseline_bytes_16bit = batch * c.full_kv_bytes(context + decode_tokens, 2);
     }
   }
   cell.prefill_tok_s = percentile(prefill_tps, 50);

@@ -92,7 +92,9 @@ Answers answer_all(std::shared_ptr<Model> model, const Tokenizer& tok, const std
   auto question_ids = [&](const std::string& q) { return concat(tok.encode(q), close); };
   Answers a;
   a.context_tokens = static_cast<int64_t>(ctx_ids.size());
-  const int64_t per_token = model->config.kv_bytes_per_token(dtype_bytes(model->dtype));
+  // The full cache of `n` tokens (a model's window layers hold only their window, in it too).
+  const int64_t elem = dtype_bytes(model->dtype);
+  auto full_bytes = [&](int64_t n) { return model->config.full_kv_bytes(n, elem); };
   const DocumentReuse* reuse = e.kv().document_reuse();
   if (opts.mode == "query_agnostic" || reuse) {
     // With document reuse the documents never see the question, so both modes take this route.
@@ -112,7 +114,7 @@ Answers answer_all(std::shared_ptr<Model> model, const Tokenizer& tok, const std
     }
     a.ledger.fp = e.kv().footprint();
     a.ledger.tokens_seen = a.context_tokens;
-    a.ledger.baseline_bytes = a.context_tokens * per_token;
+    a.ledger.baseline_bytes = full_bytes(a.context_tokens);
     for (const auto& item : s.items) {
       const auto q = question_ids(item.question);
       auto t0 = std::chrono::steady_clock::now();
@@ -137,14 +139,14 @@ Answers answer_all(std::shared_ptr<Model> model, const Tokenizer& tok, const std
         a.timing.prefill_tokens = static_cast<int64_t>(ids.size());
         a.ledger.fp = e.kv().footprint();
         a.ledger.tokens_seen = static_cast<int64_t>(ids.size());
-        a.ledger.baseline_bytes = a.ledger.tokens_seen * per_token;
+        a.ledger.baseline_bytes = full_bytes(a.ledger.tokens_seen);
       }
       a.predictions.push_back(greedy_answer(e, tok, seq, logits, s.max_new_tokens, s.stop));
       e.release(seq);
     }
   }
   a.counters = e.kv().counters();
-  a.ledger.baseline_bytes_16bit = a.ledger.tokens_seen * model->config.kv_bytes_per_token(2);
+  a.ledger.baseline_bytes_16bit = model->config.full_kv_bytes(a.ledger.tokens_seen, 2);
   return a;
 }
 

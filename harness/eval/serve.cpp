@@ -118,6 +118,45 @@ FootprintCurve curve_from_json(const nlohmann::json& footprint) {
   return FootprintCurve(points);
 }
 
+// The method's curve at a target's shapes. The run's model has no window layers, so its curve is
+// the method on global layers: it scales to the target's global layers, and each of the target's
+// window layers adds its dense window (min(n, window - 1) rows at 16 bits) whatever the method. The
+// points are the measured lengths plus each window's knee and the target's context, so the
+// piecewise-linear curve is exact at the knees. Without window layers: the plain scaling.
+FootprintCurve target_curve(const FootprintCurve& run, const ModelConfig& tc, double target_bpt,
+                            double run_bpt) {
+  if (tc.n_window_layers() == 0) return run.scaled(target_bpt / run_bpt);
+  const double row_bytes = 2.0 * static_cast<double>(tc.kv_dim()) * 2.0;  // K and V, 16-bit
+  const double global_bpt =
+      static_cast<double>(tc.n_layers - tc.n_window_layers()) * row_bytes;
+  // A target whose every layer is a window (Phi-3-mini's 2,047) has no global layer to scale to.
+  const FootprintCurve base =
+      global_bpt > 0 ? run.scaled(global_bpt / run_bpt) : FootprintCurve::proportional(0.0);
+  std::vector<int64_t> lengths;
+  for (const auto& p : run.points()) lengths.push_back(p.tokens);
+  for (int64_t l = 0; l < tc.n_layers; ++l)
+    if (tc.is_window_layer(l) && tc.layer_windows[l] > 1) lengths.push_back(tc.layer_windows[l] - 1);
+  lengths.push_back(tc.max_seq_len);
+  std::sort(lengths.begin(), lengths.end());
+  lengths.erase(std::unique(lengths.begin(), lengths.end()), lengths.end());
+  std::vector<FootprintPoint> points;
+  for (int64_t t : lengths) {
+    double window_bytes = 0;
+    for (int64_t l = 0; l < tc.n_layers; ++l)
+      if (tc.is_window_layer(l))
+        window_bytes += static_cast<double>(std::min(t, tc.layer_windows[l] - 1)) * row_bytes;
+    FootprintPoint p;
+    p.tokens = t;
+    p.device_bytes = base.device_bytes(t) + window_bytes;
+    p.host_bytes = base.host_bytes(t);
+    p.read_fraction =
+        p.device_bytes > 0 ? (base.decode_read_bytes(t) + window_bytes) / p.device_bytes : 1.0;
+    p.h2d_bytes_per_token = base.h2d_bytes_per_token(t);
+    points.push_back(p);
+  }
+  return FootprintCurve(points);
+}
+
 }  // namespace
 
 void check_serve_inputs(const nlohmann::json& proto, const std::string& data_dir) {
@@ -140,7 +179,9 @@ nlohmann::json serve_simulation_sample(const nlohmann::json& proto, const nlohma
                                        const std::string& data_dir, uint64_t seed) {
   const ServeTarget target = serve_target(proto.at("target"));
   const double run_bpt = footprint.at("run_kv_bytes_per_token");
-  const FootprintCurve kv = curve_from_json(footprint).scaled(target.kv_bytes_per_token / run_bpt);
+  const ModelConfig target_config = synthetic_preset(proto.at("target"));
+  const FootprintCurve kv =
+      target_curve(curve_from_json(footprint), target_config, target.kv_bytes_per_token, run_bpt);
 
   const std::string trace_name = proto.at("trace");
   const std::string path =
@@ -239,7 +280,11 @@ nlohmann::json serve_simulation_sample(const nlohmann::json& proto, const nlohma
   out["trace"] = {
       {"path", path}, {"requests", trace.requests.size()}, {"mean_tokens", mean_tokens}};
   out["target"] = target.name;
-  out["target_kv_bytes_per_token"] = target.kv_bytes_per_token;
+  // The uncompressed baseline: the target's full cache at the mean length per token (its window
+  // layers hold only their window, in the full cache too); every layer's bytes without windows.
+  out["target_kv_bytes_per_token"] =
+      static_cast<double>(target_config.full_kv_bytes(mean_tokens, 2)) /
+      static_cast<double>(mean_tokens);
   out["kv_bytes_per_token_at_mean"] =
       kv.device_bytes(mean_tokens) / static_cast<double>(mean_tokens);
   out["decode_read_bytes_at_mean"] = kv.decode_read_bytes(mean_tokens);

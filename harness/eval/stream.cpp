@@ -133,8 +133,9 @@ StreamSampleResult run_stream_sample(std::shared_ptr<Model> model, const std::st
   });
   r.ledger.fp = e.kv().footprint();
   r.ledger.tokens_seen = static_cast<int64_t>(tokens.size()) - 1;  // the last token is only predicted
-  r.ledger.baseline_bytes = r.ledger.tokens_seen * model->config.kv_bytes_per_token(dtype_bytes(model->dtype));
-  r.ledger.baseline_bytes_16bit = r.ledger.tokens_seen * model->config.kv_bytes_per_token(2);
+  // full_kv_bytes: a model's window layers hold only their window, in the full cache too.
+  r.ledger.baseline_bytes = model->config.full_kv_bytes(r.ledger.tokens_seen, dtype_bytes(model->dtype));
+  r.ledger.baseline_bytes_16bit = model->config.full_kv_bytes(r.ledger.tokens_seen, 2);
   r.counters = e.kv().counters();
   return r;
 }

@@ -2,6 +2,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
+#include <cmath>
 #include <map>
 
 #include "harness/common/error.h"
@@ -22,12 +24,42 @@ const char* rope_style_name(RopeStyle s) {
   return "?";
 }
 
+const char* activation_name(Activation a) {
+  switch (a) {
+    case Activation::kSilu:
+      return "silu";
+    case Activation::kGeluTanh:
+      return "gelu_pytorch_tanh";
+  }
+  return "?";
+}
+
+int64_t ModelConfig::n_window_layers() const {
+  int64_t n = 0;
+  for (int64_t w : layer_windows) n += w > 0 ? 1 : 0;
+  return n;
+}
+
+int64_t ModelConfig::full_kv_bytes(int64_t tokens, int64_t bytes_per_elem) const {
+  int64_t rows = 0;
+  for (int64_t l = 0; l < n_layers; ++l)
+    rows += is_window_layer(l) ? std::min(tokens, layer_windows[l] - 1) : tokens;
+  return 2 * rows * kv_dim() * bytes_per_elem;
+}
+
+double ModelConfig::attn_scale() const {
+  return 1.0 / std::sqrt(query_pre_attn_scalar > 0 ? query_pre_attn_scalar
+                                                   : static_cast<double>(head_dim));
+}
+
 int64_t ModelConfig::parameter_count() const {
   int64_t per_layer = 2 * dim                                   // norms
                       + dim * (q_dim() + 2 * kv_dim())          // q, k, v
                       + q_dim() * dim                           // o
                       + 3 * dim * hidden_dim;                   // gate, up, down
   if (qkv_bias) per_layer += q_dim() + 2 * kv_dim();
+  if (qk_norm) per_layer += 2 * head_dim;
+  if (post_norms) per_layer += 2 * dim;
   int64_t total = n_layers * per_layer + vocab_size * dim + dim;
   if (!tied_embeddings) total += vocab_size * dim;
   return total;
@@ -79,6 +111,17 @@ void ModelConfig::validate(const std::string& source) const {
   for (int64_t e : eos_ids)
     KVB_CHECK(e >= 0 && e < vocab_size, source, ": 'eos_token_id' ", e,
               " is outside the vocabulary [0, ", vocab_size, ")");
+  if (!layer_windows.empty()) {
+    KVB_CHECK(static_cast<int64_t>(layer_windows.size()) == n_layers, source, ": ",
+              layer_windows.size(), " layer windows for ", n_layers, " layers");
+    for (int64_t w : layer_windows)
+      KVB_CHECK(w >= 0 && w <= kMaxContextTokens, source, ": 'sliding_window' ", w,
+                " must be in [1, ", kMaxContextTokens, "]");
+  }
+  KVB_CHECK(rope_local_theta >= 0, source, ": 'rope_local_base_freq' must be positive");
+  KVB_CHECK(embed_scale > 0, source, ": the embedding scale must be positive");
+  KVB_CHECK(query_pre_attn_scalar >= 0, source, ": 'query_pre_attn_scalar' must be positive");
+  KVB_CHECK(final_logit_softcap >= 0, source, ": 'final_logit_softcapping' must be positive");
   if (rope_scaling.type == "llama3") {
     KVB_CHECK(rope_scaling.factor >= 1 && rope_scaling.high_freq_factor > rope_scaling.low_freq_factor &&
                   rope_scaling.original_max_position_embeddings > 0,
@@ -118,6 +161,16 @@ nlohmann::json ModelConfig::to_json() const {
           {"weights_dtype", weights_dtype}};
   // Only when false: the configs (and run hashes) of models that add a BOS stay as they were.
   if (!add_bos) j["add_bos_token"] = false;
+  // The family fields, likewise only where they differ from the Llama computation.
+  if (arch != "llama") j["model_type"] = arch;
+  if (activation != Activation::kSilu) j["hidden_act"] = activation_name(activation);
+  if (qk_norm) j["qk_norm"] = true;
+  if (post_norms) j["post_norms"] = true;
+  if (embed_scale != 1.0) j["embed_scale"] = embed_scale;
+  if (query_pre_attn_scalar > 0) j["query_pre_attn_scalar"] = query_pre_attn_scalar;
+  if (final_logit_softcap > 0) j["final_logit_softcapping"] = final_logit_softcap;
+  if (!layer_windows.empty()) j["layer_windows"] = layer_windows;
+  if (rope_local_theta > 0) j["rope_local_base_freq"] = rope_local_theta;
   return j;
 }
 
@@ -161,19 +214,84 @@ struct Reader {
 
 }  // namespace
 
+namespace {
+
+// One RoPE specification: transformers 4's rope_scaling object, or one of transformers 5's
+// rope_parameters objects (which carry rope_theta too). `where` names the object in errors.
+// Only the types the engine computes are accepted; any other (dynamic, yarn, longrope, su, ...)
+// is refused by name, since running it as default RoPE would give silently wrong logits.
+void parse_rope_object(const nlohmann::json& s, const std::string& source, const std::string& where,
+                       RopeScaling* out, double* theta) {
+  KVB_CHECK(s.is_object(), source, ": '", where, "' must be an object or null");
+  Reader rs{s, source};
+  const std::string type = rs.str_opt("rope_type", rs.str_opt("type", "default"));
+  if (theta && rs.has("rope_theta")) {
+    KVB_CHECK(s["rope_theta"].is_number(), source, ": field '", where,
+              ".rope_theta' must be a number (got ", s["rope_theta"].dump(), ")");
+    *theta = s["rope_theta"].get<double>();
+  }
+  if (rs.has("partial_rotary_factor")) {
+    const double f = rs.num_opt("partial_rotary_factor", 1.0);
+    KVB_CHECK(f == 1.0, source, ": '", where, ".partial_rotary_factor' is ", f,
+              ": partial rotary embeddings are not supported");
+  }
+  if (type == "default") {
+    out->type = "none";
+  } else if (type == "linear" || type == "llama3") {
+    out->type = type;
+    out->factor = rs.num_opt("factor", 1.0);
+    if (type == "llama3") {
+      out->low_freq_factor = rs.num_opt("low_freq_factor", 1.0);
+      out->high_freq_factor = rs.num_opt("high_freq_factor", 4.0);
+      out->original_max_position_embeddings = rs.int_opt("original_max_position_embeddings", 8192);
+    }
+  } else {
+    KVB_FAIL(source, ": '", where, "' has rope_type '", type,
+             "', which is not supported (default, linear, llama3)");
+  }
+}
+
+// A key that must be absent, null or `allowed` (a field whose other values change the computation
+// in a way the engine does not implement).
+void refuse_unless(const Reader& r, const char* key, const nlohmann::json& allowed,
+                   const std::string& what) {
+  if (!r.has(key)) return;
+  KVB_CHECK(r.j[key] == allowed, r.src, ": '", key, "' is ", r.j[key].dump(), ": ", what,
+            " is not supported");
+}
+
+}  // namespace
+
 ModelConfig parse_hf_config(const std::string& json_text, const std::string& source) {
   const nlohmann::json j = parse_json(json_text, source);
   KVB_CHECK(j.is_object(), source, ": expected a JSON object");
   Reader r{j, source};
 
   const std::string model_type = r.str_opt("model_type", "llama");
-  KVB_CHECK(model_type == "llama" || model_type == "mistral" || model_type == "qwen2", source,
-            ": model_type '", model_type, "' is not supported (llama, mistral, qwen2)");
-  const std::string act = r.str_opt("hidden_act", "silu");
-  KVB_CHECK(act == "silu", source, ": hidden_act '", act, "' is not supported (silu)");
+  if (model_type == "gemma3") {
+    KVB_FAIL(source, ": model_type 'gemma3' is the multimodal Gemma 3 (a text_config inside a "
+             "vision-language model), which is not supported; the text-only model_type "
+             "'gemma3_text' is");
+  }
+  KVB_CHECK(model_type == "llama" || model_type == "mistral" || model_type == "qwen2" ||
+                model_type == "qwen3" || model_type == "phi3" || model_type == "gemma3_text",
+            source, ": model_type '", model_type,
+            "' is not supported (llama, mistral, qwen2, qwen3, phi3, gemma3_text)");
+  const bool gemma = model_type == "gemma3_text";
+  // Gemma names the activation hidden_activation; the others hidden_act.
+  const char* act_key = gemma ? "hidden_activation" : "hidden_act";
+  const std::string act = r.str_opt(act_key, gemma ? "gelu_pytorch_tanh" : "silu");
 
   ModelConfig c;
   c.format = "hf";
+  c.arch = model_type;
+  if (act == "silu") {
+    c.activation = Activation::kSilu;
+  } else if (act == "gelu_pytorch_tanh") {
+    c.activation = Activation::kGeluTanh;
+  } else {
+    KVB_FAIL(source, ": ", act_key, " '", act, "' is not supported (silu, gelu_pytorch_tanh)");
+  }
   c.dim = r.int_req("hidden_size");
   c.hidden_dim = r.int_req("intermediate_size");
   c.n_layers = r.int_req("num_hidden_layers");
@@ -181,14 +299,16 @@ ModelConfig parse_hf_config(const std::string& json_text, const std::string& sou
   c.vocab_size = r.int_req("vocab_size");
   c.n_kv_heads = r.int_opt("num_key_value_heads", c.n_heads);
   KVB_CHECK(c.n_heads > 0, source, ": 'num_attention_heads' must be positive");
-  c.head_dim = r.int_opt("head_dim", c.n_heads > 0 ? c.dim / c.n_heads : 0);
-  c.max_seq_len = r.int_opt("max_position_embeddings", 2048);
-  c.rope_theta = r.num_opt("rope_theta", 10000.0);
-  c.norm_eps = r.num_opt("rms_norm_eps", 1e-6);
-  c.tied_embeddings = r.bool_opt("tie_word_embeddings", false);
-  c.qkv_bias = model_type == "qwen2" ? true : r.bool_opt("attention_bias", false);
+  // The configuration classes' defaults where the file omits head_dim.
+  const int64_t head_dim_default = model_type == "qwen3" ? 128
+                                   : gemma               ? 256
+                                   : (c.n_heads > 0 ? c.dim / c.n_heads : 0);
+  c.head_dim = r.int_opt("head_dim", head_dim_default);
+  c.max_seq_len = r.int_opt("max_position_embeddings", gemma ? 131072 : 2048);
+  c.norm_eps = r.num_opt("rms_norm_eps", model_type == "phi3" ? 1e-5 : 1e-6);
+  c.tied_embeddings = r.bool_opt("tie_word_embeddings", gemma);
   c.rope_style = RopeStyle::kHalf;
-  c.bos_id = r.int_opt("bos_token_id", 1);
+  c.bos_id = r.int_opt("bos_token_id", gemma ? 2 : 1);
   if (r.has("eos_token_id")) {
     const auto& e = j["eos_token_id"];
     c.eos_ids.clear();
@@ -200,29 +320,170 @@ ModelConfig parse_hf_config(const std::string& json_text, const std::string& sou
     } else {
       c.eos_ids.push_back(r.int_at("eos_token_id"));
     }
+  } else if (gemma) {
+    c.eos_ids = {1};
   }
-  const std::string dt = r.str_opt("torch_dtype", "float32");
+  // transformers 5 writes `dtype`, 4 wrote `torch_dtype`.
+  const std::string dt = r.str_opt("torch_dtype", r.str_opt("dtype", "float32"));
   c.weights_dtype = dt == "bfloat16" ? "BF16" : dt == "float16" ? "F16" : "F32";
 
-  if (r.has("rope_scaling")) {
-    const auto& s = j["rope_scaling"];
-    KVB_CHECK(s.is_object(), source, ": 'rope_scaling' must be an object or null");
-    Reader rs{s, source};
-    std::string type = rs.str_opt("rope_type", rs.str_opt("type", "default"));
-    if (type == "default") {
-      c.rope_scaling.type = "none";
-    } else if (type == "linear" || type == "llama3") {
-      c.rope_scaling.type = type;
-      c.rope_scaling.factor = rs.num_opt("factor", 1.0);
-      if (type == "llama3") {
-        c.rope_scaling.low_freq_factor = rs.num_opt("low_freq_factor", 1.0);
-        c.rope_scaling.high_freq_factor = rs.num_opt("high_freq_factor", 4.0);
-        c.rope_scaling.original_max_position_embeddings =
-            rs.int_opt("original_max_position_embeddings", 8192);
+  // Projection biases: Qwen2's q/k/v always have them. Elsewhere attention_bias also puts a bias
+  // on o_proj (Llama, Qwen3, Gemma 3), which the engine does not have.
+  if (model_type == "qwen2") {
+    c.qkv_bias = true;
+  } else {
+    refuse_unless(r, "attention_bias", false, "a bias on the attention projections (o_proj too)");
+  }
+  refuse_unless(r, "mlp_bias", false, "a bias on the feed-forward projections");
+  refuse_unless(r, "pretraining_tp", 1, "tensor-parallel slicing of the projections");
+  if (model_type == "qwen3" || gemma) c.qk_norm = true;
+
+  // RoPE, in either generation's layout; a config holding both must agree.
+  const bool v5_rope = r.has("rope_parameters");
+  RopeScaling local_scaling;
+  double local_theta = 10000.0;
+  if (gemma) {
+    c.rope_theta = 1000000.0;
+    if (v5_rope) {
+      const auto& rp = j["rope_parameters"];
+      KVB_CHECK(rp.is_object(), source, ": 'rope_parameters' must be an object or null");
+      // Gemma 3 keeps one RoPE per attention type; a flat object would be the other families'.
+      for (auto it = rp.begin(); it != rp.end(); ++it) {
+        KVB_CHECK(it.key() == "full_attention" || it.key() == "sliding_attention", source,
+                  ": 'rope_parameters' of gemma3_text must map full_attention and "
+                  "sliding_attention to RoPE parameters (found key '", it.key(), "')");
+      }
+      if (rp.contains("full_attention") && !rp["full_attention"].is_null())
+        parse_rope_object(rp["full_attention"], source, "rope_parameters.full_attention",
+                          &c.rope_scaling, &c.rope_theta);
+      if (rp.contains("sliding_attention") && !rp["sliding_attention"].is_null())
+        parse_rope_object(rp["sliding_attention"], source, "rope_parameters.sliding_attention",
+                          &local_scaling, &local_theta);
+    }
+    if (r.has("rope_theta")) {
+      const double t = r.num_opt("rope_theta", 0);
+      KVB_CHECK(!v5_rope || t == c.rope_theta, source, ": 'rope_theta' (", t,
+                ") disagrees with rope_parameters.full_attention.rope_theta (", c.rope_theta, ")");
+      c.rope_theta = t;
+    }
+    if (r.has("rope_local_base_freq")) {
+      const double t = r.num_opt("rope_local_base_freq", 0);
+      KVB_CHECK(!v5_rope || t == local_theta, source, ": 'rope_local_base_freq' (", t,
+                ") disagrees with rope_parameters.sliding_attention.rope_theta (", local_theta,
+                ")");
+      local_theta = t;
+    }
+    if (r.has("rope_scaling")) {
+      KVB_CHECK(!v5_rope, source,
+                ": both 'rope_scaling' and 'rope_parameters' are given; use one layout");
+      parse_rope_object(j["rope_scaling"], source, "rope_scaling", &c.rope_scaling, nullptr);
+    }
+    KVB_CHECK(local_scaling.type == "none", source, ": RoPE scaling '", local_scaling.type,
+              "' on the sliding-window layers is not supported (Gemma 3 scales the global layers)");
+    KVB_CHECK(local_theta > 0, source, ": 'rope_local_base_freq' must be positive");
+    c.rope_local_theta = local_theta;
+  } else {
+    c.rope_theta = 10000.0;
+    if (v5_rope) {
+      KVB_CHECK(!r.has("rope_scaling"), source,
+                ": both 'rope_scaling' and 'rope_parameters' are given; use one layout");
+      parse_rope_object(j["rope_parameters"], source, "rope_parameters", &c.rope_scaling,
+                        &c.rope_theta);
+      if (r.has("rope_theta")) {
+        const double t = r.num_opt("rope_theta", 0);
+        KVB_CHECK(t == c.rope_theta, source, ": 'rope_theta' (", t,
+                  ") disagrees with rope_parameters.rope_theta (", c.rope_theta, ")");
       }
     } else {
-      KVB_FAIL(source, ": rope_scaling type '", type, "' is not supported (linear, llama3)");
+      c.rope_theta = r.num_opt("rope_theta", 10000.0);
+      if (r.has("rope_scaling"))
+        parse_rope_object(j["rope_scaling"], source, "rope_scaling", &c.rope_scaling, nullptr);
     }
+  }
+  if (r.has("partial_rotary_factor")) {
+    const double f = r.num_opt("partial_rotary_factor", 1.0);
+    KVB_CHECK(f == 1.0, source, ": 'partial_rotary_factor' is ", f,
+              ": partial rotary embeddings are not supported");
+  }
+
+  // Attention variants the engine does not compute.
+  refuse_unless(r, "attn_logit_softcapping", nullptr, "softcapping of the attention scores");
+  refuse_unless(r, "dual_chunk_attention_config", nullptr, "dual chunk attention");
+  refuse_unless(r, "attention_chunk_size", nullptr, "chunked attention");
+  refuse_unless(r, "use_bidirectional_attention", false, "bidirectional attention");
+  if (gemma) {
+    c.post_norms = true;
+    c.embed_scale = std::sqrt(static_cast<double>(c.dim));
+    c.query_pre_attn_scalar = r.num_opt("query_pre_attn_scalar", 256.0);
+    KVB_CHECK(c.query_pre_attn_scalar > 0, source, ": 'query_pre_attn_scalar' must be positive");
+    c.final_logit_softcap = r.num_opt("final_logit_softcapping", 0.0);
+    KVB_CHECK(c.final_logit_softcap >= 0, source,
+              ": 'final_logit_softcapping' must be positive or null");
+  } else {
+    refuse_unless(r, "final_logit_softcapping", nullptr, "softcapping of the logits");
+    refuse_unless(r, "query_pre_attn_scalar", nullptr, "a query scale other than 1/sqrt(head_dim)");
+  }
+
+  // Sliding windows. Each family says where they apply: Mistral and Phi-3 on every layer when
+  // sliding_window is set; Qwen2/3 only with use_sliding_window, on the layers from
+  // max_window_layers on; Gemma 3 on the layers layer_types (or sliding_window_pattern) names.
+  // transformers 5 writes layer_types for Qwen and Gemma; where present it is authoritative.
+  std::vector<std::string> types;
+  if (r.has("layer_types")) {
+    KVB_CHECK(j["layer_types"].is_array(), source, ": 'layer_types' must be a list");
+    for (const auto& t : j["layer_types"]) {
+      KVB_CHECK(t.is_string() && (t == "full_attention" || t == "sliding_attention"), source,
+                ": 'layer_types' entry ", t.dump(),
+                " is not supported (full_attention, sliding_attention)");
+      types.push_back(t.get<std::string>());
+    }
+    KVB_CHECK(static_cast<int64_t>(types.size()) == c.n_layers, source, ": 'layer_types' has ",
+              types.size(), " entries for ", c.n_layers, " layers");
+  }
+  int64_t window = 0;
+  if (model_type == "mistral" || model_type == "phi3") {
+    if (r.has("sliding_window")) {
+      window = r.int_at("sliding_window");
+      KVB_CHECK(window > 0, r.src, ": 'sliding_window' must be positive or null (got ", window, ")");
+      if (types.empty()) types.assign(c.n_layers, "sliding_attention");
+    }
+  } else if (model_type == "qwen2" || model_type == "qwen3") {
+    const bool use = r.bool_opt("use_sliding_window", false);
+    if (use) {
+      window = r.int_opt("sliding_window", 4096);
+      if (types.empty()) {
+        const int64_t from = r.int_opt("max_window_layers", 28);
+        for (int64_t l = 0; l < c.n_layers; ++l)
+          types.push_back(l >= from ? "sliding_attention" : "full_attention");
+      }
+    } else {
+      // transformers ignores a listed sliding layer when use_sliding_window is off.
+      types.clear();
+    }
+  } else if (gemma) {
+    window = r.int_opt("sliding_window", 4096);
+    if (types.empty()) {
+      const int64_t pattern = r.int_opt("sliding_window_pattern", 6);
+      KVB_CHECK(pattern > 0, source, ": 'sliding_window_pattern' must be positive");
+      for (int64_t l = 0; l < c.n_layers; ++l)
+        types.push_back((l + 1) % pattern ? "sliding_attention" : "full_attention");
+    }
+  } else {
+    // Llama: transformers has no window for it, so a window in its config would be ignored there;
+    // refuse it rather than guess which computation was meant.
+    refuse_unless(r, "sliding_window", nullptr, "a sliding window on a llama model");
+    KVB_CHECK(types.empty() || std::all_of(types.begin(), types.end(),
+                                           [](const std::string& t) { return t == "full_attention"; }),
+              source, ": 'layer_types' lists sliding_attention layers, which a llama model does "
+              "not have");
+    types.clear();
+  }
+  bool any_window = false;
+  for (const auto& t : types) any_window = any_window || t == "sliding_attention";
+  if (any_window) {
+    KVB_CHECK(window > 0, source, ": 'sliding_window' must be positive where layers slide (got ",
+              window, ")");
+    for (const auto& t : types) c.layer_windows.push_back(t == "sliding_attention" ? window : 0);
   }
   c.validate(source);
   return c;

@@ -48,6 +48,10 @@ struct LayerInput {
   // [T, dim], model dtype: the residual stream entering the layer (before its attention norm), for
   // methods whose decisions read the hidden state (DMS's eviction adapters). Null where not given.
   const at::Tensor* hidden = nullptr;
+  // 0: a global layer. W > 0: a sliding-window layer, whose query at sequence index p sees the keys
+  // at p - W + 1 .. p (Gemma 3's local layers, Mistral). A WindowedKvCache serves such layers itself
+  // and hands a method's store only the global ones, so a method's store sees 0 here.
+  int64_t window = 0;
 };
 
 // Bytes a cache holds, by tier and kind (the memory ledger's raw material).
@@ -147,6 +151,10 @@ class KvCache {
   // StepBatch::lookahead; it attends both rows and keeps only x_t's. Its first decode step after
   // a prompt or fork is preceded by a lookahead-only step [x_t] that makes the first guess.
   virtual bool wants_lookahead() const { return false; }
+
+  // True for a store that applies LayerInput::window (WindowedKvCache). The engine refuses to run
+  // a model with window layers on any other store, which would attend to every token.
+  virtual bool serves_windows() const { return false; }
 
   // Document reuse: dst (a new sequence) becomes the concatenation of the sources' tokens in order,
   // each source's keys re-rotated by its shift (harness/kv/rope_shift.h) -- caches prefilled

@@ -1,5 +1,7 @@
 #include "harness/kv/method_registry.h"
 
+#include "harness/kv/windowed_kv_cache.h"
+
 #include "harness/common/error.h"
 #include "harness/common/strings.h"
 
@@ -44,7 +46,15 @@ nlohmann::json MethodRegistry::resolve(const std::string& name, const nlohmann::
 std::unique_ptr<KvCache> MethodRegistry::create(const std::string& name, const CacheContext& ctx,
                                                 const nlohmann::json& params) const {
   const nlohmann::json resolved = resolve(name, params);
-  return methods_.at(name).factory(ctx, resolved);
+  const Entry& e = methods_.at(name);
+  // A model with sliding-window layers: the method's store serves the global layers, the window
+  // layers keep their window (windowed_kv_cache.h).
+  // Only the exact stores may run on a model that is all windows: any other method would have
+  // nothing to act on and would silently measure the window.
+  const bool exact = name == "full" || name == "paged" || name == "static";
+  return make_window_aware(
+      ctx, [&](const CacheContext& c) { return e.factory(c, resolved); }, !exact,
+      "method " + name);
 }
 
 detail::MethodRegistration::MethodRegistration(MethodInfo (*info)(), CacheFactory factory) {

@@ -168,6 +168,8 @@ void finish_weights(Model& m) {
   for (auto& L : w.layers) {
     L.attn_norm = L.attn_norm.to(at::kFloat);
     L.ffn_norm = L.ffn_norm.to(at::kFloat);
+    for (at::Tensor* t : {&L.q_norm, &L.k_norm, &L.post_attn_norm, &L.post_ffn_norm})
+      if (t->defined()) *t = t->to(at::kFloat);
   }
   // A fixed 8192 positions up front (8192 x head_dim floats, twice), not the declared context: a
   // config may declare millions of positions, and transformer_forward grows the tables on demand.
@@ -197,28 +199,57 @@ void load_hf(Model& m, const std::string& dir, const LoadOptions& opts) {
   auto get = [&](const std::string& name, std::vector<int64_t> shape) {
     return st_to_tensor(st.get(name), st.file_of(name), shape, dt, dev);
   };
+  // Norm weights in fp32; Gemma's RMSNorm multiplies by (1 + w), computed in fp32 as it does.
+  const bool plus_one = c.arch == "gemma3_text";
+  auto norm = [&](const std::string& name, int64_t n) {
+    at::Tensor w = st_to_tensor(st.get(name), st.file_of(name), {n}, at::kFloat, dev);
+    return plus_one ? w.add_(1.0) : w;
+  };
   const int64_t D = c.dim, F = c.hidden_dim, Q = c.q_dim(), KV = c.kv_dim(), V = c.vocab_size;
+  const int64_t HD = c.head_dim;
   m.weights.embedding = get("model.embed_tokens.weight", {V, D});
-  m.weights.final_norm = get("model.norm.weight", {D});
+  m.weights.final_norm = norm("model.norm.weight", D);
   if (c.tied_embeddings) {
     m.weights.lm_head = m.weights.embedding;
   } else {
     m.weights.lm_head = get("lm_head.weight", {V, D});
   }
+  const bool phi3 = c.arch == "phi3";
   for (int64_t l = 0; l < c.n_layers; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
     LayerWeights L;
-    L.attn_norm = get(p + "input_layernorm.weight", {D});
-    L.wqkv = at::cat({get(p + "self_attn.q_proj.weight", {Q, D}),
-                      get(p + "self_attn.k_proj.weight", {KV, D}),
-                      get(p + "self_attn.v_proj.weight", {KV, D})});
+    L.attn_norm = norm(p + "input_layernorm.weight", D);
+    // Phi-3 stores q/k/v and gate/up fused, in the engine's row order already.
+    if (phi3) {
+      L.wqkv = get(p + "self_attn.qkv_proj.weight", {Q + 2 * KV, D});
+    } else {
+      L.wqkv = at::cat({get(p + "self_attn.q_proj.weight", {Q, D}),
+                        get(p + "self_attn.k_proj.weight", {KV, D}),
+                        get(p + "self_attn.v_proj.weight", {KV, D})});
+    }
     if (c.qkv_bias) {
       L.bqkv = at::cat({get(p + "self_attn.q_proj.bias", {Q}), get(p + "self_attn.k_proj.bias", {KV}),
                         get(p + "self_attn.v_proj.bias", {KV})});
     }
+    if (c.qk_norm) {
+      L.q_norm = norm(p + "self_attn.q_norm.weight", HD);
+      L.k_norm = norm(p + "self_attn.k_norm.weight", HD);
+    }
     L.wo = get(p + "self_attn.o_proj.weight", {D, Q});
-    L.ffn_norm = get(p + "post_attention_layernorm.weight", {D});
-    L.w13 = at::cat({get(p + "mlp.gate_proj.weight", {F, D}), get(p + "mlp.up_proj.weight", {F, D})});
+    if (c.post_norms) {
+      // Gemma 3: post_attention_layernorm is on the attention output; the feed-forward's input
+      // norm is pre_feedforward_layernorm.
+      L.post_attn_norm = norm(p + "post_attention_layernorm.weight", D);
+      L.ffn_norm = norm(p + "pre_feedforward_layernorm.weight", D);
+      L.post_ffn_norm = norm(p + "post_feedforward_layernorm.weight", D);
+    } else {
+      L.ffn_norm = norm(p + "post_attention_layernorm.weight", D);
+    }
+    if (phi3) {
+      L.w13 = get(p + "mlp.gate_up_proj.weight", {2 * F, D});
+    } else {
+      L.w13 = at::cat({get(p + "mlp.gate_proj.weight", {F, D}), get(p + "mlp.up_proj.weight", {F, D})});
+    }
     L.w2 = get(p + "mlp.down_proj.weight", {D, F});
     m.weights.layers.push_back(std::move(L));
   }
@@ -334,6 +365,15 @@ void load_synthetic(Model& m, const std::string& preset, const LoadOptions& opts
     L.ffn_norm = L.attn_norm.clone();
     L.wqkv = randn({Q + 2 * KV, D}, in_std);
     if (c.qkv_bias) L.bqkv = randn({Q + 2 * KV}, 0.02);
+    const auto f32 = at::TensorOptions().dtype(at::kFloat).device(m.device);
+    if (c.qk_norm) {
+      L.q_norm = at::ones({c.head_dim}, f32);
+      L.k_norm = at::ones({c.head_dim}, f32);
+    }
+    if (c.post_norms) {
+      L.post_attn_norm = at::ones({D}, f32);
+      L.post_ffn_norm = at::ones({D}, f32);
+    }
     L.wo = randn({D, Q}, res_scale / std::sqrt(static_cast<double>(Q)));
     L.w13 = randn({2 * F, D}, in_std);
     L.w2 = randn({D, F}, res_scale / std::sqrt(static_cast<double>(F)));
@@ -419,6 +459,13 @@ void compute_rope_tables(const ModelConfig& c, int64_t n_pos, at::Tensor* cos, a
   *sin = sn;
 }
 
+ModelConfig local_rope_config(const ModelConfig& c) {
+  ModelConfig l = c;
+  l.rope_theta = c.rope_local_theta;
+  l.rope_scaling = RopeScaling{};
+  return l;
+}
+
 void Model::ensure_rope_len(int64_t n) {
   if (weights.rope_cos.defined() && weights.rope_cos.size(0) >= n) return;
   int64_t len = weights.rope_cos.defined() ? weights.rope_cos.size(0) : 0;
@@ -427,6 +474,11 @@ void Model::ensure_rope_len(int64_t n) {
   compute_rope_tables(config, len, &c, &s);
   weights.rope_cos = c.to(device);
   weights.rope_sin = s.to(device);
+  if (config.rope_local_theta > 0 && config.n_window_layers() > 0) {
+    compute_rope_tables(local_rope_config(config), len, &c, &s);
+    weights.rope_cos_local = c.to(device);
+    weights.rope_sin_local = s.to(device);
+  }
 }
 
 int64_t Model::weight_bytes() const {
@@ -445,6 +497,10 @@ int64_t Model::weight_bytes() const {
     add(L.ffn_norm);
     add(L.w13);
     add(L.w2);
+    add(L.q_norm);
+    add(L.k_norm);
+    add(L.post_attn_norm);
+    add(L.post_ffn_norm);
   }
   return b;
 }

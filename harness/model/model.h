@@ -1,6 +1,6 @@
 #pragma once
-// A loaded Llama-family model: its config, its weights on one device in one dtype, and where its
-// tokenizer is. Weights come from a Hugging Face directory, a llama2.c checkpoint, a GGUF file
+// A loaded Llama-family model (Llama, Mistral, Qwen2/2.5, Qwen3, Phi-3, Gemma 3 text): its config,
+// its weights on one device in one dtype, and where its tokenizer is. Weights come from a Hugging Face directory, a llama2.c checkpoint, a GGUF file
 // (dequantized) or a synthetic preset.
 
 #include <ATen/core/Tensor.h>
@@ -25,6 +25,12 @@ struct LayerWeights {
   at::Tensor ffn_norm;   // [dim], fp32
   at::Tensor w13;        // [2 * hidden_dim, dim]; rows gate (w1) | up (w3)
   at::Tensor w2;         // [dim, hidden_dim]
+  // Family-specific, undefined where the config does not have them (ModelConfig::qk_norm,
+  // post_norms). Every norm weight is the multiplier itself: Gemma's (1 + w) is folded in at load.
+  at::Tensor q_norm;          // [head_dim], fp32
+  at::Tensor k_norm;          // [head_dim], fp32
+  at::Tensor post_attn_norm;  // [dim], fp32: on the attention output before the residual add
+  at::Tensor post_ffn_norm;   // [dim], fp32: on the feed-forward output before the residual add
 };
 
 struct ModelWeights {
@@ -34,6 +40,16 @@ struct ModelWeights {
   std::vector<LayerWeights> layers;
   at::Tensor rope_cos;    // [max_pos, head_dim / 2], fp32
   at::Tensor rope_sin;    // [max_pos, head_dim / 2], fp32
+  // The window layers' tables where they rotate with their own base (ModelConfig::rope_local_theta);
+  // undefined otherwise (every layer uses rope_cos/rope_sin).
+  at::Tensor rope_cos_local;  // [max_pos, head_dim / 2], fp32
+  at::Tensor rope_sin_local;  // [max_pos, head_dim / 2], fp32
+  const at::Tensor& layer_cos(const ModelConfig& c, int64_t l) const {
+    return rope_cos_local.defined() && c.is_window_layer(l) ? rope_cos_local : rope_cos;
+  }
+  const at::Tensor& layer_sin(const ModelConfig& c, int64_t l) const {
+    return rope_sin_local.defined() && c.is_window_layer(l) ? rope_sin_local : rope_sin;
+  }
 };
 
 struct LoadOptions {
@@ -81,5 +97,7 @@ int64_t dtype_bytes(c10::ScalarType t);
 std::vector<double> rope_inv_freq(const ModelConfig& c);
 // RoPE tables for a config: cos/sin of pos * inv_freq[i].
 void compute_rope_tables(const ModelConfig& c, int64_t n_pos, at::Tensor* cos, at::Tensor* sin);
+// The config the window layers rotate with: rope_local_theta and no scaling (Gemma 3).
+ModelConfig local_rope_config(const ModelConfig& c);
 
 }  // namespace kvb

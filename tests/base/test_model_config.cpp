@@ -216,16 +216,19 @@ TEST(ModelConfig, UnsupportedModelTypeActivationAndRopeScaling) {
   json j = base_config();
   j["model_type"] = "gpt2";
   expect_kvb_error([&] { parse(j); },
-                   {kSrc, "model_type 'gpt2' is not supported (llama, mistral, qwen2)"});
+                   {kSrc, "model_type 'gpt2' is not supported (llama, mistral, qwen2, qwen3, "
+                          "phi3, gemma3_text)"});
   j = base_config();
   j["hidden_act"] = "gelu";
-  expect_kvb_error([&] { parse(j); }, {kSrc, "hidden_act 'gelu' is not supported (silu)"});
+  expect_kvb_error([&] { parse(j); },
+                   {kSrc, "hidden_act 'gelu' is not supported (silu, gelu_pytorch_tanh)"});
   j = base_config();
   j["rope_scaling"] = {{"type", "yarn"}, {"factor", 4.0}};
   expect_kvb_error([&] { parse(j); },
-                   {kSrc, "rope_scaling type 'yarn' is not supported (linear, llama3)"});
+                   {kSrc, "'rope_scaling' has rope_type 'yarn', which is not supported "
+                          "(default, linear, llama3)"});
   j["rope_scaling"] = {{"rope_type", "dynamic"}, {"factor", 2.0}};
-  expect_kvb_error([&] { parse(j); }, {kSrc, "rope_scaling type 'dynamic' is not supported"});
+  expect_kvb_error([&] { parse(j); }, {kSrc, "'rope_scaling' has rope_type 'dynamic'"});
   j["rope_scaling"] = {{"rope_type", 3}};
   expect_kvb_error([&] { parse(j); }, {kSrc, "field 'rope_type' must be a string"});
   // mistral is accepted and parsed like llama.
@@ -294,9 +297,10 @@ TEST(ModelConfig, Qwen2SetsQkvBias) {
   const ModelConfig plain = parse(j);
   EXPECT_FALSE(plain.qkv_bias);
   EXPECT_EQ(c.parameter_count() - plain.parameter_count(), 4 * (256 + 2 * 64));
-  // llama with attention_bias also gets the bias.
+  // llama's attention_bias puts a bias on o_proj too, which the engine has not: refused by name
+  // rather than run without it.
   j["attention_bias"] = true;
-  EXPECT_TRUE(parse(j).qkv_bias);
+  expect_kvb_error([&] { parse(j); }, {kSrc, "'attention_bias' is true", "o_proj"});
 }
 
 TEST(ModelConfig, EosTokenIdAsList) {
@@ -333,6 +337,157 @@ TEST(ModelConfig, ValidateDirectly) {
   c.rope_scaling.type = "llama3";
   c.rope_scaling.factor = 0.5;
   expect_kvb_error([&] { c.validate("src"); }, {"src", "(llama3) needs factor >= 1"});
+}
+
+}  // namespace
+}  // namespace kvb
+
+namespace kvb {
+namespace {
+
+// transformers 5 moves rope_theta and rope_scaling into rope_parameters. Both layouts of one
+// model parse to the same config; the v5 one used to load with the default base and no scaling.
+TEST(ModelConfigFamilies, BothRopeLayoutsGiveTheSameConfig) {
+  json v4 = base_config();
+  v4["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 1.0},
+                        {"high_freq_factor", 4.0}, {"original_max_position_embeddings", 8192}};
+  json v5 = base_config();
+  v5.erase("rope_theta");
+  v5["rope_parameters"] = v4["rope_scaling"];
+  v5["rope_parameters"]["rope_theta"] = 500000.0;
+  const ModelConfig a = parse(v4), b = parse(v5);
+  EXPECT_EQ(a.to_json(), b.to_json());
+  EXPECT_DOUBLE_EQ(b.rope_theta, 500000.0);
+  EXPECT_EQ(b.rope_scaling.type, "llama3");
+  EXPECT_DOUBLE_EQ(b.rope_scaling.factor, 8.0);
+  // Unsupported types are refused in the v5 layout too, naming where.
+  for (const char* t : {"yarn", "longrope", "su", "dynamic", "ntk"}) {
+    json j = v5;
+    j["rope_parameters"]["rope_type"] = t;
+    SCOPED_TRACE(t);
+    expect_kvb_error([&] { parse(j); },
+                     {kSrc, std::string("'rope_parameters' has rope_type '") + t + "'"});
+  }
+  json j = v5;
+  j["rope_parameters"]["partial_rotary_factor"] = 0.5;
+  expect_kvb_error([&] { parse(j); },
+                   {kSrc, "'rope_parameters.partial_rotary_factor' is 0.5", "partial rotary"});
+  j = v5;
+  j["rope_theta"] = 10000.0;
+  expect_kvb_error([&] { parse(j); }, {kSrc, "'rope_theta' (10000) disagrees"});
+  j = v5;
+  j["rope_scaling"] = v4["rope_scaling"];
+  expect_kvb_error([&] { parse(j); }, {kSrc, "both 'rope_scaling' and 'rope_parameters'"});
+}
+
+TEST(ModelConfigFamilies, FamilyFieldsAndRefusals) {
+  // Qwen3: q/k norms, head_dim 128 when absent, no biases.
+  json j = base_config();
+  j["model_type"] = "qwen3";
+  ModelConfig c = parse(j);
+  EXPECT_TRUE(c.qk_norm);
+  EXPECT_FALSE(c.qkv_bias);
+  EXPECT_EQ(c.head_dim, 128);
+  EXPECT_EQ(c.to_json()["model_type"], "qwen3");
+  EXPECT_TRUE(c.layer_windows.empty());
+  // Qwen's window applies only with use_sliding_window, from max_window_layers on.
+  j["sliding_window"] = 64;
+  EXPECT_TRUE(parse(j).layer_windows.empty());
+  j["use_sliding_window"] = true;
+  j["max_window_layers"] = 2;
+  EXPECT_EQ(parse(j).layer_windows, (std::vector<int64_t>{0, 0, 64, 64}));
+
+  // Mistral: a window on every layer when set, none when null.
+  j = base_config();
+  j["model_type"] = "mistral";
+  j["sliding_window"] = nullptr;
+  EXPECT_TRUE(parse(j).layer_windows.empty());
+  j["sliding_window"] = 4096;
+  c = parse(j);
+  EXPECT_EQ(c.layer_windows, (std::vector<int64_t>(4, 4096)));
+  EXPECT_EQ(c.n_window_layers(), 4);
+  // Its full cache is the window: 4095 rows per layer at most.
+  EXPECT_EQ(c.full_kv_bytes(100, 2), 2 * 4 * 100 * c.kv_dim() * 2);
+  EXPECT_EQ(c.full_kv_bytes(10000, 2), 2 * 4 * 4095 * c.kv_dim() * 2);
+  j["sliding_window"] = 0;
+  expect_kvb_error([&] { parse(j); }, {kSrc, "'sliding_window' must be positive"});
+  // A window on a llama config is refused, not ignored.
+  j = base_config();
+  j["sliding_window"] = 4096;
+  expect_kvb_error([&] { parse(j); }, {kSrc, "'sliding_window' is 4096", "llama"});
+
+  // Attention variants that are not implemented, each named.
+  j = base_config();
+  j["model_type"] = "gemma3_text";
+  j["attn_logit_softcapping"] = 50.0;
+  expect_kvb_error([&] { parse(j); }, {kSrc, "'attn_logit_softcapping' is 50"});
+  j.erase("attn_logit_softcapping");
+  j["use_bidirectional_attention"] = true;
+  expect_kvb_error([&] { parse(j); }, {kSrc, "'use_bidirectional_attention' is true"});
+  j = base_config();
+  j["model_type"] = "qwen2";
+  j["dual_chunk_attention_config"] = {{"chunk_size", 262144}};
+  expect_kvb_error([&] { parse(j); }, {kSrc, "'dual_chunk_attention_config' is", "dual chunk"});
+  j = base_config();
+  j["final_logit_softcapping"] = 30.0;
+  expect_kvb_error([&] { parse(j); }, {kSrc, "'final_logit_softcapping' is 30"});
+  j = base_config();
+  j["mlp_bias"] = true;
+  expect_kvb_error([&] { parse(j); }, {kSrc, "'mlp_bias' is true"});
+  j = base_config();
+  j["model_type"] = "phi3";
+  j["partial_rotary_factor"] = 0.75;
+  expect_kvb_error([&] { parse(j); }, {kSrc, "'partial_rotary_factor' is 0.75"});
+  j = base_config();
+  j["model_type"] = "gemma3";
+  expect_kvb_error([&] { parse(j); }, {kSrc, "model_type 'gemma3' is the multimodal", "gemma3_text"});
+}
+
+TEST(ModelConfigFamilies, Gemma3LayersRopeAndScales) {
+  json j = base_config();
+  j["model_type"] = "gemma3_text";
+  j.erase("hidden_act");
+  j.erase("tie_word_embeddings");
+  j["head_dim"] = 32;
+  j["num_hidden_layers"] = 12;
+  j["sliding_window"] = 512;
+  j["query_pre_attn_scalar"] = 64;
+  j["rope_local_base_freq"] = 10000.0;
+  j["rope_theta"] = 1000000.0;
+  j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", 8.0}};
+  ModelConfig c = parse(j);  // transformers 4 layout, the default pattern of 6
+  std::vector<int64_t> want;
+  for (int l = 0; l < 12; ++l) want.push_back((l + 1) % 6 ? 512 : 0);
+  EXPECT_EQ(c.layer_windows, want);
+  EXPECT_EQ(c.activation, Activation::kGeluTanh);
+  EXPECT_TRUE(c.qk_norm && c.post_norms);
+  EXPECT_DOUBLE_EQ(c.embed_scale, 16.0);
+  EXPECT_DOUBLE_EQ(c.attn_scale(), 0.125);
+  EXPECT_DOUBLE_EQ(c.rope_local_theta, 10000.0);
+  EXPECT_DOUBLE_EQ(c.rope_theta, 1000000.0);
+  EXPECT_EQ(c.rope_scaling.type, "linear");
+  EXPECT_TRUE(c.tied_embeddings);  // Gemma's default
+  // 2 global layers hold every token, 10 window layers 511 at most.
+  EXPECT_EQ(c.full_kv_bytes(4096, 2), 2 * (2 * 4096 + 10 * 511) * c.kv_dim() * 2);
+
+  // The same model in transformers 5's layout.
+  json v5 = j;
+  for (const char* k : {"rope_local_base_freq", "rope_theta", "rope_scaling"}) v5.erase(k);
+  v5["layer_types"] = json::array();
+  for (int l = 0; l < 12; ++l) v5["layer_types"].push_back((l + 1) % 6 ? "sliding_attention" : "full_attention");
+  v5["rope_parameters"] = {
+      {"full_attention", {{"rope_type", "linear"}, {"factor", 8.0}, {"rope_theta", 1000000.0}}},
+      {"sliding_attention", {{"rope_type", "default"}, {"rope_theta", 10000.0}}}};
+  EXPECT_EQ(parse(v5).to_json(), c.to_json());
+  v5["rope_parameters"]["sliding_attention"]["rope_type"] = "linear";
+  expect_kvb_error([&] { parse(v5); }, {kSrc, "on the sliding-window layers is not supported"});
+  v5["rope_parameters"] = {{"rope_type", "default"}};
+  expect_kvb_error([&] { parse(v5); }, {kSrc, "must map full_attention and sliding_attention"});
+  v5.erase("rope_parameters");
+  v5["layer_types"][0] = "chunked_attention";
+  expect_kvb_error([&] { parse(v5); }, {kSrc, "'layer_types' entry \"chunked_attention\""});
+  v5["layer_types"] = {"full_attention"};
+  expect_kvb_error([&] { parse(v5); }, {kSrc, "'layer_types' has 1 entries for 12 layers"});
 }
 
 }  // namespace
