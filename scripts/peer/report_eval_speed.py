@@ -120,7 +120,7 @@ def main():
     w("")
     w("## Setup")
     w("")
-    for line in machine_lines(a.kvbench, a.loadavg):
+    for line in machine_lines(a.kvbench, a.loadavg, a.db):
         w(line)
     w(f"- kvpress {versions['kvpress']}, transformers {versions['transformers']}, torch "
       f"{versions['torch']} (CPU, `torch.set_num_threads({a.threads})`), Python {versions['python']}")
