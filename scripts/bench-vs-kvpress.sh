@@ -32,6 +32,7 @@ PINS=(torch==2.15.0 transformers==5.2.0 kvpress==0.5.5 sentencepiece==0.2.3)
 [ -x "$KVB" ] || { echo "bench-vs-kvpress: no kvbench binary at $KVB (run scripts/build.sh)" >&2; exit 1; }
 [ -f "$MODEL/tokenizer.model" ] || { echo "bench-vs-kvpress: $MODEL has no tokenizer.model" >&2; exit 1; }
 KVB=$(realpath "$KVB")
+MODEL_SHOWN=$(realpath --relative-to="$PWD" "$MODEL")
 if [ ! -x "$VENV/bin/python" ]; then
   echo "bench-vs-kvpress: creating $VENV" >&2
   python3 -m venv "$VENV"
@@ -80,10 +81,10 @@ echo "bench-vs-kvpress: kvpress, SnapKVPress" >&2
 kvp_snap_wall=$(kvp_run "$snap_id" snapkv "$WORK/kvpress-snapkv.json")
 
 python3 scripts/peer/report_eval_speed.py --db "$DB" --kvbench "$KVB" --loadavg "$loadavg" \
-  --samples "$N" --threads "$THREADS" --command "scripts/bench-vs-kvpress.sh   # KVB_PEER_SAMPLES=$N KVB_PEER_THREADS=$THREADS" \
+  --samples "$N" --threads "$THREADS" --model-name "$(basename "$MODEL")" --command "scripts/bench-vs-kvpress.sh   # KVB_PEER_SAMPLES=$N KVB_PEER_THREADS=$THREADS" \
   --label full --kvb-run "$full_id" --kvb-wall "$full_wall" --kvp-json "$WORK/kvpress-full.json" \
-  --kvp-wall "$kvp_full_wall" --kvb-config "$(cat "$WORK/full.json" | sed "s|$MODEL|models/kvb-testbed|")" \
+  --kvp-wall "$kvp_full_wall" --kvb-config "$(cat "$WORK/full.json" | sed "s|$MODEL|$MODEL_SHOWN|")" \
   --label "snapkv 25%" --kvb-run "$snap_id" --kvb-wall "$snap_wall" --kvp-json "$WORK/kvpress-snapkv.json" \
-  --kvp-wall "$kvp_snap_wall" --kvb-config "$(cat "$WORK/snapkv.json" | sed "s|$MODEL|models/kvb-testbed|")" \
+  --kvp-wall "$kvp_snap_wall" --kvb-config "$(cat "$WORK/snapkv.json" | sed "s|$MODEL|$MODEL_SHOWN|")" \
   --out "$OUT"
 echo "bench-vs-kvpress: wrote $OUT" >&2

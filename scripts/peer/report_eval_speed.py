@@ -60,6 +60,7 @@ def main():
     ap.add_argument("--command", required=True)
     ap.add_argument("--samples", type=int, required=True)
     ap.add_argument("--threads", type=int, required=True)
+    ap.add_argument("--model-name", default="kvb-testbed")
     ap.add_argument("--kvb-config", action="append", required=True)
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
@@ -86,7 +87,7 @@ def main():
     w("```")
     w("")
     w(f"kvbench runs the qa protocol (synthetic passkey, {a.samples} samples at 1,024 target tokens, "
-      f"kvb-testbed fp32, greedy, {a.threads} threads) into a fresh results database; "
+      f"{a.model_name} fp32, greedy, {a.threads} threads) into a fresh results database; "
       "`scripts/peer/kvpress_qa.py` then answers the same samples with transformers + kvpress "
       "in the same process layout (one process per method):")
     w("")
@@ -127,7 +128,7 @@ def main():
     w("")
     w("## Summary")
     w("")
-    w("| method | samples | kvbench ms/sample | kvpress ms/sample | kvpress / kvbench | kvbench paired full ms/sample "
+    w("| method | samples | kvbench ms/sample | kvpress ms/sample | kvbench speedup (kvpress / kvbench time) | kvbench paired full ms/sample "
       "| whole process kvbench s (without paired full) | whole process kvpress s | answers identical | "
       "accuracy kvbench | accuracy kvpress |")
     w("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
