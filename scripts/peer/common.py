@@ -31,28 +31,10 @@ def load_warning(loadavg):
             "machine."]
 
 
-def provenance(db):
-    """The kvbench build that wrote a results database: (git commit, dirty) from its first run."""
-    import json
-    import sqlite3
-    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
-    row = con.execute("SELECT provenance_json FROM runs ORDER BY id LIMIT 1").fetchone()
-    con.close()
-    p = json.loads(row[0]) if row and row[0] else {}
-    return p.get("git_commit", "")[:12], bool(p.get("git_dirty"))
-
-
-def machine_lines(kvbench, loadavg, db=None):
-    """Machine, load, kvbench build and peer lines. The build's commit comes from the results database
-    `db` when given (what the binary recorded), else from this checkout."""
-    if db:
-        commit, is_dirty = provenance(db)
-        where = "built from commit"
-    else:
-        commit = _run("git", "rev-parse", "--short=12", "HEAD") or "unknown"
-        is_dirty = bool(_run("git", "status", "--porcelain", "--untracked-files=no"))
-        where = "checkout at commit"
-    dirty = " with uncommitted changes" if is_dirty else ""
+def machine_lines(kvbench, loadavg):
+    """Machine, load and kvbench lines; the commit is this checkout's (the binary is named by path)."""
+    commit = _run("git", "rev-parse", "--short=12", "HEAD") or "unknown"
+    dirty = " with uncommitted changes" if _run("git", "status", "--porcelain", "--untracked-files=no") else ""
     mem = ""
     with open("/proc/meminfo") as f:
         for line in f:
@@ -61,6 +43,6 @@ def machine_lines(kvbench, loadavg, db=None):
     return [
         f"- Machine: {cpu_model()}, {os.cpu_count()} cores (`nproc`){mem}; load average before the run: "
         f"{loadavg} (1, 5, 15 min)",
-        f"- kvbench {_run(kvbench, '--version').replace('kvbench ', '')} (`{kvbench}`), {where} {commit}{dirty}; "
+        f"- kvbench {_run(kvbench, '--version').replace('kvbench ', '')} (`{kvbench}`), checkout at commit {commit}{dirty}; "
         f"run {datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}",
     ] + load_warning(loadavg)

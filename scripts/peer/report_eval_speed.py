@@ -121,7 +121,7 @@ def main():
     w("")
     w("## Setup")
     w("")
-    for line in machine_lines(a.kvbench, a.loadavg, a.db):
+    for line in machine_lines(a.kvbench, a.loadavg):
         w(line)
     w(f"- kvpress {versions['kvpress']}, transformers {versions['transformers']}, torch "
       f"{versions['torch']} (CPU, `torch.set_num_threads({a.threads})`), Python {versions['python']}")

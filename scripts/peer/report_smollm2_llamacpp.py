@@ -65,7 +65,7 @@ def main():
     w("")
     w("## Setup")
     w("")
-    for line in machine_lines(a.kvbench, a.loadavg, os.path.join(a.tmp, "perf.sqlite")):
+    for line in machine_lines(a.kvbench, a.loadavg):
         w(line)
     w(f"- llama.cpp {build}, from the llama-cpp-python {a.llamacpp_version} sdist, CPU backend built with "
       "`GGML_NATIVE=ON`, static, OpenMP")
