@@ -37,7 +37,8 @@ OUT=${KVB_PEER_OUT:-results/smollm2-vs-llamacpp.md}
 KVB=$(realpath "$KVB")
 GGUF=${KVB_PEER_GGUF:-}
 if [ -z "$GGUF" ]; then
-  for d in ${KVBENCH_MODELS:+"$KVBENCH_MODELS"} models ../shared/models "$HOME/.cache/kvbench/models"; do
+  for d in ${KVBENCH_MODELS:+"$KVBENCH_MODELS"} models ../shared/models \
+    "${KVBENCH_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/kvbench}/models"; do
     for f in "$d"/smollm2-135m-instruct/*Q4_1.gguf; do
       [ -f "$f" ] && { GGUF=$f; break 2; }
     done

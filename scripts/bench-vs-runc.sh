@@ -17,7 +17,7 @@
 #   KVB                kvbench binary (./build/kvbench)
 #   KVB_PEER_STORIES   directory with stories260K.bin and tok512.bin (default: the first of
 #                      $KVBENCH_MODELS/stories260K, models/stories260K, ../shared/models/stories260K,
-#                      kvbench's own search path)
+#                      ~/.cache/kvbench/models/stories260K: kvbench's own search path)
 #   KVB_PEER_CONTEXT   positions (512)      KVB_PEER_THREADS  comma-separated threads (1,2)
 #   KVB_PEER_ROUNDS    alternating rounds (3)
 #   KVB_PEER_OUT       page to write (results/decode-vs-runc.md)
@@ -35,7 +35,8 @@ CC=${CC:-cc}
 [ -x "$KVB" ] || { echo "bench-vs-runc: no kvbench binary at $KVB (run scripts/build.sh)" >&2; exit 1; }
 STORIES=${KVB_PEER_STORIES:-}
 if [ -z "$STORIES" ]; then
-  for d in ${KVBENCH_MODELS:+"$KVBENCH_MODELS/stories260K"} models/stories260K ../shared/models/stories260K; do
+  for d in ${KVBENCH_MODELS:+"$KVBENCH_MODELS/stories260K"} models/stories260K ../shared/models/stories260K \
+    "${KVBENCH_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/kvbench}/models/stories260K"; do
     if [ -f "$d/stories260K.bin" ] && [ -f "$d/tok512.bin" ]; then STORIES=$d; break; fi
   done
 fi
