@@ -111,7 +111,8 @@ KVB_CPU_CLONES void softmax_block(float* s, float* o, float* m, float* l, int64_
     const float mx = std::max(std::max(std::max(lane[0], lane[1]), std::max(lane[2], lane[3])),
                               std::max(std::max(lane[4], lane[5]), std::max(lane[6], lane[7])));
     const float corr = detail::exp_f32(m[r] - mx);
-    for (j = 0; j < valid; ++j) sr[j] = detail::exp_f32(sr[j] - mx);
+    const int nv = static_cast<int>(valid);
+    for (int i = 0; i < nv; ++i) sr[i] = detail::exp_f32(sr[i] - mx);
     for (j = valid; j < nk; ++j) sr[j] = 0.f;
     for (int k = 0; k < 8; ++k) lane[k] = 0.f;
     for (j = 0; j + 8 <= valid; j += 8)

@@ -76,6 +76,16 @@ inline void accumulate_rows(float* a, const float* e, const float* v, int64_t n,
     }
     for (int k = 0; k < 16; ++k) a[d0 + k] = t[k];
   }
+  for (; d0 + 8 <= hd; d0 += 8) {  // head_dim 8 (stories260K) or a remainder of 8
+    float t[8];
+    for (int k = 0; k < 8; ++k) t[k] = a[d0 + k];
+    for (int64_t i = 0; i < n; ++i) {
+      const float ei = e[i];
+      const float* vi = v + i * ld + d0;
+      for (int k = 0; k < 8; ++k) t[k] += ei * vi[k];
+    }
+    for (int k = 0; k < 8; ++k) a[d0 + k] = t[k];
+  }
   for (; d0 < hd; ++d0) {
     float t = a[d0];
     for (int64_t i = 0; i < n; ++i) t += e[i] * v[i * ld + d0];
