@@ -20,8 +20,8 @@ json=$($KVB bench --model stories260K --batch 1 --threads-list 1,2 --context 512
   echo
   echo "$table"
   echo
-  echo "Reference point from the issue: a plain single-file C forward pass of this model reaches about"
-  echo "4,400 tok/s with 2 threads and 2,600 with 1 on this kind of machine (not re-measured here)."
+  echo "Side by side with llama2.c's run.c on the same model: results/decode-vs-runc.md"
+  echo "(\`scripts/bench-vs-runc.sh\`)."
   echo
   echo '```json'
   echo "$json"

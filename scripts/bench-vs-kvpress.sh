@@ -81,7 +81,7 @@ echo "bench-vs-kvpress: kvpress, SnapKVPress" >&2
 kvp_snap_wall=$(kvp_run "$snap_id" snapkv "$WORK/kvpress-snapkv.json")
 
 python3 scripts/peer/report_eval_speed.py --db "$DB" --kvbench "$KVB" --loadavg "$loadavg" \
-  --samples "$N" --threads "$THREADS" --model-name "$(basename "$MODEL")" --command "scripts/bench-vs-kvpress.sh   # KVB_PEER_SAMPLES=$N KVB_PEER_THREADS=$THREADS" \
+  --samples "$N" --threads "$THREADS" --model-name "$(basename "$MODEL")" --model-config "$MODEL/config.json" --command "scripts/bench-vs-kvpress.sh   # KVB_PEER_SAMPLES=$N KVB_PEER_THREADS=$THREADS" \
   --label full --kvb-run "$full_id" --kvb-wall "$full_wall" --kvp-json "$WORK/kvpress-full.json" \
   --kvp-wall "$kvp_full_wall" --kvb-config "$(cat "$WORK/full.json" | sed "s|$MODEL|$MODEL_SHOWN|")" \
   --label "snapkv 25%" --kvb-run "$snap_id" --kvb-wall "$snap_wall" --kvp-json "$WORK/kvpress-snapkv.json" \

@@ -34,7 +34,8 @@ def kvbench_side(db, run_id):
             s = (iso(created) - prev).total_seconds()
         prev = iso(created)
         out.append({"index": index, "sample_s": s, "full_answer_s": max(t.get("full_answer_s", 0.0), 0.0),
-                    "prediction": o["items"][0]["prediction"]})
+                    "prediction": o["items"][0]["prediction"],
+                    "prefill_tokens": t.get("prefill_tokens", o.get("context_tokens", 0))})
     return out, exact, metrics
 
 
@@ -45,6 +46,61 @@ def accuracy(pred, answers):
 
 def fmt_ms(s):
     return f"{1e3 * s:,.0f}"
+
+
+def prefill_macs(cfg, n):
+    """Multiply-adds of an n-token causal prefill of a Llama-architecture config (last row's logits only)."""
+    d, L = cfg["hidden_size"], cfg["num_hidden_layers"]
+    H, Hk = cfg["num_attention_heads"], cfg.get("num_key_value_heads", cfg["num_attention_heads"])
+    hd = cfg.get("head_dim") or d // H
+    F, V = cfg["intermediate_size"], cfg["vocab_size"]
+    per_token = L * (d * (H + 2 * Hk) * hd + H * hd * d + 3 * d * F)
+    attention = L * H * hd * 2 * n * (n + 1) / 2  # q.k and p.v over the causal triangle
+    return n * per_token + attention + d * V
+
+
+def cpu_peak_gflops():
+    """AVX2 + FMA peak of this machine's cores: 2 FMA units x 8 fp32 lanes x 2 flops per cycle."""
+    mhz = None
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("cpu MHz"):
+                mhz = float(line.split(":")[1])
+                break
+    import os
+    return (os.cpu_count() or 1) * (mhz or 0) * 1e-3 * 32, mhz
+
+
+def limit_section(w, config_path, full):  # full: the full-cache pair (kvbench and kvpress rows)
+    """What bounds the full-cache run: its context prefill, as arithmetic against the cores' peak."""
+    with open(config_path) as f:
+        cfg = json.load(f)
+    m = full["metrics"]
+    if "ttft_ms" not in m or "sample_ms" not in m:
+        return
+    n = statistics.fmean(r["prefill_tokens"] for r in full["kvb"])
+    gflop = 2 * prefill_macs(cfg, n) * 1e-9
+    rate = gflop / (m["ttft_ms"] * 1e-3)
+    peak, mhz = cpu_peak_gflops()
+    w("")
+    w("## What limits it")
+    w("")
+    w(f"In the full-cache run the context and question prefill (`ttft_ms` {m['ttft_ms']:,.1f} ms) is "
+      f"{100 * m['ttft_ms'] / m['sample_ms']:.0f}% of kvbench's {m['sample_ms']:,.1f} ms per sample. That "
+      f"prefill is {gflop:.2f} GFLOP for {n:,.0f} tokens (matmuls and the causal attention of this config), "
+      f"so it runs at {rate:,.0f} GFLOP/s"
+      + (f", {100 * rate / peak:.0f}% of the cores' AVX2 FMA peak ({peak:,.0f} GFLOP/s: "
+         f"{mhz:,.0f} MHz, the clock /proc/cpuinfo reports, x 32 flops per cycle per core)" if peak > 0 else "")
+      + ".")
+    kp_ms = 1e3 * statistics.fmean(r["sample_s"] for r in full["kvp"]["samples"])
+    rest = m["sample_ms"] - m["ttft_ms"]
+    budget = kp_ms / 2 - rest
+    if budget > 0:
+        need = gflop / (budget * 1e-3)
+        w("")
+        w(f"kvpress takes {kp_ms:,.1f} ms per sample over the same prefill, so a 2x lead leaves "
+          f"{budget:,.1f} ms for it (the rest of kvbench's sample takes {rest:,.1f} ms): {need:,.0f} GFLOP/s"
+          + (f", {100 * need / peak:.0f}% of that peak" if peak > 0 else "") + ".")
 
 
 def main():
@@ -61,6 +117,7 @@ def main():
     ap.add_argument("--samples", type=int, required=True)
     ap.add_argument("--threads", type=int, required=True)
     ap.add_argument("--model-name", default="kvb-testbed")
+    ap.add_argument("--model-config", help="the model's config.json, for the prefill's arithmetic")
     ap.add_argument("--kvb-config", action="append", required=True)
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
@@ -155,6 +212,8 @@ def main():
     w("**Target:** the qa eval at least 2x faster per sample than kvpress, with identical answers. "
       + ("**Met.**" if all(verdicts) else "**Not met**: " + "; ".join(
           f"{p['label']} {p['ratio']:.2f}x, {p['same']}/{p['n']} identical" for p in pairs) + "."))
+    if a.model_config:
+        limit_section(w, a.model_config, pairs[0])
     w("")
     w("## Configurations")
     w("")

@@ -154,7 +154,9 @@ TEST(Engine, ForkSharesBlocksAndBranchesMatchIndependentRuns) {
     solo.prefill({s}, {prompt});
     at::Tensor l;
     for (int64_t t : toks) l = solo.decode({s}, {t})[0];
-    EXPECT_LT((l - logits).abs().max().item<double>(), 1e-5);
+    // The pair's matmuls are GEMMs, the solo run's GEMVs: the same sums, rounded in another order
+    // (a few 1e-6 of the logits' size).
+    EXPECT_LT((l - logits).abs().max().item<double>(), 1e-5 * (1 + logits.abs().max().item<double>()));
   }
 }
 
