@@ -11,6 +11,7 @@
 #include "harness/kv/rope_shift.h"
 #include "harness/model/model.h"
 #include "kvb/kernels/cpu_ops.h"
+#include "kvb/kernels/attention_scores.h"
 #include "kvb/kernels/paged_attention.h"
 
 namespace kvb {
@@ -670,8 +671,9 @@ std::vector<float> EvictingKvCache::window_scores(Seq& s, int layer, int64_t hea
           std::upper_bound(hd.idx.begin(), hd.idx.begin() + len, qidx) - hd.idx.begin();
     }
     scratch_p_.resize(static_cast<size_t>(len));
-    head_attention_f32(Q + head * G_ * D_, Hq_ * D_, wl, G_, D_, keys, nullptr, scratch_vis_.data(),
-                       sm_scale_, nullptr, 0, out.data(), len, nullptr, scratch_p_.data());
+    kernels::attention_prob_sums_f32(Q + head * G_ * D_, Hq_ * D_, wl, G_, D_, keys, len,
+                                     scratch_vis_.data(), sm_scale_, out.data(), len,
+                                     scratch_p_.data());
     return out;
   }
   at::Tensor K = keys_generic(hd, len, base).to(at::kFloat);  // [len, D]
