@@ -12,44 +12,38 @@ extern "C" void sgemv_(const char* trans, const int* m, const int* n, const floa
 namespace kvb::kernels::detail {
 
 // BLAS is column-major: a row-major [m, n] matrix with row stride ld is the column-major [n, m]
-// matrix with leading dimension ld, so each row-major product is computed transposed.
+// matrix with leading dimension ld, so each row-major product is computed transposed:
+// c^T[n, m] = op(b)[n, k] . a^T[k, m], op(b) = b read as [n, k] (b_nk) or as [k, n].
+namespace {
 
-void gemm_nt(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b,
-             int64_t ldb, float beta, float* c, int64_t ldc) {
+void gemm_rowmajor(bool b_nk, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda,
+                   const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
   if (m == 0 || n == 0) return;
 #if KVB_HAVE_BLAS
-  // c^T[n, m] = b[n, k] . a^T[k, m]
   const int M = static_cast<int>(n), N = static_cast<int>(m), K = static_cast<int>(k);
   const int la = static_cast<int>(lda), lb = static_cast<int>(ldb), lc = static_cast<int>(ldc);
   const float one = 1.f;
-  sgemm_("T", "N", &M, &N, &K, &one, b, &lb, a, &la, &beta, c, &lc);
+  sgemm_(b_nk ? "T" : "N", "N", &M, &N, &K, &one, b, &lb, a, &la, &beta, c, &lc);
 #else
   for (int64_t i = 0; i < m; ++i)
     for (int64_t j = 0; j < n; ++j) {
       float acc = 0.f;
-      for (int64_t p = 0; p < k; ++p) acc += a[i * lda + p] * b[j * ldb + p];
+      for (int64_t p = 0; p < k; ++p) acc += a[i * lda + p] * (b_nk ? b[j * ldb + p] : b[p * ldb + j]);
       c[i * ldc + j] = beta == 0.f ? acc : beta * c[i * ldc + j] + acc;
     }
 #endif
 }
 
+}  // namespace
+
+void gemm_nt(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b,
+             int64_t ldb, float beta, float* c, int64_t ldc) {
+  gemm_rowmajor(true, m, n, k, a, lda, b, ldb, beta, c, ldc);
+}
+
 void gemm_nn(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b,
              int64_t ldb, float beta, float* c, int64_t ldc) {
-  if (m == 0 || n == 0) return;
-#if KVB_HAVE_BLAS
-  // c^T[n, m] = b^T[n, k] . a^T[k, m]
-  const int M = static_cast<int>(n), N = static_cast<int>(m), K = static_cast<int>(k);
-  const int la = static_cast<int>(lda), lb = static_cast<int>(ldb), lc = static_cast<int>(ldc);
-  const float one = 1.f;
-  sgemm_("N", "N", &M, &N, &K, &one, b, &lb, a, &la, &beta, c, &lc);
-#else
-  for (int64_t i = 0; i < m; ++i)
-    for (int64_t j = 0; j < n; ++j) {
-      float acc = 0.f;
-      for (int64_t p = 0; p < k; ++p) acc += a[i * lda + p] * b[p * ldb + j];
-      c[i * ldc + j] = beta == 0.f ? acc : beta * c[i * ldc + j] + acc;
-    }
-#endif
+  gemm_rowmajor(false, m, n, k, a, lda, b, ldb, beta, c, ldc);
 }
 
 void gemv_n(int64_t n, int64_t k, const float* b, int64_t ldb, const float* x, float beta, float* y) {
