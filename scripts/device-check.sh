@@ -141,8 +141,8 @@ if kb:
              "split workspace) / median time. fp16-equiv: fp16 K/V bytes of the full context / time. "
              "x SDPA: torch scaled_dot_product_attention (dense, same dtype for paged_*, fp16 otherwise) on "
              "contiguous KV of the full context.")
-    # Issue 8 targets.
-    L.append("\nTargets (issue 8):")
+    # The kernel targets.
+    L.append("\nTargets:")
     for c in kb["cases"]:
         if c["median_us"] <= 0 or c["context"] < 32768 or c["batch"] < 16:
             continue

@@ -2,7 +2,7 @@
 # scripts/torch-wheel-check.sh: build and test kvbench on this (CPU) machine against the LibTorch inside
 # a PyPI torch wheel: by default the version the GPU machine's PyTorch has (device tool, KINDS.md:
 # torch 2.11.0+cu130), CUDA kernels on. CI builds against Debian's LibTorch 1.13; the device builds
-# against its PyTorch's; this is how a session without a GPU finds what breaks between the two (an
+# against its PyTorch's; this is how a machine without a GPU finds what breaks between the two (an
 # API that moved, a header no longer included, LibTorch's CMake flags) before device time is spent.
 # Nothing runs on a GPU: the wheel's CUDA libraries only have to load (this machine's CUDA toolkit,
 # plus NVIDIA's wheels for the few libraries it lacks, laid out as pip would).
