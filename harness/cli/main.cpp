@@ -1,5 +1,5 @@
 // kvbench: the command-line entry point. Results go to stdout, logs to stderr; a user error prints one
-// line and exits 2, an internal error exits 1.
+// line and exits 2, an internal error exits 1 (harness/common/exit_status.h).
 
 #include <CLI/CLI.hpp>
 
@@ -7,7 +7,7 @@
 
 #include "harness/engine/thread_policy.h"
 #include "harness/cli/cli_common.h"
-#include "harness/common/error.h"
+#include "harness/common/exit_status.h"
 #include "harness/kv/plugin.h"
 
 int main(int argc, char** argv) {
@@ -37,12 +37,8 @@ int main(int argc, char** argv) {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : 2;
-  } catch (const kvb::Error& e) {
-    std::cerr << "kvbench: error: " << e.what() << "\n";
-    return 2;
-  } catch (const std::exception& e) {
-    std::cerr << "kvbench: internal error: " << e.what() << "\n";
-    return 1;
+  } catch (...) {
+    return kvb::report_failure(std::current_exception(), "kvbench", std::cerr);
   }
   return 0;
 }
