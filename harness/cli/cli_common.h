@@ -1,33 +1,19 @@
 #pragma once
-// Options every model-using subcommand shares, and the helpers that turn them into a loaded model.
+// What the built-in subcommands share: the model options (harness/tool/model_options.h) and the
+// registration function of each subcommand. Method tools are not here: see harness/tool/tool_registry.h.
 
 #include <CLI/CLI.hpp>
 
-#include <memory>
-#include <string>
-
-#include "harness/model/model.h"
-#include "harness/formats/tokenizer.h"
+#include "harness/tool/model_options.h"
 
 namespace kvb::cli {
 
-struct ModelArgs {
-  std::string model = "stories260K";
-  std::string models_dir;
-  std::string device = "cpu";
-  std::string dtype = "fp32";
-  int threads = 0;  // 0: LibTorch's default
-  uint64_t synthetic_seed = 0;
-};
-
-void add_model_options(CLI::App* app, ModelArgs* a);
-// Applies --threads and loads the model (logging to stderr).
-std::shared_ptr<Model> load_model_from_args(const ModelArgs& a);
-// Refuses a results-DB path whose rows SQLite would discard at exit (":memory:", and "" which SQLite
-// opens as a private temporary file): a run or grid into it would report success and keep nothing.
-void check_db_path(const std::string& path, const std::string& flag);
-// The model's tokenizer; throws naming the model when it has none.
-std::unique_ptr<Tokenizer> load_tokenizer(const Model& m);
+// The shared model options live below the methods (harness/tool) so that method tools use them too.
+using tool::ModelArgs;
+using tool::add_model_options;
+using tool::check_db_path;
+using tool::load_model_from_args;
+using tool::load_tokenizer;
 
 // Registration of each subcommand (one file each).
 void register_generate(CLI::App& app);
@@ -41,9 +27,6 @@ void register_merge(CLI::App& app);
 void register_leaderboard(CLI::App& app);
 void register_compare(CLI::App& app);
 void register_train(CLI::App& app);
-void register_kvtuner_search(CLI::App& app);
-void register_dms_train(CLI::App& app);
-void register_packet_train(CLI::App& app);
 void register_tokenize(CLI::App& app);
 
 }  // namespace kvb::cli

@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "harness/common/error.h"
+#include "harness/common/internal_error.h"
 #include "harness/engine/transformer.h"
 #include "harness/kv/paged_kv_cache.h"
 #include "harness/kv/windowed_kv_cache.h"
@@ -57,7 +58,7 @@ int64_t Engine::fork(int64_t src) {
 
 int64_t Engine::position(int64_t seq) const {
   auto it = pos_.find(seq);
-  KVB_CHECK(it != pos_.end(), "engine: unknown sequence ", seq);
+  KVB_ASSERT(it != pos_.end(), "engine", "unknown sequence ", seq);
   return it->second;
 }
 
@@ -90,8 +91,8 @@ at::Tensor Engine::step(const std::vector<int64_t>& seqs,
 }
 
 at::Tensor Engine::prefill_embeds(int64_t seq, const at::Tensor& embeds, bool call_end_prefill) {
-  KVB_CHECK(embeds.dim() == 2 && embeds.size(1) == model_->config.dim && embeds.size(0) > 0,
-            "engine: prefill_embeds needs [n > 0, ", model_->config.dim, "] rows");
+  KVB_ASSERT(embeds.dim() == 2 && embeds.size(1) == model_->config.dim && embeds.size(0) > 0, "engine",
+             "prefill_embeds needs [n > 0, ", model_->config.dim, "] rows");
   const int64_t n = embeds.size(0);
   guess_.erase(seq);
   at::Tensor last;
@@ -137,13 +138,13 @@ int64_t Engine::compose(const std::vector<int64_t>& parts) {
 at::Tensor Engine::prefill(const std::vector<int64_t>& seqs,
                            const std::vector<std::vector<int64_t>>& tokens,
                            const LogitsCallback& cb, bool call_end_prefill) {
-  KVB_CHECK(seqs.size() == tokens.size() && !seqs.empty(), "engine: prefill needs one token list per sequence");
+  KVB_ASSERT(seqs.size() == tokens.size() && !seqs.empty(), "engine", "prefill needs one token list per sequence");
   const int64_t B = static_cast<int64_t>(seqs.size());
   for (int64_t s : seqs) guess_.erase(s);  // a guess is for the token after the last one
   std::vector<size_t> done(B, 0);
   std::vector<at::Tensor> last(B);
   const bool all = static_cast<bool>(cb);
-  KVB_CHECK(!all || B == 1, "engine: per-position logits are supported for one sequence at a time");
+  KVB_ASSERT(!all || B == 1, "engine", "per-position logits are supported for one sequence at a time");
   for (;;) {
     std::vector<int64_t> step_seqs, idx;
     std::vector<std::vector<int64_t>> chunks;
@@ -181,7 +182,7 @@ at::Tensor Engine::decode(const std::vector<int64_t>& seqs, const std::vector<in
 
 at::Tensor Engine::decode_with_lookahead(const std::vector<int64_t>& seqs,
                                          const std::vector<int64_t>& tokens) {
-  KVB_CHECK(seqs.size() == tokens.size(), "engine: decode needs one token per sequence");
+  KVB_ASSERT(seqs.size() == tokens.size(), "engine", "decode needs one token per sequence");
   // Pre-decoding: a sequence without a guess runs its token alone as a lookahead row (nothing
   // kept); the argmax of its logits is the first guess.
   std::vector<int64_t> fresh, fresh_tokens;

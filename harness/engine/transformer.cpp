@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "harness/common/error.h"
+#include "harness/common/internal_error.h"
 #include "kvb/kernels/cpu_ops.h"
 
 namespace kvb {
@@ -209,8 +210,8 @@ at::Tensor transformer_forward(Model& model, KvCache& kv, const std::vector<int6
             c.n_window_layers(), " sliding-window layers, but the KV store '", kv.name(),
             "' does not apply windows (wrap it in a WindowedKvCache)");
   if (input_embeds) {
-    KVB_CHECK(input_embeds->dim() == 2 && input_embeds->size(0) == T && input_embeds->size(1) == c.dim,
-              "transformer_forward: input_embeds must be [", T, ", ", c.dim, "]");
+    KVB_ASSERT(input_embeds->dim() == 2 && input_embeds->size(0) == T && input_embeds->size(1) == c.dim,
+               "transformer", "input_embeds must be [", T, ", ", c.dim, "]");
   }
   if (g_cpu_f32_fast_path && dev.is_cpu() && model.dtype == at::kFloat) {
     return forward_cpu_f32(model, kv, tokens, batch, logit_rows, input_embeds);

@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "harness/common/error.h"
+#include "harness/common/internal_error.h"
 // Header-only and torch-free: the kernels' fp16/bf16 conversions, so that every part of kvbench
 // turns the same bits into the same float.
 #include "kernels/include/kvb/kernels/half.h"
@@ -637,7 +638,7 @@ void ggml_dequantize(uint32_t type, const uint8_t* src, float* dst, int64_t n) {
     case GgmlType::kQ5_K: fn = deq_q5_k; break;
     case GgmlType::kQ6_K: fn = deq_q6_k; break;
     default:
-      KVB_FAIL("internal: ggml type ", info->name, " has no dequantizer");
+      KVB_UNREACHABLE("gguf", "ggml type ", info->name, " has no dequantizer");
   }
   for (int64_t k = 0; k < blocks; ++k)
     fn(src + static_cast<size_t>(k) * info->block_bytes, dst + k * info->block);

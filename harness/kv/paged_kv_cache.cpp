@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "harness/common/error.h"
+#include "harness/common/internal_error.h"
 #include "harness/kv/attention.h"
 #include "kvb/kernels/paged_attention.h"
 
@@ -64,13 +65,13 @@ void PagedKvCache::copy_block(int32_t src, int32_t dst) {
 
 PagedKvCache::Seq& PagedKvCache::seq(int64_t id) {
   auto it = seqs_.find(id);
-  KVB_CHECK(it != seqs_.end(), "paged KV: unknown sequence ", id);
+  KVB_ASSERT(it != seqs_.end(), "paged_kv_cache", "unknown sequence ", id);
   return it->second;
 }
 
 const PagedKvCache::Seq& PagedKvCache::seq(int64_t id) const {
   auto it = seqs_.find(id);
-  KVB_CHECK(it != seqs_.end(), "paged KV: unknown sequence ", id);
+  KVB_ASSERT(it != seqs_.end(), "paged_kv_cache", "unknown sequence ", id);
   return it->second;
 }
 
@@ -97,8 +98,8 @@ void PagedKvCache::begin_step(const StepBatch& batch) {
   const bool want_gather = !(device_.is_cpu() && dtype_ == at::kFloat) && !step_kernel_decode_;
   for (int64_t b = 0; b < B; ++b) {
     Seq& s = seqs_[batch.seq_ids[b]];  // a new id starts an empty sequence
-    KVB_CHECK(s.len == batch.past_lens[b], "paged KV: sequence ", batch.seq_ids[b], " holds ",
-              s.len, " tokens but the step says ", batch.past_lens[b]);
+    KVB_ASSERT(s.len == batch.past_lens[b], "paged_kv_cache", "sequence ", batch.seq_ids[b], " holds ",
+               s.len, " tokens but the step says ", batch.past_lens[b]);
     const int64_t n_new = batch.new_tokens(b);
     s.in_flight = n_new;
     // Copy-on-write: the partial last block is shared with another branch; write into a copy.
@@ -220,7 +221,7 @@ void PagedKvCache::release(int64_t seq_id) {
 }
 
 void PagedKvCache::fork(int64_t src_id, int64_t dst_id) {
-  KVB_CHECK(seqs_.count(dst_id) == 0, "paged KV: fork target ", dst_id, " already exists");
+  KVB_ASSERT(seqs_.count(dst_id) == 0, "paged_kv_cache", "fork target ", dst_id, " already exists");
   Seq copy = seq(src_id);
   for (int32_t b : copy.blocks) ++refcount_[b];
   seqs_[dst_id] = std::move(copy);

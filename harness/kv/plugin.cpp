@@ -4,6 +4,7 @@
 
 #include "harness/common/error.h"
 #include "harness/common/mapped_file.h"
+#include "harness/tool/tool_registry.h"
 
 namespace kvb {
 
@@ -11,8 +12,15 @@ int host_plugin_abi_version() { return KVB_PLUGIN_ABI_VERSION; }
 
 void load_plugin(const std::string& path) {
   KVB_CHECK(file_exists(path), "--plugin ", path, ": file not found");
+  // A plugin's tools (KVB_REGISTER_TOOL) register from its static initialisers, inside dlopen.
+  ToolRegistry& tools = ToolRegistry::instance();
+  const auto tools_before = tools.names();
   void* h = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
   KVB_CHECK(h != nullptr, "--plugin ", path, ": cannot load: ", dlerror());
+  const auto tool_errors = tools.take_registration_errors();
+  KVB_CHECK(tool_errors.empty(), "--plugin ", path, ": tool registration failed: ",
+            tool_errors.empty() ? "" : tool_errors.front());
+  tools.set_origin_of_new(tools_before, "plugin:" + path);
   auto abi = reinterpret_cast<int (*)()>(dlsym(h, "kvb_plugin_abi_version"));
   auto reg = reinterpret_cast<const char* (*)(MethodRegistry*)>(dlsym(h, "kvb_plugin_register"));
   KVB_CHECK(abi && reg, "--plugin ", path,

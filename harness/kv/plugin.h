@@ -6,7 +6,9 @@
 //   extern "C" const char* kvb_plugin_torch_version();             // the LibTorch it was built with
 //   extern "C" const char* kvb_plugin_register(kvb::MethodRegistry* registry);  // nullptr or an error
 //
-// KVB_PLUGIN_ENTRY(body) writes all three. Exceptions never cross the boundary. The ABI version
+// KVB_PLUGIN_ENTRY(body) writes all three. Exceptions never cross the boundary. A plugin may also add
+// kvbench subcommands with KVB_REGISTER_TOOL (harness/tool/tool_registry.h): kvbench loads the
+// plugins named before the subcommand first, so their tools parse like the built-in ones. The ABI version
 // changes whenever KvCache, LayerInput, StepBatch, Footprint, MethodInfo or the registry change
 // layout; the LibTorch version must be kvbench's own (tensors cross the boundary: a plugin built
 // against another LibTorch would crash at its first call instead of being refused).

@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "harness/common/error.h"
+#include "harness/common/internal_error.h"
 #include "harness/kv/attention.h"
 
 namespace kvb {
@@ -64,10 +65,10 @@ std::unique_ptr<KvCache> make_window_aware(
 WindowedKvCache::WindowedKvCache(const CacheContext& ctx, std::unique_ptr<KvCache> inner)
     : ctx_(ctx), inner_(std::move(inner)) {
   const ModelConfig& c = ctx_.config;
-  KVB_CHECK(c.n_window_layers() > 0, "WindowedKvCache: ", c.name, " has no window layers");
+  KVB_ASSERT(c.n_window_layers() > 0, "windowed_kv_cache", c.name, " has no window layers");
   const int64_t globals = c.n_layers - c.n_window_layers();
-  KVB_CHECK((globals > 0) == (inner_ != nullptr), "WindowedKvCache: ", c.name, " has ", globals,
-            " global layers but ", inner_ ? "an" : "no", " inner store");
+  KVB_ASSERT((globals > 0) == (inner_ != nullptr), "windowed_kv_cache", c.name, " has ", globals,
+             " global layers but ", inner_ ? "an" : "no", " inner store");
   inner_layer_.assign(c.n_layers, -1);
   int64_t g = 0;
   for (int64_t l = 0; l < c.n_layers; ++l)
@@ -84,15 +85,15 @@ void WindowedKvCache::begin_step(const StepBatch& batch) {
     const int64_t s = batch.seq_ids[b];
     auto it = len_.find(s);
     const int64_t have = it == len_.end() ? 0 : it->second;
-    KVB_CHECK(have == batch.past_lens[b], "WindowedKvCache: sequence ", s, " holds ", have,
-              " tokens but the step says ", batch.past_lens[b]);
+    KVB_ASSERT(have == batch.past_lens[b], "windowed_kv_cache", "sequence ", s, " holds ", have,
+               " tokens but the step says ", batch.past_lens[b]);
   }
   if (inner_) inner_->begin_step(batch);
 }
 
 at::Tensor WindowedKvCache::attend(const LayerInput& in) {
   const int64_t l = in.layer;
-  KVB_CHECK(l >= 0 && l < ctx_.config.n_layers, "WindowedKvCache: layer ", l, " out of range");
+  KVB_ASSERT(l >= 0 && l < ctx_.config.n_layers, "windowed_kv_cache", "layer ", l, " out of range");
   if (inner_layer_[l] >= 0) {
     LayerInput g = in;
     g.layer = static_cast<int>(inner_layer_[l]);
@@ -202,8 +203,8 @@ std::map<std::string, double> WindowedKvCache::counters() const {
 }
 
 std::vector<HeadSnapshot> WindowedKvCache::probe_view(int layer, int64_t seq_id) const {
-  KVB_CHECK(layer >= 0 && layer < ctx_.config.n_layers, "WindowedKvCache: layer ", layer,
-            " out of range");
+  KVB_ASSERT(layer >= 0 && layer < ctx_.config.n_layers, "windowed_kv_cache", "layer ", layer,
+             " out of range");
   if (inner_layer_[layer] >= 0)
     return inner_->probe_view(static_cast<int>(inner_layer_[layer]), seq_id);
   std::vector<HeadSnapshot> out;

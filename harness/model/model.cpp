@@ -10,6 +10,7 @@
 
 #include "harness/common/asset_cache.h"
 #include "harness/common/error.h"
+#include "harness/common/internal_error.h"
 #include "harness/common/mapped_file.h"
 #include "harness/common/strings.h"
 #include "harness/formats/gguf.h"
@@ -275,7 +276,7 @@ void load_llama2c(Model& m, const std::string& path) {
         return v.to(m.device, m.dtype, false, /*copy=*/true);
       }
     }
-    KVB_FAIL(path, ": internal: no array '", name, "'");
+    KVB_UNREACHABLE("model", path, ": no array '", name, "'");
   };
   auto& w = m.weights;
   w.embedding = arr("token_embedding");

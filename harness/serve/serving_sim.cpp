@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "harness/common/error.h"
+#include "harness/common/internal_error.h"
 #include "harness/common/strings.h"
 #include "harness/metrics/statistics.h"
 
@@ -159,8 +160,8 @@ class Instance {
         waiting_.pop_front();
         return;
       }
-      KVB_CHECK(running_.empty() && waiting_.empty(), "serve: the scheduler stalled with ",
-                running_.size(), " running and ", waiting_.size(), " waiting requests (a bug)");
+      KVB_ASSERT(running_.empty() && waiting_.empty(), "serving_sim", "the scheduler stalled with ",
+                 running_.size(), " running and ", waiting_.size(), " waiting requests");
       return;
     }
     // Roofline time of the iteration.
@@ -289,8 +290,8 @@ class Instance {
       }
       if (cache_) {
         const int64_t blocks = cache_->lookup(trace_.requests[r.index].hash_ids);
-        KVB_CHECK(hit_tokens_of(r.index, blocks) == local,
-                  "serve: prefix lookup disagrees with peek (a bug)");
+        KVB_ASSERT(hit_tokens_of(r.index, blocks) == local, "serving_sim",
+                   "prefix lookup disagrees with peek");
       }
       if (remote > local) r.remote->lookup(trace_.requests[r.index].hash_ids);
       r.kv_tokens = hit;

@@ -14,6 +14,7 @@
 #include <utility>
 
 #include "harness/common/error.h"
+#include "harness/common/internal_error.h"
 #include "harness/store/provenance.h"
 
 namespace kvb {
@@ -332,9 +333,9 @@ void ResultsDb::exec(const std::string& sql) {
 
 void ResultsDb::open(const std::vector<store_detail::Migration>& migrations) {
   for (size_t i = 0; i < migrations.size(); ++i) {
-    KVB_CHECK(migrations[i].version == static_cast<int>(i) + 1,
-              "results DB migrations must be numbered 1, 2, ... in order; entry ", i,
-              " has version ", migrations[i].version);
+    KVB_ASSERT(migrations[i].version == static_cast<int>(i) + 1, "results_db",
+               "migrations must be numbered 1, 2, ... in order; entry ", i, " has version ",
+               migrations[i].version);
   }
   const int known_version = migrations.empty() ? 0 : migrations.back().version;
   const bool in_memory = path_ == ":memory:";
@@ -473,8 +474,7 @@ void ResultsDb::require_running(int64_t run_id, const char* operation) {
 }
 
 RunInfo ResultsDb::begin_run(const RunSpec& spec) {
-  KVB_CHECK(!spec.config_hash.empty(), "results DB ", path_,
-            ": begin_run with an empty config hash");
+  KVB_ASSERT(!spec.config_hash.empty(), "results_db", path_, ": begin_run with an empty config hash");
   check_json(path_, spec.config_json, "config_json of run " + spec.config_hash);
   check_json(path_, spec.provenance_json, "provenance_json of run " + spec.config_hash);
   const std::string now = utc_now_iso8601();
@@ -862,7 +862,7 @@ int probe_schema_version(const std::string& path) {
 
 MergeStats ResultsDb::merge_from(const std::string& other_path) {
   std::lock_guard<std::recursive_mutex> lock(mutex_);
-  KVB_CHECK(txn_depth_ == 0, "results DB ", path_, ": merge_from cannot run inside a transaction");
+  KVB_ASSERT(txn_depth_ == 0, "results_db", path_, ": merge_from cannot run inside a transaction");
   struct stat src_st {};
   KVB_CHECK(::stat(other_path.c_str(), &src_st) == 0 && S_ISREG(src_st.st_mode), "cannot merge ",
             other_path, " into ", path_, ": no such file");

@@ -26,6 +26,7 @@
 
 #include "datasets/corpus.h"
 #include "harness/common/error.h"
+#include "harness/common/internal_error.h"
 #include "harness/common/json_parse.h"
 #include "harness/common/mapped_file.h"
 #include "harness/common/sha256.h"
@@ -288,7 +289,7 @@ std::vector<std::vector<int64_t>> induction_rows(const Tokenizer& tok, int64_t n
 const at::Tensor& TrainWeights::at(const std::string& name) const {
   for (size_t i = 0; i < names.size(); ++i)
     if (names[i] == name) return tensors[i];
-  KVB_FAIL("internal: no training weight '", name, "'");
+  KVB_UNREACHABLE("trainer", "no training weight '", name, "'");
 }
 
 TrainWeights init_train_weights(const ModelConfig& c, double std, uint64_t seed,
@@ -333,7 +334,8 @@ TrainWeights train_weights_from_model(const ModelWeights& m, const ModelConfig& 
   }
   set(i++, m.final_norm);
   if (!c.tied_embeddings) set(i++, m.lm_head);
-  KVB_CHECK(i == w.tensors.size(), "train_weights_from_model: ", i, " tensors for ", w.tensors.size());
+  KVB_ASSERT(i == w.tensors.size(), "trainer", "train_weights_from_model: ", i, " tensors for ",
+             w.tensors.size());
   return w;
 }
 

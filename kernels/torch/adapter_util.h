@@ -1,25 +1,30 @@
 #pragma once
-// What the LibTorch adapters of kernels/torch share: kernels/ includes no harness header, so their
-// errors are std::invalid_argument (the harness reports any std::exception with its message), and
-// the mapping of LibTorch dtypes to the kernels' KvDtype.
+// What the LibTorch adapters of kernels/torch share: their argument check, and the mapping of
+// LibTorch dtypes to the kernels' KvDtype. The adapters are called only by kvbench's own stores with
+// tensors those stores built, so a failed check is a bug there, never a user's input: it throws
+// kvb::InternalError (harness/common/internal_error.h, in the torch-free core below this layer) naming
+// "kernels/torch". The torch-free kernels under kernels/ include no harness header at all.
 
 #include <c10/core/Device.h>
 #include <c10/core/ScalarType.h>
 
-#include <sstream>
-#include <stdexcept>
-
+#include "harness/common/internal_error.h"
 #include "kvb/kernels/decode_attention.h"
 
 namespace kvb::kernels {
 
+// The caller's file and line come from the builtins GCC and Clang both have (check is a function,
+// not a macro, so __FILE__ would name this header).
 template <typename... Args>
-void check(bool ok, const Args&... parts) {
-  if (ok) return;
-  std::ostringstream os;
-  (os << ... << parts);
-  throw std::invalid_argument(os.str());
-}
+struct check {
+  explicit check(bool ok, const Args&... parts, const char* file = __builtin_FILE(),
+                 int line = __builtin_LINE()) {
+    if (ok) return;
+    throw ::kvb::InternalError("kernels/torch", ::kvb::detail::concat(parts...), file, line);
+  }
+};
+template <typename... Args>
+check(bool, const Args&...) -> check<Args...>;
 
 // Which kernels serve tensors on `d`: the host ones (kernels/cpu) or the CUDA launchers. Only
 // under the CUDA emulator (tests/cuda_emu builds these adapters a second time, with KVB_CUDA_EMU)

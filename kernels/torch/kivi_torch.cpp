@@ -196,7 +196,7 @@ void kivi_append(const KiviLayout& l, KiviPools& pools, at::Tensor& k_ring, at::
   const cudaError_t err = cuda::kivi_append_cuda(p, static_cast<cudaStream_t>(nullptr));
   check(err == cudaSuccess, "kivi append (CUDA): ", cudaGetErrorString(err));
 #else
-  throw std::logic_error("kivi append: unreachable without CUDA kernels");
+  KVB_UNREACHABLE("kernels/torch", "kivi append: the CUDA branch without CUDA kernels");
 #endif
 }
 
@@ -265,7 +265,7 @@ at::Tensor kivi_decode_attention(const at::Tensor& q, const KiviLayout& l, const
   return o;
 #else
   (void)cuda_kernel;
-  throw std::logic_error("kivi decode: unreachable without CUDA kernels");
+  KVB_UNREACHABLE("kernels/torch", "kivi decode: the CUDA branch without CUDA kernels");
 #endif
 }
 

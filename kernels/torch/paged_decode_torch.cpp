@@ -115,7 +115,7 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_pool,
   return o;
 #else
   (void)cuda_kernel;
-  throw std::logic_error("paged decode: unreachable without CUDA kernels");
+  KVB_UNREACHABLE("kernels/torch", "paged decode: the CUDA branch without CUDA kernels");
 #endif
 }
 

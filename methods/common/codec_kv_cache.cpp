@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "harness/common/error.h"
+#include "harness/common/internal_error.h"
 #include "harness/kv/attention.h"
 #include "harness/kv/rope_shift.h"
 
@@ -38,8 +39,8 @@ void CodecKvCache::begin_step(const StepBatch& batch) {
     const int64_t id = batch.seq_ids[b];
     auto it = seqs_.find(id);
     if (it == seqs_.end()) it = seqs_.emplace(id, new_seq()).first;
-    KVB_CHECK(it->second.len == batch.past_lens[b], name_, ": sequence ", id, " holds ",
-              it->second.len, " tokens but the step says ", batch.past_lens[b]);
+    KVB_ASSERT(it->second.len == batch.past_lens[b], name_, "sequence ", id, " holds ",
+               it->second.len, " tokens but the step says ", batch.past_lens[b]);
   }
 }
 
@@ -52,8 +53,8 @@ at::Tensor CodecKvCache::attend(const LayerInput& in) {
     Seq& s = seqs_.at(batch.seq_ids[b]);
     CodecStream& ks = *s.k[in.layer];
     CodecStream& vs = *s.v[in.layer];
-    KVB_CHECK(ks.rows() == s.len && vs.rows() == s.len, name_, ": layer ", in.layer, " holds ",
-              ks.rows(), "/", vs.rows(), " rows for a sequence of ", s.len);
+    KVB_ASSERT(ks.rows() == s.len && vs.rows() == s.len, name_, "layer ", in.layer, " holds ",
+               ks.rows(), "/", vs.rows(), " rows for a sequence of ", s.len);
     const int64_t n = batch.new_tokens(b), start = batch.q_indptr[b], L = s.len + n;
     at::Tensor kn = in.k->narrow(0, start, n).to(at::kFloat).contiguous();  // [n, Hkv, D]
     at::Tensor vn = in.v->narrow(0, start, n).to(at::kFloat).contiguous();
@@ -88,9 +89,9 @@ void CodecKvCache::end_step(const StepBatch& batch) {
 }
 
 void CodecKvCache::fork(int64_t src_id, int64_t dst_id) {
-  KVB_CHECK(seqs_.count(dst_id) == 0, name_, ": fork target ", dst_id, " already exists");
+  KVB_ASSERT(seqs_.count(dst_id) == 0, name_, "fork target ", dst_id, " already exists");
   auto it = seqs_.find(src_id);
-  KVB_CHECK(it != seqs_.end(), name_, ": unknown sequence ", src_id);
+  KVB_ASSERT(it != seqs_.end(), name_, "unknown sequence ", src_id);
   Seq copy;
   copy.len = it->second.len;
   for (const auto& t : it->second.k) copy.k.push_back(t->clone());  // no sharing yet
@@ -99,10 +100,10 @@ void CodecKvCache::fork(int64_t src_id, int64_t dst_id) {
 }
 
 void CodecKvCache::splice(int64_t dst_id, const std::vector<SpliceSource>& sources) {
-  KVB_CHECK(seqs_.count(dst_id) == 0, name_, ": splice target ", dst_id, " already exists");
+  KVB_ASSERT(seqs_.count(dst_id) == 0, name_, "splice target ", dst_id, " already exists");
   KVB_CHECK(!sources.empty(), name_, ": splice needs at least one source");
   for (const auto& src : sources)
-    KVB_CHECK(seqs_.count(src.seq_id), name_, ": splice source ", src.seq_id, " is unknown");
+    KVB_ASSERT(seqs_.count(src.seq_id), name_, "splice source ", src.seq_id, " is unknown");
   const auto& c = ctx_.config;
   const int64_t W = c.kv_dim();
   Seq dst = new_seq();
@@ -126,7 +127,7 @@ void CodecKvCache::splice(int64_t dst_id, const std::vector<SpliceSource>& sourc
 
 void CodecKvCache::truncate(int64_t seq_id, int64_t new_len) {
   auto it = seqs_.find(seq_id);
-  KVB_CHECK(it != seqs_.end(), name_, ": unknown sequence ", seq_id);
+  KVB_ASSERT(it != seqs_.end(), name_, "unknown sequence ", seq_id);
   KVB_CHECK(new_len >= 0 && new_len <= it->second.len, name_, ": cannot truncate sequence ", seq_id,
             " of ", it->second.len, " tokens to ", new_len);
   for (auto& t : it->second.k) t->truncate(new_len);
@@ -141,7 +142,7 @@ int64_t CodecKvCache::seq_len(int64_t seq_id) const {
 
 const CodecStream& CodecKvCache::stream(int64_t seq_id, int layer, KvKind kind) const {
   auto it = seqs_.find(seq_id);
-  KVB_CHECK(it != seqs_.end(), name_, ": unknown sequence ", seq_id);
+  KVB_ASSERT(it != seqs_.end(), name_, "unknown sequence ", seq_id);
   return kind == KvKind::kKey ? *it->second.k.at(layer) : *it->second.v.at(layer);
 }
 

@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 
 #include "harness/common/error.h"
+#include "harness/common/internal_error.h"
 #include "harness/kv/attention.h"
 #include "harness/kv/rope_shift.h"
 
@@ -32,8 +33,8 @@ void ContiguousKvCache::begin_step(const StepBatch& batch) {
     const int64_t id = batch.seq_ids[b];
     auto [it, fresh] = seqs_.try_emplace(id);
     Seq& s = it->second;
-    KVB_CHECK(s.len == batch.past_lens[b], name_, ": sequence ", id, " holds ", s.len,
-              " tokens but the step says ", batch.past_lens[b]);
+    KVB_ASSERT(s.len == batch.past_lens[b], name_, "sequence ", id, " holds ", s.len,
+               " tokens but the step says ", batch.past_lens[b]);
     const int64_t need = s.len + batch.new_tokens(b);
     s.in_flight = batch.new_tokens(b);
     if (mode_ == Mode::kReserve) {
@@ -69,9 +70,9 @@ void ContiguousKvCache::end_step(const StepBatch& batch) {
 }
 
 void ContiguousKvCache::fork(int64_t src_id, int64_t dst_id) {
-  KVB_CHECK(seqs_.count(dst_id) == 0, name_, ": fork target ", dst_id, " already exists");
+  KVB_ASSERT(seqs_.count(dst_id) == 0, name_, "fork target ", dst_id, " already exists");
   auto it = seqs_.find(src_id);
-  KVB_CHECK(it != seqs_.end(), name_, ": unknown sequence ", src_id);
+  KVB_ASSERT(it != seqs_.end(), name_, "unknown sequence ", src_id);
   Seq copy;
   copy.len = it->second.len;
   copy.capacity = it->second.capacity;
@@ -81,13 +82,13 @@ void ContiguousKvCache::fork(int64_t src_id, int64_t dst_id) {
 }
 
 void ContiguousKvCache::splice(int64_t dst_id, const std::vector<SpliceSource>& sources) {
-  KVB_CHECK(seqs_.count(dst_id) == 0, name_, ": splice target ", dst_id, " already exists");
+  KVB_ASSERT(seqs_.count(dst_id) == 0, name_, "splice target ", dst_id, " already exists");
   KVB_CHECK(!sources.empty(), name_, ": splice needs at least one source");
   int64_t total = 0;
   for (const auto& src : sources) {
     auto it = seqs_.find(src.seq_id);
-    KVB_CHECK(it != seqs_.end(), name_, ": splice source ", src.seq_id, " is unknown");
-    KVB_CHECK(it->second.in_flight == 0, name_, ": splice source ", src.seq_id, " is mid-step");
+    KVB_ASSERT(it != seqs_.end(), name_, "splice source ", src.seq_id, " is unknown");
+    KVB_ASSERT(it->second.in_flight == 0, name_, "splice source ", src.seq_id, " is mid-step");
     total += it->second.len;
   }
   Seq dst;
@@ -114,7 +115,7 @@ void ContiguousKvCache::splice(int64_t dst_id, const std::vector<SpliceSource>& 
 
 void ContiguousKvCache::truncate(int64_t seq_id, int64_t new_len) {
   auto it = seqs_.find(seq_id);
-  KVB_CHECK(it != seqs_.end(), name_, ": unknown sequence ", seq_id);
+  KVB_ASSERT(it != seqs_.end(), name_, "unknown sequence ", seq_id);
   KVB_CHECK(new_len >= 0 && new_len <= it->second.len, name_, ": cannot truncate sequence ",
             seq_id, " of ", it->second.len, " tokens to ", new_len);
   it->second.len = new_len;

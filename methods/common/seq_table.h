@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "harness/common/error.h"
+#include "harness/common/internal_error.h"
 #include "harness/kv/kv_cache.h"
 
 namespace kvb {
@@ -25,8 +26,8 @@ class SeqTable {
       const int64_t id = batch.seq_ids[b];
       auto it = map_.find(id);
       if (it == map_.end()) it = map_.emplace(id, make()).first;
-      KVB_CHECK(it->second.len == batch.past_lens[b], store_, ": sequence ", id, " holds ",
-                it->second.len, " tokens but the step says ", batch.past_lens[b]);
+      KVB_ASSERT(it->second.len == batch.past_lens[b], store_, "sequence ", id, " holds ",
+                 it->second.len, " tokens but the step says ", batch.past_lens[b]);
     }
   }
   // Adds the step's kept new tokens to each sequence's length (a lookahead row is not kept).
@@ -37,12 +38,12 @@ class SeqTable {
 
   Seq& at(int64_t id) {
     auto it = map_.find(id);
-    KVB_CHECK(it != map_.end(), store_, ": unknown sequence ", id);
+    KVB_ASSERT(it != map_.end(), store_, "unknown sequence ", id);
     return it->second;
   }
   const Seq& at(int64_t id) const {
     auto it = map_.find(id);
-    KVB_CHECK(it != map_.end(), store_, ": unknown sequence ", id);
+    KVB_ASSERT(it != map_.end(), store_, "unknown sequence ", id);
     return it->second;
   }
   int64_t len(int64_t id) const {
@@ -51,7 +52,7 @@ class SeqTable {
   }
   void release(int64_t id) { map_.erase(id); }
   void fork(int64_t src, int64_t dst) {
-    KVB_CHECK(map_.count(dst) == 0, store_, ": fork target ", dst, " already exists");
+    KVB_ASSERT(map_.count(dst) == 0, store_, "fork target ", dst, " already exists");
     Seq copy = at(src);
     map_.emplace(dst, std::move(copy));
   }

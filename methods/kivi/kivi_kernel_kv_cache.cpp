@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "harness/common/error.h"
+#include "harness/common/internal_error.h"
 #include "harness/kv/attention.h"
 
 namespace kvb {
@@ -64,13 +65,13 @@ KiviKernelKvCache::KiviKernelKvCache(const CacheContext& ctx, const kernels::Kiv
 
 KiviKernelKvCache::Seq& KiviKernelKvCache::seq(int64_t id) {
   auto it = seqs_.find(id);
-  KVB_CHECK(it != seqs_.end(), name_, ": unknown sequence ", id);
+  KVB_ASSERT(it != seqs_.end(), name_, "unknown sequence ", id);
   return it->second;
 }
 
 const KiviKernelKvCache::Seq& KiviKernelKvCache::seq(int64_t id) const {
   auto it = seqs_.find(id);
-  KVB_CHECK(it != seqs_.end(), name_, ": unknown sequence ", id);
+  KVB_ASSERT(it != seqs_.end(), name_, "unknown sequence ", id);
   return it->second;
 }
 
@@ -165,8 +166,8 @@ void KiviKernelKvCache::begin_step(const StepBatch& batch) {
   step_ring_rows_.clear();
   for (int64_t b = 0; b < B; ++b) {
     const int64_t id = batch.seq_ids[b];
-    KVB_CHECK(seq(id).len == batch.past_lens[b], name_, ": sequence ", id, " holds ", seq(id).len,
-              " tokens but the step says ", batch.past_lens[b]);
+    KVB_ASSERT(seq(id).len == batch.past_lens[b], name_, "sequence ", id, " holds ", seq(id).len,
+               " tokens but the step says ", batch.past_lens[b]);
     const int64_t n = batch.new_tokens(b), after = batch.past_lens[b] + n;
     if (n != 1) step_decode_ = false;
     // Pages shared with a fork are copied before this step writes them; then the pools grow. (Both
@@ -253,7 +254,7 @@ void KiviKernelKvCache::release(int64_t seq_id) {
 }
 
 void KiviKernelKvCache::fork(int64_t src_id, int64_t dst_id) {
-  KVB_CHECK(seqs_.count(dst_id) == 0, name_, ": fork target ", dst_id, " already exists");
+  KVB_ASSERT(seqs_.count(dst_id) == 0, name_, "fork target ", dst_id, " already exists");
   Seq d;
   d.len = seq(src_id).len;
   d.ring_row = alloc_ring_row();

@@ -11,6 +11,7 @@
 #include <limits>
 
 #include "harness/common/error.h"
+#include "harness/common/internal_error.h"
 #include "harness/kv/method_registry.h"
 #include "harness/model/model.h"
 #include "kvb/kernels/cpu_ops.h"
@@ -135,7 +136,7 @@ int64_t MergeBuckets::tokens() const {
 }
 
 int64_t MergeBuckets::position(int64_t b) const {
-  KVB_CHECK(positions_ && b >= 0 && b < used_, "kvreviver: bucket ", b, " has no position");
+  KVB_ASSERT(positions_ && b >= 0 && b < used_, "kvreviver", "bucket ", b, " has no position");
   return std::llround(static_cast<double>(pos_sum_[b]) / static_cast<double>(count_[b]));
 }
 
@@ -190,13 +191,13 @@ KvReviverKvCache::KvReviverKvCache(const CacheContext& ctx, Options opts)
 
 KvReviverKvCache::Seq& KvReviverKvCache::seq(int64_t id) {
   auto it = seqs_.find(id);
-  KVB_CHECK(it != seqs_.end(), "kvreviver: unknown sequence ", id);
+  KVB_ASSERT(it != seqs_.end(), "kvreviver", "unknown sequence ", id);
   return it->second;
 }
 
 const KvReviverKvCache::Seq& KvReviverKvCache::seq(int64_t id) const {
   auto it = seqs_.find(id);
-  KVB_CHECK(it != seqs_.end(), "kvreviver: unknown sequence ", id);
+  KVB_ASSERT(it != seqs_.end(), "kvreviver", "unknown sequence ", id);
   return it->second;
 }
 
@@ -306,8 +307,8 @@ void KvReviverKvCache::begin_step(const StepBatch& batch) {
         }
       }
     }
-    KVB_CHECK(s.seen == batch.past_lens[b], "kvreviver: sequence ", id, " has seen ", s.seen,
-              " tokens but the step says ", batch.past_lens[b]);
+    KVB_ASSERT(s.seen == batch.past_lens[b], "kvreviver", "sequence ", id, " has seen ", s.seen,
+               " tokens but the step says ", batch.past_lens[b]);
     s.step_tokens = batch.new_tokens(b);
     s.pos.resize(static_cast<size_t>(s.seen + s.step_tokens));
     s.epoch.resize(static_cast<size_t>(s.seen + s.step_tokens));
@@ -414,7 +415,7 @@ at::Tensor KvReviverKvCache::attend(const LayerInput& in) {
       }
       // Append the step's tokens to the exact region (with a codec: as pending fp32 rows).
       const int64_t past = hd.len, rows = past + n;
-      KVB_CHECK(rows <= hd.cap, "kvreviver: attend before begin_step reserved room");
+      KVB_ASSERT(rows <= hd.cap, "kvreviver", "attend before begin_step reserved room");
       if (opts_.codec) {
         hd.pk.resize(static_cast<size_t>((hd.pend + n) * D_));
         hd.pv.resize(hd.pk.size());
@@ -575,7 +576,7 @@ void KvReviverKvCache::end_step(const StepBatch& batch) {
 }
 
 void KvReviverKvCache::fork(int64_t src_id, int64_t dst_id) {
-  KVB_CHECK(seqs_.count(dst_id) == 0, "kvreviver: fork target ", dst_id, " already exists");
+  KVB_ASSERT(seqs_.count(dst_id) == 0, "kvreviver", "fork target ", dst_id, " already exists");
   seqs_[dst_id] = seq(src_id);  // host vectors: a deep copy
 }
 

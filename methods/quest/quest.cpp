@@ -10,6 +10,7 @@
 #include <limits>
 
 #include "harness/common/error.h"
+#include "harness/common/internal_error.h"
 #include "harness/kv/attention.h"
 #include "harness/kv/method_registry.h"
 
@@ -144,7 +145,7 @@ std::pair<at::Tensor, at::Tensor> QuestKvCache::rows_of(const Seq& s, int layer,
   const auto& vs = *s.vs[layer];
   const int64_t row = Hkv_ * D_, pend = static_cast<int64_t>(s.pk[layer].size()) / row;
   const int64_t total = ks.rows() + pend;
-  KVB_CHECK(total >= rows, "quest: internal: ", rows, " rows asked of ", total);
+  KVB_ASSERT(total >= rows, "quest", rows, " rows asked of ", total);
   for (auto* t : {&scratch_k_, &scratch_v_})
     if (!t->defined() || t->size(0) < total)
       *t = at::empty({std::max<int64_t>(total, 2 * (t->defined() ? t->size(0) : 0)), Hkv_, D_},
@@ -172,8 +173,8 @@ void QuestKvCache::append(Seq& s, int layer, const at::Tensor& k, const at::Tens
       // end_prefill for the prompt.
       auto& pk = s.pk[layer];
       auto& pv = s.pv[layer];
-      KVB_CHECK(s.ks[layer]->rows() + static_cast<int64_t>(pk.size()) / row == s.len,
-                "quest: internal: stream rows ", s.ks[layer]->rows(), " + pending vs ", s.len);
+      KVB_ASSERT(s.ks[layer]->rows() + static_cast<int64_t>(pk.size()) / row == s.len, "quest",
+                 "stream rows ", s.ks[layer]->rows(), " + pending vs ", s.len);
       pk.insert(pk.end(), kp, kp + n * row);
       pv.insert(pv.end(), vp, vp + n * row);
     } else {

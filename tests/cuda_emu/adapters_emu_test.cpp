@@ -81,7 +81,7 @@ TEST(AdaptersEmu, PagedDecodeCudaBranchMatchesTheHostBranch) {
   EXPECT_THROW(
       paged_decode_attention(at::zeros({1, 8, 64}, at::kHalf), at::zeros({1, 16, 2, 64}, at::kHalf),
                              at::zeros({1, 16, 2, 64}, at::kHalf), not_uploaded, 1.f),
-      std::invalid_argument);
+      kvb::InternalError);
 }
 
 // One store: pools, rings and each sequence's pages.

@@ -11,7 +11,8 @@
 #include <numeric>
 #include <random>
 
-#include <stdexcept>
+#include "harness/common/error.h"
+#include "harness/common/internal_error.h"
 #include "kernels/torch/paged_decode_torch.h"
 
 namespace kvb::kernels {
@@ -90,7 +91,7 @@ TEST(PagedDecodeTorch, RefusesWhatNoKernelServes) {
   EXPECT_EQ(paged_decode_supported(c10::Device("cpu"), at::kBFloat16, 8, 8, 4), "");
   Case c = make_case({5}, 4, 2, 8, 4, 3);
   c.tables.kv_lens.push_back(3);  // tables for 2 sequences, batch of 1
-  EXPECT_THROW(paged_decode_attention(c.q, c.k_pool, c.v_pool, c.tables, 1.f), std::invalid_argument);
+  EXPECT_THROW(paged_decode_attention(c.q, c.k_pool, c.v_pool, c.tables, 1.f), kvb::InternalError);
 }
 
 TEST(PagedDecodeTorch, CudaMatchesTheCpuKernel) {

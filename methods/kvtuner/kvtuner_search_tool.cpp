@@ -8,13 +8,19 @@
 
 #include <nlohmann/json.hpp>
 
-#include "harness/cli/cli_common.h"
 #include "harness/common/error.h"
+#include "harness/tool/model_options.h"
+#include "harness/tool/tool_registry.h"
 #include "methods/kvtuner/kvtuner_search.h"
 
-namespace kvb::cli {
+namespace kvb::kvtuner {
+namespace {
 
-void register_kvtuner_search(CLI::App& app) {
+using tool::add_model_options;
+using tool::load_model_from_args;
+using tool::ModelArgs;
+
+void setup_kvtuner_search(CLI::App* sub) {
   struct Args {
     ModelArgs model;
     std::string corpus = "tinystories-valid-sample";
@@ -28,10 +34,6 @@ void register_kvtuner_search(CLI::App& app) {
     uint64_t seed = 0;
   };
   auto a = std::make_shared<Args>();
-  CLI::App* sub = app.add_subcommand(
-      "kvtuner-search",
-      "KVTuner offline search: per-layer sensitivity profile, Pareto pruning, layer clustering, "
-      "(bits, KL) search; writes the precision config for method kvtuner");
   add_model_options(sub, &a->model);
   sub->add_option("--corpus,--dataset", a->corpus,
                   "calibration text: a built-in corpus name or a .txt path")
@@ -111,4 +113,12 @@ void register_kvtuner_search(CLI::App& app) {
   });
 }
 
-}  // namespace kvb::cli
+}  // namespace
+
+// Registered from this folder, so that harness/cli (the layer above the methods) names no method.
+KVB_REGISTER_TOOL("kvtuner-search",
+                  "KVTuner offline search: per-layer sensitivity profile, Pareto pruning, layer clustering, "
+                  "(bits, KL) search; writes the precision config for method kvtuner",
+                  setup_kvtuner_search);
+
+}  // namespace kvb::kvtuner

@@ -1,5 +1,4 @@
-#include "harness/engine/thread_policy.h"
-#include "harness/cli/cli_common.h"
+#include "harness/tool/model_options.h"
 
 #include <ATen/Parallel.h>
 
@@ -7,8 +6,9 @@
 
 #include "harness/common/error.h"
 #include "harness/common/limits.h"
+#include "harness/engine/thread_policy.h"
 
-namespace kvb::cli {
+namespace kvb::tool {
 
 void add_model_options(CLI::App* app, ModelArgs* a) {
   app->add_option("--model,-m", a->model,
@@ -53,4 +53,4 @@ std::unique_ptr<Tokenizer> load_tokenizer(const Model& m) {
   return t;
 }
 
-}  // namespace kvb::cli
+}  // namespace kvb::tool

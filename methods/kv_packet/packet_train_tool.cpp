@@ -8,17 +8,21 @@
 #include <iostream>
 #include <nlohmann/json.hpp>
 
-#include "harness/cli/cli_common.h"
-#include "harness/common/error.h"
 #include <ATen/ATen.h>
 
+#include "harness/common/error.h"
 #include "harness/model/model.h"
+#include "harness/tool/model_options.h"
+#include "harness/tool/tool_registry.h"
 #include "methods/kv_packet/packet_adapter.h"
 #include "methods/kv_packet/packet_train.h"
 
-namespace kvb::cli {
-
+namespace kvb::kv_packet {
 namespace {
+
+using tool::add_model_options;
+using tool::load_model_from_args;
+using tool::ModelArgs;
 
 std::vector<std::string> comma_list(const std::string& s) {
   std::vector<std::string> out;
@@ -30,9 +34,7 @@ std::vector<std::string> comma_list(const std::string& s) {
   return out;
 }
 
-}  // namespace
-
-void register_packet_train(CLI::App& app) {
+void setup_packet_train(CLI::App* sub) {
   struct Args {
     ModelArgs model;
     kv_packet::TrainOptions o;
@@ -42,10 +44,6 @@ void register_packet_train(CLI::App& app) {
     bool quiet = false;
   };
   auto a = std::make_shared<Args>();
-  CLI::App* sub = app.add_subcommand(
-      "packet-train",
-      "KV Packet: train the soft header and trailer that wrap separately cached documents "
-      "(distillation from the full-context model); writes the adapter for method kv_packet");
   add_model_options(sub, &a->model);
   sub->add_option("--out,-o", a->o.out, "adapter path (.safetensors); required unless --eval");
   sub->add_option("--eval", a->eval,
@@ -119,4 +117,12 @@ void register_packet_train(CLI::App& app) {
   });
 }
 
-}  // namespace kvb::cli
+}  // namespace
+
+// Registered from this folder, so that harness/cli (the layer above the methods) names no method.
+KVB_REGISTER_TOOL("packet-train",
+                  "KV Packet: train the soft header and trailer that wrap separately cached documents "
+                  "(distillation from the full-context model); writes the adapter for method kv_packet",
+                  setup_packet_train);
+
+}  // namespace kvb::kv_packet

@@ -6,23 +6,25 @@
 #include <iostream>
 #include <nlohmann/json.hpp>
 
-#include "harness/cli/cli_common.h"
 #include "harness/common/error.h"
+#include "harness/tool/model_options.h"
+#include "harness/tool/tool_registry.h"
 #include "methods/dms/dms_train.h"
 
-namespace kvb::cli {
+namespace kvb::dms {
+namespace {
 
-void register_dms_train(CLI::App& app) {
+using tool::add_model_options;
+using tool::load_model_from_args;
+using tool::ModelArgs;
+
+void setup_dms_train(CLI::App* sub) {
   struct Args {
     ModelArgs model;
     dms::TrainOptions o;
     bool quiet = false;
   };
   auto a = std::make_shared<Args>();
-  CLI::App* sub = app.add_subcommand(
-      "dms-train",
-      "DMS retrofit: train the eviction-decision adapters of a frozen model (distillation + "
-      "compression target); writes the adapter for method dms");
   add_model_options(sub, &a->model);
   sub->add_option("--recipe", a->o.recipe,
                   "a `kvbench train` recipe whose data mix gives the training rows")
@@ -60,4 +62,12 @@ void register_dms_train(CLI::App& app) {
   });
 }
 
-}  // namespace kvb::cli
+}  // namespace
+
+// Registered from this folder, so that harness/cli (the layer above the methods) names no method.
+KVB_REGISTER_TOOL("dms-train",
+                  "DMS retrofit: train the eviction-decision adapters of a frozen model (distillation + "
+                  "compression target); writes the adapter for method dms",
+                  setup_dms_train);
+
+}  // namespace kvb::dms
