@@ -4,11 +4,13 @@
 // D - floor(rho D) channels by k_c^2 * n_c (n_c: the observation window's query energy), and a
 // pruned channel reads back as sign * sqrt(m_t / n_c). Storage is physical (methods/common/
 // channel_prune_codec.h): kept values, a D-bit mask, m_t and the sign bits per token, all counted.
+// `codec` stacks a quantizer under the pruning (codec=kivi-2: the kept channels and the decode-time
+// keys and values are stored KIVI-2); codec=none is the paper's setting.
 
 #include "harness/kv/method_registry.h"
 #include "methods/common/channel_prune_codec.h"
 #include "methods/common/eviction_select.h"
-#include "methods/common/snap_policy.h"
+#include "methods/common/snap_scorer.h"
 
 namespace kvb {
 namespace {
@@ -30,6 +32,7 @@ MethodInfo spark_info() {
                                   "pruned channels read back as sign x sqrt(m_t / n_c) (average, "
                                   "the code's pooling_ratio 0.65 path; 1 sign bit per pruned "
                                   "entry stored) or 0 (zero)"));
+  for (auto& s : codec_params()) m.params.push_back(s);
   m.caps.evicts = true;
   m.caps.quantizes = true;
   m.caps.query_aware = true;
