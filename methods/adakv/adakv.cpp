@@ -6,18 +6,16 @@
 // is real (kvpress's AdaKVPress only masks). Ada-KV over another scorer is that scorer's method
 // with allocator=ada (e.g. tova allocator=ada), as kvpress's AdaKVPress(press).
 
-#include "methods/common/scored_method.h"
 #include "methods/common/snap_scorer.h"
 
 namespace kvb {
 namespace {
 
 ScoredMethod adakv_method() {
-  ScoredMethod m(
+  ScoredMethod m = snap_family_method(
       "adakv", "Ada-KV: head-adaptive budgets on SnapKV window scores, ragged per KV head",
       "Feng et al., Ada-KV: Optimizing KV Cache Eviction by Adaptive Budget Allocation, NeurIPS "
       "2025 (arXiv 2407.11550)");
-  m.info.params = snap_params(snap_presets("adakv"), "official");
   m.info.params.push_back(
       float_param("floor_alpha", 0.2, 0.0, 1.0,
                   "share of the average head budget every head is guaranteed (0.2: the "
@@ -26,15 +24,9 @@ ScoredMethod adakv_method() {
       bool_param("pyramid", false, "per-layer budgets from the PyramidKV formula"));
   m.info.params.push_back(
       float_param("beta", 20.0, 1.0, 1e6, "pyramid steepness (with pyramid=true)"));
-  m.info.caps.query_aware = true;
-  m.any_allocator = false;
-  m.parts = [](const nlohmann::json& p, const std::string& method, const Budget& b) {
-    PolicyParts parts = snap_parts(parse_snap(p, method, snap_presets("adakv")),
-                                   p.at("compress_every").get<int64_t>());
-    parts.allocator =
-        make_head_adaptive_allocator(b, p.at("floor_alpha").get<double>(),
-                                     p.at("pyramid").get<bool>(), p.at("beta").get<double>());
-    return parts;
+  m.allocator = [](const nlohmann::json& p, const Budget& b) {
+    return make_head_adaptive_allocator(b, p.at("floor_alpha").get<double>(),
+                                        p.at("pyramid").get<bool>(), p.at("beta").get<double>());
   };
   return m;
 }

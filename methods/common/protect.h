@@ -19,10 +19,10 @@
 namespace kvb {
 
 struct Protect {
-  int64_t sinks = 0;
-  double recent_fraction = 0.0;
-  int64_t recent_tokens = 0;
-  bool observation_window = false;
+  int64_t sinks = 0;                // tokens 0 .. sinks - 1
+  double recent_fraction = 0.0;     // of the head's budget, floored
+  int64_t recent_tokens = 0;        // on top of the fraction
+  bool observation_window = false;  // the LayerView::window newest tokens
 };
 
 // One head under a budget: what is kept for sure and what competes on score for the room left.

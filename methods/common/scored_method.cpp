@@ -43,7 +43,7 @@ MethodInfo scored_method_info(const ScoredMethod& m) {
   for (const auto& s : m.info.params) info.params.push_back(s);
   info.params.push_back(position_mode_param(m.default_position_mode));
   for (auto& s : codec_params()) info.params.push_back(s);
-  if (m.any_allocator)
+  if (m.any_allocator && !m.allocator)
     for (auto& s : allocator_params()) info.params.push_back(s);
   return info;
 }
@@ -53,6 +53,7 @@ CacheFactory scored_method_factory(ScoredMethod m) {
     const std::string& name = m.info.name;
     const Budget budget = parse_budget(p, name);
     PolicyParts parts = m.parts(p, name, budget);
+    if (!parts.allocator && m.allocator) parts.allocator = m.allocator(p, budget);
     if (!parts.allocator) {
       KVB_CHECK(m.any_allocator, "method ", name, ": its definition names no budget allocator");
       parts.allocator = parse_allocator(p, budget);

@@ -27,13 +27,16 @@ struct ScoredMethod {
   MethodInfo info;
   double default_budget = 0.5;
   std::string default_position_mode = "absolute";
-  // Adds allocator / floor_alpha / beta (the budget allocator is the user's choice); false for a
-  // method that is an allocator itself (pyramidkv, adakv: `parts` sets PolicyParts::allocator).
-  bool any_allocator = true;
   // The policy from the resolved parameters (errors name `method`); a null allocator is taken
-  // from the allocator parameter.
+  // from `allocator` below, else from the allocator parameter.
   std::function<PolicyParts(const nlohmann::json& p, const std::string& method, const Budget& b)>
       parts;
+  // Set for a method that is an allocator itself (pyramidkv, adakv): no allocator parameter.
+  std::function<std::unique_ptr<BudgetAllocator>(const nlohmann::json& p, const Budget& b)>
+      allocator;
+  // Adds allocator / floor_alpha / beta (the budget allocator is the user's choice); false for a
+  // method whose allocator is fixed (`allocator` or PolicyParts::allocator).
+  bool any_allocator = true;
 };
 
 // allocator (uniform | pyramid | ada | ada_pyramid), floor_alpha, beta.

@@ -60,6 +60,17 @@ std::unique_ptr<TokenScorer> make_snap_scorer(SnapSettings s) {
   return std::make_unique<SnapScorer>(s);
 }
 
+ScoredMethod snap_family_method(std::string name, std::string summary, std::string paper) {
+  ScoredMethod m(name, std::move(summary), std::move(paper));
+  m.info.params = snap_params(snap_presets(name), "official");
+  m.info.caps.query_aware = true;
+  m.parts = [](const nlohmann::json& p, const std::string& method, const Budget&) {
+    return snap_parts(parse_snap(p, method, snap_presets(method)),
+                      p.at("compress_every").get<int64_t>());
+  };
+  return m;
+}
+
 PolicyParts snap_parts(SnapSettings s, int64_t every) {
   PolicyParts parts;
   parts.scorer = make_snap_scorer(s);
@@ -67,6 +78,23 @@ PolicyParts snap_parts(SnapSettings s, int64_t every) {
   parts.schedule.end_prefill = true;
   parts.schedule.every_decode_steps = every;
   return parts;
+}
+
+MethodInfo pruned_snap_info(std::string name, std::string summary, std::string paper,
+                            const std::string& ratio_doc, const std::vector<ParamSpec>& own) {
+  MethodInfo m;
+  m.name = std::move(name);
+  m.summary = std::move(summary);
+  m.paper = std::move(paper);
+  m.params = budget_params(1.0, "ratio");
+  for (auto& s : snap_params(snapkv_presets(), "official")) m.params.push_back(s);
+  m.params.push_back(float_param("pruning_ratio", 0.5, 0.0, 0.99, ratio_doc));
+  for (const auto& s : own) m.params.push_back(s);
+  for (auto& s : codec_params()) m.params.push_back(s);
+  m.caps.evicts = true;
+  m.caps.quantizes = true;
+  m.caps.query_aware = true;
+  return m;
 }
 
 std::unique_ptr<KvCache> make_pruned_snap_cache(const CacheContext& ctx, const nlohmann::json& p,

@@ -5,25 +5,17 @@
 // itself. Selection and storage are per KV head (never repeated per query head). The scorer is
 // methods/common/snap_scorer.h; `allocator` spreads the budget (uniform: the paper).
 
-#include "methods/common/scored_method.h"
 #include "methods/common/snap_scorer.h"
 
 namespace kvb {
 namespace {
 
 ScoredMethod snapkv_method() {
-  ScoredMethod m(
+  return snap_family_method(
       "snapkv",
       "SnapKV: observation-window attention, pooled, per-KV-head top-k at the end of prefill",
       "Li et al., SnapKV: LLM Knows What You are Looking for Before Generation, NeurIPS 2024 "
       "(arXiv 2404.14469)");
-  m.info.params = snap_params(snapkv_presets(), "official");
-  m.info.caps.query_aware = true;
-  m.parts = [](const nlohmann::json& p, const std::string& method, const Budget&) {
-    return snap_parts(parse_snap(p, method, snapkv_presets()),
-                      p.at("compress_every").get<int64_t>());
-  };
-  return m;
 }
 
 }  // namespace
