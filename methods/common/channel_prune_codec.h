@@ -14,7 +14,14 @@
 //         prompt's kept tokens; the lowest floor(rho D) channels are dropped for all of them (zero
 //         fill). Stored: T values per row, one D-bit mask per head.
 // Kept values are stored at `dtype` (the model's on CPU fp32 runs). The query energy (D fp32) is
-// kept per head as metadata (recovery needs it). Torch-free.
+// kept per head as metadata (recovery needs it).
+//
+// Stacked on an inner codec (spec.inner, e.g. KIVI-2: channel pruning, then quantization of what it
+// keeps): the pruned rows' kept values ([rows, T], T = D - floor(rho D)) go to one inner key stream of
+// width T, the unpruned key rows (decode-time tokens) to an inner key stream of width D, values to the
+// inner codec's value stream; masks, m_t and signs are stored as without it. Each inner stream has
+// its own full-precision residual. The inner codec's key layout must take rows of T channels (plain
+// and per-channel codecs do; a per-token codec's channel groups of head_dim do not). Torch-free.
 
 #include <memory>
 #include <string>
@@ -32,6 +39,7 @@ struct ChannelPruneSpec {
   ChannelRecovery recovery = ChannelRecovery::kAverage;  // spark only; think always zero-fills
   int64_t window = 32;                                   // observation-window queries
   RowDtype dtype = RowDtype::kF32;                       // storage of kept values (K and V)
+  std::shared_ptr<const KvCodec> inner;  // null: kept values at `dtype`; else stored through it
 };
 
 // Keys pruned as above, values plain at spec.dtype.

@@ -1,7 +1,9 @@
 #pragma once
 // EvictingKvCache: the physical token-eviction store shared by the eviction / selection methods
 // (StreamingLLM, H2O, TOVA, SnapKV, PyramidKV, Ada-KV, KnormPress). A method is a policy
-// (EvictionPolicy below: signals -> which tokens each KV head keeps); the store does the rest.
+// (EvictionPolicy below: signals -> which tokens each KV head keeps); the store does the rest. The
+// methods' policies are composed of a scorer, a protection, a budget allocator and a schedule
+// (composed_policy.h; one declaration per method: scored_method.h).
 //
 // Storage. Per sequence, per layer, per KV head one capacity-managed buffer
 //   kv:  [2, capacity, head_dim] (model dtype, model device): [0] keys, [1] values

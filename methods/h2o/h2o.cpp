@@ -1,107 +1,62 @@
 // h2o: Heavy-Hitter Oracle (Zhang et al., NeurIPS 2023). Every entry accumulates the attention it
 // receives from every query row (prefill chunks: the whole matrix; decode: one row), summed over
-// the query heads of its GQA group. After every step, each KV head over budget keeps its protected
-// sinks, the most recent `recent` entries and the top heavy hitters by accumulated score; the rest
-// is physically evicted (the official real-drop path, not the masking simulation).
+// the query heads of its GQA group: that sum is the score. After every step, each KV head over
+// budget keeps its protected sinks, the most recent `recent` entries and the top heavy hitters by
+// accumulated score; the rest is physically evicted (the official real-drop path, not the masking
+// simulation).
 
-#include "harness/kv/method_registry.h"
-#include "methods/common/evicting_kv_cache.h"
-#include "methods/common/eviction_select.h"
+#include "methods/common/scored_method.h"
 
 namespace kvb {
 namespace {
 
-class H2oPolicy : public EvictionPolicy {
+class H2oScorer : public EntryScorer {
  public:
-  H2oPolicy(Budget budget, double recent_fraction, int64_t sinks, bool normalize)
-      : budget_(budget), recent_fraction_(recent_fraction), sinks_(sinks), normalize_(normalize) {}
-  Needs needs() const override {
-    Needs n;
+  explicit H2oScorer(bool normalize) : normalize_(normalize) {}
+  EvictionPolicy::Needs needs() const override {
+    EvictionPolicy::Needs n;
     n.accumulate = true;
     return n;
   }
-  Schedule schedule() const override {
-    Schedule s;
-    s.after_step = true;
-    return s;
-  }
-  bool select(const LayerView& v, std::vector<std::vector<int64_t>>* keep) const override {
-    const int64_t B = budget_.per_head(v.total(), v.n_kv_heads);
-    bool changed = false;
-    for (int64_t h = 0; h < v.n_kv_heads; ++h) {
-      const HeadView& hv = v.heads[h];
-      auto& k = (*keep)[h];
-      k.clear();
-      if (hv.len <= B) {
-        for (int64_t j = 0; j < hv.len; ++j) k.push_back(j);
-        continue;
-      }
-      int64_t n_sinks = 0;
-      while (n_sinks < hv.len && hv.idx[n_sinks] < sinks_) k.push_back(n_sinks++);
-      const int64_t rest = std::max<int64_t>(0, B - n_sinks);
-      const int64_t recent = std::min<int64_t>(
-          rest, static_cast<int64_t>(std::floor(recent_fraction_ * static_cast<double>(B) + 1e-9)));
-      const int64_t heavy = rest - recent;
-      const int64_t recent_from = std::max(n_sinks, hv.len - recent);
-      std::vector<int64_t> cand;
-      std::vector<float> score(static_cast<size_t>(hv.len));
-      for (int64_t j = n_sinks; j < recent_from; ++j) {
-        cand.push_back(j);
-        // ObservedAttention-style normalisation: divide by the queries that could see the entry.
-        score[j] = normalize_ ? hv.acc[j] / static_cast<float>(v.total() - hv.idx[j]) : hv.acc[j];
-      }
-      std::vector<int64_t> hh = top_k_slots(score.data(), cand, heavy);
-      k.insert(k.end(), hh.begin(), hh.end());
-      for (int64_t j = recent_from; j < hv.len; ++j) k.push_back(j);
-      changed = changed || static_cast<int64_t>(k.size()) < hv.len;
-    }
-    return changed;
-  }
-  std::map<std::string, double> settings() const override {
-    return {{"setting.recent_fraction", recent_fraction_},
-            {"setting.sinks", static_cast<double>(sinks_)}};
+
+ protected:
+  float entry_score(const LayerView& v, const HeadView& hv, int64_t j) const override {
+    // ObservedAttention-style normalisation: divide by the queries that could see the entry.
+    return normalize_ ? hv.acc[j] / static_cast<float>(v.total() - hv.idx[j]) : hv.acc[j];
   }
 
  private:
-  Budget budget_;
-  double recent_fraction_;
-  int64_t sinks_;
   bool normalize_;
 };
 
-MethodInfo h2o_info() {
-  MethodInfo m;
-  m.name = "h2o";
-  m.summary = "H2O: heavy hitters by accumulated attention + a recent window, evicted every step";
-  m.paper =
+ScoredMethod h2o_method() {
+  ScoredMethod m(
+      "h2o", "H2O: heavy hitters by accumulated attention + a recent window, evicted every step",
       "Zhang et al., H2O: Heavy-Hitter Oracle for Efficient Generative Inference of LLMs, NeurIPS "
-      "2023 (arXiv 2306.14048)";
-  m.params = budget_params(0.2, "ratio");
-  m.params.push_back(
+      "2023 (arXiv 2306.14048)");
+  m.default_budget = 0.2;
+  m.info.params = {
       float_param("recent_fraction", 0.5, 0.0, 1.0,
                   "share of the budget for the most recent tokens (the rest: heavy hitters); "
-                  "0.5 with budget 0.2 = the paper's heavy 10% + recent 10%"));
-  m.params.push_back(
-      int_param("sinks", 0, 0, 1 << 20, "first tokens always kept (the streaming demo uses 4)"));
-  m.params.push_back(
+                  "0.5 with budget 0.2 = the paper's heavy 10% + recent 10%"),
+      int_param("sinks", 0, 0, 1 << 20, "first tokens always kept (the streaming demo uses 4)"),
       string_param("score", "sum", {"sum", "mean"},
                    "sum: raw accumulated attention (official); mean: divided by the number "
-                   "of queries that saw the token (kvpress ObservedAttention)"));
-  m.params.push_back(position_mode_param("absolute"));
-  for (auto& s : codec_params()) m.params.push_back(s);
-  m.caps.evicts = true;
+                   "of queries that saw the token (kvpress ObservedAttention)")};
+  m.parts = [](const nlohmann::json& p, const std::string&, const Budget&) {
+    PolicyParts parts;
+    parts.scorer = std::make_unique<H2oScorer>(p.at("score").get<std::string>() == "mean");
+    parts.protect.sinks = p.at("sinks").get<int64_t>();
+    parts.protect.recent_fraction = p.at("recent_fraction").get<double>();
+    parts.schedule.after_step = true;
+    parts.settings = {{"setting.recent_fraction", parts.protect.recent_fraction},
+                      {"setting.sinks", static_cast<double>(parts.protect.sinks)}};
+    return parts;
+  };
   return m;
-}
-
-std::unique_ptr<KvCache> make_h2o(const CacheContext& ctx, const nlohmann::json& p) {
-  return std::make_unique<EvictingKvCache>(
-      ctx, evicting_options(p, "h2o", ctx.config.head_dim),
-      std::make_unique<H2oPolicy>(parse_budget(p, "h2o"), p.at("recent_fraction").get<double>(),
-                                  p.at("sinks").get<int64_t>(),
-                                  p.at("score").get<std::string>() == "mean"));
 }
 
 }  // namespace
 }  // namespace kvb
 
-KVB_REGISTER_METHOD(h2o, kvb::h2o_info, kvb::make_h2o);
+KVB_REGISTER_SCORED_METHOD(h2o, kvb::h2o_method);

@@ -4,36 +4,29 @@
 // D - floor(rho D) channels by k_c^2 * n_c (n_c: the observation window's query energy), and a
 // pruned channel reads back as sign * sqrt(m_t / n_c). Storage is physical (methods/common/
 // channel_prune_codec.h): kept values, a D-bit mask, m_t and the sign bits per token, all counted.
+// `codec` stacks a quantizer under the pruning (codec=kivi-2: the kept channels and the decode-time
+// keys and values are stored KIVI-2); codec=none is the paper's setting.
 
 #include "harness/kv/method_registry.h"
 #include "methods/common/channel_prune_codec.h"
 #include "methods/common/eviction_select.h"
-#include "methods/common/snap_policy.h"
+#include "methods/common/snap_scorer.h"
 
 namespace kvb {
 namespace {
 
 MethodInfo spark_info() {
-  MethodInfo m;
-  m.name = "spark";
-  m.summary =
+  return pruned_snap_info(
+      "spark",
       "SparK: per-token unstructured key-channel pruning (top channels by k^2 x window query "
-      "energy) with average-based recovery, on SnapKV-kept tokens";
-  m.paper =
+      "energy) with average-based recovery, on SnapKV-kept tokens",
       "Liao et al., SparK: Query-Aware Unstructured Sparsity with Recoverable KV Cache Channel "
-      "Pruning, AAAI 2026 (arXiv 2508.15212); code Xnhyacinth/SparK spark_press.py";
-  m.params = budget_params(1.0, "ratio");
-  for (auto& s : snap_params(snapkv_presets(), "official")) m.params.push_back(s);
-  m.params.push_back(float_param("pruning_ratio", 0.5, 0.0, 0.99,
-                                 "rho: fraction of each prompt key's channels pruned (paper: 0.5, 0.8)"));
-  m.params.push_back(string_param("recovery", "average", {"average", "zero"},
-                                  "pruned channels read back as sign x sqrt(m_t / n_c) (average, "
-                                  "the code's pooling_ratio 0.65 path; 1 sign bit per pruned "
-                                  "entry stored) or 0 (zero)"));
-  m.caps.evicts = true;
-  m.caps.quantizes = true;
-  m.caps.query_aware = true;
-  return m;
+      "Pruning, AAAI 2026 (arXiv 2508.15212); code Xnhyacinth/SparK spark_press.py",
+      "rho: fraction of each prompt key's channels pruned (paper: 0.5, 0.8)",
+      {string_param("recovery", "average", {"average", "zero"},
+                    "pruned channels read back as sign x sqrt(m_t / n_c) (average, "
+                    "the code's pooling_ratio 0.65 path; 1 sign bit per pruned "
+                    "entry stored) or 0 (zero)")});
 }
 
 std::unique_ptr<KvCache> make_spark(const CacheContext& ctx, const nlohmann::json& p) {

@@ -2,33 +2,25 @@
 // of prefill, channel c scores mean_window(q_c^2) x mean_tokens(k_c^2) over the prompt's kept
 // keys, and the lowest floor(rho D) channels are dropped for all of them (zero fill). SnapKV
 // selection first when budget < 1. Physical storage: kept values + one D-bit mask per head
-// (methods/common/channel_prune_codec.h).
+// (methods/common/channel_prune_codec.h). `codec` stacks a quantizer under the pruning (e.g.
+// kivi-2).
 
 #include "harness/kv/method_registry.h"
 #include "methods/common/channel_prune_codec.h"
 #include "methods/common/eviction_select.h"
-#include "methods/common/snap_policy.h"
+#include "methods/common/snap_scorer.h"
 
 namespace kvb {
 namespace {
 
 MethodInfo think_info() {
-  MethodInfo m;
-  m.name = "think";
-  m.summary =
+  return pruned_snap_info(
+      "think",
       "ThinK: structured key-channel pruning (one channel mask per KV head by window query x key "
-      "energy), on SnapKV-kept tokens";
-  m.paper =
+      "energy), on SnapKV-kept tokens",
       "Xu et al., ThinK: Thinner Key Cache by Query-Driven Pruning, ICLR 2025 (arXiv 2407.21018); "
-      "as run in Xnhyacinth/SparK";
-  m.params = budget_params(1.0, "ratio");
-  for (auto& s : snap_params(snapkv_presets(), "official")) m.params.push_back(s);
-  m.params.push_back(float_param("pruning_ratio", 0.5, 0.0, 0.99,
-                                 "rho: fraction of each head's key channels dropped"));
-  m.caps.evicts = true;
-  m.caps.quantizes = true;
-  m.caps.query_aware = true;
-  return m;
+      "as run in Xnhyacinth/SparK",
+      "rho: fraction of each head's key channels dropped", {});
 }
 
 std::unique_ptr<KvCache> make_think(const CacheContext& ctx, const nlohmann::json& p) {

@@ -1,6 +1,7 @@
 // The out-of-tree plugin path: install kvbench, build methods/example_plugin against the installed
-// package, load it with --plugin, run it into a database; a plugin built for another ABI or against
-// another LibTorch is refused.
+// package, load it with --plugin, run it into a database (the window method, and the scorer plugin
+// under the head-adaptive allocator); a plugin built for another ABI or against another LibTorch is
+// refused.
 
 #include <gtest/gtest.h>
 
@@ -52,6 +53,18 @@ TEST(Plugin, BuildsOutOfTreeLoadsRunsAndRejectsOtherAbi) {
   EXPECT_EQ(j["method"], "example_window");
   EXPECT_GT(j["metrics"]["kl_mean"].get<double>(), 0.0);  // it really evicts
   EXPECT_GT(j["metrics"]["compression_ratio"].get<double>(), 2.0);
+
+  // The scorer plugin: one scorer, composed with a built-in allocator by a parameter.
+  const std::string scorer_so = dir + "/good/libkvb_example_scorer.so";
+  std::ofstream(dir + "/s.json") << "{\"model\": \"" << test::models_dir()
+                                  << "/stories260K\", \"method\": {\"name\": \"example_scorer\", \"params\": "
+                                     "{\"budget\": 0.25, \"allocator\": \"ada\"}}, "
+                                     "\"protocol\": {\"name\": \"stream\", \"window\": 128, \"max_windows\": 1}}";
+  auto scored = test::run_kvbench("--plugin " + scorer_so + " run -q -c " + dir + "/s.json --db " + dir + "/db.sqlite --data-dir " + test::data_dir());
+  ASSERT_EQ(scored.exit_code, 0) << scored.err;
+  auto sj = nlohmann::json::parse(scored.out);
+  EXPECT_EQ(sj["method"], "example_scorer");
+  EXPECT_GT(sj["metrics"]["kl_mean"].get<double>(), 0.0);
 
   ASSERT_EQ(sh(cfg + " -B " + dir + "/bad -DCMAKE_CXX_FLAGS=-DKVB_PLUGIN_ABI_VERSION=99 && cmake --build " + dir + "/bad"), 0);
   auto refused = test::run_kvbench("--plugin " + dir + "/bad/libkvb_example_window.so methods");

@@ -1,7 +1,9 @@
 // The token-eviction methods (streaming_llm, h2o, tova, snapkv, pyramidkv, adakv, knorm) and their
 // shared physical store (methods/common/evicting_kv_cache): selection rules on hand-built attention
 // patterns with known kept sets, keep-everything = full logits, re-rotation, the exact ledger,
-// counters, determinism, fork/truncate, and 256-token streams of stories260K.
+// counters, determinism, fork/truncate, and 256-token streams of stories260K. Then the parts they
+// are composed of (protect, budget allocators) and combinations no paper ran (any scorer under any
+// allocator).
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
@@ -16,8 +18,10 @@
 #include "harness/eval/runner.h"
 #include "harness/eval/stream.h"
 #include "harness/kv/method_registry.h"
+#include "methods/common/budget_allocator.h"
 #include "methods/common/evicting_kv_cache.h"
 #include "methods/common/eviction_select.h"
+#include "methods/common/protect.h"
 #include "tests/methods/method_test_util.h"
 #include "tests/support/test_support.h"
 
@@ -862,6 +866,170 @@ TEST(EvictStore, ProbeViewShowsKeptEntriesAsAttentionReadsThem) {
       EXPECT_TRUE(at::equal(hv[h].v, evict(h2o.kv()).kept_values(hs, l, h)));
     }
   }
+}
+
+// ---------------------------------------------------------------- composition: protect, allocators
+
+// A layer of `heads` KV heads holding tokens 0 .. len - 1 each, seen = len.
+struct HandLayer {
+  std::vector<int32_t> idx;
+  LayerView v;
+  HandLayer(int64_t heads, int64_t len, int64_t window = 0, int n_layers = 1, int layer = 0) {
+    idx.resize(static_cast<size_t>(len));
+    std::iota(idx.begin(), idx.end(), 0);
+    v.n_kv_heads = heads;
+    v.seen = len;
+    v.window = window;
+    v.layer = layer;
+    v.n_layers = n_layers;
+    v.heads.resize(static_cast<size_t>(heads));
+    for (auto& h : v.heads) {
+      h.len = len;
+      h.idx = idx.data();
+    }
+  }
+};
+
+TEST(EvictProtect, SinksRecentAndWindowAreKeptAndTheRestCompetes) {
+  HandLayer l(1, 20, /*window=*/4);
+  Protect p;
+  p.sinks = 2;
+  p.recent_fraction = 0.25;  // floor(0.25 x 12) = 3 recent entries before the window
+  p.observation_window = true;
+  HeadSplit s = split_head(p, l.v, l.v.heads[0], 12);
+  std::vector<int64_t> want_kept = {0, 1, 13, 14, 15, 16, 17, 18, 19};
+  EXPECT_EQ(s.kept, want_kept);
+  std::vector<int64_t> want_cand(11);
+  std::iota(want_cand.begin(), want_cand.end(), 2);
+  EXPECT_EQ(s.candidates, want_cand);
+  EXPECT_EQ(s.room, 12 - 9);
+  // A budget smaller than sinks + window: the newest window entries that fit, nothing scored.
+  HeadSplit t = split_head(p, l.v, l.v.heads[0], 5);
+  EXPECT_EQ(t.kept, (std::vector<int64_t>{0, 1, 17, 18, 19}));
+  EXPECT_EQ(t.room, 0);
+}
+
+TEST(EvictAllocator, UniformAndPyramidGiveEveryHeadOfALayerTheSameBudget) {
+  Budget b{40, BudgetUnit::kTokensPerHead};
+  Protect none;
+  // Knorm-like scores (any order): the budgets, not the choice, are under test here.
+  auto scores_for = [](const LayerView& v) {
+    std::vector<std::vector<float>> s(static_cast<size_t>(v.n_kv_heads));
+    for (int64_t h = 0; h < v.n_kv_heads; ++h)
+      for (int64_t j = 0; j < v.heads[h].len; ++j) s[h].push_back(static_cast<float>((j * 7 + h) % 13));
+    return s;
+  };
+  // Pyramid without a window: prefix 40, min 40 / 20 = 2, max 78, step (78 - 2) / 4 = 19.
+  const std::vector<size_t> pyramid = {78, 59, 40, 21, 2};
+  for (int layer = 0; layer < 5; ++layer) {
+    HandLayer l(3, 200, 0, 5, layer);
+    std::vector<std::vector<int64_t>> keep(3);
+    ASSERT_TRUE(make_uniform_allocator(b)->keep(l.v, none, scores_for(l.v), &keep));
+    for (const auto& k : keep) EXPECT_EQ(k.size(), 40u);
+    ASSERT_TRUE(make_pyramid_allocator(b, 20.0)->keep(l.v, none, scores_for(l.v), &keep));
+    for (const auto& k : keep) EXPECT_EQ(k.size(), pyramid[layer]) << layer;
+  }
+  // Within budget: nothing to do.
+  HandLayer small(3, 30);
+  EXPECT_FALSE(make_uniform_allocator(b)->over_budget(small.v));
+}
+
+TEST(EvictAllocator, HeadAdaptivePoolsTheLayerBudgetTowardTheBetterScoredHead) {
+  HandLayer l(2, 10);
+  std::vector<std::vector<float>> scores = {std::vector<float>(10, 0.f), std::vector<float>(10, 0.f)};
+  for (int64_t j = 0; j < 10; ++j) {
+    scores[0][j] = 1.0f + static_cast<float>(j);  // head 0 outscores head 1 everywhere
+    scores[1][j] = 0.01f * static_cast<float>(j);
+  }
+  Budget b{8, BudgetUnit::kTokensPerLayer};
+  auto ada = make_head_adaptive_allocator(b, 0.2, false, 20.0);
+  ASSERT_TRUE(ada->over_budget(l.v));
+  std::vector<std::vector<int64_t>> keep(2);
+  ASSERT_TRUE(ada->keep(l.v, Protect{}, scores, &keep));
+  // All 8 global top entries are head 0's: quota 0.8 + 0.8 x 8 = 7.2 and 0.8 -> 7 + 1 by remainder.
+  EXPECT_EQ(keep[0], (std::vector<int64_t>{3, 4, 5, 6, 7, 8, 9}));
+  EXPECT_EQ(keep[1], (std::vector<int64_t>{9}));
+  // The same budget split evenly by the uniform allocator.
+  std::vector<std::vector<int64_t>> even(2);
+  ASSERT_TRUE(make_uniform_allocator(b)->keep(l.v, Protect{}, scores, &even));
+  EXPECT_EQ(even[0].size(), 4u);
+  EXPECT_EQ(even[1].size(), 4u);
+}
+
+// Kept entries per (layer, head) after `n` tokens of prefill text.
+std::vector<std::vector<int64_t>> kept_counts(const std::string& name, const nlohmann::json& p,
+                                              int64_t n = 200) {
+  auto m = stories();
+  Engine e(m, make(ctx_of(*m), name, p));
+  int64_t s = prefill_text(e, n);
+  std::vector<std::vector<int64_t>> out(5, std::vector<int64_t>(4));
+  for (int l = 0; l < 5; ++l)
+    for (int64_t h = 0; h < 4; ++h)
+      out[l][h] = static_cast<int64_t>(evict(e.kv()).kept_indices(s, l, h).size());
+  return out;
+}
+
+TEST(EvictCompose, AdaOverTovaKeepsEachLayersBudgetInUnequalHeads) {
+  const auto counts = kept_counts("tova", {{"budget", 0.25}, {"allocator", "ada"}});
+  int ragged = 0;
+  for (int l = 0; l < 5; ++l) {
+    const auto& c = counts[l];
+    EXPECT_EQ(c[0] + c[1] + c[2] + c[3], 4 * 50) << l;  // per_layer(200) at 25%
+    ragged += *std::min_element(c.begin(), c.end()) != *std::max_element(c.begin(), c.end());
+  }
+  EXPECT_GT(ragged, 0);
+  // Plain TOVA keeps one token set per layer: equal heads.
+  const auto plain = kept_counts("tova", {{"budget", 0.25}});
+  for (int l = 0; l < 5; ++l)
+    for (int64_t h = 0; h < 4; ++h) EXPECT_EQ(plain[l][h], 50);
+}
+
+TEST(EvictCompose, PyramidOverKnormAndAdaOverH2oRunAndHoldTheirBudgets) {
+  const auto knorm = kept_counts(
+      "knorm", {{"budget", 40}, {"budget_unit", "tokens_per_head"}, {"allocator", "pyramid"}});
+  const std::vector<int64_t> pyramid = {78, 59, 40, 21, 2};  // no observation window: w = 0
+  for (int l = 0; l < 5; ++l)
+    for (int64_t h = 0; h < 4; ++h) EXPECT_EQ(knorm[l][h], pyramid[l]) << l << "/" << h;
+  const auto h2o = kept_counts("h2o", {{"budget", 0.25}, {"allocator", "ada"}, {"sinks", 2}});
+  for (int l = 0; l < 5; ++l)
+    EXPECT_EQ(h2o[l][0] + h2o[l][1] + h2o[l][2] + h2o[l][3], 4 * 50) << l;
+}
+
+TEST(EvictCompose, SnapkvUnderEachAllocatorIsPyramidkvAndAdakv) {
+  auto m = stories();
+  auto kept = [&](const std::string& name, const nlohmann::json& p) {
+    Engine e(m, make(ctx_of(*m), name, p));
+    int64_t s = prefill_text(e, 200);
+    std::vector<std::vector<int32_t>> out;
+    for (int l = 0; l < 5; ++l)
+      for (int64_t h = 0; h < 4; ++h) out.push_back(evict(e.kv()).kept_indices(s, l, h));
+    return out;
+  };
+  const nlohmann::json budget = {{"budget", 40}, {"budget_unit", "tokens_per_head"}};
+  // pyramidkv's official preset (window 8, max-pool 7) spelled out on snapkv.
+  nlohmann::json pyr = budget;
+  pyr.update({{"preset", "none"}, {"window", 8}, {"kernel_size", 7}, {"pooling", "max"},
+              {"gqa_agg", "mean"}, {"allocator", "pyramid"}});
+  EXPECT_EQ(kept("snapkv", pyr), kept("pyramidkv", budget));
+  // adakv's (window 32, max-pool 7).
+  nlohmann::json ada = pyr;
+  ada.update({{"window", 32}, {"allocator", "ada_pyramid"}});
+  nlohmann::json ada_ref = budget;
+  ada_ref["pyramid"] = true;
+  EXPECT_EQ(kept("snapkv", ada), kept("adakv", ada_ref));
+  EXPECT_NE(kept("snapkv", ada), kept("snapkv", pyr));
+}
+
+TEST(EvictParams, AnUnknownAllocatorIsRefusedByName) {
+  auto m = stories();
+  try {
+    make(ctx_of(*m), "h2o", {{"allocator", "pyramid_ada"}});
+    FAIL() << "an unknown allocator was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("allocator"), std::string::npos) << e.what();
+  }
+  // The methods that are an allocator take none.
+  EXPECT_THROW(make(ctx_of(*m), "adakv", {{"allocator", "uniform"}}), Error);
 }
 
 // ---------------------------------------------------------------- end to end

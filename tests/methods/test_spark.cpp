@@ -1,7 +1,7 @@
 // SparK and ThinK (key-channel pruning on SnapKV-kept tokens): the per-token channel rule on
 // hand-made numbers, the codec's round trip (kept channels exact, pruned ones recovered as
 // sign x sqrt(m_t / n_c)), its byte count, ThinK's shared mask, rho = 0 = full logits, and the
-// physical saving on stories260K.
+// physical saving on stories260K; pruning stacked on a quantizing codec (spark + kivi-2).
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
@@ -11,6 +11,7 @@
 #include "harness/engine/engine.h"
 #include "harness/kv/method_registry.h"
 #include "harness/model/model.h"
+#include "harness/common/error.h"
 #include "methods/common/channel_prune_codec.h"
 #include "tests/support/test_support.h"
 
@@ -118,6 +119,58 @@ TEST(Spark, ZeroRatioReproducesFullLogitsAndPruningSavesKeyBytes) {
     EXPECT_EQ(plain.device_payload_bytes - pruned.device_payload_bytes, 160 * 5 * 4 * 4 * 4) << m;
     EXPECT_GT(pruned.device_metadata_bytes + pruned.device_index_bytes,
               plain.device_metadata_bytes + plain.device_index_bytes) << m;
+  }
+}
+
+TEST(Spark, StackedOnAQuantizerStoresTheKeptChannelsThroughIt) {
+  // Codec level: the pruned rows' kept channels go through the inner codec (fp16 here: exact
+  // rounding to check), the pruned channels are recovered as without it.
+  ChannelPruneSpec s;
+  s.ratio = 0.5;
+  s.inner = make_plain_codec(RowDtype::kF16);
+  auto ks = make_channel_prune_codec(s)->make_stream(KvKind::kKey, 0, 4, 4);
+  const float n[4] = {1.f, 1.f, 4.f, 0.25f};
+  const float rows[8] = {1.f, -3.f, 0.5f, 2.f, -0.5f, 0.25f, -2.f, 8.f};
+  ks->set_query_energy(n, 32);
+  ks->append(rows, 2);
+  const float later[4] = {0.1f, 0.2f, 0.3f, 0.4f};
+  ks->append(later, 1);
+  std::vector<float> out(12);
+  ks->decode(out.data());
+  EXPECT_EQ(out[1], -3.f);
+  EXPECT_FLOAT_EQ(out[3], 2.f);  // recovered: sqrt(m / n_c)
+  EXPECT_EQ(out[7], 8.f);
+  EXPECT_NEAR(out[8], 0.1f, 1e-4);
+  EXPECT_NE(out[8], 0.1f);  // the decode-time row went through fp16
+  CodecBytes b = ks->bytes();
+  EXPECT_EQ(b.full_bytes, 2 * 2 * 2 + 4 * 2);  // kept channels and the later row at fp16
+  EXPECT_EQ(b.live_elems(), 12);
+  ks->keep_rows({1, 2});
+  std::vector<float> kept(8);
+  ks->decode(kept.data());
+  EXPECT_EQ(kept[2], -2.f);
+  EXPECT_NEAR(kept[7], 0.4f, 1e-4);
+
+  // Method level: spark codec=kivi-2 keeps the tokens spark keeps, in fewer bytes, close logits.
+  at::Tensor full = trace("full", nlohmann::json::object());
+  Footprint alone, stacked;
+  const nlohmann::json p = {{"budget", 0.5}, {"pruning_ratio", 0.5}};
+  at::Tensor a = trace("spark", p, &alone);
+  nlohmann::json q = p;
+  q.update({{"codec", "kivi-2"}, {"codec_residual", 32}});
+  at::Tensor k = trace("spark", q, &stacked);
+  EXPECT_EQ(alone.tokens_held, stacked.tokens_held);
+  EXPECT_LT(stacked.physical_bytes(), alone.physical_bytes() * 3 / 4);
+  EXPECT_GT((k - a).abs().max().item<double>(), 1e-4);  // quantization moved something
+  EXPECT_LT((k - full).abs().max().item<double>(), 50.0);
+  // A per-token quantizer cannot take a pruned key's fewer channels: refused by name.
+  try {
+    nlohmann::json bad = p;
+    bad["codec"] = "pertoken-4";
+    trace("think", bad);
+    FAIL() << "pertoken under think was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("think.codec"), std::string::npos) << e.what();
   }
 }
 
