@@ -6,6 +6,7 @@
 #include <numeric>
 
 #include "harness/common/error.h"
+#include "harness/common/internal_error.h"
 #include "kvb/kernels/half.h"
 
 namespace kvb {
@@ -42,7 +43,7 @@ class PruneKeyStream : public CodecStream {
  public:
   PruneKeyStream(const ChannelPruneSpec& s, int layer, int64_t width, int64_t head_dim)
       : s_(s), D_(width), T_(kept_count(width, s.ratio)) {
-    KVB_CHECK(width == head_dim, "channel pruning codec: a stream holds one head (width ", width,
+    KVB_ASSERT(width == head_dim, "channel pruning codec", "a stream holds one head (width ", width,
               " != head_dim ", head_dim, ")");
     if (s_.inner) {
       full_.p = s_.inner->make_stream(KvKind::kKey, layer, D_, D_);
@@ -182,8 +183,8 @@ class PruneKeyStream : public CodecStream {
     std::vector<int64_t> pos(rows_.size()), keep_full, keep_kept;
     for (int64_t r = 0, nf = 0, nk = 0; r < rows(); ++r) pos[r] = rows_[r].pruned ? nk++ : nf++;
     for (size_t i = 0; i < idx.size(); ++i) {
-      KVB_CHECK(idx[i] >= 0 && idx[i] < rows() && (i == 0 || idx[i] > idx[i - 1]),
-                "channel pruning codec: bad keep_rows index ", idx[i]);
+      KVB_ASSERT(idx[i] >= 0 && idx[i] < rows() && (i == 0 || idx[i] > idx[i - 1]),
+                 "channel pruning codec", "bad keep_rows index ", idx[i]);
       (rows_[idx[i]].pruned ? keep_kept : keep_full).push_back(pos[idx[i]]);
       kept.push_back(std::move(rows_[idx[i]]));
     }

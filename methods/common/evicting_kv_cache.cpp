@@ -8,6 +8,7 @@
 #include <limits>
 
 #include "harness/common/error.h"
+#include "harness/common/internal_error.h"
 #include "harness/kv/rope_shift.h"
 #include "harness/model/model.h"
 #include "kvb/kernels/cpu_ops.h"
@@ -155,7 +156,7 @@ int64_t Budget::per_layer(int64_t seen, int64_t n_kv_heads) const {
 EvictingKvCache::EvictingKvCache(const CacheContext& ctx, Options opts,
                                  std::unique_ptr<EvictionPolicy> policy)
     : ctx_(ctx), opts_(std::move(opts)), policy_(std::move(policy)) {
-  KVB_CHECK(policy_ != nullptr, opts_.name, ": no eviction policy");
+  KVB_ASSERT(policy_ != nullptr, opts_.name, "no eviction policy");
   KVB_CHECK(opts_.granule >= 1, opts_.name, ": granule must be >= 1");
   const ModelConfig& c = ctx_.config;
   needs_ = policy_->needs();
@@ -182,13 +183,13 @@ EvictingKvCache::~EvictingKvCache() = default;
 
 EvictingKvCache::Seq& EvictingKvCache::seq(int64_t id) {
   auto it = seqs_.find(id);
-  KVB_CHECK(it != seqs_.end(), opts_.name, ": unknown sequence ", id);
+  KVB_ASSERT(it != seqs_.end(), opts_.name, "unknown sequence ", id);
   return it->second;
 }
 
 const EvictingKvCache::Seq& EvictingKvCache::seq(int64_t id) const {
   auto it = seqs_.find(id);
-  KVB_CHECK(it != seqs_.end(), opts_.name, ": unknown sequence ", id);
+  KVB_ASSERT(it != seqs_.end(), opts_.name, "unknown sequence ", id);
   return it->second;
 }
 
@@ -239,7 +240,7 @@ void EvictingKvCache::compact(Head& h, const std::vector<int64_t>& keep) {
   const int64_t k = static_cast<int64_t>(keep.size());
   int64_t prev = -1;
   for (int64_t s : keep) {
-    KVB_CHECK(s > prev && s < h.len, opts_.name, ": the policy returned slot ", s,
+    KVB_ASSERT(s > prev && s < h.len, opts_.name, "the policy returned slot ", s,
               " out of order or outside 0..", h.len - 1);
     prev = s;
   }
@@ -365,7 +366,7 @@ void EvictingKvCache::begin_step(const StepBatch& batch) {
       s.window_q.resize(static_cast<size_t>(L_));
       s.window_len.assign(static_cast<size_t>(L_), 0);
     }
-    KVB_CHECK(s.seen == batch.past_lens[b], opts_.name, ": sequence ", id, " has seen ", s.seen,
+    KVB_ASSERT(s.seen == batch.past_lens[b], opts_.name, "sequence ", id, " has seen ", s.seen,
               " tokens but the step says ", batch.past_lens[b]);
     s.step_tokens = batch.new_tokens(b);
     s.step_pos0 = batch.positions[batch.q_indptr[b]];
@@ -451,7 +452,7 @@ void EvictingKvCache::attend_seq_fast(Seq& s, int layer, const at::Tensor& q, co
   for (int64_t h = 0; h < Hkv_; ++h) {
     Head& hd = s.heads[layer][h];
     const int64_t past = hd.len, rows = past + n;
-    KVB_CHECK(rows <= hd.cap, opts_.name, ": attend before begin_step reserved room");
+    KVB_ASSERT(rows <= hd.cap, opts_.name, "attend before begin_step reserved room");
     float* K = nullptr;
     float* V = nullptr;
     if (opts_.codec) {
@@ -545,7 +546,7 @@ void EvictingKvCache::attend_seq_generic(Seq& s, int layer, const at::Tensor& q,
   for (int64_t h = 0; h < Hkv_; ++h) {
     Head& hd = s.heads[layer][h];
     const int64_t past = hd.len, rows = past + n;
-    KVB_CHECK(rows <= hd.cap, opts_.name, ": attend before begin_step reserved room");
+    KVB_ASSERT(rows <= hd.cap, opts_.name, "attend before begin_step reserved room");
     hd.kv.select(0, 0).narrow(0, past, n).copy_(ks.select(1, h));
     hd.kv.select(0, 1).narrow(0, past, n).copy_(vs.select(1, h));
     for (int64_t i = 0; i < n; ++i) {
@@ -647,7 +648,7 @@ void EvictingKvCache::compress_layer(Seq& s, int layer, Trigger trigger, int64_t
   compressions_++;
   for (int64_t h = 0; h < Hkv_; ++h) {
     Head& hd = s.heads[layer][h];
-    KVB_CHECK(static_cast<int64_t>(keep[h].size()) <= hd.len, opts_.name,
+    KVB_ASSERT(static_cast<int64_t>(keep[h].size()) <= hd.len, opts_.name,
               ": the policy kept more than held");
     evicted_entries_ += hd.len - static_cast<int64_t>(keep[h].size());
     if (static_cast<int64_t>(keep[h].size()) == hd.len) continue;
@@ -718,7 +719,7 @@ std::vector<float> EvictingKvCache::key_norms(const Head& h) {
 void EvictingKvCache::release(int64_t seq_id) { seqs_.erase(seq_id); }
 
 void EvictingKvCache::fork(int64_t src_id, int64_t dst_id) {
-  KVB_CHECK(seqs_.count(dst_id) == 0, opts_.name, ": fork target ", dst_id, " already exists");
+  KVB_ASSERT(seqs_.count(dst_id) == 0, opts_.name, "fork target ", dst_id, " already exists");
   Seq copy = seq(src_id);
   for (auto& layer : copy.heads)
     for (auto& h : layer)
@@ -729,13 +730,13 @@ void EvictingKvCache::fork(int64_t src_id, int64_t dst_id) {
 }
 
 void EvictingKvCache::splice(int64_t dst_id, const std::vector<SpliceSource>& sources) {
-  KVB_CHECK(seqs_.count(dst_id) == 0, opts_.name, ": splice target ", dst_id, " already exists");
+  KVB_ASSERT(seqs_.count(dst_id) == 0, opts_.name, "splice target ", dst_id, " already exists");
   KVB_CHECK(!sources.empty(), opts_.name, ": splice needs at least one source");
   std::vector<int64_t> offset;
   int64_t total = 0;
   for (const auto& src : sources) {
     const Seq& s = seq(src.seq_id);
-    KVB_CHECK(s.step_tokens == 0, opts_.name, ": splice source ", src.seq_id, " is mid-step");
+    KVB_ASSERT(s.step_tokens == 0, opts_.name, "splice source ", src.seq_id, " is mid-step");
     offset.push_back(total);
     total += s.seen;
   }
@@ -758,7 +759,7 @@ void EvictingKvCache::splice(int64_t dst_id, const std::vector<SpliceSource>& so
         if (opts_.codec) {
           // Decoded (codes and pending rows), re-rotated and encoded again into fresh streams, as
           // the codec store splices: a second rounding of the keys for a quantizing codec.
-          KVB_CHECK(h.pend == 0, opts_.name, ": splice into a head with pending rows");
+          KVB_ASSERT(h.pend == 0, opts_.name, "splice into a head with pending rows");
           if (!h.ks.p) {
             h.ks.p = opts_.codec->make_stream(KvKind::kKey, l, D_, D_);
             h.vs.p = opts_.codec->make_stream(KvKind::kValue, l, D_, D_);

@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "harness/common/error.h"
+#include "harness/common/internal_error.h"
 #include "kvb/kernels/half.h"
 
 namespace kvb {
@@ -65,8 +66,8 @@ namespace {
 
 void check_keep(const std::vector<int64_t>& idx, int64_t rows) {
   for (size_t i = 0; i < idx.size(); ++i)
-    KVB_CHECK(idx[i] >= 0 && idx[i] < rows && (i == 0 || idx[i] > idx[i - 1]),
-              "codec stream: keep_rows needs ascending unique indices in [0, ", rows, "), got ",
+    KVB_ASSERT(idx[i] >= 0 && idx[i] < rows && (i == 0 || idx[i] > idx[i - 1]), "codec stream",
+              "keep_rows needs ascending unique indices in [0, ", rows, "), got ",
               idx[i], " at ", i);
 }
 
