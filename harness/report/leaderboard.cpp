@@ -11,6 +11,7 @@
 #include "harness/common/strings.h"
 #include "harness/eval/grid.h"
 #include "harness/eval/run_config.h"
+#include "harness/kv/baseline_method.h"
 #include "harness/kv/method_registry.h"
 #include "harness/metrics/metric_table.h"
 #include "harness/report/sample_stats.h"
@@ -379,6 +380,7 @@ std::string format_delta(const DeltaCi& d) {
 }
 
 Leaderboard build_leaderboard(ResultsDb& db, const LeaderboardOptions& options) {
+  const std::string reference_method = baseline_method();  // deltas are against it
   KVB_CHECK(options.n_resamples >= 1, "leaderboard: n_resamples must be at least 1");
   Leaderboard lb;
   lb.options = options;
@@ -508,7 +510,7 @@ Leaderboard build_leaderboard(ResultsDb& db, const LeaderboardOptions& options) 
 
     const RunRow* base = nullptr;
     for (const RunRow* r : shown)
-      if (r->status == RunStatus::kDone && r->method == "full") base = r;
+      if (r->status == RunStatus::kDone && r->method == reference_method) base = r;
     if (base) {
       t.baseline_hash = base->config_hash;
       t.baseline_samples = samples_of(*base).keys.size();
@@ -903,6 +905,7 @@ json leaderboard_json(const Leaderboard& lb) {
 // ---------------------------------------------------------------- HTML
 
 std::string leaderboard_html(const Leaderboard& lb) {
+  const std::string reference_method = baseline_method();
   std::ostringstream s;
   s << R"(<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">
@@ -949,7 +952,7 @@ footer{color:#596275;font-size:12px;margin:30px 0}
     if (c.throughput) s << "<th>decode tok/s ↑</th>";
     s << "<th class=\"c\">simulated</th><th class=\"c\">Pareto</th></tr></thead>\n<tbody>\n";
     for (const auto& r : t.rows) {
-      const bool base = r.method == "full" && r.status == "done";
+      const bool base = r.method == reference_method && r.status == "done";
       if (r.status != "done") {
         s << "<tr class=\"row failed\" data-hash=\"" << r.config_hash << "\"><td>–</td><td class=\"l\">"
           << html_escape(r.label) << "</td><td class=\"l\" colspan=\""
@@ -974,7 +977,7 @@ footer{color:#596275;font-size:12px;margin:30px 0}
     std::vector<Pt> mem, thr;
     for (const auto& r : t.rows) {
       if (r.status != "done" || !std::isfinite(r.value)) continue;
-      const bool base = r.method == "full";
+      const bool base = r.method == reference_method;
       if (std::isfinite(r.bytes_per_token)) mem.push_back({r.bytes_per_token, r.value, r.label, r.method, r.pareto_memory, base, r.simulated});
       if (t.has_throughput && r.decode_tok_s)
         thr.push_back({*r.decode_tok_s, r.value, r.label, r.method, r.pareto_throughput, base, r.simulated});
