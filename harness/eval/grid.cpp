@@ -447,16 +447,19 @@ GridPlan expand_grid(const json& grid, const GridOptions& options) {
     }
     const std::string label = label_parts.empty() ? "(base)" : join(label_parts, " ");
     apply_overrides(raw, options.sets);
-    bool excluded = false;
-    for (auto& x : excludes)
-      if (entry_matches(x, raw)) {
-        x.hits++;
-        excluded = true;
-      }
-    if (excluded) {
-      plan.excluded++;
-      continue;
-    }
+    // Exclude entries match the cell as written and as resolved (defaults filled in); every entry
+    // that matches counts a hit, so that an entry matching nothing can be reported.
+    auto excluded = [&](const json& cfg) {
+      bool hit = false;
+      for (auto& x : excludes)
+        if (entry_matches(x, cfg)) {
+          x.hits++;
+          hit = true;
+        }
+      if (hit) plan.excluded++;
+      return hit;
+    };
+    if (excluded(raw)) continue;
     json resolved;
     try {
       resolved = resolve_run_config(raw);
@@ -464,15 +467,7 @@ GridPlan expand_grid(const json& grid, const GridOptions& options) {
       bad.push_back({t, label, e.what()});
       continue;
     }
-    for (auto& x : excludes)
-      if (entry_matches(x, resolved)) {
-        x.hits++;
-        excluded = true;
-      }
-    if (excluded) {
-      plan.excluded++;
-      continue;
-    }
+    if (excluded(resolved)) continue;
     GridCell c;
     c.label = label;
     c.assignment = assignment;
