@@ -6,6 +6,7 @@
 #include <memory>
 #include <string>
 
+#include "harness/common/params.h"
 #include "harness/model/model.h"
 #include "harness/formats/tokenizer.h"
 
@@ -29,12 +30,16 @@ void check_db_path(const std::string& path, const std::string& flag);
 // The model's tokenizer; throws naming the model when it has none.
 std::unique_ptr<Tokenizer> load_tokenizer(const Model& m);
 
+// A parameter schema as `kvbench methods NAME` and `kvbench protocols NAME` print it.
+void print_param_specs(const std::vector<ParamSpec>& params);
+
 // Registration of each subcommand (one file each).
 void register_generate(CLI::App& app);
 void register_score(CLI::App& app);
 void register_inspect(CLI::App& app);
 void register_bench(CLI::App& app);
 void register_methods(CLI::App& app);
+void register_protocols(CLI::App& app);
 void register_run(CLI::App& app);
 void register_grid(CLI::App& app);
 void register_merge(CLI::App& app);

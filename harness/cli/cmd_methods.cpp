@@ -5,6 +5,18 @@
 
 namespace kvb::cli {
 
+void print_param_specs(const std::vector<ParamSpec>& params) {
+  if (params.empty()) std::cout << "  (none)\n";
+  for (const auto& p : params) {
+    std::cout << "  " << p.name << " (" << param_type_name(p.type) << ", default " << p.default_value.dump();
+    if (p.min || p.max)
+      std::cout << ", range [" << (p.min ? nlohmann::json(*p.min).dump() : "-inf") << ", "
+                << (p.max ? nlohmann::json(*p.max).dump() : "inf") << "]";
+    if (!p.choices.empty()) std::cout << ", one of " << nlohmann::json(p.choices).dump();
+    std::cout << ")\n      " << p.doc << "\n";
+  }
+}
+
 void register_methods(CLI::App& app) {
   struct Args {
     std::string name;
@@ -25,16 +37,7 @@ void register_methods(CLI::App& app) {
       std::cout << m.name << ": " << m.summary << "\n";
       if (!m.paper.empty()) std::cout << "paper: " << m.paper << "\n";
       std::cout << "origin: " << m.origin << "\nparameters:\n";
-      if (m.params.empty()) std::cout << "  (none)\n";
-      for (const auto& p : m.params) {
-        std::cout << "  " << p.name << " (" << param_type_name(p.type)
-                  << ", default " << p.default_value.dump();
-        if (p.min || p.max)
-          std::cout << ", range [" << (p.min ? nlohmann::json(*p.min).dump() : "-inf") << ", "
-                    << (p.max ? nlohmann::json(*p.max).dump() : "inf") << "]";
-        if (!p.choices.empty()) std::cout << ", one of " << nlohmann::json(p.choices).dump();
-        std::cout << ")\n      " << p.doc << "\n";
-      }
+      print_param_specs(m.params);
       return;
     }
     if (args->json) {

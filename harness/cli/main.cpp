@@ -20,6 +20,7 @@ int main(int argc, char** argv) {
   kvb::cli::register_inspect(app);
   kvb::cli::register_bench(app);
   kvb::cli::register_methods(app);
+  kvb::cli::register_protocols(app);
   kvb::cli::register_run(app);
   kvb::cli::register_grid(app);
   kvb::cli::register_merge(app);
@@ -31,7 +32,7 @@ int main(int argc, char** argv) {
   kvb::cli::register_packet_train(app);
   kvb::cli::register_tokenize(app);
   std::vector<std::string> plugins;
-  app.add_option("--plugin", plugins, "load KV methods from a plugin shared library (repeatable)")
+  app.add_option("--plugin", plugins, "load KV methods and protocols from a plugin shared library (repeatable)")
       ->each([](const std::string& p) { kvb::load_plugin(p); });
   try {
     app.parse(argc, argv);
