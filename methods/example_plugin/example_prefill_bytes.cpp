@@ -5,6 +5,7 @@
 // bytes.
 
 #include <algorithm>
+#include <cmath>
 #include <random>
 
 #include "harness/common/error.h"

@@ -39,9 +39,8 @@ class ProbeProtocol : public PlannedProtocol<ProbeRun> {
   ProbeProtocol()
       : PlannedProtocol(
             "probe",
-            "per-layer fidelity against exact attention at sampled decode positions (the method's "
-            "and an "
-            "exact cache get the same inputs): attention-output, key, value and "
+            "per-layer fidelity against exact attention at sampled decode positions (the "
+            "method's and an exact cache get the same inputs): attention-output, key, value and "
             "attention-probability error",
             {string_param("dataset", "tinystories-valid-sample", {}, "corpus name or .txt path"),
              int_param("window", 256, 3, 1 << 20, "tokens per window (BOS included)"),

@@ -58,10 +58,9 @@ class QaProtocol : public PlannedProtocol<QaRun> {
   QaProtocol()
       : PlannedProtocol(
             "qa",
-            "context then questions, greedy answers scored by the task metric and paired with the "
-            "full "
-            "cache's answers; query-agnostic (one compressed context, many questions) or "
-            "query-aware",
+            "context then questions, greedy answers scored by the task metric and paired with "
+            "the full cache's answers; query-agnostic (one compressed context, many questions) "
+            "or query-aware",
             {string_param(
                  "source", "synthetic", {"synthetic", "recall", "longbench"},
                  "synthetic: RULER-style generated tasks; recall: story-recall questions on a "

@@ -79,11 +79,10 @@ class ServeProtocol : public PlannedProtocol<ServeRun> {
   ServeProtocol()
       : PlannedProtocol(
             "serve",
-            "trace-driven serving: the method's measured footprint (on the run's model, scaled to "
-            "a "
-            "target's shapes) in a continuous-batching simulation under a KV pool, an allocator "
-            "and a "
-            "prefix store; capacity, waste, hit rates and preemptions exact, times from a roofline",
+            "trace-driven serving: the method's measured footprint (on the run's model, scaled "
+            "to a target's shapes) in a continuous-batching simulation under a KV pool, an "
+            "allocator and a prefix store; capacity, waste, hit rates and preemptions exact, "
+            "times from a roofline",
             {string_param(
                  "trace", "conversation", {},
                  "conversation | synthetic (the Mooncake traces in the data path), a JSONL path, "

@@ -46,9 +46,8 @@ class StreamProtocol : public PlannedProtocol<StreamRun> {
  public:
   StreamProtocol()
       : PlannedProtocol("stream",
-                        "teacher-forced text windows with the method active while decoding; NLL, "
-                        "perplexity and KL / "
-                        "top-1 against the full cache",
+                        "teacher-forced text windows with the method active while decoding; "
+                        "NLL, perplexity and KL / top-1 against the full cache",
                         {string_param("dataset", "tinystories-valid-sample", {},
                                       "corpus name in the data path, or a path to a .txt file"),
                          int_param("window", 256, 2, 1 << 20, "tokens per window (BOS included)"),
