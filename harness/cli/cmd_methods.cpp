@@ -1,6 +1,7 @@
 #include <iostream>
 
 #include "harness/cli/cli_common.h"
+#include "harness/cli/registry_listing.h"
 #include "harness/kv/method_registry.h"
 
 namespace kvb::cli {
@@ -40,17 +41,9 @@ void register_methods(CLI::App& app) {
       print_param_specs(m.params);
       return;
     }
-    if (args->json) {
-      nlohmann::json all = nlohmann::json::array();
-      for (const auto& n : r.names()) all.push_back(method_info_json(r.info(n)));
-      std::cout << all.dump(2) << "\n";
-      return;
-    }
-    for (const auto& n : r.names()) {
-      const auto& m = r.info(n);
-      std::cout << n << std::string(n.size() < 16 ? 16 - n.size() : 1, ' ') << m.summary
-                << (m.origin == "builtin" ? "" : "  [" + m.origin + "]") << "\n";
-    }
+    std::vector<RegistryListing> all;
+    for (const auto& n : r.names()) all.push_back({n, r.info(n).summary, r.info(n).origin, method_info_json(r.info(n))});
+    print_registry_listing(all, args->json);
   });
 }
 

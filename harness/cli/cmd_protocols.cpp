@@ -4,6 +4,7 @@
 #include <iostream>
 
 #include "harness/cli/cli_common.h"
+#include "harness/cli/registry_listing.h"
 #include "harness/eval/protocol_registry.h"
 
 namespace kvb::cli {
@@ -30,17 +31,10 @@ void register_protocols(CLI::App& app) {
       print_param_specs(p.params);
       return;
     }
-    if (args->json) {
-      nlohmann::json all = nlohmann::json::array();
-      for (const auto& n : r.names()) all.push_back(protocol_info_json(r.info(n)));
-      std::cout << all.dump(2) << "\n";
-      return;
-    }
-    for (const auto& n : r.names()) {
-      const auto& p = r.info(n);
-      std::cout << n << std::string(n.size() < 16 ? 16 - n.size() : 1, ' ') << p.summary
-                << (p.origin == "builtin" ? "" : "  [" + p.origin + "]") << "\n";
-    }
+    std::vector<RegistryListing> all;
+    for (const auto& n : r.names())
+      all.push_back({n, r.info(n).summary, r.info(n).origin, protocol_info_json(r.info(n))});
+    print_registry_listing(all, args->json);
   });
 }
 
