@@ -4,6 +4,9 @@
 
 #include <CLI/CLI.hpp>
 
+#include <vector>
+
+#include "harness/common/params.h"
 #include "harness/tool/model_options.h"
 
 namespace kvb::cli {
@@ -15,12 +18,16 @@ using tool::check_db_path;
 using tool::load_model_from_args;
 using tool::load_tokenizer;
 
+// A parameter schema as `kvbench methods NAME` and `kvbench protocols NAME` print it.
+void print_param_specs(const std::vector<ParamSpec>& params);
+
 // Registration of each subcommand (one file each).
 void register_generate(CLI::App& app);
 void register_score(CLI::App& app);
 void register_inspect(CLI::App& app);
 void register_bench(CLI::App& app);
 void register_methods(CLI::App& app);
+void register_protocols(CLI::App& app);
 void register_run(CLI::App& app);
 void register_grid(CLI::App& app);
 void register_merge(CLI::App& app);

@@ -1,9 +1,22 @@
 #include <iostream>
 
 #include "harness/cli/cli_common.h"
+#include "harness/cli/registry_listing.h"
 #include "harness/kv/method_registry.h"
 
 namespace kvb::cli {
+
+void print_param_specs(const std::vector<ParamSpec>& params) {
+  if (params.empty()) std::cout << "  (none)\n";
+  for (const auto& p : params) {
+    std::cout << "  " << p.name << " (" << param_type_name(p.type) << ", default " << p.default_value.dump();
+    if (p.min || p.max)
+      std::cout << ", range [" << (p.min ? nlohmann::json(*p.min).dump() : "-inf") << ", "
+                << (p.max ? nlohmann::json(*p.max).dump() : "inf") << "]";
+    if (!p.choices.empty()) std::cout << ", one of " << nlohmann::json(p.choices).dump();
+    std::cout << ")\n      " << p.doc << "\n";
+  }
+}
 
 void register_methods(CLI::App& app) {
   struct Args {
@@ -25,29 +38,12 @@ void register_methods(CLI::App& app) {
       std::cout << m.name << ": " << m.summary << "\n";
       if (!m.paper.empty()) std::cout << "paper: " << m.paper << "\n";
       std::cout << "origin: " << m.origin << "\nparameters:\n";
-      if (m.params.empty()) std::cout << "  (none)\n";
-      for (const auto& p : m.params) {
-        std::cout << "  " << p.name << " (" << param_type_name(p.type)
-                  << ", default " << p.default_value.dump();
-        if (p.min || p.max)
-          std::cout << ", range [" << (p.min ? nlohmann::json(*p.min).dump() : "-inf") << ", "
-                    << (p.max ? nlohmann::json(*p.max).dump() : "inf") << "]";
-        if (!p.choices.empty()) std::cout << ", one of " << nlohmann::json(p.choices).dump();
-        std::cout << ")\n      " << p.doc << "\n";
-      }
+      print_param_specs(m.params);
       return;
     }
-    if (args->json) {
-      nlohmann::json all = nlohmann::json::array();
-      for (const auto& n : r.names()) all.push_back(method_info_json(r.info(n)));
-      std::cout << all.dump(2) << "\n";
-      return;
-    }
-    for (const auto& n : r.names()) {
-      const auto& m = r.info(n);
-      std::cout << n << std::string(n.size() < 16 ? 16 - n.size() : 1, ' ') << m.summary
-                << (m.origin == "builtin" ? "" : "  [" + m.origin + "]") << "\n";
-    }
+    std::vector<RegistryListing> all;
+    for (const auto& n : r.names()) all.push_back({n, r.info(n).summary, r.info(n).origin, method_info_json(r.info(n))});
+    print_registry_listing(all, args->json);
   });
 }
 

@@ -49,6 +49,7 @@ int main(int argc, char** argv) {
     kvb::cli::register_inspect(app);
     kvb::cli::register_bench(app);
     kvb::cli::register_methods(app);
+    kvb::cli::register_protocols(app);
     kvb::cli::register_run(app);
     kvb::cli::register_grid(app);
     kvb::cli::register_merge(app);
@@ -59,7 +60,7 @@ int main(int argc, char** argv) {
     kvb::ToolRegistry::instance().add_subcommands(app);
     kvb::cli::register_tokenize(app);
     std::vector<std::string> plugins;  // loaded above; the option stays for --help and validation
-    app.add_option("--plugin", plugins, "load KV methods from a plugin shared library (repeatable)");
+    app.add_option("--plugin", plugins, "load KV methods, protocols and tools from a plugin shared library (repeatable)");
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : 2;

@@ -12,12 +12,10 @@
 #include <set>
 #include <sstream>
 
-#include "datasets/corpus.h"
 #include "harness/common/error.h"
 #include "harness/common/strings.h"
-#include "harness/common/mapped_file.h"
 #include "harness/eval/run_config.h"
-#include "harness/eval/serve.h"
+#include "harness/eval/protocol_registry.h"
 #include "harness/kv/method_registry.h"
 #include "harness/model/model.h"
 #include "harness/store/config_hash.h"
@@ -182,23 +180,6 @@ std::string value_label(const std::string& key, const json& v) {
   }
   if (v.is_object() || v.is_array()) return v.dump();
   return scalar_text(v);
-}
-
-int64_t count_batches(const std::string& s, const std::string& where) {
-  int64_t n = 0;
-  size_t start = 0;
-  for (;;) {
-    const size_t comma = s.find(',', start);
-    const std::string item = s.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
-    char* end = nullptr;
-    const long long v = std::strtoll(item.c_str(), &end, 10);
-    KVB_CHECK(!item.empty() && end && *end == '\0' && v > 0 && v <= 4096, where,
-              ": config.protocol.batch_sizes: '", item, "' is not a batch size in [1, 4096]");
-    ++n;
-    if (comma == std::string::npos) break;
-    start = comma + 1;
-  }
-  return n;
 }
 
 std::string format_duration(double s) {
@@ -466,16 +447,19 @@ GridPlan expand_grid(const json& grid, const GridOptions& options) {
     }
     const std::string label = label_parts.empty() ? "(base)" : join(label_parts, " ");
     apply_overrides(raw, options.sets);
-    bool excluded = false;
-    for (auto& x : excludes)
-      if (entry_matches(x, raw)) {
-        x.hits++;
-        excluded = true;
-      }
-    if (excluded) {
-      plan.excluded++;
-      continue;
-    }
+    // Exclude entries match the cell as written and as resolved (defaults filled in); every entry
+    // that matches counts a hit, so that an entry matching nothing can be reported.
+    auto excluded = [&](const json& cfg) {
+      bool hit = false;
+      for (auto& x : excludes)
+        if (entry_matches(x, cfg)) {
+          x.hits++;
+          hit = true;
+        }
+      if (hit) plan.excluded++;
+      return hit;
+    };
+    if (excluded(raw)) continue;
     json resolved;
     try {
       resolved = resolve_run_config(raw);
@@ -483,15 +467,7 @@ GridPlan expand_grid(const json& grid, const GridOptions& options) {
       bad.push_back({t, label, e.what()});
       continue;
     }
-    for (auto& x : excludes)
-      if (entry_matches(x, resolved)) {
-        x.hits++;
-        excluded = true;
-      }
-    if (excluded) {
-      plan.excluded++;
-      continue;
-    }
+    if (excluded(resolved)) continue;
     GridCell c;
     c.label = label;
     c.assignment = assignment;
@@ -502,9 +478,11 @@ GridPlan expand_grid(const json& grid, const GridOptions& options) {
       continue;
     }
     const json& proto = resolved["protocol"];
-    if (proto["name"] == "stream") c.expected_samples = proto["max_windows"].get<int64_t>();
-    else if (proto["name"] == "perf")
-      c.expected_samples = count_batches(proto["batch_sizes"], "grid cell '" + label + "'");
+    try {
+      c.expected_samples = ProtocolRegistry::instance().get(proto["name"]).expected_samples(proto);
+    } catch (const Error& e) {
+      KVB_FAIL("grid cell '", label, "': ", e.what());
+    }
     c.index = plan.cells.size();
     plan.cells.push_back(std::move(c));
   }
@@ -547,15 +525,9 @@ GridPlan expand_grid(const json& grid, const GridOptions& options) {
       if (model.rfind("synthetic:", 0) != 0)
         check(c, "model:" + model, [&] { resolve_model_path(model, options.models_dir); });
       const json& proto = c.resolved["protocol"];
-      if (proto["name"] == "stream" || proto["name"] == "serve") {
-        const std::string ds = proto["dataset"];
-        check(c, "dataset:" + ds, [&] { load_corpus(ds, resolve_data_dir(options.data_dir)); });
-      }
-      if (proto["name"] == "serve" && proto["trace"] != "generated") {
-        const std::string path = serve_trace_path(proto["trace"], resolve_data_dir(options.data_dir));
-        check(c, "trace:" + path,
-              [&] { KVB_CHECK(file_exists(path), "serve trace ", path, " not found (data path)"); });
-      }
+      ProtocolRegistry::instance().get(proto["name"]).check_inputs(
+          proto, options.data_dir,
+          [&](const std::string& what, const std::function<void()>& fn) { check(c, what, fn); });
     }
   }
   return plan;

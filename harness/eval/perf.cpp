@@ -78,44 +78,45 @@ PerfCell run_perf_cell(std::shared_ptr<Model> model, const std::string& method,
   return cell;
 }
 
+namespace {
+
+// A cell's settings and figures under their JSON names: to_json and from_json walk the same lists.
+constexpr std::pair<const char*, int64_t PerfCell::*> kCellSettings[] = {
+    {"batch", &PerfCell::batch},
+    {"context", &PerfCell::context},
+    {"decode_tokens", &PerfCell::decode_tokens},
+    {"repeats", &PerfCell::repeats}};
+constexpr std::pair<const char*, double PerfCell::*> kCellFigures[] = {
+    {"prefill_tok_s", &PerfCell::prefill_tok_s},
+    {"decode_tok_s", &PerfCell::decode_tok_s},
+    {"decode_tok_s_min", &PerfCell::decode_tok_s_min},
+    {"decode_tok_s_max", &PerfCell::decode_tok_s_max},
+    {"ttft_ms", &PerfCell::ttft_ms},
+    {"tpot_ms_p50", &PerfCell::tpot_ms_p50},
+    {"tpot_ms_p10", &PerfCell::tpot_ms_p10},
+    {"tpot_ms_p90", &PerfCell::tpot_ms_p90}};
+
+}  // namespace
+
 nlohmann::json PerfCell::to_json() const {
-  return {{"batch", batch},
-          {"context", context},
-          {"decode_tokens", decode_tokens},
-          {"repeats", repeats},
-          {"prefill_tok_s", prefill_tok_s},
-          {"decode_tok_s", decode_tok_s},
-          {"decode_tok_s_min", decode_tok_s_min},
-          {"decode_tok_s_max", decode_tok_s_max},
-          {"ttft_ms", ttft_ms},
-          {"tpot_ms_p50", tpot_ms_p50},
-          {"tpot_ms_p10", tpot_ms_p10},
-          {"tpot_ms_p90", tpot_ms_p90},
-          {"physical_bytes", ledger.fp.physical_bytes()},
-          {"logical_bytes", ledger.fp.logical_bytes},
-          {"reserved_bytes", ledger.fp.device_reserved_bytes},
-          {"tokens_held", ledger.fp.tokens_held},
-          {"tokens_seen", ledger.tokens_seen},
-          {"baseline_bytes", ledger.baseline_bytes},
-          {"baseline_bytes_16bit", ledger.baseline_bytes_16bit},
-          {"model_dtype_device_bytes", ledger.fp.model_dtype_device_bytes},
-          {"model_dtype_host_bytes", ledger.fp.model_dtype_host_bytes}};
+  nlohmann::json j = {{"physical_bytes", ledger.fp.physical_bytes()},
+                      {"logical_bytes", ledger.fp.logical_bytes},
+                      {"reserved_bytes", ledger.fp.device_reserved_bytes},
+                      {"tokens_held", ledger.fp.tokens_held},
+                      {"tokens_seen", ledger.tokens_seen},
+                      {"baseline_bytes", ledger.baseline_bytes},
+                      {"baseline_bytes_16bit", ledger.baseline_bytes_16bit},
+                      {"model_dtype_device_bytes", ledger.fp.model_dtype_device_bytes},
+                      {"model_dtype_host_bytes", ledger.fp.model_dtype_host_bytes}};
+  for (const auto& [name, member] : kCellSettings) j[name] = this->*member;
+  for (const auto& [name, member] : kCellFigures) j[name] = this->*member;
+  return j;
 }
 
 PerfCell PerfCell::from_json(const nlohmann::json& j) {
   PerfCell c;
-  c.batch = j.at("batch");
-  c.context = j.at("context");
-  c.decode_tokens = j.at("decode_tokens");
-  c.repeats = j.at("repeats");
-  c.prefill_tok_s = j.at("prefill_tok_s");
-  c.decode_tok_s = j.at("decode_tok_s");
-  c.decode_tok_s_min = j.at("decode_tok_s_min");
-  c.decode_tok_s_max = j.at("decode_tok_s_max");
-  c.ttft_ms = j.at("ttft_ms");
-  c.tpot_ms_p50 = j.at("tpot_ms_p50");
-  c.tpot_ms_p10 = j.at("tpot_ms_p10");
-  c.tpot_ms_p90 = j.at("tpot_ms_p90");
+  for (const auto& [name, member] : kCellSettings) c.*member = j.at(name).get<int64_t>();
+  for (const auto& [name, member] : kCellFigures) c.*member = j.at(name).get<double>();
   // The ledger's physical total is stored as payload so that physical_bytes() reads back the same.
   c.ledger.fp.device_payload_bytes = j.at("physical_bytes");
   c.ledger.fp.logical_bytes = j.at("logical_bytes");

@@ -19,6 +19,7 @@
 #include "harness/eval/documents.h"
 #include "harness/formats/longbench_jsonl.h"
 #include "harness/formats/tokenizer.h"
+#include "harness/kv/baseline_method.h"
 #include "harness/kv/method_registry.h"
 #include "harness/metrics/text_metrics.h"
 
@@ -186,7 +187,7 @@ std::vector<std::string> full_answers(std::shared_ptr<Model> model, const Tokeni
       // A damaged cache entry is recomputed below.
     }
   }
-  auto a = answer_all(model, tok, "full", nlohmann::json::object(), s, opts);
+  auto a = answer_all(model, tok, baseline_method(), nlohmann::json::object(), s, opts);
   store_baseline(path, opts.cache_dir, a.predictions);
   return a.predictions;
 }
@@ -203,9 +204,9 @@ QaSampleResult run_qa_sample(std::shared_ptr<Model> model, const Tokenizer& tok,
   Answers mine = answer_all(model, tok, method, method_params, s, opts);
   mine.timing.answer_s = seconds_since(t0);
   t0 = std::chrono::steady_clock::now();
-  // A `full` run is its own baseline, and leaves its answers in the baseline cache for the methods
-  // compared with it (a grid's full-cache run is never repeated for them).
-  const bool is_full = method == "full" && method_params.empty();
+  // A baseline (`full`) run is its own baseline, and leaves its answers in the baseline cache for the
+  // methods compared with it (a grid's full-cache run is never repeated for them).
+  const bool is_full = method == baseline_method() && method_params.empty();
   if (is_full) store_baseline(baseline_path(*model, s, opts), opts.cache_dir, mine.predictions);
   std::vector<std::string> full = is_full ? mine.predictions : full_answers(model, tok, s, opts);
   mine.timing.full_answer_s = is_full ? 0.0 : seconds_since(t0);

@@ -1,26 +1,18 @@
 #pragma once
 // Executes one resolved run config against a results database: skips finished runs, resumes at the
 // sample level, writes each sample in its own transaction, records failures, and finishes the run
-// with its metrics in one transaction — so a killed process leaves a consistent database.
+// with its metrics in one transaction — so a killed process leaves a consistent database. The same
+// loop serves every protocol (protocol.h): the protocol plans the samples and computes each one.
 
-#include <functional>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "harness/eval/run_env.h"
 #include "harness/store/results_db.h"
 
 namespace kvb {
-
-struct RunEnv {
-  std::string models_dir;   // --models-dir
-  std::string data_dir;     // --data-dir
-  std::string cache_dir;    // baseline cache (default: <db dir>/cache)
-  std::string source_dir;   // for provenance (git commit)
-  std::string grid;         // grid name when part of one
-  std::function<void(const std::string&)> log;  // progress lines (stderr)
-};
 
 struct RunOutcome {
   std::string config_hash;

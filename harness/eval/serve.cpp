@@ -293,39 +293,17 @@ nlohmann::json serve_simulation_sample(const nlohmann::json& proto, const nlohma
   return out;
 }
 
-nlohmann::json serve_result_json(const ServeResult& r) {
-  return {{"requests", r.requests},
-          {"completed", r.completed},
-          {"rejected", r.rejected},
-          {"preemptions", r.preemptions},
-          {"iterations", r.iterations},
-          {"duration_s", r.duration_s},
-          {"output_tok_s", r.output_tok_s},
-          {"requests_per_s", r.requests_per_s},
-          {"ttft_ms_p50", r.ttft_ms_p50},
-          {"ttft_ms_p90", r.ttft_ms_p90},
-          {"ttft_ms_p99", r.ttft_ms_p99},
-          {"tpot_ms_p50", r.tpot_ms_p50},
-          {"tpot_ms_p90", r.tpot_ms_p90},
-          {"tpot_ms_p99", r.tpot_ms_p99},
-          {"slo_attainment", r.slo_attainment},
-          {"mean_running", r.mean_running},
-          {"max_running", r.max_running},
-          {"kv_utilization", r.kv_utilization},
-          {"allocator_waste", r.allocator_waste},
-          {"prefix_hit_rate", r.prefix_hit_rate},
-          {"prefill_tokens", r.prefill_tokens},
-          {"pd_transfer_bytes", r.pd_transfer_bytes},
-          {"remote_fetch_bytes", r.remote_fetch_bytes},
-          {"prefix_load_bytes", r.prefix_load_bytes},
-          {"prefix_block_bytes", r.prefix_block_bytes},
-          {"prefix_capacity_blocks", r.prefix_capacity_blocks},
-          {"memory_bound_fraction", r.memory_bound_fraction},
-          {"pcie_bound_fraction", r.pcie_bound_fraction},
-          {"peak_host_bytes", r.peak_host_bytes},
-          {"load_imbalance", r.load_imbalance},
-          {"instance_requests", r.instance_requests}};
-}
+// Every figure of a simulation under its own name (per-request results are not stored).
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(ServeResult, requests, completed, rejected, preemptions, iterations,
+                                   duration_s, output_tok_s, requests_per_s, ttft_ms_p50, ttft_ms_p90,
+                                   ttft_ms_p99, tpot_ms_p50, tpot_ms_p90, tpot_ms_p99, slo_attainment,
+                                   mean_running, max_running, kv_utilization, allocator_waste,
+                                   prefix_hit_rate, prefill_tokens, pd_transfer_bytes,
+                                   remote_fetch_bytes, prefix_load_bytes, prefix_block_bytes,
+                                   prefix_capacity_blocks, memory_bound_fraction, pcie_bound_fraction,
+                                   peak_host_bytes, load_imbalance, instance_requests)
+
+nlohmann::json serve_result_json(const ServeResult& r) { return r; }
 
 std::vector<Metric> serve_metrics(const nlohmann::json& footprint, const nlohmann::json& sim,
                                   bool prefix_reuse_exact) {

@@ -13,6 +13,7 @@
 #include "harness/common/mapped_file.h"
 #include "harness/common/sha256.h"
 #include "harness/engine/engine.h"
+#include "harness/kv/baseline_method.h"
 #include "harness/kv/method_registry.h"
 #include "harness/metrics/statistics.h"
 
@@ -77,7 +78,7 @@ std::vector<float> stream_baseline_logprobs(std::shared_ptr<Model> model,
   }
   *from_cache = false;
   CacheContext ctx{model->config, model->device, model->dtype};
-  Engine e(model, MethodRegistry::instance().create("full", ctx, nlohmann::json::object()));
+  Engine e(model, MethodRegistry::instance().create(baseline_method(), ctx, nlohmann::json::object()));
   std::vector<float> out(static_cast<size_t>(rows * V));
   feed_window(e, tokens, opts, [&](const at::Tensor& logits, int64_t first) {
     at::Tensor lp = at::log_softmax(logits.to(at::kFloat), -1).contiguous().to(at::kCPU);

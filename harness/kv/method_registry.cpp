@@ -1,5 +1,6 @@
 #include "harness/kv/method_registry.h"
 
+#include "harness/kv/baseline_method.h"
 #include "harness/kv/windowed_kv_cache.h"
 
 #include "harness/common/error.h"
@@ -51,7 +52,7 @@ std::unique_ptr<KvCache> MethodRegistry::create(const std::string& name, const C
   // layers keep their window (windowed_kv_cache.h).
   // Only the exact stores may run on a model that is all windows: any other method would have
   // nothing to act on and would silently measure the window.
-  const bool exact = name == "full" || name == "paged" || name == "static";
+  const bool exact = name == baseline_method() || name == "paged" || name == "static";
   return make_window_aware(
       ctx, [&](const CacheContext& c) { return e.factory(c, resolved); }, !exact,
       "method " + name);

@@ -4,6 +4,7 @@
 
 #include "harness/common/error.h"
 #include "harness/common/mapped_file.h"
+#include "harness/eval/protocol_registry.h"
 #include "harness/tool/tool_registry.h"
 
 namespace kvb {
@@ -35,15 +36,20 @@ void load_plugin(const std::string& path) {
   KVB_CHECK(tv == TORCH_VERSION, "--plugin ", path, ": built against LibTorch ", tv,
             " but this kvbench uses LibTorch ", TORCH_VERSION,
             "; rebuild it against this kvbench's installed package (find_package(kvbench) finds the same LibTorch)");
-  // Methods registered by the plugin are tagged with their origin.
+  // Methods and protocols registered by the plugin are tagged with their origin.
   MethodRegistry& r = MethodRegistry::instance();
+  ProtocolRegistry& protocols = ProtocolRegistry::instance();
   auto before = r.names();
+  auto protocols_before = protocols.names();
   const char* err = reg(&r);
   KVB_CHECK(err == nullptr, "--plugin ", path, ": registration failed: ", err ? err : "");
   for (const auto& n : r.names()) {
     if (std::find(before.begin(), before.end(), n) == before.end())
       const_cast<MethodInfo&>(r.info(n)).origin = "plugin:" + path;
   }
+  for (const auto& n : protocols.names())
+    if (std::find(protocols_before.begin(), protocols_before.end(), n) == protocols_before.end())
+      protocols.set_origin(n, "plugin:" + path);
   // The library stays loaded for the life of the process (its factories are in the registry).
 }
 

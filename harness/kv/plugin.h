@@ -1,15 +1,23 @@
 #pragma once
-// Out-of-tree methods: a shared library built against kvbench's installed headers (CMake package
+// Out-of-tree methods and protocols: a shared library built against kvbench's installed headers (CMake package
 // `kvbench`, target kvbench::plugin) that exports two C functions:
 //
 //   extern "C" int kvb_plugin_abi_version();                       // must return KVB_PLUGIN_ABI_VERSION
 //   extern "C" const char* kvb_plugin_torch_version();             // the LibTorch it was built with
 //   extern "C" const char* kvb_plugin_register(kvb::MethodRegistry* registry);  // nullptr or an error
 //
-// KVB_PLUGIN_ENTRY(body) writes all three. Exceptions never cross the boundary. A plugin may also add
-// kvbench subcommands with KVB_REGISTER_TOOL (harness/tool/tool_registry.h): kvbench loads the
-// plugins named before the subcommand first, so their tools parse like the built-in ones. The ABI version
-// changes whenever KvCache, LayerInput, StepBatch, Footprint, MethodInfo or the registry change
+// KVB_PLUGIN_ENTRY(body) writes all three. The body adds methods to `registry` and protocols to
+// kvb::ProtocolRegistry::instance() (harness/eval/protocol_registry.h):
+//
+//   KVB_PLUGIN_ENTRY(registry) {
+//     registry->add(my_method_info(), make_my_method);
+//     kvb::ProtocolRegistry::instance().add(my_protocol());
+//   }
+//
+// A plugin may also add kvbench subcommands with KVB_REGISTER_TOOL (harness/tool/tool_registry.h):
+// kvbench loads the plugins named before the subcommand first, so their tools parse like the
+// built-in ones. Exceptions never cross the boundary. The ABI version changes whenever KvCache,
+// LayerInput, StepBatch, Footprint, MethodInfo, Protocol, ProtocolInfo or the registries change
 // layout; the LibTorch version must be kvbench's own (tensors cross the boundary: a plugin built
 // against another LibTorch would crash at its first call instead of being refused).
 
@@ -17,12 +25,13 @@
 
 #include <string>
 
+#include "harness/eval/protocol_registry.h"
 #include "harness/kv/method_registry.h"
 
 // The ABI version this header describes. (Defining it differently when building a plugin is how the
 // tests make a plugin "built for another ABI version"; kvbench itself always uses this value.)
 #ifndef KVB_PLUGIN_ABI_VERSION
-#define KVB_PLUGIN_ABI_VERSION 2
+#define KVB_PLUGIN_ABI_VERSION 3
 #endif
 // Likewise for the LibTorch version a plugin reports (the tests' "built against another LibTorch").
 #ifndef KVB_PLUGIN_TORCH_VERSION
@@ -52,8 +61,8 @@
 
 namespace kvb {
 
-// dlopens `path`, checks its ABI and LibTorch versions and registers its methods (their origin says
-// plugin:<path>). Throws kvb::Error naming the path on a missing file, a missing entry point, an ABI
+// dlopens `path`, checks its ABI and LibTorch versions and registers its methods and protocols
+// (their origin says plugin:<path>). Throws kvb::Error naming the path on a missing file, a missing entry point, an ABI
 // or LibTorch mismatch or a registration error.
 void load_plugin(const std::string& path);
 int host_plugin_abi_version();

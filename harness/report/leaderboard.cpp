@@ -10,7 +10,9 @@
 #include "harness/common/json_parse.h"
 #include "harness/common/strings.h"
 #include "harness/eval/grid.h"
+#include "harness/eval/protocol_registry.h"
 #include "harness/eval/run_config.h"
+#include "harness/kv/baseline_method.h"
 #include "harness/kv/method_registry.h"
 #include "harness/metrics/metric_table.h"
 #include "harness/report/sample_stats.h"
@@ -39,11 +41,9 @@ std::string default_metric(const std::string& protocol, const std::vector<std::m
       if (m.count(n) && std::isfinite(m.at(n))) return true;
     return false;
   };
-  if (protocol == "stream" && present("kl_mean")) return "kl_mean";
-  if (protocol == "perf" && present("decode_tok_s")) return "decode_tok_s";
-  if (protocol == "serve" && present("serve_slo_attainment")) return "serve_slo_attainment";
-  if (present("accuracy")) return "accuracy";  // qa
-  if (protocol == "probe" && present("attn_output_rel_err")) return "attn_output_rel_err";
+  const std::string& own = ProtocolRegistry::instance().report(protocol).default_metric;
+  if (!own.empty() && present(own)) return own;
+  if (present("accuracy")) return "accuracy";
   for (const auto& m : all_metrics())  // task metrics first ("accuracy when present")
     if (m.unit == "fraction" && present(std::string(m.name))) return std::string(m.name);
   for (const auto& m : all_metrics())
@@ -136,11 +136,8 @@ std::string baseline_note(const LeaderTable& t, const LeaderboardOptions& o) {
     return "No full-cache run in this group: Δ accuracy pairs each answer with the full cache's answer "
            "stored in the same sample; 95% paired bootstrap CI (" +
            std::to_string(o.n_resamples) + " resamples, seed " + std::to_string(o.seed) + ").";
-  if (!t.baseline_hash.empty() && t.protocol == "serve")
-    return "Δ = method − full cache over the same trace: each run is one deterministic simulation "
-           "(scheduling, reservations and prefix hits exact; times from a roofline, simulated), so "
-           "no confidence interval. bytes/token: device bytes at the target model's shapes at the "
-           "trace's mean request length.";
+  const std::string& exact_note = ProtocolRegistry::instance().report(t.protocol).exact_delta_note;
+  if (!t.baseline_hash.empty() && !exact_note.empty()) return exact_note;
   if (!t.baseline_hash.empty() && t.baseline_samples < 2)
     return "Δ = method − full cache on a single sample (perf: one cell per batch size), so no confidence "
            "interval; timings are medians over the protocol's repeats.";
@@ -379,6 +376,7 @@ std::string format_delta(const DeltaCi& d) {
 }
 
 Leaderboard build_leaderboard(ResultsDb& db, const LeaderboardOptions& options) {
+  const std::string reference_method = baseline_method();  // deltas are against it
   KVB_CHECK(options.n_resamples >= 1, "leaderboard: n_resamples must be at least 1");
   Leaderboard lb;
   lb.options = options;
@@ -411,10 +409,11 @@ Leaderboard build_leaderboard(ResultsDb& db, const LeaderboardOptions& options) 
     return canonical_json(json{{"model", cfg["model"]}, {"device", cfg["device"]}, {"dtype", cfg["dtype"]},
                                {"method", cfg["method"]}});
   };
-  {
+  for (const std::string& throughput_protocol : ProtocolRegistry::instance().names()) {
+    if (!ProtocolRegistry::instance().report(throughput_protocol).measures_throughput) continue;
     RunFilter pf;
     pf.model = options.filter.model;
-    pf.protocol = "perf";
+    pf.protocol = throughput_protocol;
     pf.status = RunStatus::kDone;
     for (const auto& r : db.list_runs(pf)) {
       const json cfg = parse_json(r.config_json, "run " + std::to_string(r.id) + " config");
@@ -453,6 +452,7 @@ Leaderboard build_leaderboard(ResultsDb& db, const LeaderboardOptions& options) 
   for (auto& [gkey, g] : groups) {
     LeaderTable t;
     const RunRow& first = g.runs.front();
+    const ProtocolReport& report = ProtocolRegistry::instance().report(first.protocol);
     t.model = g.settings.value("model", first.model);
     t.dataset = first.dataset;
     t.protocol = first.protocol;
@@ -487,28 +487,23 @@ Leaderboard build_leaderboard(ResultsDb& db, const LeaderboardOptions& options) 
       t.unit = stored_info[t.metric].first;
       t.direction = stored_info[t.metric].second == Direction::kHigher ? Direction::kHigher : Direction::kLower;
     }
-    if (t.protocol == "stream") t.secondary = {t.metric == "ppl" ? "kl_mean" : "ppl"};
-    if (t.protocol == "serve") {
-      // What the capacity bought: latency, hits, concurrency (one run per config: no CIs here).
-      for (const char* m : {"serve_ttft_ms_p50", "serve_ttft_ms_p90", "serve_tpot_ms_p50",
-                            "serve_tpot_ms_p99", "serve_prefix_hit_rate", "serve_preemptions"})
-        if (m != t.metric) t.secondary.push_back(m);
-    }
-    if (t.protocol == "qa" && t.metric != "ttft_ms") {
-      // The query-time work beside accuracy (document reuse trades it), when every finished run
-      // of the table recorded it.
-      bool all_timed = true, any_done = false;
-      for (const RunRow* r : shown) {
-        if (r->status != RunStatus::kDone) continue;
-        any_done = true;
-        all_timed = all_timed && std::isfinite(metric_or_nan(run_metrics(r->id), "ttft_ms"));
+    for (const std::string& m : report.secondary_metrics) {
+      if (m == t.metric || t.secondary.size() >= report.max_secondary) continue;
+      if (report.secondary_needs_all_runs) {
+        bool all_recorded = true, any_done = false;
+        for (const RunRow* r : shown) {
+          if (r->status != RunStatus::kDone) continue;
+          any_done = true;
+          all_recorded = all_recorded && std::isfinite(metric_or_nan(run_metrics(r->id), m));
+        }
+        if (!any_done || !all_recorded) continue;
       }
-      if (any_done && all_timed) t.secondary = {"ttft_ms"};
+      t.secondary.push_back(m);
     }
 
     const RunRow* base = nullptr;
     for (const RunRow* r : shown)
-      if (r->status == RunStatus::kDone && r->method == "full") base = r;
+      if (r->status == RunStatus::kDone && r->method == reference_method) base = r;
     if (base) {
       t.baseline_hash = base->config_hash;
       t.baseline_samples = samples_of(*base).keys.size();
@@ -564,7 +559,7 @@ Leaderboard build_leaderboard(ResultsDb& db, const LeaderboardOptions& options) 
       row.compression_ratio =
           metric_or_nan(row.metrics, t.bytes_16bit ? "compression_ratio_16bit" : "compression_ratio");
       row.simulated = r->simulated || metric_or_nan(row.metrics, "simulated") == 1.0;
-      if (t.protocol == "perf") {
+      if (report.measures_throughput) {
         const double v = metric_or_nan(row.metrics, "decode_tok_s");
         if (std::isfinite(v)) row.decode_tok_s = v;
       } else {
@@ -579,13 +574,14 @@ Leaderboard build_leaderboard(ResultsDb& db, const LeaderboardOptions& options) 
       for (const auto& m : shown_metrics) {
         DeltaCi d;
         const SampleMetricDef* def = find_sample_metric(t.protocol, m);
-        // qa samples carry the full cache's answers: without a full run, pair with those.
-        const bool embedded = !base && t.protocol == "qa" && m == "accuracy" &&
-                              r->status == RunStatus::kDone && samples_of(*r).sums.count("full_accuracy");
+        // Samples that carry the full cache's own value (qa's answers): without a full run, pair with those.
+        const auto in_sample = report.paired_in_sample.find(m);
+        const bool embedded = !base && in_sample != report.paired_in_sample.end() &&
+                              r->status == RunStatus::kDone && samples_of(*r).sums.count(in_sample->second);
         if (r->status != RunStatus::kDone) d.status = "n/a";
         else if (base && r->id == base->id) d.status = "baseline";
         else if (!base && !embedded) d.status = "no_baseline";
-        else if (t.protocol == "serve") {
+        else if (!report.exact_delta_note.empty()) {
           // One deterministic simulation per run (exact accounting over the same trace): the
           // difference is exact, there is nothing to resample.
           const double a = metric_or_nan(row.metrics, m);
@@ -599,7 +595,7 @@ Leaderboard build_leaderboard(ResultsDb& db, const LeaderboardOptions& options) 
           RunSamples pseudo;
           if (embedded) {
             pseudo.keys = a.keys;
-            pseudo.sums["accuracy"] = a.sums.at("full_accuracy");
+            pseudo.sums[m] = a.sums.at(in_sample->second);
             t.embedded_baseline = true;
           }
           const RunSamples& b = embedded ? pseudo : samples_of(*base);
@@ -660,7 +656,7 @@ Leaderboard build_leaderboard(ResultsDb& db, const LeaderboardOptions& options) 
     };
     frontier([](const LeaderRow& r) { return r.bytes_per_token; }, Direction::kLower,
              [](LeaderRow& r, bool v) { r.pareto_memory = v; });
-    if (t.protocol != "perf") {
+    if (!report.measures_throughput) {
       for (const auto& r : t.rows) t.has_throughput = t.has_throughput || r.decode_tok_s.has_value();
       if (t.has_throughput)
         frontier([](const LeaderRow& r) { return r.decode_tok_s ? *r.decode_tok_s : NAN; }, Direction::kHigher,
@@ -690,15 +686,14 @@ Leaderboard build_leaderboard(ResultsDb& db, const LeaderboardOptions& options) 
     std::map<std::string, json> defaults = {{"device", "cpu"}, {"dtype", "fp32"}, {"seed", 0}};
     std::vector<std::string> order;  // the protocol's parameter order, then the rest
     std::set<std::string> always;
-    try {
-      for (const auto& p : protocol_spec(t.protocol).params) {
+    if (ProtocolRegistry::instance().has(t.protocol)) {
+      const ProtocolInfo& info = ProtocolRegistry::instance().info(t.protocol);
+      for (const auto& p : info.params) {
         defaults[p.name] = p.default_value;
         order.push_back(p.name);
       }
-    } catch (const Error&) {
+      always.insert(info.report.always_shown_settings.begin(), info.report.always_shown_settings.end());
     }
-    if (t.protocol == "stream") always = {"window", "max_windows"};
-    if (t.protocol == "perf") always = {"context", "decode_tokens", "batch_sizes"};
     std::vector<std::string> parts;
     const auto& var = vary[t.model + "\n" + t.dataset + "\n" + t.protocol];
     const auto settings = flat(t.settings);
@@ -724,7 +719,7 @@ Leaderboard build_leaderboard(ResultsDb& db, const LeaderboardOptions& options) 
   }
   std::stable_sort(lb.tables.begin(), lb.tables.end(), [](const LeaderTable& a, const LeaderTable& b) {
     // Accuracy tables first, then speed, then serving.
-    auto rank = [](const std::string& p) { return p == "perf" ? 1 : p == "serve" ? 2 : 0; };
+    auto rank = [](const std::string& p) { return ProtocolRegistry::instance().report(p).table_order; };
     if (rank(a.protocol) != rank(b.protocol)) return rank(a.protocol) < rank(b.protocol);
     if (a.model != b.model) return a.model < b.model;
     if (a.dataset != b.dataset) return a.dataset < b.dataset;
@@ -744,9 +739,10 @@ struct Columns {
 
 Columns columns_of(const LeaderTable& t) {
   Columns c;
-  c.top1 = t.protocol == "stream" && t.metric != "top1_agreement";
+  const ProtocolReport& report = ProtocolRegistry::instance().report(t.protocol);
+  c.top1 = report.shows_top1 && t.metric != "top1_agreement";
   for (const auto& r : t.rows) c.throughput = c.throughput || r.decode_tok_s.has_value();
-  if (t.protocol == "perf") c.throughput = t.metric != "decode_tok_s";
+  if (report.measures_throughput) c.throughput = t.metric != "decode_tok_s";
   return c;
 }
 
@@ -903,6 +899,7 @@ json leaderboard_json(const Leaderboard& lb) {
 // ---------------------------------------------------------------- HTML
 
 std::string leaderboard_html(const Leaderboard& lb) {
+  const std::string reference_method = baseline_method();
   std::ostringstream s;
   s << R"(<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">
@@ -949,7 +946,7 @@ footer{color:#596275;font-size:12px;margin:30px 0}
     if (c.throughput) s << "<th>decode tok/s ↑</th>";
     s << "<th class=\"c\">simulated</th><th class=\"c\">Pareto</th></tr></thead>\n<tbody>\n";
     for (const auto& r : t.rows) {
-      const bool base = r.method == "full" && r.status == "done";
+      const bool base = r.method == reference_method && r.status == "done";
       if (r.status != "done") {
         s << "<tr class=\"row failed\" data-hash=\"" << r.config_hash << "\"><td>–</td><td class=\"l\">"
           << html_escape(r.label) << "</td><td class=\"l\" colspan=\""
@@ -974,7 +971,7 @@ footer{color:#596275;font-size:12px;margin:30px 0}
     std::vector<Pt> mem, thr;
     for (const auto& r : t.rows) {
       if (r.status != "done" || !std::isfinite(r.value)) continue;
-      const bool base = r.method == "full";
+      const bool base = r.method == reference_method;
       if (std::isfinite(r.bytes_per_token)) mem.push_back({r.bytes_per_token, r.value, r.label, r.method, r.pareto_memory, base, r.simulated});
       if (t.has_throughput && r.decode_tok_s)
         thr.push_back({*r.decode_tok_s, r.value, r.label, r.method, r.pareto_throughput, base, r.simulated});

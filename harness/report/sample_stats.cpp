@@ -6,59 +6,17 @@
 
 #include "harness/common/error.h"
 #include "harness/common/json_parse.h"
+#include "harness/eval/protocol_registry.h"
 #include "harness/metrics/metric_table.h"
 #include "harness/metrics/portable_random.h"
 
 namespace kvb {
 
-namespace {
-
 using json = nlohmann::json;
 
-double num_or(const json& j, const char* key, double fallback = 0.0) {
-  if (j.contains(key) && j[key].is_number()) return j[key].get<double>();
-  return fallback;
-}
-
-}  // namespace
-
 const std::vector<SampleMetricDef>& sample_metric_defs(const std::string& protocol) {
-  using D = Direction;
-  static const std::vector<SampleMetricDef> stream = {
-      {"kl_mean", "nats", D::kLower, "", false},
-      {"ppl", "", D::kLower, "nll", true},
-      {"nll", "nats/token", D::kLower, "", false},
-      {"top1_agreement", "fraction", D::kHigher, "", false},
-      {"mean_abs_dprob", "probability", D::kLower, "", false},
-      {"bytes_per_token", "bytes/token", D::kLower, "", false},
-  };
-  static const std::vector<SampleMetricDef> perf = {
-      {"decode_tok_s", "tokens/s", D::kHigher, "", false},
-      {"prefill_tok_s", "tokens/s", D::kHigher, "", false},
-      {"ttft_ms", "ms", D::kLower, "", false},
-      {"tpot_ms", "ms", D::kLower, "", false},
-      {"bytes_per_token", "bytes/token", D::kLower, "", false},
-  };
-  static const std::vector<SampleMetricDef> qa = {
-      {"accuracy", "fraction", D::kHigher, "", false},
-      {"agreement_with_full", "fraction", D::kHigher, "", false},
-      {"bytes_per_token", "bytes/token", D::kLower, "", false},
-      {"ttft_ms", "ms", D::kLower, "", false},
-  };
-  // Other task protocols: every known task metric a sample reports as a number.
-  static const std::vector<SampleMetricDef> task = [] {
-    std::vector<SampleMetricDef> v;
-    for (const auto& m : all_metrics()) {
-      if (m.unit != "fraction") continue;
-      v.push_back({std::string(m.name), std::string(m.unit),
-                   m.direction == "higher" ? D::kHigher : D::kLower, "", false});
-    }
-    return v;
-  }();
-  if (protocol == "stream") return stream;
-  if (protocol == "perf") return perf;
-  if (protocol == "qa") return qa;
-  return task;
+  const std::vector<SampleMetricDef>& own = ProtocolRegistry::instance().report(protocol).sample_metrics;
+  return own.empty() ? task_sample_metrics() : own;
 }
 
 const SampleMetricDef* find_sample_metric(const std::string& protocol, const std::string& name) {
@@ -68,6 +26,8 @@ const SampleMetricDef* find_sample_metric(const std::string& protocol, const std
 }
 
 RunSamples extract_samples(const std::string& protocol, const std::vector<SampleRow>& rows) {
+  const ProtocolRegistry& registry = ProtocolRegistry::instance();
+  const Protocol* known = registry.has(protocol) ? &registry.get(protocol) : nullptr;
   RunSamples out;
   for (const auto& row : rows) {
     json j;
@@ -77,47 +37,14 @@ RunSamples extract_samples(const std::string& protocol, const std::vector<Sample
     auto put = [&](const std::string& name, double num, double den) {
       if (std::isfinite(num) && std::isfinite(den) && den > 0) out.sums[name][row.index] = {num, den};
     };
-    if (protocol == "stream") {
-      const double tokens = num_or(j, "tokens");
-      double kl = 0;
-      if (j.contains("kl") && j["kl"].is_array())
-        for (const auto& x : j["kl"]) kl += x.is_number() ? x.get<double>() : 0.0;
-      put("kl_mean", kl, tokens);
-      put("nll", num_or(j, "nll_sum"), tokens);
-      put("top1_agreement", num_or(j, "top1_agree"), tokens);
-      put("mean_abs_dprob", num_or(j, "abs_dprob_sum"), tokens);
-    } else if (protocol == "qa") {
-      double score = 0, full = 0, agree = 0, n = 0;
-      if (j.contains("items") && j["items"].is_array())
-        for (const auto& it : j["items"]) {
-          score += num_or(it, "score");
-          full += num_or(it, "full_score");
-          agree += it.value("prediction", std::string()) == it.value("full_prediction", std::string("\x01"));
-          n += 1;
-        }
-      put("accuracy", score, n);
-      put("full_accuracy", full, n);
-      put("agreement_with_full", agree, n);
-      if (j.contains("timing") && j["timing"].is_object()) {  // rows stored before timings lack it
-        const double c = num_or(j["timing"], "context_s", -1), q = num_or(j["timing"], "question_s", -1);
-        if (c >= 0 && q >= 0) put("ttft_ms", 1e3 * (c + q), 1);
-      }
-    } else if (protocol == "perf") {
-      put("decode_tok_s", num_or(j, "decode_tok_s", NAN), 1);
-      put("prefill_tok_s", num_or(j, "prefill_tok_s", NAN), 1);
-      put("ttft_ms", num_or(j, "ttft_ms", NAN), 1);
-      put("tpot_ms", num_or(j, "tpot_ms_p50", NAN), 1);
-      put("bytes_per_token", num_or(j, "physical_bytes", NAN), num_or(j, "tokens_seen", 0));
-    } else {
-      const json& scores = j.contains("scores") && j["scores"].is_object() ? j["scores"] : j;
-      for (const auto& d : sample_metric_defs(protocol))
-        if (scores.contains(d.name) && scores[d.name].is_number()) put(d.name, scores[d.name].get<double>(), 1);
-    }
-    if (protocol != "perf" && j.contains("ledger") && j["ledger"].is_object()) {
+    if (known) known->sample_sums(j, put);
+    else task_sample_sums(j, put);
+    if (j.contains("ledger") && j["ledger"].is_object()) {
       const json& l = j["ledger"];
-      const double phys = num_or(l, "device_payload_bytes") + num_or(l, "device_metadata_bytes") +
-                          num_or(l, "device_index_bytes") + num_or(l, "host_bytes") + num_or(l, "remote_bytes");
-      put("bytes_per_token", phys, num_or(l, "tokens_seen"));
+      const double phys = sample_number(l, "device_payload_bytes") + sample_number(l, "device_metadata_bytes") +
+                          sample_number(l, "device_index_bytes") + sample_number(l, "host_bytes") +
+                          sample_number(l, "remote_bytes");
+      put("bytes_per_token", phys, sample_number(l, "tokens_seen"));
     }
   }
   return out;

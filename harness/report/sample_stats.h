@@ -15,20 +15,14 @@
 
 #include <nlohmann/json.hpp>
 
+#include "harness/eval/protocol.h"  // SampleMetricDef
 #include "harness/metrics/statistics.h"
 #include "harness/store/results_db.h"
 
 namespace kvb {
 
-struct SampleMetricDef {
-  std::string name;     // as in the metric table ("kl_mean", "ppl", ...)
-  std::string unit;
-  Direction direction = Direction::kNone;
-  std::string source;   // the sums it is computed from ("nll" for ppl); "" = its own name
-  bool exp_transform = false;
-};
-
-// The per-sample metrics a protocol's samples support, in display order.
+// The per-sample metrics a protocol's samples support, in display order (its report.sample_metrics;
+// the task metrics for a protocol this process does not know).
 const std::vector<SampleMetricDef>& sample_metric_defs(const std::string& protocol);
 const SampleMetricDef* find_sample_metric(const std::string& protocol, const std::string& name);
 

@@ -112,8 +112,11 @@ kvb::MethodInfo example_window_info() {
 
 }  // namespace
 
+std::unique_ptr<kvb::Protocol> example_prefill_bytes_protocol();  // example_prefill_bytes.cpp
+
 KVB_PLUGIN_ENTRY(registry) {
   registry->add(example_window_info(), [](const kvb::CacheContext& ctx, const nlohmann::json& p) {
     return std::make_unique<WindowCache>(ctx, p["window"].get<int64_t>());
   });
+  kvb::ProtocolRegistry::instance().add(example_prefill_bytes_protocol());
 }

@@ -2,6 +2,7 @@
 // against.
 
 #include "methods/common/contiguous_kv_cache.h"
+#include "harness/kv/baseline_method.h"
 #include "harness/kv/method_registry.h"
 
 namespace kvb {
@@ -19,6 +20,12 @@ std::unique_ptr<KvCache> make_full(const CacheContext& ctx, const nlohmann::json
 }
 
 }  // namespace
+
+const std::string& baseline_method() {
+  static const std::string name = full_info().name;
+  return name;
+}
+
 }  // namespace kvb
 
 KVB_REGISTER_METHOD(full, kvb::full_info, kvb::make_full);

@@ -1,7 +1,7 @@
 // The out-of-tree plugin path: install kvbench, build methods/example_plugin against the installed
-// package, load it with --plugin, run it into a database (the window method, and the scorer plugin
-// under the head-adaptive allocator); a plugin built for another ABI or against another LibTorch is
-// refused.
+// package, load it with --plugin, run it into a database (the window method, the scorer plugin
+// under the head-adaptive allocator, and the plugin's protocol); a plugin built for another ABI or
+// against another LibTorch is refused.
 
 #include <gtest/gtest.h>
 
@@ -66,10 +66,41 @@ TEST(Plugin, BuildsOutOfTreeLoadsRunsAndRejectsOtherAbi) {
   EXPECT_EQ(sj["method"], "example_scorer");
   EXPECT_GT(sj["metrics"]["kl_mean"].get<double>(), 0.0);
 
+  // The plugin's protocol: listed with its origin, refused without the plugin, run through the
+  // generic loop with the plugin's method and with the full cache.
+  auto protocols = test::run_kvbench("--plugin " + so + " protocols --json");
+  ASSERT_EQ(protocols.exit_code, 0) << protocols.err;
+  bool protocol_found = false;
+  for (const auto& p : nlohmann::json::parse(protocols.out))
+    if (p["name"] == "example_prefill_bytes") {
+      protocol_found = true;
+      EXPECT_EQ(p["origin"], "plugin:" + so);
+    }
+  EXPECT_TRUE(protocol_found) << protocols.out;
+  auto prefill_config = [&](const std::string& method) {
+    const std::string path = dir + "/prefill_" + method + ".json";
+    std::ofstream(path) << "{\"model\": \"" << test::models_dir() << "/stories260K\", \"method\": {\"name\": \""
+                        << method << "\"" << (method == "example_window" ? ", \"params\": {\"window\": 32}" : "")
+                        << "}, \"protocol\": {\"name\": \"example_prefill_bytes\", \"lengths\": \"64,128\"}}";
+    return path;
+  };
+  auto unknown = test::run_kvbench("run -q -c " + prefill_config("full") + " --db " + dir + "/p.sqlite");
+  EXPECT_EQ(unknown.exit_code, 2);
+  EXPECT_NE(unknown.err.find("unknown protocol 'example_prefill_bytes'"), std::string::npos) << unknown.err;
+  for (const std::string method : {"full", "example_window"}) {
+    auto pr = test::run_kvbench("--plugin " + so + " run -q -c " + prefill_config(method) + " --db " + dir + "/p.sqlite");
+    ASSERT_EQ(pr.exit_code, 0) << pr.err;
+    const auto pj = nlohmann::json::parse(pr.out);
+    const double vs_full = pj["metrics"]["prefill_held_vs_full"].get<double>();
+    if (method == "full") EXPECT_EQ(vs_full, 1.0);
+    else EXPECT_LT(vs_full, 0.5);  // 32 of 64 and of 128 tokens kept
+    EXPECT_GT(pj["metrics"]["prefill_held_bytes_per_token"].get<double>(), 0.0);
+  }
+
   ASSERT_EQ(sh(cfg + " -B " + dir + "/bad -DCMAKE_CXX_FLAGS=-DKVB_PLUGIN_ABI_VERSION=99 && cmake --build " + dir + "/bad"), 0);
   auto refused = test::run_kvbench("--plugin " + dir + "/bad/libkvb_example_window.so methods");
   EXPECT_EQ(refused.exit_code, 2);
-  EXPECT_NE(refused.err.find("ABI version 99 but this kvbench has ABI version 2"), std::string::npos) << refused.err;
+  EXPECT_NE(refused.err.find("ABI version 99 but this kvbench has ABI version 3"), std::string::npos) << refused.err;
 
   // Built against another LibTorch (as reported by the plugin): refused before any call into it.
   ASSERT_EQ(sh(cfg + " -B " + dir + "/torch -DCMAKE_CXX_FLAGS='-DKVB_PLUGIN_TORCH_VERSION=\\\"0.0.1\\\"'" +

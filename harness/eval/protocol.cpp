@@ -1,0 +1,68 @@
+#include "harness/eval/protocol.h"
+
+#include <cstdlib>
+
+#include "harness/common/error.h"
+#include "harness/common/strings.h"
+#include "harness/metrics/metric_table.h"
+
+namespace kvb {
+
+std::string Protocol::dataset_label(const nlohmann::json& protocol) const {
+  return protocol.contains("dataset") ? protocol.at("dataset").get<std::string>() : "synthetic";
+}
+
+int64_t Protocol::expected_samples(const nlohmann::json&) const { return 1; }
+
+void Protocol::check_inputs(const nlohmann::json&, const std::string&, const InputCheck&) const {}
+
+SampleMetricDef table_sample_metric(const std::string& name, const std::string& source,
+                                    bool exp_transform) {
+  const MetricInfo& m = metric_info(name);
+  return {name, std::string(m.unit),
+          m.direction == "higher" ? Direction::kHigher : Direction::kLower, source, exp_transform};
+}
+
+void Protocol::sample_sums(const nlohmann::json& sample, const SampleSumSink& put) const {
+  task_sample_sums(sample, put);
+}
+
+std::vector<int64_t> protocol_int_list(const nlohmann::json& protocol, const std::string& key,
+                                       const std::string& what, int64_t min, int64_t max) {
+  std::vector<int64_t> out;
+  for (const std::string& item : split(protocol.at(key).get<std::string>(), ',')) {
+    char* end = nullptr;
+    const long long v = std::strtoll(item.c_str(), &end, 10);
+    KVB_CHECK(!item.empty() && end && *end == '\0' && v >= min && v <= max, "config.protocol.", key,
+              ": '", item, "' is not a ", what, " in [", min, ", ", max, "]");
+    out.push_back(v);
+  }
+  return out;
+}
+
+double sample_number(const nlohmann::json& j, const char* key, double fallback) {
+  if (j.contains(key) && j[key].is_number()) return j[key].get<double>();
+  return fallback;
+}
+
+const std::vector<SampleMetricDef>& task_sample_metrics() {
+  static const std::vector<SampleMetricDef> v = [] {
+    std::vector<SampleMetricDef> out;
+    for (const auto& m : all_metrics()) {
+      if (m.unit != "fraction") continue;
+      out.push_back({std::string(m.name), std::string(m.unit),
+                     m.direction == "higher" ? Direction::kHigher : Direction::kLower, "", false});
+    }
+    return out;
+  }();
+  return v;
+}
+
+void task_sample_sums(const nlohmann::json& j, const SampleSumSink& put) {
+  const nlohmann::json& scores = j.contains("scores") && j["scores"].is_object() ? j["scores"] : j;
+  for (const auto& d : task_sample_metrics())
+    if (scores.contains(d.name) && scores[d.name].is_number())
+      put(d.name, scores[d.name].get<double>(), 1);
+}
+
+}  // namespace kvb

@@ -1,0 +1,145 @@
+// The qa protocol (harness/eval/qa.h): a context, then questions answered greedily and paired with
+// the full cache's answers; one sample per context.
+
+#include "harness/eval/qa.h"
+
+#include "harness/eval/protocol_registry.h"
+#include "harness/eval/protocols/model_run.h"
+#include "harness/formats/tokenizer.h"
+#include "harness/model/model.h"
+
+namespace kvb {
+namespace {
+
+class QaRun : public ModelRun {
+ public:
+  explicit QaRun(const RunContext& ctx)
+      : ModelRun(ctx), tok_(std::make_unique<Tokenizer>(model_->tokenizer_path)) {
+    nlohmann::json p = proto_;
+    p["seed"] = ctx.resolved["seed"];
+    samples_ = qa_samples(*tok_, p, ctx.env.data_dir, ctx.env.cache_dir, &dataset_hash_);
+    KVB_CHECK(!samples_.empty(), "config.protocol: the qa source '",
+              proto_["source"].get<std::string>(), "' yields no samples");
+    opts_.mode = proto_["mode"];
+    opts_.prefill_chunk = proto_["prefill_chunk"];
+    opts_.cache_dir = ctx.env.cache_dir;
+    opts_.chat = resolve_chat_template(proto_["chat_template"], tok_->chat_template(),
+                                       "config.protocol.chat_template");
+    if (opts_.chat.active()) ctx.log("chat template: " + opts_.chat.describe());
+  }
+  int64_t samples() const override { return static_cast<int64_t>(samples_.size()); }
+  std::string sample_key(int64_t i) const override { return samples_[i].key; }
+
+  SampleOutput run_sample(int64_t i, const StoredSamples&) override {
+    QaSampleResult r = run_qa_sample(model_, *tok_, method_, method_params_, samples_[i], opts_);
+    nlohmann::json j = r.to_json();
+    j["meta"] = samples_[i].meta;
+    j["dataset_hash"] = dataset_hash_;
+    j["chat_template"] = opts_.chat.describe();
+    double score = 0;
+    for (const auto& it : r.items) score += it.score;
+    return {j, "sample " + std::to_string(i + 1) + "/" + std::to_string(samples_.size()) +
+                   ": score " + std::to_string(score / std::max<size_t>(1, r.items.size())) + " (" +
+                   std::to_string(r.context_tokens) + " context tokens)"};
+  }
+  std::vector<Metric> metrics(const StoredSamples& stored) const override {
+    return qa_metrics(parsed<QaSampleResult>(stored), caps_.simulated);
+  }
+
+ private:
+  std::unique_ptr<Tokenizer> tok_;
+  std::vector<QaSample> samples_;
+  std::string dataset_hash_;
+  QaOptions opts_;
+};
+
+class QaProtocol : public PlannedProtocol<QaRun> {
+ public:
+  QaProtocol()
+      : PlannedProtocol(
+            "qa",
+            "context then questions, greedy answers scored by the task metric and paired with "
+            "the full cache's answers; query-agnostic (one compressed context, many questions) "
+            "or query-aware",
+            {string_param(
+                 "source", "synthetic", {"synthetic", "recall", "longbench"},
+                 "synthetic: RULER-style generated tasks; recall: story-recall questions on a "
+                 "corpus (small models can do it); longbench: LongBench-format JSONL"),
+             string_param("task", "niah_single_1", {}, "synthetic task name (source synthetic)"),
+             int_param("length", 1024, 0, 1 << 24,
+                       "target prompt tokens (synthetic); max context tokens, middle-truncated "
+                       "(longbench; 0: none)"),
+             int_param("num_samples", 4, 1, 1 << 20, "samples (per depth when depths are given)"),
+             string_param("depths", "", {},
+                          "comma-separated needle depths in [0, 1]; \"\": RULER's grid"),
+             string_param("corpus", "", {},
+                          "haystack corpus for synthetic tasks (\"\": the task default)"),
+             string_param("dataset", "tinystories-valid-sample", {}, "corpus of the recall source"),
+             int_param("questions", 2, 1, 64, "questions per story (recall)"),
+             string_param("mode", "query_agnostic", {"query_agnostic", "query_aware"},
+                          "compress the context before the question is seen, or with it"),
+             string_param(
+                 "chat_template", "auto", {"auto", "none", "chatml", "llama3", "mistral", "gemma"},
+                 "wrap context + question in one user turn of an instruct model's template; auto: "
+                 "the tokenizer's own (GGUF tokenizer.chat_template, tokenizer_config.json), else "
+                 "none"),
+             int_param("max_new_tokens", 0, 0, 1 << 16,
+                       "answer length cap (0: the task's default)"),
+             string_param("path", "", {}, "LongBench JSONL file (source longbench)"),
+             string_param("tasks", "", {},
+                          "LongBench per-task prompt/metric JSON (source longbench)"),
+             bool_param("skip_bad_lines", false,
+                        "longbench: skip (and count) malformed JSONL lines instead of failing on "
+                        "the first"),
+             int_param("prefill_chunk", 512, 1, 1 << 22, "tokens per prefill step")}) {
+    info_.needs_tokenizer = true;
+    ProtocolReport& r = info_.report;
+    // The task score and the agreement with the full cache's answers are qa's own (not in the
+    // table).
+    r.sample_metrics = {{"accuracy", "fraction", Direction::kHigher, "", false},
+                        {"agreement_with_full", "fraction", Direction::kHigher, "", false},
+                        table_sample_metric("bytes_per_token"),
+                        table_sample_metric("ttft_ms")};
+    r.default_metric = "accuracy";
+    // The query-time work beside accuracy (document reuse trades it), when every run recorded it.
+    r.secondary_metrics = {"ttft_ms"};
+    r.secondary_needs_all_runs = true;
+    r.paired_in_sample = {
+        {"accuracy", "full_accuracy"}};  // each item stores the full cache's score
+  }
+
+  // The task and length, recall:<corpus> or longbench:<file>.
+  std::string dataset_label(const nlohmann::json& proto) const override {
+    const std::string src = proto.at("source");
+    if (src == "synthetic")
+      return proto.at("task").get<std::string>() + "@" +
+             std::to_string(proto.at("length").get<int64_t>());
+    if (src == "recall") return "recall:" + proto.at("dataset").get<std::string>();
+    return "longbench:" + proto.at("path").get<std::string>();
+  }
+
+  void sample_sums(const nlohmann::json& j, const SampleSumSink& put) const override {
+    double score = 0, full = 0, agree = 0, n = 0;
+    if (j.contains("items") && j["items"].is_array())
+      for (const auto& it : j["items"]) {
+        score += sample_number(it, "score");
+        full += sample_number(it, "full_score");
+        agree += it.value("prediction", std::string()) ==
+                 it.value("full_prediction", std::string("\x01"));
+        n += 1;
+      }
+    put("accuracy", score, n);
+    put("full_accuracy", full, n);
+    put("agreement_with_full", agree, n);
+    if (j.contains("timing") && j["timing"].is_object()) {  // rows stored before timings lack it
+      const double c = sample_number(j["timing"], "context_s", -1),
+                   q = sample_number(j["timing"], "question_s", -1);
+      if (c >= 0 && q >= 0) put("ttft_ms", 1e3 * (c + q), 1);
+    }
+  }
+};
+
+}  // namespace
+}  // namespace kvb
+
+KVB_REGISTER_PROTOCOL(qa, kvb::QaProtocol);
