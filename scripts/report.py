@@ -79,23 +79,42 @@ def same(value, wanted):
 
 
 class Db:
-    def __init__(self, path):
+    def __init__(self, path, kvbench):
         if not os.path.isfile(path):
             raise PageError(f"{path}: no such results database (run the grids first)")
         self.path = path
+        self.kvbench = kvbench
+        self.grid_cells = {}
         self.con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
         self.runs = []
-        for rid, grid, dataset, cfg, prov, wall in self.con.execute(
-                "SELECT id, grid, dataset, config_json, provenance_json, wall_s FROM runs WHERE status = 'done'"):
+        for rid, chash, grid, dataset, cfg, prov, wall in self.con.execute(
+                "SELECT id, config_hash, grid, dataset, config_json, provenance_json, wall_s FROM runs "
+                "WHERE status = 'done'"):
             c = json.loads(cfg)
             f = flatten(c)
             f["dataset"] = dataset
-            self.runs.append({"id": rid, "grid": grid, "flat": f, "prov": json.loads(prov), "wall": wall or 0.0})
+            self.runs.append({"id": rid, "hash": chash, "grid": grid, "flat": f, "prov": json.loads(prov), "wall": wall or 0.0})
+
+    def cells(self, grid):
+        """The config hashes of a grid's cells as this kvbench resolves configs/grids/GRID.json: a run
+        belongs to a grid when its config is one of the grid's cells, whichever grid ran it first (a
+        cell two grids share runs once)."""
+        if grid not in self.grid_cells:
+            cfg = os.path.join(ROOT, "configs", "grids", grid + ".json")
+            if not os.path.isfile(cfg):
+                raise PageError(f"grid {grid}: no {os.path.relpath(cfg, ROOT)}")
+            r = subprocess.run([self.kvbench, "grid", "-c", cfg, "--db", self.path, "--dry-run", "--json"],
+                               capture_output=True, text=True)
+            if r.returncode != 0:
+                raise PageError(f"grid {grid}: {r.stderr.strip()}")
+            self.grid_cells[grid] = {c["config_hash"] for c in json.loads(r.stdout)["cells"]}
+        return self.grid_cells[grid]
 
     def select(self, args):
-        grids = args.get("grid", "").split(",")
+        grids = [g for g in args.get("grid", "").split(",") if g]
+        cells = set().union(*(self.cells(g) for g in grids)) if grids else None
         sel = {k: v for k, v in args.items() if k not in ("grid", "metric", "fmt")}
-        hits = [r for r in self.runs if (not grids[0] or r["grid"] in grids)
+        hits = [r for r in self.runs if (cells is None or r["hash"] in cells)
                 and all(k in r["flat"] and same(r["flat"][k], v) for k, v in sel.items())]
         return hits
 
@@ -136,6 +155,8 @@ def provenance(db, args):
     runs = db.select({"grid": args.get("grid", "")})
     if not runs:
         raise PageError(f"no finished run of grid {args.get('grid')} in {db.path}")
+    grids = [g for g in args.get("grid", "").split(",") if g]
+    expected = len(set().union(*(db.cells(g) for g in grids))) if grids else len(runs)
     by_commit = {}
     for r in runs:
         key = r["prov"].get("git_commit", "?")[:10] + (" with uncommitted changes" if r["prov"].get("git_dirty") else "")
@@ -147,7 +168,8 @@ def provenance(db, args):
     when = sorted(r["prov"].get("collected_at", "")[:10] for r in runs)
     wall = sum(r["wall"] for r in runs)
     span = when[0] if when[0] == when[-1] else f"{when[0]} to {when[-1]}"
-    return (f"{len(runs)} runs at commit {', '.join(commits)}; {', '.join(cpus)}, {', '.join(devices)}, "
+    count = f"{len(runs)} runs" if expected == len(runs) else f"{len(runs)} of the {expected} cells"
+    return (f"{count} at commit {', '.join(commits)}; {', '.join(cpus)}, {', '.join(devices)}, "
             f"{'/'.join(threads)} threads; collected {span}; {wall:,.0f} s of runs")
 
 
@@ -198,13 +220,31 @@ def table(db, args):
 
 
 def leaderboard(db, args, kvbench):
-    cmd = [kvbench, "leaderboard", "--db", db.path]
-    for k in ("grid", "protocol", "dataset", "model", "metric"):
-        if k in args:
-            cmd += [f"--{k}", args[k]]
-    r = subprocess.run(cmd, capture_output=True, text=True)
+    """`kvbench leaderboard` over the grid's cells: a copy of the database holding only them (a
+    cell another grid ran first is still this grid's), so the full-cache baseline a table pairs with
+    is the grid's own."""
+    import tempfile
+    grids = [g for g in args.get("grid", "").split(",") if g]
+    with tempfile.TemporaryDirectory() as tmp:
+        path = db.path
+        if grids:
+            keep = set().union(*(db.cells(g) for g in grids))
+            path = os.path.join(tmp, "cells.sqlite")
+            dst = sqlite3.connect(path)
+            db.con.backup(dst)
+            dst.execute("PRAGMA foreign_keys = ON")
+            dst.execute("CREATE TEMP TABLE keep (h TEXT PRIMARY KEY)")
+            dst.executemany("INSERT INTO keep VALUES (?)", [(h,) for h in keep])
+            dst.execute("DELETE FROM runs WHERE config_hash NOT IN (SELECT h FROM keep)")
+            dst.commit()
+            dst.close()
+        cmd = [kvbench, "leaderboard", "--db", path]
+        for k in ("protocol", "dataset", "model", "metric"):
+            if k in args:
+                cmd += [f"--{k}", args[k]]
+        r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode != 0:
-        raise PageError(f"{' '.join(cmd)}: {r.stderr.strip()}")
+        raise PageError(f"kvbench leaderboard: {r.stderr.strip()}")
     lines = []
     for line in r.stdout.splitlines():
         if line.startswith("## kvbench leaderboard"):
@@ -243,7 +283,8 @@ def render(name, db, kvbench, partial, missing):
                     raise PageError("{{v}} needs metric=")
                 hits = db.select(args)
                 if len(hits) != 1:
-                    raise PageError(f"{len(hits)} finished runs match (want 1)")
+                    sel = " ".join(f"{k}={v}" for k, v in args.items())
+                    raise PageError(f"{len(hits)} finished runs match {sel} (want 1)")
                 found = db.metric(hits[0]["id"], args["metric"])
                 if found is None:
                     raise PageError(f"run {hits[0]['id']} has no metric {args['metric']}")
@@ -278,7 +319,7 @@ def main():
     a = ap.parse_args()
     names = a.pages or sorted(p[:-3] for p in os.listdir(PAGES) if p.endswith(".md"))
     try:
-        db = Db(a.db)
+        db = Db(a.db, a.kvbench)
     except PageError as e:
         print(f"report: {e}", file=sys.stderr)
         return 2

@@ -17,7 +17,7 @@ import sqlite3
 import sys
 
 # Keys that hold a timing or a cache-hit flag: they differ between two runs of identical code.
-VOLATILE = re.compile(r"(tok_s|_ms|_ms_|ttft|tpot|timing|wall|seconds|_s$|_s_|baseline_from_cache|elapsed)")
+VOLATILE = re.compile(r"(tok_s|_ms|_ms_|ttft|tpot|timing|wall|seconds|_s$|_s_|baseline_from_cache|from_cache|elapsed)")
 
 
 def strip(v):
