@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# scripts/device-check.sh: the one command for a GPU machine (DESIGN.md §9, specs/performance.md §7).
+# scripts/device-check.sh: the one command for a GPU machine (docs/DESIGN.md §10).
 # Run from anywhere; it works in the repository root. On a fresh H200 it
 #   1. records the machine (nvidia-smi clocks/temperature before and after, nvcc, torch, compilers);
 #   2. builds the torch-free CUDA kernels, tests and micro-benchmarks as the standalone project

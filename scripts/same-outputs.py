@@ -1,9 +1,12 @@
 #!/usr/bin/env python3
 """Checks that two results databases hold the same per-sample outputs (a refactor's regression check).
 
-    scripts/same-outputs.py A.sqlite B.sqlite [--grid NAME]
+    scripts/same-outputs.py A.sqlite B.sqlite [--grid NAME] [--ignore-param METHOD.PARAM=VALUE ...]
 
-Runs are paired by config hash (the resolved config, so the same cell of the same grid). Each pair's
+Runs are paired by their resolved config (the same cell of the same grid). A change that appends a
+parameter to a method changes its configs; --ignore-param drops that parameter where it has the given
+(default) value before pairing, so the old run pairs with the new one (e.g. --ignore-param
+snapkv.allocator=uniform). Each pair's
 samples are compared key by key after dropping what legitimately differs between two runs of the same
 code: wall-clock timings (throughput, latencies, seconds) and whether a baseline came from the on-disk
 cache. Everything else (predictions, scores, NLL, KL, bytes, tokens held, counters) must be equal to the
@@ -50,13 +53,37 @@ def first_diff(a, b, path=""):
     return None if a == b else f"{path}: {a!r} vs {b!r}"
 
 
-def runs(db, grid):
-    q = "SELECT id, config_hash, method, protocol FROM runs WHERE status = 'done'"
+def pair_key(config_json, ignored):
+    c = json.loads(config_json)
+    m = c.get("method", {})
+    params = m.get("params", {})
+    for (method, param), value in ignored.items():
+        if m.get("name") == method and param in params and json.dumps(params[param]) == json.dumps(value):
+            del params[param]
+    return json.dumps(c, sort_keys=True)
+
+
+def runs(db, grid, ignored):
+    q = "SELECT id, config_json, method, protocol FROM runs WHERE status = 'done'"
     args = ()
     if grid:
         q += " AND grid = ?"
         args = (grid,)
-    return {h: (i, m, p) for i, h, m, p in db.execute(q, args)}
+    return {pair_key(c, ignored): (i, m, p) for i, c, m, p in db.execute(q, args)}
+
+
+def parse_ignored(items):
+    out = {}
+    for item in items:
+        key, _, value = item.partition("=")
+        method, _, param = key.partition(".")
+        if not method or not param or not value:
+            raise ValueError(f"--ignore-param {item!r}: want METHOD.PARAM=VALUE")
+        try:
+            out[(method, param)] = json.loads(value)
+        except json.JSONDecodeError:
+            out[(method, param)] = value
+    return out
 
 
 def samples(db, run_id):
@@ -69,31 +96,33 @@ def main():
     ap.add_argument("a")
     ap.add_argument("b")
     ap.add_argument("--grid")
+    ap.add_argument("--ignore-param", action="append", default=[], metavar="METHOD.PARAM=VALUE")
     args = ap.parse_args()
     try:
+        ignored = parse_ignored(args.ignore_param)
         da = sqlite3.connect(f"file:{args.a}?mode=ro", uri=True)
         db = sqlite3.connect(f"file:{args.b}?mode=ro", uri=True)
-        ra, rb = runs(da, args.grid), runs(db, args.grid)
-    except sqlite3.Error as e:
+        ra, rb = runs(da, args.grid, ignored), runs(db, args.grid, ignored)
+    except (sqlite3.Error, ValueError) as e:
         print(f"same-outputs: {e}", file=sys.stderr)
         return 2
     shared = sorted(set(ra) & set(rb))
     diffs = []
     for h in sorted(set(ra) ^ set(rb)):
         side, (_, m, p) = ("A", ra[h]) if h in ra else ("B", rb[h])
-        diffs.append(f"run {h[:12]} ({m}, {p}) only in {side}")
+        diffs.append(f"run ({m}, {p}) only in {side}: {h[:160]}")
     n_samples = 0
     for h in shared:
         (ia, m, p), (ib, _, _) = ra[h], rb[h]
         sa, sb = samples(da, ia), samples(db, ib)
         if set(sa) != set(sb):
-            diffs.append(f"run {h[:12]} ({m}, {p}): sample sets differ")
+            diffs.append(f"run {ia} / {ib} ({m}, {p}): sample sets differ")
             continue
         for i in sorted(sa):
             n_samples += 1
             d = first_diff(strip(sa[i]), strip(sb[i]))
             if d:
-                diffs.append(f"run {h[:12]} ({m}, {p}) sample {i}{d}")
+                diffs.append(f"run {ia} / {ib} ({m}, {p}) sample {i}{d}")
     print(f"{len(shared)} shared runs, {n_samples} samples compared, {len(diffs)} differences")
     for d in diffs[:20]:
         print("  " + d)

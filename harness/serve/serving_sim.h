@@ -33,7 +33,7 @@ struct ServeTarget {
   int64_t max_context = 0;        // longer requests are rejected
 };
 
-// A simulated accelerator. Defaults: the H200 figures measured in specs/performance.md (copy
+// A simulated accelerator. Defaults: the H200 figures measured on the device (copy
 // bandwidth 4.3 TB/s, bf16 GEMM 790 TFLOP/s) and PCIe Gen5 host-to-device 55 GB/s.
 struct ServeHardware {
   double hbm_gbps = 4300;

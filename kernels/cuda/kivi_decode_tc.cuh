@@ -4,7 +4,7 @@
 //
 // Why: on CUDA cores the KIVI kernel spends about a dozen instructions per code (extract, convert,
 // GQA-wide multiply-adds), which at 2 and 4 bits costs more time than reading the codes
-// (specs/performance.md §3). Here the scales leave the inner products altogether:
+//. Here the scales leave the inner products altogether:
 //   score(h, j) = sum_c (q_hc * s_c) * code_jc + sum_c q_hc * min_c            (key scale s_c per
 //                 channel and page: folded into q once per page, the min into a bias)
 //   out(h, c)   = sum_j (p_hj * s_jG) * code_jc + sum_j p_hj * min_jG           (value scale per

@@ -1,5 +1,5 @@
 #pragma once
-// DMS's eviction decisions (Łańcucki et al., NeurIPS 2025; specs/methods-seeds.md §9), the
+// DMS's eviction decisions (Łańcucki et al., NeurIPS 2025), the
 // separate-adapter variant: per layer, alpha_t = scale * (RMSNorm(x_t; g) . W^T + b) + offset,
 // one logit per KV head, from the residual stream x_t entering the layer (before its attention
 // norm). alpha > 0 means "evict". The decision at position t + 1 decides token t (shifted by one);

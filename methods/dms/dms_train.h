@@ -1,6 +1,6 @@
 #pragma once
 // `kvbench dms-train`: retrofits DMS's eviction adapters (dms_adapter.h) onto a frozen model by
-// distillation (specs/methods-seeds.md §9, the NVIDIA code's adapter-only recipe). Per step:
+// distillation (the NVIDIA code's adapter-only recipe). Per step:
 //   teacher  the model without eviction (no gradient): log p_t;
 //   student  the same weights with a soft delayed-eviction bias in every layer: for query i and key
 //            j with i - j > window, score + log(1 - e_j), e_j = sigmoid((alpha_{j+1} + g) / tau), g

@@ -1,5 +1,5 @@
 #pragma once
-// KV Packet's trained soft tokens (Chen et al., arXiv 2604.13226; specs/methods-seeds.md §8): a header
+// KV Packet's trained soft tokens (Chen et al., arXiv 2604.13226): a header
 // H [h, dim] and a trailer T [t, dim] in input-embedding space, shared by every document. A document
 // is prefilled alone as [H, emb(doc), T] from position 0 -- its "packet" -- and packets are placed one
 // after another at query time with their keys re-rotated, without recomputing a token. Only H and T

@@ -1,6 +1,6 @@
 #pragma once
 // `kvbench packet-train`: trains KV Packet's header and trailer (packet_adapter.h) on a frozen model
-// by self-supervised distillation (specs/methods-seeds.md §8, the authors' recipe at our scale):
+// by self-supervised distillation (the authors' recipe at our scale):
 //   data     RULER-style synthetic samples (passkey, needles...) at `length` tokens from a training
 //            seed; the context cut into documents of about `doc_tokens` (harness/eval/documents.h),
 //            exactly as the qa protocol cuts it (several sizes: sample i gets the i-th, cyclically);

@@ -1,5 +1,5 @@
 #pragma once
-// KVTuner's offline part (Li et al., ICML 2025; specs/methods-seeds.md §1 (a) steps 3-7): the
+// KVTuner's offline part (Li et al., ICML 2025 (a) steps 3-7): the
 // search that produces the per-layer (bK, bV) precision config the online `kvtuner` cache loads.
 //
 //   1. profile    for every layer l and every pair p in {2,4,8}^2:

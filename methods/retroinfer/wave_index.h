@@ -4,7 +4,7 @@
 // the centroids with the query and reads the best clusters exactly, the next ones through their
 // centroid (tripartite attention, retroinfer.cpp).
 //
-// Clustering ([code]/[inferred], specs/methods-seeds.md §7): the span's mean key is subtracted, the
+// Clustering (from the official code, or inferred where it is silent): the span's mean key is subtracted, the
 // span is cut into segments of at most `segment` tokens, and each segment gets ceil(n_seg /
 // cluster_size) clusters by spherical k-means on the centered keys (assignment by cosine, `iters`
 // Lloyd rounds, deterministic init on evenly spaced tokens). Centroids are stored as the members'

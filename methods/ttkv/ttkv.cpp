@@ -1,4 +1,4 @@
-// ttkv: TTKV, a temporal-tiered KV cache (arXiv 2604.19769; specs/methods-seeds.md §5: the
+// ttkv: TTKV, a temporal-tiered KV cache (arXiv 2604.19769: the
 // abstract and a secondary summary only, no code: most of this is the [inferred] design the spec
 // writes down). The sequence is cut into blocks of `block_size` tokens. The fast tier (the device)
 // holds the first `sink_blocks` blocks and the newest `fast_blocks` complete blocks (plus the open

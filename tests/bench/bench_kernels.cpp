@@ -1,5 +1,5 @@
 // CPU micro-benchmarks of the decode and cache kernels (decode_attention.h, kivi_cache.h,
-// kv_append.h) with a same-process memory-copy ceiling (specs/performance.md §4: report CPU kernels
+// kv_append.h) with a same-process memory-copy ceiling (report CPU kernels
 // as a fraction of a 2-thread copy). Bytes counters count what each kernel reads: K/V payload
 // (codes, scales, mins, residual rows) plus index arrays; the "fp16_equiv" counter counts the fp16
 // K/V of the same context, so its rate against the fp16 kernel's is the user-visible speedup.

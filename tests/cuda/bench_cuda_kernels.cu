@@ -1,5 +1,5 @@
 // GPU micro-benchmarks of kvbench's decode kernels, measured against a device-to-device copy timed
-// in the same process (specs/performance.md §7). Built, not run by ctest.
+// in the same process. Built, not run by ctest.
 //
 //   kvb_cuda_bench --json=PATH [--quick] [--filter=SUBSTR]   built-in runner: every case, a JSON
 //                                                            file and a table on stdout

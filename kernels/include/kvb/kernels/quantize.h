@@ -1,6 +1,6 @@
 #pragma once
 // Asymmetric uniform group quantization with bit packing, for 2, 3, 4 and 8 bits (KIVI, KVTuner,
-// SpeCache, TTKV: "P1" in specs/methods-seeds.md). Torch-free: raw pointers, explicit shapes.
+// SpeCache, TTKV: the primitive they all share). Torch-free: raw pointers, explicit shapes.
 //
 // Groups. A matrix x: [rows, cols] fp32 is cut into groups of `group_size` consecutive elements
 // along one axis; the last group along the axis is shorter when the axis length is not a multiple
