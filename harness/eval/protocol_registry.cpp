@@ -1,6 +1,7 @@
 #include "harness/eval/protocol_registry.h"
 
 #include "harness/common/error.h"
+#include "harness/common/registry_name.h"
 #include "harness/common/strings.h"
 
 namespace kvb {
@@ -13,10 +14,7 @@ ProtocolRegistry& ProtocolRegistry::instance() {
 void ProtocolRegistry::add(std::unique_ptr<Protocol> protocol) {
   KVB_CHECK(protocol != nullptr, "protocol registration: no protocol");
   ProtocolInfo info = protocol->info();
-  KVB_CHECK(!info.name.empty(), "protocol registration: empty name");
-  for (char c : info.name)
-    KVB_CHECK((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_', "protocol name '",
-              info.name, "' must match [a-z0-9_]+");
+  check_registry_name("protocol", info.name);
   auto it = protocols_.find(info.name);
   KVB_CHECK(it == protocols_.end(), "protocol '", info.name, "' is registered twice (",
             it == protocols_.end() ? "" : it->second.info.origin, " and ", info.origin, ")");

@@ -4,6 +4,7 @@
 #include "harness/kv/windowed_kv_cache.h"
 
 #include "harness/common/error.h"
+#include "harness/common/registry_name.h"
 #include "harness/common/strings.h"
 
 namespace kvb {
@@ -14,10 +15,7 @@ MethodRegistry& MethodRegistry::instance() {
 }
 
 void MethodRegistry::add(MethodInfo info, CacheFactory factory) {
-  KVB_CHECK(!info.name.empty(), "method registration: empty name");
-  for (char c : info.name)
-    KVB_CHECK((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_', "method name '",
-              info.name, "' must match [a-z0-9_]+");
+  check_registry_name("method", info.name);
   auto it = methods_.find(info.name);
   KVB_CHECK(it == methods_.end(), "method '", info.name, "' is registered twice (",
             it == methods_.end() ? "" : it->second.info.origin, " and ", info.origin, ")");
