@@ -163,14 +163,15 @@ def provenance(db, args):
         by_commit[key] = by_commit.get(key, 0) + 1
     commits = [k if len(by_commit) == 1 else f"{k} ({n})" for k, n in sorted(by_commit.items())]
     cpus = sorted({r["prov"].get("cpu_model", "?") for r in runs})
-    threads = sorted({str(r["flat"].get("threads", r["prov"].get("threads", "?"))) for r in runs})
+    # threads 0 in a config is the machine's default; the provenance says how many that was.
+    threads = sorted({str(r["flat"].get("threads") or r["prov"].get("threads", "?")) for r in runs})
     devices = sorted({f"{r['flat'].get('device', '?')} {r['flat'].get('dtype', '?')}" for r in runs})
     when = sorted(r["prov"].get("collected_at", "")[:10] for r in runs)
     wall = sum(r["wall"] for r in runs)
     span = when[0] if when[0] == when[-1] else f"{when[0]} to {when[-1]}"
     count = f"{len(runs)} runs" if expected == len(runs) else f"{len(runs)} of the {expected} cells"
     return (f"{count} at commit {', '.join(commits)}; {', '.join(cpus)}, {', '.join(devices)}, "
-            f"{'/'.join(threads)} threads; collected {span}; {wall:,.0f} s of runs")
+            f"threads {'/'.join(threads)}; collected {span}; {wall:,.0f} s of runs")
 
 
 def run_label(run, runs):
