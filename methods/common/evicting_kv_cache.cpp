@@ -365,6 +365,9 @@ void EvictingKvCache::begin_step(const StepBatch& batch) {
       s.heads.assign(static_cast<size_t>(L_), std::vector<Head>(static_cast<size_t>(Hkv_)));
       s.window_q.resize(static_cast<size_t>(L_));
       s.window_len.assign(static_cast<size_t>(L_), 0);
+      s.q_sum.resize(static_cast<size_t>(L_));
+      s.q_outer.resize(static_cast<size_t>(L_));
+      s.q_count.assign(static_cast<size_t>(L_), 0);
     }
     KVB_ASSERT(s.seen == batch.past_lens[b], opts_.name, "sequence ", id, " has seen ", s.seen,
               " tokens but the step says ", batch.past_lens[b]);
@@ -406,6 +409,53 @@ void EvictingKvCache::push_window(Seq& s, int layer, const at::Tensor& q, int64_
   wl = keep + n;
 }
 
+void EvictingKvCache::clear_last_rows(Seq& s) {
+  for (auto& layer : s.heads)
+    for (auto& h : layer) std::vector<float>().swap(h.last);
+}
+
+bool EvictingKvCache::collecting_query_stats(const Seq& s) const {
+  return needs_.query_stats_from >= 0 &&
+         (!s.decoding || sched_.every_decode_steps > 0 || sched_.after_step);
+}
+
+void EvictingKvCache::push_query_stats(Seq& s, int layer, const at::Tensor& q,
+                                       const StepBatch& batch, int64_t start, int64_t n) {
+  // Rows before query_stats_from (the sinks) are left out; the rest are rotated back to pre-RoPE
+  // (a rotation by minus the row's position) and summed with their outer products.
+  const int64_t skip = std::min<int64_t>(n, std::max<int64_t>(0, needs_.query_stats_from - s.seen));
+  const int64_t m = n - skip;
+  if (m <= 0) return;
+  std::vector<int64_t> pos(batch.positions.begin() + start + skip,
+                           batch.positions.begin() + start + n);
+  ensure_rope(*std::max_element(pos.begin(), pos.end()) + 1);
+  at::Tensor p = at::tensor(pos, at::kLong);
+  at::Tensor cos = rope_cos_.index_select(0, p).repeat_interleave(Hq_, 0);   // [m * Hq, D / 2]
+  at::Tensor sin = -rope_sin_.index_select(0, p).repeat_interleave(Hq_, 0);  // the inverse
+  at::Tensor rows = q.narrow(0, start + skip, m).to(at::kCPU, at::kFloat).reshape({m * Hq_, D_});
+  at::Tensor pre = rotate_rows(rows, cos, sin, ctx_.config.rope_style == RopeStyle::kInterleaved)
+                       .view({m, Hq_, D_})
+                       .permute({1, 0, 2});  // [Hq, m, D]
+  at::Tensor outer = at::bmm(pre.transpose(1, 2), pre).to(at::kDouble);  // [Hq, D, D]
+  at::Tensor sum = pre.sum(1).to(at::kDouble);                            // [Hq, D]
+  if (!s.q_sum[layer].defined()) {
+    s.q_sum[layer] = sum;
+    s.q_outer[layer] = outer;
+  } else {
+    s.q_sum[layer].add_(sum);
+    s.q_outer[layer].add_(outer);
+  }
+  s.q_count[layer] += m;
+}
+
+void EvictingKvCache::free_query_stats(Seq& s) {
+  for (size_t l = 0; l < s.q_sum.size(); ++l) {
+    s.q_sum[l] = at::Tensor();
+    s.q_outer[l] = at::Tensor();
+    s.q_count[l] = 0;
+  }
+}
+
 void EvictingKvCache::free_windows(Seq& s) {
   for (size_t l = 0; l < s.window_q.size(); ++l) {
     s.window_q[l] = at::Tensor();
@@ -429,6 +479,8 @@ at::Tensor EvictingKvCache::attend(const LayerInput& in) {
       Seq& s = seq(batch.seq_ids[b]);
       attend_seq_fast(s, in.layer, q, k, v, batch.q_indptr[b], batch.new_tokens(b), out);
       if (collecting_window(s)) push_window(s, in.layer, q, batch.q_indptr[b], batch.new_tokens(b));
+      if (collecting_query_stats(s))
+        push_query_stats(s, in.layer, q, batch, batch.q_indptr[b], batch.new_tokens(b));
     }
   } else {
     const at::Tensor& k = opts_.position_mode == PositionMode::kRerotated ? *in.k_pre_rope : *in.k;
@@ -437,6 +489,8 @@ at::Tensor EvictingKvCache::attend(const LayerInput& in) {
       attend_seq_generic(s, in.layer, *in.q, k, *in.v, batch.q_indptr[b], batch.new_tokens(b), out);
       if (collecting_window(s))
         push_window(s, in.layer, *in.q, batch.q_indptr[b], batch.new_tokens(b));
+      if (collecting_query_stats(s))
+        push_query_stats(s, in.layer, *in.q, batch, batch.q_indptr[b], batch.new_tokens(b));
     }
   }
   return out;
@@ -591,9 +645,9 @@ void EvictingKvCache::end_step(const StepBatch& batch) {
       compress(s, Trigger::kPeriodic, 0);
       s.since_compress = 0;
     }
-    if (needs_.last_row)
-      for (auto& layer : s.heads)
-        for (auto& h : layer) std::vector<float>().swap(h.last);
+    // A prompt compressed at its end (schedule end_prefill) is scored by its last step's last
+    // row, so that row stays until end_prefill; otherwise it is scratch of this step.
+    if (needs_.last_row && (s.decoding || !sched_.end_prefill)) clear_last_rows(s);
     s.step_tokens = 0;
   }
 }
@@ -603,12 +657,15 @@ void EvictingKvCache::end_prefill(int64_t seq_id) {
   if (it == seqs_.end()) return;
   Seq& s = it->second;
   if (sched_.end_prefill) compress(s, Trigger::kEndPrefill, 0);
+  if (needs_.last_row) clear_last_rows(s);
   if (opts_.codec)
     for (int l = 0; l < L_; ++l)
       for (int64_t h = 0; h < Hkv_; ++h)
         if (s.heads[l][h].ks.p) flush_pending(s, l, h);
   s.since_compress = 0;
   if (sched_.every_decode_steps == 0) free_windows(s);
+  if (!collecting_query_stats(s) || (sched_.every_decode_steps == 0 && !sched_.after_step))
+    free_query_stats(s);
 }
 
 void EvictingKvCache::compress(Seq& s, Trigger trigger, int64_t incoming) {
@@ -622,11 +679,29 @@ void EvictingKvCache::compress_layer(Seq& s, int layer, Trigger trigger, int64_t
   v.n_layers = static_cast<int>(L_);
   v.n_kv_heads = Hkv_;
   v.group = G_;
+  v.head_dim = D_;
   v.seen = s.seen;
   v.incoming = incoming;
   v.window = needs_.window > 0 ? s.window_len[layer] : 0;
+  v.next_pos = s.next_pos;
+  v.sm_scale = sm_scale_;
   v.heads.resize(static_cast<size_t>(Hkv_));
   std::vector<std::vector<float>> win(static_cast<size_t>(Hkv_)), norms(static_cast<size_t>(Hkv_));
+  std::vector<std::vector<float>> kbuf(static_cast<size_t>(needs_.kv ? Hkv_ : 0)),
+      vbuf(static_cast<size_t>(needs_.kv ? Hkv_ : 0));
+  at::Tensor q_mean, q_cov;
+  if (needs_.query_stats_from >= 0) {
+    ensure_rope(s.next_pos + needs_.rope_ahead + 1);
+    v.rope = {rope_len_, D_ / 2, ctx_.config.rope_style == RopeStyle::kInterleaved,
+              rope_cos_.data_ptr<float>(), rope_sin_.data_ptr<float>()};
+    if (s.q_count[layer] > 0) {
+      const double n = static_cast<double>(s.q_count[layer]);
+      at::Tensor mu = s.q_sum[layer] / n;  // [Hq, D]
+      q_mean = mu.to(at::kFloat).contiguous();
+      q_cov = (s.q_outer[layer] / n - mu.unsqueeze(2) * mu.unsqueeze(1)).to(at::kFloat).contiguous();
+      v.queries = {s.q_count[layer], q_mean.data_ptr<float>(), q_cov.data_ptr<float>()};
+    }
+  }
   for (int64_t h = 0; h < Hkv_; ++h) {
     Head& hd = s.heads[layer][h];
     HeadView& hv = v.heads[h];
@@ -641,6 +716,11 @@ void EvictingKvCache::compress_layer(Seq& s, int layer, Trigger trigger, int64_t
     if (needs_.key_norm) {
       norms[h] = key_norms(hd);
       hv.key_norm = norms[h].data();
+    }
+    if (needs_.kv && hd.len > 0) {
+      kept_rows_f32(s, hd, &kbuf[h], &vbuf[h]);
+      hv.keys = kbuf[h].data();
+      hv.values = vbuf[h].data();
     }
   }
   std::vector<std::vector<int64_t>> keep(static_cast<size_t>(Hkv_));
@@ -692,6 +772,29 @@ std::vector<float> EvictingKvCache::window_scores(Seq& s, int layer, int64_t hea
   return out;
 }
 
+void EvictingKvCache::kept_rows_f32(const Seq& s, const Head& h, std::vector<float>* keys,
+                                    std::vector<float>* values) {
+  const int64_t len = h.len, base = s.next_pos - len;
+  keys->resize(static_cast<size_t>(len * D_));
+  values->resize(static_cast<size_t>(len * D_));
+  if (fast_) {
+    const float* K = keys_f32(stored_keys(h, &dec_k_), len, base, &scratch_k_);
+    std::copy(K, K + len * D_, keys->begin());
+    if (opts_.codec) {
+      at::Tensor V = stored_rows(h, 1);
+      std::copy(V.data_ptr<float>(), V.data_ptr<float>() + len * D_, values->begin());
+    } else {
+      const float* V = h.kv.data_ptr<float>() + h.cap * D_;  // kv is [2, cap, D]
+      std::copy(V, V + len * D_, values->begin());
+    }
+    return;
+  }
+  at::Tensor K = keys_generic(h, len, base).to(at::kCPU, at::kFloat).contiguous();
+  at::Tensor V = h.kv.select(0, 1).narrow(0, 0, len).to(at::kCPU, at::kFloat).contiguous();
+  std::copy(K.data_ptr<float>(), K.data_ptr<float>() + len * D_, keys->begin());
+  std::copy(V.data_ptr<float>(), V.data_ptr<float>() + len * D_, values->begin());
+}
+
 std::vector<float> EvictingKvCache::key_norms(const Head& h) {
   std::vector<float> out(static_cast<size_t>(h.len), 0.f);
   if (h.len == 0) return out;
@@ -726,6 +829,9 @@ void EvictingKvCache::fork(int64_t src_id, int64_t dst_id) {
       if (h.kv.defined()) h.kv = h.kv.clone();
   for (auto& w : copy.window_q)
     if (w.defined()) w = w.clone();
+  for (auto* stats : {&copy.q_sum, &copy.q_outer})
+    for (auto& t : *stats)
+      if (t.defined()) t = t.clone();
   seqs_[dst_id] = std::move(copy);
 }
 
@@ -744,6 +850,9 @@ void EvictingKvCache::splice(int64_t dst_id, const std::vector<SpliceSource>& so
   dst.heads.assign(static_cast<size_t>(L_), std::vector<Head>(static_cast<size_t>(Hkv_)));
   dst.window_q.resize(static_cast<size_t>(L_));
   dst.window_len.assign(static_cast<size_t>(L_), 0);
+  dst.q_sum.resize(static_cast<size_t>(L_));
+  dst.q_outer.resize(static_cast<size_t>(L_));
+  dst.q_count.assign(static_cast<size_t>(L_), 0);
   dst.seen = total;
   dst.next_pos = total;
   for (int l = 0; l < L_; ++l) {
@@ -847,6 +956,9 @@ Footprint EvictingKvCache::footprint() const {
     }
     for (const auto& w : s.window_q)
       if (w.defined()) window_bytes += w.numel() * elem_;
+    for (const auto* stats : {&s.q_sum, &s.q_outer})
+      for (const auto& t : *stats)
+        if (t.defined()) host_meta += t.numel() * 8;
     entries_all += entries;
     f.tokens_held += entries / (L_ * Hkv_);
   }

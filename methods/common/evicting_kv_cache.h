@@ -31,11 +31,13 @@
 //
 // Signals the store computes for a policy (EvictionPolicy::Needs): accumulated attention of every
 // query row (H2O), the last query's attention row (TOVA), observation-window attention of the last
-// `window` queries, kept per layer while needed (SnapKV family), key L2 norms (KnormPress).
+// `window` queries, kept per layer while needed (SnapKV family), key L2 norms (KnormPress), the
+// kept keys and values as fp32 rows (KeyDiff, LagKV, CUR), and the pre-RoPE query mean and
+// covariance per query head with the model's RoPE angles (Expected Attention).
 //
 // Ledger (footprint()): payload = live K/V bytes; reserved = capacity slack (K/V and the per-entry
-// arrays); index = the int32 token indices; metadata = accumulated scores and observation-window
-// query buffers while held. Host-side arrays count as device_* on a CPU run and as host_bytes on a
+// arrays); index = the int32 token indices; metadata = accumulated scores, observation-window
+// query buffers and query statistics (fp64, host) while held. Host-side arrays count as device_* on a CPU run and as host_bytes on a
 // GPU run. tokens_held = entries / (layers x KV heads) per sequence (token equivalents, floored);
 // logical_bytes = entries x uncompressed bytes per entry (exact).
 //
@@ -95,6 +97,27 @@ struct HeadView {
       nullptr;  // [group, len] per query head of the group: attention of the
                 //       observation-window queries, summed over them (Needs::window)
   const float* key_norm = nullptr;  // [len] key L2 norms (Needs::key_norm)
+  // [len, head_dim] fp32 (Needs::kv): the kept keys as the next query reads them (post-RoPE; in
+  // rerotated mode rotated to the positions that end right before the next one) and values
+  // (decoded when a codec stores them).
+  const float* keys = nullptr;
+  const float* values = nullptr;
+};
+
+// Statistics of the pre-RoPE queries a layer has seen (Needs::query_stats), per query head.
+struct QueryStats {
+  int64_t count = 0;            // query rows accumulated (token index >= Needs::query_stats_from)
+  const float* mean = nullptr;  // [n_heads, head_dim]
+  const float* cov = nullptr;   // [n_heads, head_dim, head_dim], the population covariance
+};
+
+// The model's RoPE angles, positions 0 .. rows - 1 (at least up to next_pos + Needs::rope_ahead).
+struct RopeAngles {
+  int64_t rows = 0;
+  int64_t half = 0;             // head_dim / 2
+  bool interleaved = false;     // channel pairs (2i, 2i + 1) rather than (i, i + half)
+  const float* cos = nullptr;   // [rows, half]
+  const float* sin = nullptr;   // [rows, half]
 };
 
 enum class Trigger { kBeforeStep, kAfterStep, kEndPrefill, kPeriodic };
@@ -105,11 +128,16 @@ struct LayerView {
   int n_layers = 1;
   int64_t n_kv_heads = 1;
   int64_t group = 1;            // query heads per KV head
+  int64_t head_dim = 0;
   int64_t seen = 0;             // tokens the sequence has appended (before the incoming ones)
   int64_t incoming = 0;         // kBeforeStep: tokens about to be appended; else 0
   int64_t window = 0;           // observation-window queries behind HeadView::window (the last
                                 // `window` tokens, token indices seen - window .. seen - 1)
+  int64_t next_pos = 0;         // the RoPE position of the sequence's next token
+  float sm_scale = 1.0f;        // the model's attention scale
   std::vector<HeadView> heads;  // [n_kv_heads]
+  QueryStats queries;           // Needs::query_stats
+  RopeAngles rope;              // Needs::query_stats
   int64_t total() const { return seen + incoming; }
 };
 
@@ -120,6 +148,13 @@ class EvictionPolicy {
     bool last_row = false;    // TOVA: the last query row of each step
     int64_t window = 0;       // SnapKV family: keep the last `window` queries per layer
     bool key_norm = false;    // KnormPress
+    bool kv = false;          // the kept keys and values themselves (KeyDiff, LagKV, CUR)
+    // Pre-RoPE query mean and covariance per query head, from the rows whose token index is at
+    // least query_stats_from (Expected Attention skips the sinks), kept as metadata while a
+    // compression may still read them; -1: not collected. rope_ahead: RoPE angles this many
+    // positions past the next one are handed over with them.
+    int64_t query_stats_from = -1;
+    int64_t rope_ahead = 0;
   };
   struct Schedule {
     bool before_step = false;        // make room before a step's tokens are appended
@@ -191,7 +226,8 @@ class EvictingKvCache : public KvCache {
     bool evicted = false;      // has lost entries: grows linearly from then on
     std::vector<int32_t> idx;  // [cap]
     std::vector<float> acc;    // [cap] or empty
-    std::vector<float> last;   // [len] during a step's end, else empty (scratch)
+    std::vector<float> last;   // [len] during a step's end (and, for a policy compressing at
+                               // end_prefill, from the last prompt step to it), else empty
   };
   struct Seq {
     int64_t seen = 0;
@@ -203,6 +239,10 @@ class EvictingKvCache : public KvCache {
     std::vector<std::vector<Head>> heads;  // [layer][kv head]
     std::vector<at::Tensor> window_q;      // [layer]: [window, n_heads, head_dim] or undefined
     std::vector<int64_t> window_len;       // [layer]: valid rows (the most recent queries)
+    // Needs::query_stats: [layer] sums of pre-RoPE query rows [n_heads, head_dim] and of their
+    // outer products [n_heads, head_dim, head_dim], fp64 CPU (undefined once freed), and counts.
+    std::vector<at::Tensor> q_sum, q_outer;
+    std::vector<int64_t> q_count;
   };
 
   Seq& seq(int64_t id);
@@ -220,6 +260,12 @@ class EvictingKvCache : public KvCache {
   void compress_layer(Seq& s, int layer, Trigger trigger, int64_t incoming);
   void push_window(Seq& s, int layer, const at::Tensor& q, int64_t start, int64_t n);
   void free_windows(Seq& s);
+  // Adds the pre-RoPE queries of the sequence's rows start .. start + n - 1 of q to its statistics.
+  void push_query_stats(Seq& s, int layer, const at::Tensor& q, const StepBatch& batch,
+                        int64_t start, int64_t n);
+  void free_query_stats(Seq& s);
+  void clear_last_rows(Seq& s);
+  bool collecting_query_stats(const Seq& s) const;
   void ensure_rope(int64_t n_pos);
   // Keys of head `h` ready for attention at positions base .. base + rows - 1 (rerotated mode), or
   // the stored post-RoPE keys (absolute mode). CPU fp32 fills `scratch`; generic returns a tensor.
@@ -239,6 +285,9 @@ class EvictingKvCache : public KvCache {
   // window[g * len + j] for head `h` of `layer`.
   std::vector<float> window_scores(Seq& s, int layer, int64_t head);
   std::vector<float> key_norms(const Head& h);
+  // The head's kept keys (as the next query reads them) and values, fp32 [len, head_dim].
+  void kept_rows_f32(const Seq& s, const Head& h, std::vector<float>* keys,
+                     std::vector<float>* values);
 
   CacheContext ctx_;
   Options opts_;

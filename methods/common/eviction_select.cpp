@@ -231,6 +231,31 @@ ParamSpec compress_every_param() {
                    "steps (kvpress DecodingPress style), scoring with the last window queries");
 }
 
+std::vector<ParamSpec> eviction_schedule_params() {
+  return {string_param("schedule", "continuous", {"continuous", "prefill"},
+                       "continuous: evict as tokens arrive, prefill and decode (the paper); "
+                       "prefill: once at the end of the prompt (kvpress), and every "
+                       "compress_every decode steps if set"),
+          int_param("compress_every", 0, 0, 1 << 20,
+                    "schedule=prefill: also compress every k decode steps (kvpress "
+                    "DecodingPress); 0: never")};
+}
+
+EvictionPolicy::Schedule parse_eviction_schedule(const nlohmann::json& p,
+                                                 const std::string& method,
+                                                 EvictionPolicy::Schedule continuous) {
+  const int64_t every = p.at("compress_every").get<int64_t>();
+  if (p.at("schedule").get<std::string>() == "continuous") {
+    KVB_CHECK(every == 0, "method ", method, ".compress_every: ", every,
+              " needs schedule=prefill (schedule=continuous already evicts at every step)");
+    return continuous;
+  }
+  EvictionPolicy::Schedule s;
+  s.end_prefill = true;
+  s.every_decode_steps = every;
+  return s;
+}
+
 SnapSettings parse_snap(const nlohmann::json& p, const std::string& method,
                         const std::map<std::string, SnapSettings>& presets) {
   const std::string preset = p.at("preset").get<std::string>();

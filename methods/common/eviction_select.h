@@ -84,6 +84,16 @@ SnapSettings parse_snap(const nlohmann::json& p, const std::string& method,
                         const std::map<std::string, SnapSettings>& presets);
 // compress_every (shared by the prefill-scored methods): 0 = only at the end of prefill.
 ParamSpec compress_every_param();
+// For the methods that evict as they go (StreamingLLM, H2O, TOVA): schedule = continuous (before
+// and/or after every step, prefill chunks and decode steps: the papers) | prefill (once at the end
+// of the prompt, as kvpress applies every press; with compress_every k > 0 also every k decode
+// steps, kvpress's DecodingPress), plus compress_every.
+std::vector<ParamSpec> eviction_schedule_params();
+// `continuous` is the method's own schedule; returns it or the prefill one `p` asks for.
+// compress_every without schedule=prefill is refused (errors name `method`).
+EvictionPolicy::Schedule parse_eviction_schedule(const nlohmann::json& p,
+                                                 const std::string& method,
+                                                 EvictionPolicy::Schedule continuous);
 std::map<std::string, double> snap_settings_counters(const SnapSettings& s);
 
 // How an eviction method stores what it keeps (eviction x quantization, physically):

@@ -43,12 +43,15 @@ ScoredMethod h2o_method() {
       string_param("score", "sum", {"sum", "mean"},
                    "sum: raw accumulated attention (official); mean: divided by the number "
                    "of queries that saw the token (kvpress ObservedAttention)")};
-  m.parts = [](const nlohmann::json& p, const std::string&, const Budget&) {
+  for (auto& spec : eviction_schedule_params()) m.info.params.push_back(spec);
+  m.parts = [](const nlohmann::json& p, const std::string& method, const Budget&) {
     PolicyParts parts;
     parts.scorer = std::make_unique<H2oScorer>(p.at("score").get<std::string>() == "mean");
     parts.protect.sinks = p.at("sinks").get<int64_t>();
     parts.protect.recent_fraction = p.at("recent_fraction").get<double>();
-    parts.schedule.after_step = true;
+    EvictionPolicy::Schedule continuous;
+    continuous.after_step = true;
+    parts.schedule = parse_eviction_schedule(p, method, continuous);
     parts.settings = {{"setting.recent_fraction", parts.protect.recent_fraction},
                       {"setting.sinks", static_cast<double>(parts.protect.sinks)}};
     return parts;

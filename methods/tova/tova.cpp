@@ -53,11 +53,14 @@ ScoredMethod tova_method() {
   m.info.params = {bool_param("keep_current", false,
                               "never evict the newest token (kvpress); the official code may "
                               "evict it")};
-  m.parts = [](const nlohmann::json& p, const std::string&, const Budget&) {
+  for (auto& spec : eviction_schedule_params()) m.info.params.push_back(spec);
+  m.parts = [](const nlohmann::json& p, const std::string& method, const Budget&) {
     PolicyParts parts;
     parts.scorer = std::make_unique<TovaScorer>(allocator_pools_heads(p));
     parts.protect.recent_tokens = p.at("keep_current").get<bool>() ? 1 : 0;
-    parts.schedule.after_step = true;
+    EvictionPolicy::Schedule continuous;
+    continuous.after_step = true;
+    parts.schedule = parse_eviction_schedule(p, method, continuous);
     return parts;
   };
   return m;

@@ -100,7 +100,8 @@ TEST(EvictCodec, QuarterBudgetWithTwoBitCodesStoresTheCodecsExactBytes) {
 }
 
 TEST(EvictCodec, EveryEvictionMethodTakesEveryCodec) {
-  for (const char* m : {"streaming_llm", "h2o", "tova", "snapkv", "pyramidkv", "adakv", "knorm"}) {
+  for (const char* m : {"streaming_llm", "h2o", "tova", "snapkv", "pyramidkv", "adakv", "knorm",
+                        "keydiff", "lagkv", "cur", "expected_attention", "chunkkv"}) {
     for (const char* c : {"fp16", "bf16", "kivi-4", "pertoken-2", "pertoken-8"}) {
       Engine* e = nullptr;
       at::Tensor l = trace(make(m, {{"budget", 0.5}, {"codec", c}, {"codec_residual", 32}}), &e);

@@ -1,4 +1,5 @@
-// The token-eviction methods (streaming_llm, h2o, tova, snapkv, pyramidkv, adakv, knorm) and their
+// The token-eviction methods (streaming_llm, h2o, tova, snapkv, pyramidkv, adakv, knorm, keydiff,
+// lagkv, cur, expected_attention, chunkkv) and their
 // shared physical store (methods/common/evicting_kv_cache): selection rules on hand-built attention
 // patterns with known kept sets, keep-everything = full logits, re-rotation, the exact ledger,
 // counters, determinism, fork/truncate, and 256-token streams of stories260K. Then the parts they
@@ -22,18 +23,23 @@
 #include "methods/common/evicting_kv_cache.h"
 #include "methods/common/eviction_select.h"
 #include "methods/common/protect.h"
+#include "tests/methods/cache_driver.h"
 #include "tests/methods/method_test_util.h"
 #include "tests/support/test_support.h"
 
 namespace kvb {
 namespace {
 
+using test::Driver;
 using test::rnd;
 using test::tiny;
 
-const std::vector<std::string> kEvictMethods = {"streaming_llm", "h2o",   "tova", "snapkv",
-                                                "pyramidkv",     "adakv", "knorm"};
-const std::vector<std::string> kPrefillMethods = {"snapkv", "pyramidkv", "adakv", "knorm"};
+const std::vector<std::string> kEvictMethods = {
+    "streaming_llm", "h2o", "tova", "snapkv", "pyramidkv", "adakv", "knorm", "keydiff", "lagkv",
+    "cur", "expected_attention", "chunkkv"};
+const std::vector<std::string> kPrefillMethods = {"snapkv",  "pyramidkv", "adakv",
+                                                  "knorm",   "keydiff",   "lagkv",
+                                                  "cur",     "expected_attention", "chunkkv"};
 
 bool is_prefill_method(const std::string& n) {
   return std::find(kPrefillMethods.begin(), kPrefillMethods.end(), n) != kPrefillMethods.end();
@@ -56,50 +62,6 @@ EvictingKvCache& evict(KvCache& kv) {
   if (e == nullptr) throw std::runtime_error(kv.name() + " is not an EvictingKvCache");
   return *e;
 }
-
-// Drives a cache by hand: the same q/k/v for every layer of the config.
-struct Driver {
-  KvCache* kv;
-  int64_t n_layers;
-  int64_t seq = 0;
-  int64_t pos = 0;
-  StepBatch make_batch(int64_t n, Phase ph) const {
-    StepBatch b;
-    b.seq_ids = {seq};
-    b.q_indptr = {0, n};
-    b.past_lens = {kv->seq_len(seq)};
-    for (int64_t i = 0; i < n; ++i) b.positions.push_back(pos + i);
-    b.phase = ph;
-    return b;
-  }
-  // q: [n, Hq, D]; k (post-RoPE), v, k_pre: [n, Hkv, D]. Returns layer 0's output.
-  at::Tensor attend_all(const StepBatch& b, const at::Tensor& q, const at::Tensor& k,
-                        const at::Tensor& v, const at::Tensor& k_pre) {
-    at::Tensor out;
-    for (int64_t l = 0; l < n_layers; ++l) {
-      LayerInput in;
-      in.layer = static_cast<int>(l);
-      in.q = &q;
-      in.k = &k;
-      in.k_pre_rope = k_pre.defined() ? &k_pre : &k;
-      in.v = &v;
-      in.batch = &b;
-      in.sm_scale = 1.0f / std::sqrt(static_cast<float>(q.size(2)));
-      at::Tensor o = kv->attend(in);
-      if (l == 0) out = o;
-    }
-    return out;
-  }
-  at::Tensor step(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                  Phase ph = Phase::kDecode, const at::Tensor& k_pre = at::Tensor()) {
-    StepBatch b = make_batch(q.size(0), ph);
-    kv->begin_step(b);
-    at::Tensor out = attend_all(b, q, k, v, k_pre);
-    kv->end_step(b);
-    pos += q.size(0);
-    return out;
-  }
-};
 
 std::vector<int32_t> range_idx(std::initializer_list<std::pair<int32_t, int32_t>> spans) {
   std::vector<int32_t> v;
