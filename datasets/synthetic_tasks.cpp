@@ -64,6 +64,12 @@ constexpr const char* kFweQuestion =
 constexpr const char* kFweAnswerPrefix =
     " Answer: According to the coded text above, the three most frequently appeared words are:";
 
+// The copy task (kvbench's own: a long answer, for decode-time compression). Not RULER's.
+constexpr const char* kCopyInstruction = "Here is a list of words:\n";
+constexpr const char* kCopyQuestion =
+    "Write the same list of words again, exactly as it is, separated by spaces.";
+constexpr const char* kCopyAnswerPrefix = "";
+
 // RULER's tokens_to_generate per task family.
 constexpr int64_t kNiahMaxNewTokens = 128;
 constexpr int64_t kVtMaxNewTokens = 30;
@@ -76,7 +82,7 @@ constexpr int kMaxAttempts = 32;  // fresh draws when a value happens to occur t
 // ---------------------------------------------------------------------------------------------
 // Task table.
 
-enum class Kind { kNiah, kVt, kCwe, kFwe, kPasskey };
+enum class Kind { kNiah, kVt, kCwe, kFwe, kPasskey, kCopy };
 
 struct TaskDef {
   const char* name;
@@ -107,6 +113,7 @@ const std::vector<TaskDef>& task_defs() {
       {"cwe", Kind::kCwe, R"({})"},
       {"fwe", Kind::kFwe, R"({"alpha":2.0,"vocab_size":0,"coded_wordlen":6})"},
       {"passkey", Kind::kPasskey, R"({"digits":5})"},
+      {"copy", Kind::kCopy, R"({})"},
   };
   return kDefs;
 }
@@ -123,6 +130,8 @@ std::vector<std::string> param_names(Kind kind) {
       return {"alpha", "vocab_size", "coded_wordlen"};
     case Kind::kPasskey:
       return {"digits"};
+    case Kind::kCopy:
+      return {};
   }
   return {};
 }
@@ -540,6 +549,9 @@ class Generator {
         passkey_digits_ = static_cast<int>(p.at("digits").get<int64_t>());
         effective_ = p;
         break;
+      case Kind::kCopy:
+        effective_ = p;
+        break;
     }
   }
 
@@ -555,6 +567,8 @@ class Generator {
         return fwe(seed);
       case Kind::kPasskey:
         return passkey(depth, seed);
+      case Kind::kCopy:
+        return copy(seed);
     }
     KVB_FAIL("unreachable");
   }
@@ -1319,6 +1333,55 @@ class Generator {
     return s;
   }
 
+  // ---- copy: a long answer ----
+
+  // The context is a list of nouns (no word twice in a row; each distinct while the noun list
+  // lasts) that fills the target length, padded with dots to within a token; the answer is the
+  // whole list, scored in order (ordered_word_recall), so the answer is about as long as the
+  // context and a method that compresses while decoding is measured on what it keeps.
+  TaskSample copy(uint64_t seed) {
+    std::mt19937_64 rng(seed);
+    const auto& nouns = key_nouns();
+    std::vector<std::string> words;
+    std::vector<size_t> order(nouns.size());
+    auto draw = [&](size_t n) {
+      while (words.size() < n) {
+        std::iota(order.begin(), order.end(), size_t{0});
+        for (size_t i = order.size(); i > 1; --i) std::swap(order[i - 1], order[uniform_index(rng, i)]);
+        for (size_t i : order) {
+          if (words.size() >= n) break;
+          if (!words.empty() && words.back() == nouns[i]) continue;
+          words.push_back(nouns[i]);
+        }
+      }
+    };
+    auto list = [&](int64_t n, int64_t dots) {
+      draw(static_cast<size_t>(n));
+      std::string t;
+      for (int64_t i = 0; i < n; ++i) t += (i ? " " : "") + words[static_cast<size_t>(i)];
+      return t + "." + std::string(static_cast<size_t>(dots), '.');
+    };
+    TaskSample s = base_sample(seed, "ordered_word_recall", 0);
+    s.preamble = kCopyInstruction;
+    s.postamble = "\n";
+    s.question = kCopyQuestion;
+    s.answer_prefix = kCopyAnswerPrefix;
+    const std::string rest = s.postamble + s.question + s.answer_prefix;
+    const int64_t n = search_units(1, 1 << 24, budget_, true,
+                                   [&](int64_t k) { return prompt_count(s.preamble, list(k, 0), rest); });
+    const int64_t dots = search_units(0, 64, budget_, false,
+                                      [&](int64_t d) { return prompt_count(s.preamble, list(n, d), rest); });
+    s.context = list(n, dots);
+    std::string answer;
+    for (int64_t i = 0; i < n; ++i) answer += (i ? " " : "") + words[static_cast<size_t>(i)];
+    s.answers = {answer};
+    s.context_tokens = counter_.count(s.context);
+    // Room for the whole list and its full stop, plus a little.
+    s.max_new_tokens = counter_.count(" " + answer) + 16;
+    s.multiline_answer = true;  // a model may put the list on the line after a lead-in
+    return s;
+  }
+
   TokenCounter counter_;
   const TaskSpec& spec_;
   const TaskDef& def_;
@@ -1498,6 +1561,8 @@ TaskSpec resolve_task_spec(const TaskSpec& spec) {
     case Kind::kPasskey:
       p["digits"] = get_int(p, t, "digits", 1, 18);
       break;
+    case Kind::kCopy:
+      break;
   }
   r.params = p;
   if (uses_corpus(def.kind, p)) {
@@ -1564,7 +1629,7 @@ SampleSet generate_task(const Tokenizer& tokenizer, const TaskSpec& spec) {
 }
 
 json sample_to_json(const TaskSample& s) {
-  return {{"index", s.index},
+  json j = {{"index", s.index},
           {"task", s.task},
           {"seed", s.seed},
           {"preamble", s.preamble},
@@ -1583,6 +1648,9 @@ json sample_to_json(const TaskSample& s) {
           {"target_tokens", s.target_tokens},
           {"actual_tokens", s.actual_tokens},
           {"hash", s.hash}};
+  // Written only when set, so the samples of the single-line tasks keep their hashes.
+  if (s.multiline_answer) j["multiline_answer"] = true;
+  return j;
 }
 
 TaskSample sample_from_json(const json& j, const std::string& src) {
@@ -1607,6 +1675,7 @@ TaskSample sample_from_json(const json& j, const std::string& src) {
   s.target_tokens = field<int64_t>(j, "target_tokens", src);
   s.actual_tokens = field<int64_t>(j, "actual_tokens", src);
   s.hash = field<std::string>(j, "hash", src);
+  s.multiline_answer = j.value("multiline_answer", false);
   return s;
 }
 

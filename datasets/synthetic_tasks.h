@@ -16,6 +16,8 @@
 //   fwe              frequent words extraction: Zipf(alpha = 2) coded words, top 3
 //   passkey          "The pass key is 71432. Remember it. 71432 is the pass key." in noise
 //                    (the Landmark Attention / LongLoRA prompt)
+//   copy             kvbench's own long-answer task: a list of nouns filling the context, to be
+//                    repeated in order (answer ~ as long as the context; ordered_word_recall)
 // The prompt texts are RULER's (scripts/data/synthetic/constants.py and niah.py), typos included
 // ("assgined"), so scores can be set beside RULER's; where kvbench differs it says so in
 // synthetic_tasks.cpp, next to the code.
@@ -103,6 +105,10 @@ struct TaskSample {
   std::vector<std::string> answers;
   std::string metric;          // "string_match_all" (RULER's metric for every synthetic task)
   int64_t max_new_tokens = 0;  // RULER's tokens_to_generate for the task
+  // False: the answer is its first line (a protocol stops at the first newline, as RULER's
+  // single-line answers are scored); true: it may span lines (the copy task), stopped by EOS or
+  // max_new_tokens only.
+  bool multiline_answer = false;
 
   std::optional<double> depth;  // needle tasks: the requested depth of the target needle
   std::string needle;           // needle tasks: the target needle's text ("" otherwise)

@@ -55,7 +55,7 @@ void register_grid(CLI::App& app) {
     std::string shard;
     std::vector<std::string> sets;
     std::string models_dir, data_dir, cache_dir;
-    bool dry_run = false, json = false, quiet = false, verbose = false;
+    bool dry_run = false, json = false, quiet = false, verbose = false, schema_only = false;
     std::string progress = "auto";
   };
   auto args = std::make_shared<Args>();
@@ -66,6 +66,9 @@ void register_grid(CLI::App& app) {
   sub->add_option("--shard", args->shard, "run only shard i of n (cells whose number is i modulo n), e.g. 0/4");
   sub->add_option("--set", args->sets, "override a run config key in every cell: a.b.c=value (repeatable)");
   sub->add_flag("--dry-run,-n", args->dry_run, "print the plan (cells, which are done) and run nothing");
+  sub->add_flag("--schema-only", args->schema_only,
+                "with --dry-run: expand and validate the configs without looking for the models and "
+                "data files (to plan a grid meant for another machine)");
   sub->add_flag("--json", args->json, "print the plan / summary as JSON");
   sub->add_option("--models-dir", args->models_dir, "extra directory to look models up in");
   sub->add_option("--data-dir", args->data_dir, "data directory (else $KVBENCH_DATA, ./data, ../shared/data)");
@@ -77,7 +80,9 @@ void register_grid(CLI::App& app) {
   sub->add_flag("--quiet,-q", args->quiet, "no progress output (same as --progress none)");
   sub->callback([args] {
     if (!args->dry_run) check_db_path(args->db, "--db");
+    KVB_CHECK(args->dry_run || !args->schema_only, "grid: --schema-only needs --dry-run");
     GridOptions go;
+    go.check_inputs = !args->schema_only;
     go.sets = args->sets;
     go.models_dir = args->models_dir;
     go.data_dir = args->data_dir;

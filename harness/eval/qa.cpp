@@ -380,7 +380,7 @@ std::vector<QaSample> qa_samples(const Tokenizer& tok, const nlohmann::json& p,
       s.context = t.context_prompt();
       s.items.push_back({t.query_prompt(), t.answers, t.metric, {}});
       s.max_new_tokens = p["max_new_tokens"].get<int64_t>() > 0 ? p["max_new_tokens"].get<int64_t>() : t.max_new_tokens;
-      s.stop = {"\n"};
+      if (!t.multiline_answer) s.stop = {"\n"};
       s.meta = {{"task", t.task}, {"target_tokens", t.target_tokens}, {"actual_tokens", t.actual_tokens}};
       if (t.depth) s.meta["depth"] = *t.depth;
       out.push_back(std::move(s));

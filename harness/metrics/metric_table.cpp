@@ -26,6 +26,9 @@ const std::vector<MetricInfo>& table() {
       {"string_match_part", "fraction", kHigher,
        "RULER: 1 when any reference string is contained (case-insensitive) in the answer, "
        "averaged"},
+      {"ordered_word_recall", "fraction", kHigher,
+       "longest common subsequence of the answer's words and the reference's (SQuAD-normalized) "
+       "/ reference words: how much of a list was repeated in order (the copy task), averaged"},
       {"qa_f1", "fraction", kHigher,
        "LongBench qa_f1_score: token F1 of the normalized answer vs the best reference, averaged"},
       {"rouge_l", "fraction", kHigher,

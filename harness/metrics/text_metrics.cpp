@@ -256,6 +256,13 @@ double match_all(std::string_view prediction, const std::vector<std::string>& re
   return string_match_all(prediction, refs);
 }
 
+double ordered_recall(std::string_view prediction, const std::vector<std::string>& refs,
+                      const std::vector<std::string>&) {
+  double best = 0.0;
+  for (const auto& r : refs) best = std::max(best, ordered_word_recall(prediction, r));
+  return best;
+}
+
 double match_part(std::string_view prediction, const std::vector<std::string>& refs,
                   const std::vector<std::string>&) {
   return string_match_part(prediction, refs);
@@ -266,6 +273,7 @@ const std::vector<std::pair<std::string, Scorer>>& registry() {
       {"exact_match", &max_over_references<exact_match>},
       {"string_match_all", &match_all},
       {"string_match_part", &match_part},
+      {"ordered_word_recall", &ordered_recall},
       {"qa_f1", &max_over_references<qa_f1>},
       {"rouge_l", &max_over_references<rouge_l>},
       {"classification", &classification_max},
@@ -289,6 +297,20 @@ std::string normalize_answer(std::string_view s) {
 
 double exact_match(std::string_view prediction, std::string_view reference) {
   return normalize_answer(prediction) == normalize_answer(reference) ? 1.0 : 0.0;
+}
+
+double ordered_word_recall(std::string_view prediction, std::string_view reference) {
+  const std::vector<std::string> ref = split_whitespace(normalize_answer(reference));
+  if (ref.empty()) return 0.0;
+  const std::vector<std::string> pred = split_whitespace(normalize_answer(prediction));
+  // Longest common subsequence, one row at a time (O(|ref|) memory).
+  std::vector<int64_t> row(ref.size() + 1, 0), next(ref.size() + 1, 0);
+  for (const auto& w : pred) {
+    for (size_t j = 0; j < ref.size(); ++j)
+      next[j + 1] = w == ref[j] ? row[j] + 1 : std::max(row[j + 1], next[j]);
+    std::swap(row, next);
+  }
+  return static_cast<double>(row.back()) / static_cast<double>(ref.size());
 }
 
 double string_match_all(std::string_view prediction, const std::vector<std::string>& references) {

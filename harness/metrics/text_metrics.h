@@ -28,6 +28,10 @@ std::string normalize_answer(std::string_view s);
 // 1 when normalize_answer(prediction) == normalize_answer(reference), else 0.
 double exact_match(std::string_view prediction, std::string_view reference);
 
+// The longest common subsequence of the prediction's and the reference's words (both
+// normalize_answer'd) over the reference's word count: how much of a list came back in order.
+double ordered_word_recall(std::string_view prediction, std::string_view reference);
+
 // RULER string_match_all: the fraction of references that occur, case-insensitively, as substrings
 // of the prediction. RULER string_match_part: 1 when any reference occurs (the max). Empty
 // references throw kvb::Error.

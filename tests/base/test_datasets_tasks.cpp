@@ -21,6 +21,7 @@
 #include "harness/common/error.h"
 #include "harness/common/mapped_file.h"
 #include "harness/formats/tokenizer.h"
+#include "harness/metrics/text_metrics.h"
 #include "tests/base/base_test_util.h"
 
 namespace kvb {
@@ -76,7 +77,8 @@ void check_sample(const Tokenizer& tok, const TaskSample& s, int64_t target,
   EXPECT_EQ(s.target_tokens, target);
   EXPECT_LE(std::llabs(actual - target), target / 100) << "actual " << actual;
   EXPECT_EQ(s.context_tokens, exact_tokens(tok, s.context));
-  EXPECT_EQ(s.metric, "string_match_all");
+  EXPECT_EQ(s.metric, s.task == "copy" ? "ordered_word_recall" : "string_match_all");
+  EXPECT_EQ(s.multiline_answer, s.task == "copy");
   EXPECT_GT(s.max_new_tokens, 0);
   ASSERT_FALSE(s.answers.empty());
   for (const auto& a : s.answers) {
@@ -88,10 +90,11 @@ void check_sample(const Tokenizer& tok, const TaskSample& s, int64_t target,
 
 TEST(RulerTasks, NamesAndParameters) {
   const auto& names = synthetic_task_names();
-  EXPECT_EQ(names.size(), 12u);
+  EXPECT_EQ(names.size(), 13u);
   for (const char* t :
        {"niah_single_1", "niah_single_2", "niah_single_3", "niah_multikey_1", "niah_multikey_2",
-        "niah_multikey_3", "niah_multivalue", "niah_multiquery", "vt", "cwe", "fwe", "passkey"})
+        "niah_multikey_3", "niah_multivalue", "niah_multiquery", "vt", "cwe", "fwe", "passkey",
+        "copy"})
     EXPECT_NE(std::find(names.begin(), names.end(), t), names.end()) << t;
   EXPECT_EQ(task_param_names("vt"),
             (std::vector<std::string>{"num_chains", "num_hops", "few_shot"}));
@@ -306,6 +309,26 @@ TEST(RulerTasks, FrequentWordsZipf) {
   EXPECT_GT(counts[s.answers[1]], counts[s.answers[2]]);
   EXPECT_GT(counts[s.answers[2]], rest_max);
   for (const auto& a : s.answers) EXPECT_EQ(a.size(), 6u);
+}
+
+TEST(RulerTasks, CopyAsksForTheWholeListInOrder) {
+  const TaskSample s = generate_task(llama2(), make_spec("copy", 512)).samples[0];
+  ASSERT_EQ(s.answers.size(), 1u);
+  std::istringstream in(s.answers[0]);
+  std::vector<std::string> words;
+  for (std::string w; in >> w;) words.push_back(w);
+  // The list fills the context (less the instruction), no word twice in a row, and ends with a
+  // full stop (then dots that pad the length).
+  EXPECT_GT(words.size(), 100u);
+  for (size_t i = 1; i < words.size(); ++i) EXPECT_NE(words[i], words[i - 1]) << i;
+  EXPECT_EQ(s.context.rfind(s.answers[0] + ".", 0), 0u);
+  // Room for the whole answer.
+  EXPECT_GE(s.max_new_tokens, exact_tokens(llama2(), " " + s.answers[0]));
+  EXPECT_DOUBLE_EQ(ordered_word_recall(s.answers[0] + ".", s.answers[0]), 1.0);
+  // The flag round-trips; other tasks' samples do not carry it (their hashes stay as they were).
+  EXPECT_TRUE(sample_from_json(sample_to_json(s), "copy").multiline_answer);
+  const TaskSample pk = generate_task(llama2(), make_spec("passkey", 512)).samples[0];
+  EXPECT_FALSE(sample_to_json(pk).contains("multiline_answer"));
 }
 
 // ---- hashes, golden values, cache ----

@@ -51,6 +51,16 @@ TEST(TextMetricsStringMatch, RulerAllAndPart) {
   EXPECT_EQ(score_answer("string_match_part", "a 1 2", {"9", "2"}), 1.0);
 }
 
+TEST(TextMetricsOrderedRecall, LongestCommonSubsequenceOfWords) {
+  EXPECT_DOUBLE_EQ(ordered_word_recall("a list: bear, cat dog.", "bear cat dog"), 1.0);
+  // Order counts: "dog cat" recovers one of the two in order.
+  EXPECT_DOUBLE_EQ(ordered_word_recall("dog bear", "bear dog cat"), 1.0 / 3.0);
+  EXPECT_DOUBLE_EQ(ordered_word_recall("bear x cat y dog", "bear cat dog fish"), 0.75);
+  EXPECT_DOUBLE_EQ(ordered_word_recall("", "bear cat"), 0.0);
+  EXPECT_DOUBLE_EQ(ordered_word_recall("bear bear bear", "bear cat bear"), 2.0 / 3.0);
+  EXPECT_DOUBLE_EQ(score_answer("ordered_word_recall", "Cat Dog", {"cat dog", "dog"}), 1.0);
+}
+
 TEST(TextMetricsQaF1, TokenOverlap) {
   // pred "cat sat on mat" (4 tokens) vs ref "cat on mat" (3): overlap 3, P = 3/4, R = 1.
   EXPECT_NEAR(qa_f1("The cat sat on the mat.", "a cat on a mat"), 2 * 0.75 / 1.75, 1e-12);
@@ -150,7 +160,7 @@ TEST(TextMetricsFirstLine, LongBenchRule) {
 }
 
 TEST(TextMetricsRegistry, NamesAndErrors) {
-  EXPECT_EQ(text_metric_names().size(), 9u);
+  EXPECT_EQ(text_metric_names().size(), 10u);
   for (const auto& name : text_metric_names()) {
     EXPECT_TRUE(is_text_metric(name));
     // Every text metric is in the metric table as a higher-is-better fraction.
