@@ -21,6 +21,7 @@
 #include "harness/formats/tokenizer.h"
 #include "harness/kv/baseline_method.h"
 #include "harness/kv/method_registry.h"
+#include "harness/kv/question_aware.h"
 #include "harness/metrics/text_metrics.h"
 
 namespace kvb {
@@ -131,7 +132,10 @@ Answers answer_all(std::shared_ptr<Model> model, const Tokenizer& tok, const std
   } else {
     for (const auto& item : s.items) {
       const int64_t seq = e.new_sequence();
-      const auto ids = concat(ctx_ids, question_ids(item.question));
+      const auto q = question_ids(item.question);
+      const auto ids = concat(ctx_ids, q);
+      if (auto* aware = dynamic_cast<QuestionAwareCache*>(&e.kv()))
+        aware->set_question_tokens(seq, static_cast<int64_t>(q.size()));
       auto t0 = std::chrono::steady_clock::now();
       at::Tensor logits = e.prefill({seq}, {ids});
       if (a.predictions.empty()) {

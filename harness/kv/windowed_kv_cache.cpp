@@ -62,6 +62,11 @@ std::unique_ptr<KvCache> make_window_aware(
   return std::make_unique<WindowedKvCache>(ctx, std::move(inner));
 }
 
+void WindowedKvCache::set_question_tokens(int64_t seq_id, int64_t question_tokens) {
+  if (auto* q = dynamic_cast<QuestionAwareCache*>(inner_.get()))
+    q->set_question_tokens(seq_id, question_tokens);
+}
+
 WindowedKvCache::WindowedKvCache(const CacheContext& ctx, std::unique_ptr<KvCache> inner)
     : ctx_(ctx), inner_(std::move(inner)) {
   const ModelConfig& c = ctx_.config;

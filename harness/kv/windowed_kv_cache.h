@@ -17,16 +17,19 @@
 #include <vector>
 
 #include "harness/kv/method.h"
+#include "harness/kv/question_aware.h"
 
 namespace kvb {
 
-class WindowedKvCache : public KvCache {
+class WindowedKvCache : public KvCache, public QuestionAwareCache {
  public:
   // ctx: the whole model's context (config.layer_windows set). inner: the store of the global
   // layers, built for global_layer_context(ctx); null when the model has no global layer.
   WindowedKvCache(const CacheContext& ctx, std::unique_ptr<KvCache> inner);
 
   std::string name() const override;
+  // Passed on to the global layers' store when it has the capability.
+  void set_question_tokens(int64_t seq_id, int64_t question_tokens) override;
   void begin_step(const StepBatch& batch) override;
   at::Tensor attend(const LayerInput& in) override;
   void end_step(const StepBatch& batch) override;

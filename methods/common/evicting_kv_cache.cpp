@@ -368,6 +368,11 @@ void EvictingKvCache::begin_step(const StepBatch& batch) {
       s.q_sum.resize(static_cast<size_t>(L_));
       s.q_outer.resize(static_cast<size_t>(L_));
       s.q_count.assign(static_cast<size_t>(L_), 0);
+      auto q = question_for_.find(id);
+      if (q != question_for_.end()) {
+        s.question = q->second;
+        question_for_.erase(q);
+      }
     }
     KVB_ASSERT(s.seen == batch.past_lens[b], opts_.name, "sequence ", id, " has seen ", s.seen,
               " tokens but the step says ", batch.past_lens[b]);
@@ -407,6 +412,12 @@ void EvictingKvCache::push_window(Seq& s, int layer, const at::Tensor& q, int64_
   }
   buf.narrow(0, keep, n).copy_(src);
   wl = keep + n;
+}
+
+void EvictingKvCache::set_question_tokens(int64_t seq_id, int64_t question_tokens) {
+  KVB_ASSERT(seqs_.count(seq_id) == 0, opts_.name, "told the question of sequence ", seq_id,
+             " after its first step");
+  question_for_[seq_id] = question_tokens;
 }
 
 void EvictingKvCache::clear_last_rows(Seq& s) {
@@ -685,6 +696,12 @@ void EvictingKvCache::compress_layer(Seq& s, int layer, Trigger trigger, int64_t
   v.window = needs_.window > 0 ? s.window_len[layer] : 0;
   v.next_pos = s.next_pos;
   v.sm_scale = sm_scale_;
+  v.question = s.question;
+  at::Tensor wq;
+  if (needs_.window_queries && v.window > 0) {
+    wq = s.window_q[layer].narrow(0, 0, v.window).to(at::kCPU, at::kFloat).contiguous();
+    v.window_queries = wq.data_ptr<float>();
+  }
   v.heads.resize(static_cast<size_t>(Hkv_));
   std::vector<std::vector<float>> win(static_cast<size_t>(Hkv_)), norms(static_cast<size_t>(Hkv_));
   std::vector<std::vector<float>> kbuf(static_cast<size_t>(needs_.kv ? Hkv_ : 0)),
@@ -819,7 +836,10 @@ std::vector<float> EvictingKvCache::key_norms(const Head& h) {
   return out;
 }
 
-void EvictingKvCache::release(int64_t seq_id) { seqs_.erase(seq_id); }
+void EvictingKvCache::release(int64_t seq_id) {
+  seqs_.erase(seq_id);
+  question_for_.erase(seq_id);
+}
 
 void EvictingKvCache::fork(int64_t src_id, int64_t dst_id) {
   KVB_ASSERT(seqs_.count(dst_id) == 0, opts_.name, "fork target ", dst_id, " already exists");

@@ -61,6 +61,7 @@
 
 #include "harness/kv/kv_cache.h"
 #include "harness/kv/method.h"
+#include "harness/kv/question_aware.h"
 #include "methods/common/kv_codec.h"
 
 namespace kvb {
@@ -134,6 +135,11 @@ struct LayerView {
   int64_t window = 0;           // observation-window queries behind HeadView::window (the last
                                 // `window` tokens, token indices seen - window .. seen - 1)
   int64_t next_pos = 0;         // the RoPE position of the sequence's next token
+  int64_t question = 0;         // tokens of the question ending the prompt (QuestionAwareCache;
+                                // 0: not told)
+  // Needs::window_queries: the observation-window queries themselves, [window, n_heads,
+  // head_dim] fp32 post-RoPE, oldest first (token indices seen - window .. seen - 1).
+  const float* window_queries = nullptr;
   float sm_scale = 1.0f;        // the model's attention scale
   std::vector<HeadView> heads;  // [n_kv_heads]
   QueryStats queries;           // Needs::query_stats
@@ -149,6 +155,7 @@ class EvictionPolicy {
     int64_t window = 0;       // SnapKV family: keep the last `window` queries per layer
     bool key_norm = false;    // KnormPress
     bool kv = false;          // the kept keys and values themselves (KeyDiff, LagKV, CUR)
+    bool window_queries = false;  // the `window` queries themselves, not only their attention
     // Pre-RoPE query mean and covariance per query head, from the rows whose token index is at
     // least query_stats_from (Expected Attention skips the sinks), kept as metadata while a
     // compression may still read them; -1: not collected. rope_ahead: RoPE angles this many
@@ -172,7 +179,7 @@ class EvictionPolicy {
   virtual std::map<std::string, double> settings() const { return {}; }
 };
 
-class EvictingKvCache : public KvCache {
+class EvictingKvCache : public KvCache, public QuestionAwareCache {
  public:
   struct Options {
     std::string name = "evicting";
@@ -202,6 +209,7 @@ class EvictingKvCache : public KvCache {
   // sequence's next position), values, token indices; ragged per KV head.
   std::vector<HeadSnapshot> probe_view(int layer, int64_t seq_id) const override;
   bool supports_splice() const override { return true; }
+  void set_question_tokens(int64_t seq_id, int64_t question_tokens) override;
   void splice(int64_t dst_id, const std::vector<SpliceSource>& sources) override;
 
   // Inspection (tests, probes): the token indices a head keeps, its capacity, its kept keys as
@@ -243,6 +251,7 @@ class EvictingKvCache : public KvCache {
     // outer products [n_heads, head_dim, head_dim], fp64 CPU (undefined once freed), and counts.
     std::vector<at::Tensor> q_sum, q_outer;
     std::vector<int64_t> q_count;
+    int64_t question = 0;  // set_question_tokens
   };
 
   Seq& seq(int64_t id);
@@ -299,6 +308,7 @@ class EvictingKvCache : public KvCache {
   bool host_is_device_ = true;
   float sm_scale_ = 1.0f;
   std::unordered_map<int64_t, Seq> seqs_;
+  std::unordered_map<int64_t, int64_t> question_for_;  // told before the sequence's first step
   at::Tensor rope_cos_, rope_sin_;  // [n, head_dim / 2] fp32 CPU
   at::Tensor rope_cos_dev_, rope_sin_dev_;
   int64_t rope_len_ = 0;

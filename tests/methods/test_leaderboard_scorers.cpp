@@ -12,6 +12,7 @@
 
 #include "harness/common/error.h"
 #include "harness/kv/method_registry.h"
+#include "harness/kv/question_aware.h"
 #include "harness/model/model.h"
 #include "methods/common/evicting_kv_cache.h"
 #include "tests/methods/cache_driver.h"
@@ -222,6 +223,38 @@ TEST(ChunkKv, EveryHeadKeepsTheSameWholeChunksTheWindowsFirst) {
   for (int32_t j = 40; j < 50; ++j) want.push_back(j);
   EXPECT_EQ(evict(*kv).kept_indices(0, 0, 0), want);
   EXPECT_EQ(evict(*kv).kept_indices(0, 0, 1), want);
+}
+
+TEST(Finch, TheQuestionsPositionWeightedAttentionPicksTheContextAndTheQuestionIsKept) {
+  const ModelConfig c = tiny(1, 4, 2, 8);
+  const int64_t n = 40, question = 6, budget = 16;
+  auto kv = make(c, "finch",
+                 {{"budget", budget}, {"budget_unit", "tokens_per_head"}, {"position_mode", "absolute"}});
+  dynamic_cast<QuestionAwareCache&>(*kv).set_question_tokens(0, question);
+  const at::Tensor q = rnd({n, 4, 8}, 110), k = rnd({n, 2, 8}, 111);
+  prefill(*kv, c, q, k, rnd({n, 2, 8}, 112));
+  for (int64_t h = 0; h < 2; ++h) {
+    // kvpress FinchPress.score: the question queries' causal softmax over every key, the prefix
+    // part weighted by the query's position, averaged over the question and the group.
+    at::Tensor s = at::zeros({n - question}, at::kDouble);
+    for (int64_t g = 0; g < 2; ++g)
+      for (int64_t i = n - question; i < n; ++i) {
+        const at::Tensor l = at::matmul(k.select(1, h).narrow(0, 0, i + 1).to(at::kDouble),
+                                        q[i][h * 2 + g].to(at::kDouble)) /
+                             std::sqrt(8.0);
+        s += l.softmax(0).narrow(0, 0, n - question) * static_cast<double>(i);
+      }
+    EXPECT_EQ(evict(*kv).kept_indices(0, 0, h), top_k(s, budget - question, span(n - question, n)))
+        << h;
+  }
+}
+
+TEST(Finch, WithoutTheQuestionItIsRefused) {
+  const ModelConfig c = tiny(1, 2, 1, 8);
+  auto kv = make(c, "finch", {{"budget", 8}, {"budget_unit", "tokens_per_head"}});
+  Driver d{kv.get(), 1};
+  d.step(rnd({20, 2, 8}, 113), rnd({20, 1, 8}, 114), rnd({20, 1, 8}, 115), Phase::kPrefill);
+  EXPECT_THROW(kv->end_prefill(0), Error);
 }
 
 TEST(EvictSchedule, PrefillOnlyCompressesThePromptOnceAndThenKeepsEveryToken) {
