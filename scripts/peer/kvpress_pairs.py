@@ -46,21 +46,26 @@ PAIRS = [
               "sums it: the same order up to float rounding."),
     Pair("knorm", lambda r: _m("knorm", budget=1 - r),
          lambda kp, r: kp.KnormPress(compression_ratio=r),
-         note="Same definition (keys with the lowest L2 norm per KV head)."),
+         note="Same definition (keys with the lowest L2 norm per KV head). At layer 0 a key is a "
+              "function of its token, rotated by its position, so a token the filler text repeats "
+              "has the same norm at every position in exact arithmetic; the fp32 rotation and the "
+              "norm's accumulation (kvbench: double, then fp32; kvpress: fp32) then decide which "
+              "copies are kept (kvbench's exact ties go to the earlier token). Those are the tie and "
+              "rounding differences below; keeping other copies (at other positions) changes what the "
+              "question and the answer attend to, and so some answers."),
     Pair("streaming_llm",
-         lambda r: _m("streaming_llm", budget=1 - r, sinks=4, position_mode="absolute"),
+         lambda r: _m("streaming_llm", budget=1 - r, sinks=4, position_mode="absolute",
+                      schedule="prefill"),
          lambda kp, r: kp.StreamingLLMPress(compression_ratio=r, n_sink=4),
-         answers=False,
-         note="Same kept set at the end of the context (4 sinks + the newest tokens). kvbench's "
-              "StreamingLLM keeps its budget through the question and every decode step (the "
-              "paper's schedule); the press compresses the context only, so answers may differ."),
-    Pair("tova", lambda r: _m("tova", budget=1 - r, keep_current=True),
+         note="Same definition: 4 sinks + the newest tokens, once at the end of the context "
+              "(schedule=prefill; kvbench's default, continuous, keeps the budget through the "
+              "question and every decode step as the paper does), keys at their original "
+              "positions (position_mode=absolute: StreamingLLMPress does not re-rotate)."),
+    Pair("tova", lambda r: _m("tova", budget=1 - r, keep_current=True, schedule="prefill"),
          lambda kp, r: kp.TOVAPress(compression_ratio=r),
-         answers=False,
-         note="Same definition at the end of the context (last query's attention averaged over "
-              "all heads, one kept set per layer, the newest token kept: keep_current). kvbench's "
-              "TOVA evicts after every step (the paper's schedule), the press only at the context "
-              "prefill, so answers may differ."),
+         note="Same definition (last query's attention averaged over all heads, one kept set per "
+              "layer, the newest token kept: keep_current), once at the end of the context "
+              "(schedule=prefill; kvbench's default evicts after every step, as the paper)."),
     Pair("pyramidkv", lambda r: _m("pyramidkv", budget=1 - r, preset="kvpress", beta=20),
          lambda kp, r: kp.PyramidKVPress(compression_ratio=r, window_size=64, kernel_size=5,
                                          beta=20),
@@ -71,7 +76,9 @@ PAIRS = [
               "min = (B - w) / beta; falls back to B when B <= w or min < 0. kvpress shares all of "
               "B: min = B / beta, max = 2B - min (capped at n - w), layer l keeps "
               "round(max - l (max - min) / (L - 1)), and falls back to round(n (1 - r)) unless "
-              "n >= max >= min >= w. Each layer's two kept sets are top-k of the same ordering, "
+              "n >= max >= min >= w (uncapped, min >= w needs n (1 - r) >= beta w: 1,280 tokens "
+              "at beta 20 and window 64, so on the 1,024-token samples at r = 0.75 kvpress runs "
+              "uniform SnapKV while kvbench runs its pyramid). Each layer's two kept sets are top-k of the same ordering, "
               "so the smaller is inside the larger."),
     Pair("adakv",
          lambda r: _m("adakv", budget=1 - r, window=64, kernel_size=5, pooling="avg",
@@ -98,16 +105,43 @@ PAIRS = [
               "mean_g mean_t q_c^2; kvbench squares the group's mean query, mean_t (mean_g q_c)^2 "
               "(EvictingKvCache::flush_pending, the energy SparK's codec shares). The channels "
               "ThinKPress's rule zeroes with kvbench's aggregation, recomputed from kvpress's own "
-              "tensors, are what kvbench zeroes."),
-    Pair("h2o", lambda r: _m("h2o", budget=1 - r, score="mean", recent_fraction=0.0, sinks=0),
+              "tensors, are what kvbench zeroes. Other channels kept means other attention "
+              "logits, so the answers differ."),
+    Pair("h2o", lambda r: _m("h2o", budget=1 - r, score="mean", recent_fraction=0.0, sinks=0,
+                             schedule="prefill"),
          lambda kp, r: kp.ObservedAttentionPress(compression_ratio=r),
-         attn="eager", answers=False,
+         attn="eager",
          note="ObservedAttentionPress is H2O's score with no recent window at the end of the "
               "context: the attention each key received from every prompt query, divided by the "
               "number of queries that saw it, averaged over the query heads of its KV head "
-              "(kvbench: score=mean, recent_fraction=0, summed over the group: the same order). "
-              "kvbench's H2O evicts after every step (the paper's schedule), the press only at the "
-              "context prefill, so answers may differ."),
+              "(kvbench: score=mean, recent_fraction=0, summed over the group: the same order), "
+              "once at the end of the context (schedule=prefill; kvbench's default evicts after "
+              "every step, as the paper)."),
+    Pair("keydiff", lambda r: _m("keydiff", budget=1 - r),
+         lambda kp, r: kp.KeyDiffPress(compression_ratio=r),
+         note="Same definition (keys least similar to the head's mean key kept)."),
+    Pair("lagkv", lambda r: _m("lagkv", budget=1 - r, sinks=4, lag_size=128),
+         lambda kp, r: kp.LagKVPress(compression_ratio=r, n_sink=4, lag_size=128),
+         note="Same definition (partitions of lag_size scored against the next one's min/max). "
+              "Without cross_scoring a score is the entry's rank inside its partition / lag_size, "
+              "so every partition holds the same scores 0, 1/lag_size, ...: at the selection "
+              "boundary the partitions tie exactly by construction, and which partitions' entries "
+              "of the boundary rank are kept is the tie-break's choice (kvbench: the earlier "
+              "tokens; torch.topk: its own order). Those are the tie differences below, and they "
+              "change some answers."),
+    Pair("cur", lambda r: _m("cur", budget=1 - r, sinks=4, leverage="kv_product", local_window=16),
+         lambda kp, r: kp.CURPress(compression_ratio=r, num_sinks=4, leverage_type="kv_product",
+                                   local_window_size=16),
+         note="Same definition (key x value leverage, local approximation over 16 tokens)."),
+    Pair("expected_attention", lambda r: _m("expected_attention", budget=1 - r),
+         lambda kp, r: kp.ExpectedAttentionPress(compression_ratio=r),
+         note="Same definition (expected attention of the next 512 positions' queries from the "
+              "prompt's query statistics, covariance and value norms; the same scale on Llama)."),
+    Pair("chunkkv", lambda r: _m("chunkkv", budget=1 - r, chunk_length=20, preset="kvpress"),
+         lambda kp, r: kp.ChunkKVPress(kp.SnapKVPress(compression_ratio=r, window_size=64,
+                                                      kernel_size=5), chunk_length=20),
+         note="Same definition (SnapKV scores summed over the layer's heads, mean per chunk of 20, "
+              "the top chunks kept by every head)."),
 ]
 
 BY_NAME = {p.name: p for p in PAIRS}

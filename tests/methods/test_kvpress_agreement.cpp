@@ -42,7 +42,9 @@ using nlohmann::json;
 // fixture that goes missing or changes its relation fails here rather than being skipped.
 const std::map<std::string, std::string> kPairs = {
     {"snapkv", "equal"},     {"knorm", "equal"}, {"streaming_llm", "equal"}, {"tova", "equal"},
-    {"pyramidkv", "nested"}, {"adakv", "nested"}, {"think", "channels"},     {"h2o", "equal"}};
+    {"pyramidkv", "nested"}, {"adakv", "nested"}, {"think", "channels"},     {"h2o", "equal"},
+    {"keydiff", "equal"},    {"lagkv", "equal"},  {"cur", "equal"},          {"expected_attention", "equal"},
+    {"chunkkv", "equal"}};
 
 fs::path repo_root() { return fs::path(test::fixtures_dir()).parent_path().parent_path(); }
 
