@@ -178,6 +178,8 @@ def main():
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
     pairs = kvpress_pairs.select(a.pairs)
+    # Before any fixture is written: the checkout as the run found it.
+    machine = common.machine_lines(a.kvbench, a.loadavg)
     W = a.work
 
     rows, notes, fix_rows, versions = [], [], [], None
@@ -233,7 +235,7 @@ def main():
       "`scripts/peer/kvpress_pairs.py`, one line each).")
     w("")
     w(f"- Command: `{a.command}`")
-    w_lines.extend(common.machine_lines(a.kvbench, a.loadavg))
+    w_lines.extend(machine)
     w(f"- kvpress {versions['kvpress']}, transformers {versions['transformers']}, torch "
       f"{versions['torch']}, Python {versions['python']} (PyPI pins of the script, in a venv outside "
       "the clone); fp32, CPU")
