@@ -193,6 +193,41 @@ TEST_P(KvpressAgreement, KeptSetsMatchKvpressAsDocumented) {
   }
 }
 
+// `kvbench kept-indices` (the script's kvbench side) writes what the store keeps, prompt by prompt,
+// and refuses a method whose store has no kept indices.
+TEST(KeptIndicesTool, DumpsTheStoresKeptSetsAndRefusesOtherStores) {
+  const fs::path model_dir = repo_root() / "models" / "kvb-testbed";
+  if (!fs::exists(model_dir / "model.safetensors")) GTEST_SKIP() << model_dir << " not shipped";
+  const json fx = read_json(fs::path(test::fixtures_dir()) / "kvpress" / "snapkv.json");
+  const std::string dir = test::make_temp_dir("kept_indices_tool");
+  json prompts = json::array();
+  for (const json& p : fx["prompts"]) prompts.push_back(p["ids"]);
+  {
+    std::ofstream(dir + "/ids.json") << json{{"prompts", prompts}}.dump();
+    std::ofstream(dir + "/method.json") << fx["kvbench_method"].dump();
+  }
+  const std::string args = "kept-indices --model " + model_dir.string() + " --method \"$(cat " +
+                           dir + "/method.json)\" --ids " + dir + "/ids.json --out " + dir +
+                           "/kept.json";
+  const test::CommandResult r = test::run_kvbench(args);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const json out = read_json(dir + "/kept.json");
+  ASSERT_EQ(out["prompts"].size(), prompts.size());
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    const Kept k = run_kvbench(fx["kvbench_method"], prompts[i].get<std::vector<int64_t>>());
+    EXPECT_EQ(out["prompts"][i]["n_tokens"], prompts[i].size());
+    EXPECT_EQ(out["prompts"][i]["kept"].get<decltype(k.tokens)>(), k.tokens) << "prompt " << i;
+  }
+  // The parameters as resolved (schema defaults filled in), not only the ones given.
+  EXPECT_EQ(out["method"]["params"]["preset"], "kvpress");
+  EXPECT_EQ(out["method"]["params"]["allocator"], "uniform");
+  const test::CommandResult full = test::run_kvbench(
+      "kept-indices --model " + model_dir.string() + " --method full --ids " + dir +
+      "/ids.json --out " + dir + "/full.json");
+  EXPECT_EQ(full.exit_code, 2);
+  EXPECT_NE(full.err.find("not the eviction store"), std::string::npos) << full.err;
+}
+
 std::vector<std::string> pair_names() {
   std::vector<std::string> v;
   for (const auto& [name, relation] : kPairs) v.push_back(name);
