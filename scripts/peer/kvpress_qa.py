@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""The kvpress side of scripts/bench-vs-kvpress.sh: one kvbench qa run, replayed through kvpress.
+"""The kvpress side of scripts/bench-vs-kvpress.sh and scripts/peer-kvpress.sh: one kvbench qa run,
+replayed through kvpress.
 
 Reads the samples of a finished `kvbench run` (qa protocol, synthetic source, no chat template) from
 its results database and the generated task file kvbench cached beside it, and answers the same
@@ -8,8 +9,10 @@ samples with Hugging Face transformers + kvpress on the same model and thread co
   ids      [BOS] + encode(context_prompt) for the context, encode(query_prompt) for the question,
            the tokenizer's SentencePiece model (no special tokens), checked equal to the ids of
            `kvbench tokenize` for every sample (written beforehand by --write-ids) before timing
-  context  model.model(context_ids) inside `with press(model)` (kvpress pipeline's prefill; full: no
-           press), so the press compresses the cache once at the end of the context prefill
+  context  model.model(context_ids) inside `with press(model)` (kvpress pipeline's prefill; none: no
+           press), so the press compresses the cache once at the end of the context prefill; the
+           press is a pair of scripts/peer/kvpress_pairs.py (--press NAME, --compression-ratio),
+           the model runs the attention implementation the pair names
   question question ids at positions context_length.. (as the pipeline), logits of the last one
   decode   greedy argmax, stops at EOS/BOS, after max_new_tokens tokens, or as soon as the decoded
            text holds "\n" (the prediction is cut there): kvbench's qa stop rule
@@ -29,6 +32,13 @@ import sqlite3
 import subprocess
 import sys
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+# transformers' weight-loading progress bars would fill the logs, one per process.
+os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+import kvpress_kept  # noqa: E402
+import kvpress_pairs  # noqa: E402
 
 
 def load_run(db, run_id):
@@ -86,10 +96,9 @@ def main():
     ap.add_argument("--run-id", type=int, required=True)
     ap.add_argument("--model", required=True, help="Hugging Face model directory (the run's model)")
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--press", choices=["none", "snapkv"], default="none")
+    ap.add_argument("--press", choices=["none"] + [p.name for p in kvpress_pairs.PAIRS], default="none",
+                    help="a pair of scripts/peer/kvpress_pairs.py (its kvpress press), or none")
     ap.add_argument("--compression-ratio", type=float, default=0.75)
-    ap.add_argument("--window-size", type=int, default=64)
-    ap.add_argument("--kernel-size", type=int, default=5)
     ap.add_argument("--kvbench", help="kvbench binary: with --write-ids, tokenize every sample with it")
     ap.add_argument("--ids", required=True, help="token ids per sample from `kvbench tokenize` (JSON)")
     ap.add_argument("--write-ids", action="store_true",
@@ -114,16 +123,15 @@ def main():
         sys.exit("kvpress_qa: only the synthetic, query-agnostic qa protocol is replayed")
     tasks = load_tasks(a.db)
     sp = spm.SentencePieceProcessor(model_file=os.path.join(a.model, "tokenizer.model"))
-    model = LlamaForCausalLM.from_pretrained(a.model, dtype=torch.float32).eval()
+    pair = None if a.press == "none" else kvpress_pairs.BY_NAME[a.press]
+    attn = pair.attn if pair is not None else "sdpa"
+    model = LlamaForCausalLM.from_pretrained(a.model, dtype=torch.float32,
+                                             attn_implementation=attn).eval()
     mc = model.config
     bos = mc.bos_token_id
     eos = mc.eos_token_id if isinstance(mc.eos_token_id, list) else [mc.eos_token_id]
     stop_ids = set(eos) | {bos}
-    press = None
-    if a.press == "snapkv":
-        press = kvpress.SnapKVPress(
-            compression_ratio=a.compression_ratio, window_size=a.window_size, kernel_size=a.kernel_size
-        )
+    press = None if pair is None else pair.press(kvpress, a.compression_ratio)
 
     # Same ids as kvbench: checked for every sample before timing.
     with open(a.ids) as f:
@@ -192,9 +200,9 @@ def main():
     with open(a.out, "w") as f:
         json.dump({
             "press": a.press,
-            "press_params": None if press is None else {
-                "compression_ratio": a.compression_ratio, "window_size": a.window_size,
-                "kernel_size": a.kernel_size},
+            "press_class": None if press is None else type(press).__name__,
+            "press_params": None if press is None else kvpress_kept.press_params(press),
+            "attn_implementation": attn,
             "threads": a.threads,
             "torch_threads": torch.get_num_threads(),
             "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
