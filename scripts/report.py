@@ -18,6 +18,10 @@ commit, machine and command that produced it:
       A Markdown table, one row per matching finished run. A column is `label` (method and the
       parameters that vary among the selected runs of that method), `m.PARAM` / `p.KEY` (a config
       value), or a metric name, optionally with `:FMT` (as for v).
+  {{pivot by=m.PARAM metric=NAME [fmt=F] [head=H] [selectors]}}           (alone on a line)
+      A Markdown table of one metric: a row per method (label without PARAM), a column per value
+      of PARAM (descending), "-" where a method has no run at that value; runs without PARAM (the
+      full cache) show their value in every column.
   {{set k=v ...}}   defaults for every later directive of the page (e.g. grid=, model=)
   {{row k=v ...}}   defaults for the rest of its line (a table row's run)
   {{provenance grid=G[,G...]}}                                            (inline)
@@ -220,6 +224,33 @@ def table(db, args):
     return "\n".join(out)
 
 
+def pivot(db, args):
+    by, metric = args.get("by", ""), args.get("metric", "")
+    if not by.startswith(("m.", "p.")) or not metric:
+        raise PageError("{{pivot}} needs by=m.PARAM (or p.KEY) and metric=")
+    sel = {k: v for k, v in args.items() if k not in ("by", "metric", "fmt", "head")}
+    runs = db.select(sel)
+    if not runs:
+        raise PageError("no finished run matches")
+    values = sorted({r["flat"][by] for r in runs if r["flat"].get(by) is not None}, reverse=True)
+    cells, order = {}, []
+    for r in runs:
+        stripped = dict(r, flat={k: v for k, v in r["flat"].items() if k != by})
+        label = run_label(stripped, [dict(x, flat={k: v for k, v in x["flat"].items() if k != by}) for x in runs])
+        if label not in cells:
+            cells[label] = {}
+            order.append(label)
+        found = db.metric(r["id"], metric)
+        text = "n/a" if found is None else fmt_value(found[0], found[1], args.get("fmt"))
+        for v in ([r["flat"][by]] if r["flat"].get(by) is not None else values):
+            cells[label][v] = text
+    head = args.get("head", by[2:])
+    out = ["| method | " + " | ".join(f"{head} {v}" for v in values) + " |",
+           "|---|" + "|".join("--:" for _ in values) + "|"]
+    out += ["| " + label + " | " + " | ".join(cells[label].get(v, "-") for v in values) + " |" for label in order]
+    return "\n".join(out)
+
+
 def leaderboard(db, args, kvbench):
     """`kvbench leaderboard` over the grid's cells: a copy of the database holding only them (a
     cell another grid ran first is still this grid's), so the full-cache baseline a table pairs with
@@ -277,6 +308,8 @@ def render(name, db, kvbench, partial, missing):
                 return leaderboard(db, args, kvbench)
             if kind == "table":
                 return table(db, args)
+            if kind == "pivot":
+                return pivot(db, args)
             if kind == "provenance":
                 return provenance(db, args)
             if kind == "v":
