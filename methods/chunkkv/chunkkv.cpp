@@ -113,11 +113,8 @@ ScoredMethod chunkkv_method() {
   m.any_allocator = false;
   m.parts = [](const nlohmann::json& p, const std::string& method, const Budget& b) {
     const SnapSettings snap = parse_snap(p, method, snapkv_presets());
-    PolicyParts parts;
-    parts.scorer = std::make_unique<WindowFirstSnapScorer>(snap);
+    PolicyParts parts = prompt_scored(std::make_unique<WindowFirstSnapScorer>(snap), p);
     parts.allocator = std::make_unique<ChunkAllocator>(b, p.at("chunk_length").get<int64_t>());
-    parts.schedule.end_prefill = true;
-    parts.schedule.every_decode_steps = p.at("compress_every").get<int64_t>();
     return parts;
   };
   return m;

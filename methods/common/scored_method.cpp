@@ -37,6 +37,14 @@ bool allocator_pools_heads(const nlohmann::json& p) {
   return p.at("allocator").get<std::string>().rfind("ada", 0) == 0;
 }
 
+PolicyParts prompt_scored(std::unique_ptr<TokenScorer> scorer, const nlohmann::json& p) {
+  PolicyParts parts;
+  parts.scorer = std::move(scorer);
+  parts.schedule.end_prefill = true;
+  parts.schedule.every_decode_steps = p.at("compress_every").get<int64_t>();
+  return parts;
+}
+
 MethodInfo scored_method_info(const ScoredMethod& m) {
   MethodInfo info = m.info;
   info.params = budget_params(m.default_budget, "ratio");

@@ -45,6 +45,10 @@ std::unique_ptr<BudgetAllocator> parse_allocator(const nlohmann::json& p, Budget
 // Whether the allocator parameter pools a layer's budget over its heads (ada, ada_pyramid).
 bool allocator_pools_heads(const nlohmann::json& p);
 
+// A method scored once the prompt is in: `scorer`, nothing protected, run at the end of prefill
+// and every compress_every decode steps (the parameter, read from p).
+PolicyParts prompt_scored(std::unique_ptr<TokenScorer> scorer, const nlohmann::json& p);
+
 MethodInfo scored_method_info(const ScoredMethod& m);
 CacheFactory scored_method_factory(ScoredMethod m);
 void register_scored_method(MethodRegistry& registry, const ScoredMethod& m);

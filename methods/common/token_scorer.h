@@ -44,4 +44,31 @@ class EntryScorer : public TokenScorer {
   virtual float entry_score(const LayerView& layer, const HeadView& head, int64_t j) const = 0;
 };
 
+// A score computed head by head from the kept keys and values (Needs::kv, plus what needs() adds):
+// score_head fills a head's scores ([head.len], zero-filled; never called for an empty head).
+class KvHeadScorer : public TokenScorer {
+ public:
+  EvictionPolicy::Needs needs() const final {
+    EvictionPolicy::Needs n = more_needs();
+    n.kv = true;
+    return n;
+  }
+  bool score(const LayerView& layer, std::vector<std::vector<float>>* scores) const final {
+    for (int64_t h = 0; h < layer.n_kv_heads; ++h) {
+      const HeadView& head = layer.heads[h];
+      std::vector<float>& s = (*scores)[h];
+      s.assign(static_cast<size_t>(head.len), 0.f);
+      if (head.len == 0) continue;
+      if (head.keys == nullptr || !score_head(layer, head, h, &s)) return false;
+    }
+    return true;
+  }
+
+ protected:
+  virtual EvictionPolicy::Needs more_needs() const { return {}; }
+  // Returns false when a signal it needs is not there at this call (the layer is left as it is).
+  virtual bool score_head(const LayerView& layer, const HeadView& head, int64_t h,
+                          std::vector<float>* scores) const = 0;
+};
+
 }  // namespace kvb

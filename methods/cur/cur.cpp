@@ -15,57 +15,48 @@ namespace {
 
 enum class Leverage { kKey, kValue, kAvg, kProduct };
 
-class CurScorer : public TokenScorer {
+class CurScorer : public KvHeadScorer {
  public:
   CurScorer(int64_t sinks, Leverage lev, int64_t window)
       : sinks_(sinks), lev_(lev), window_(window) {}
-  EvictionPolicy::Needs needs() const override {
-    EvictionPolicy::Needs n;
-    n.kv = true;
-    return n;
-  }
-  bool score(const LayerView& v, std::vector<std::vector<float>>* scores) const override {
-    const int64_t D = v.head_dim;
-    for (int64_t h = 0; h < v.n_kv_heads; ++h) {
-      const HeadView& hv = v.heads[h];
-      const int64_t n = hv.len;
-      auto& s = (*scores)[h];
-      s.assign(static_cast<size_t>(n), 0.f);
-      if (n == 0) continue;
-      if (hv.keys == nullptr) return false;
-      std::vector<double> k2(static_cast<size_t>(n)), v2(static_cast<size_t>(n));
-      for (int64_t j = 0; j < n; ++j) {
-        double a = 0, b = 0;
-        for (int64_t d = 0; d < D; ++d) {
-          a += static_cast<double>(hv.keys[j * D + d]) * hv.keys[j * D + d];
-          b += static_cast<double>(hv.values[j * D + d]) * hv.values[j * D + d];
-        }
-        k2[j] = a;
-        v2[j] = b;
-      }
-      if (window_ > 0) {
-        local_normalise(&k2);
-        local_normalise(&v2);
-      }
-      double total = 0;
-      std::vector<double> c(static_cast<size_t>(n));
-      for (int64_t j = 0; j < n; ++j) {
-        switch (lev_) {
-          case Leverage::kKey: c[j] = k2[j]; break;
-          case Leverage::kValue: c[j] = v2[j]; break;
-          case Leverage::kAvg: c[j] = (k2[j] + v2[j]) / 2; break;
-          case Leverage::kProduct: c[j] = k2[j] * v2[j]; break;
-        }
-        total += c[j];
-      }
-      for (int64_t j = 0; j < n; ++j)
-        s[j] = j < sinks_ ? 1.f : static_cast<float>(total > 0 ? c[j] / total : 0.0);
-    }
-    return true;
-  }
   std::map<std::string, double> settings() const override {
     return {{"setting.sinks", static_cast<double>(sinks_)},
             {"setting.local_window", static_cast<double>(window_)}};
+  }
+
+ protected:
+  bool score_head(const LayerView& v, const HeadView& hv, int64_t,
+                  std::vector<float>* out) const override {
+    const int64_t D = v.head_dim, n = hv.len;
+    std::vector<float>& s = *out;
+    std::vector<double> k2(static_cast<size_t>(n)), v2(static_cast<size_t>(n));
+    for (int64_t j = 0; j < n; ++j) {
+      double a = 0, b = 0;
+      for (int64_t d = 0; d < D; ++d) {
+        a += static_cast<double>(hv.keys[j * D + d]) * hv.keys[j * D + d];
+        b += static_cast<double>(hv.values[j * D + d]) * hv.values[j * D + d];
+      }
+      k2[j] = a;
+      v2[j] = b;
+    }
+    if (window_ > 0) {
+      local_normalise(&k2);
+      local_normalise(&v2);
+    }
+    double total = 0;
+    std::vector<double> c(static_cast<size_t>(n));
+    for (int64_t j = 0; j < n; ++j) {
+      switch (lev_) {
+        case Leverage::kKey: c[j] = k2[j]; break;
+        case Leverage::kValue: c[j] = v2[j]; break;
+        case Leverage::kAvg: c[j] = (k2[j] + v2[j]) / 2; break;
+        case Leverage::kProduct: c[j] = k2[j] * v2[j]; break;
+      }
+      total += c[j];
+    }
+    for (int64_t j = 0; j < n; ++j)
+      s[j] = j < sinks_ ? 1.f : static_cast<float>(total > 0 ? c[j] / total : 0.0);
+    return true;
   }
 
  private:
@@ -108,13 +99,11 @@ ScoredMethod cur_method() {
                 "head)"),
       compress_every_param()};
   m.parts = [](const nlohmann::json& p, const std::string&, const Budget&) {
-    PolicyParts parts;
-    parts.scorer = std::make_unique<CurScorer>(p.at("sinks").get<int64_t>(),
-                                               parse_leverage(p.at("leverage").get<std::string>()),
-                                               p.at("local_window").get<int64_t>());
-    parts.schedule.end_prefill = true;
-    parts.schedule.every_decode_steps = p.at("compress_every").get<int64_t>();
-    return parts;
+    return prompt_scored(
+        std::make_unique<CurScorer>(p.at("sinks").get<int64_t>(),
+                                    parse_leverage(p.at("leverage").get<std::string>()),
+                                    p.at("local_window").get<int64_t>()),
+        p);
   };
   return m;
 }

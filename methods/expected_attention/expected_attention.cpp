@@ -43,17 +43,23 @@ void average_rope(const RopeAngles& r, int64_t from, int64_t n, std::vector<doub
   }
 }
 
-class ExpectedAttentionScorer : public TokenScorer {
+class ExpectedAttentionScorer : public KvHeadScorer {
  public:
   explicit ExpectedAttentionScorer(Settings s) : s_(s) {}
-  EvictionPolicy::Needs needs() const override {
+  std::map<std::string, double> settings() const override {
+    return {{"setting.future_positions", static_cast<double>(s_.future)},
+            {"setting.sinks", static_cast<double>(s_.sinks)}};
+  }
+
+ protected:
+  EvictionPolicy::Needs more_needs() const override {
     EvictionPolicy::Needs n;
-    n.kv = true;
     n.query_stats_from = s_.sinks;
     n.rope_ahead = s_.future;
     return n;
   }
-  bool score(const LayerView& v, std::vector<std::vector<float>>* scores) const override {
+  bool score_head(const LayerView& v, const HeadView& hv, int64_t h,
+                  std::vector<float>* scores) const override {
     if (v.queries.count == 0 || v.rope.cos == nullptr) return false;  // no query seen yet
     const int64_t D = v.head_dim, half = v.rope.half, G = v.group;
     std::vector<double> rc, rs;
@@ -75,70 +81,60 @@ class ExpectedAttentionScorer : public TokenScorer {
     std::vector<double> mu(static_cast<size_t>(D)), x(static_cast<size_t>(D)),
         cov(static_cast<size_t>(D * D)), tmp(static_cast<size_t>(D * D));
     std::vector<float> cov_f(static_cast<size_t>(D * D));
-    for (int64_t h = 0; h < v.n_kv_heads; ++h) {
-      const HeadView& hv = v.heads[h];
-      const int64_t n = hv.len;
-      auto& out = (*scores)[h];
-      out.assign(static_cast<size_t>(n), 0.f);
-      if (n == 0) continue;
-      if (hv.keys == nullptr) return false;
-      std::vector<double> acc(static_cast<size_t>(n), 0.0), logit(static_cast<size_t>(n));
-      for (int64_t g = 0; g < G; ++g) {
-        const int64_t qh = h * G + g;
-        for (int64_t d = 0; d < D; ++d) x[d] = v.queries.mean[qh * D + d];
-        rotate(x.data(), mu.data(), 1);
-        if (s_.covariance) {
-          // S' = R S R^T: R applied to every column of S gives M = R S; R applied to every row of
-          // M gives M R^T (row r of M R^T is R m_r).
-          const float* S = v.queries.cov + qh * D * D;
-          for (int64_t e = 0; e < D * D; ++e) tmp[e] = S[e];
-          for (int64_t col = 0; col < D; ++col) rotate(tmp.data() + col, cov.data() + col, D);
-          for (int64_t row = 0; row < D; ++row) rotate(cov.data() + row * D, tmp.data() + row * D, 1);
-          for (int64_t e = 0; e < D * D; ++e) cov_f[e] = static_cast<float>(tmp[e]);
-        }
-        double top = -std::numeric_limits<double>::infinity();
-        for (int64_t j = 0; j < n; ++j) {
-          const float* k = hv.keys + j * D;
-          double l = 0;
-          for (int64_t d = 0; d < D; ++d) l += k[d] * mu[d];
-          l *= sc;
-          if (s_.covariance) {
-            double quad = 0;
-            for (int64_t a = 0; a < D; ++a) {
-              const float* row = cov_f.data() + a * D;
-              float dot = 0.f;
-              for (int64_t b = 0; b < D; ++b) dot += row[b] * k[b];
-              quad += static_cast<double>(k[a]) * dot;
-            }
-            l += sc * sc * quad / 2;
-          }
-          logit[j] = l;
-          if (hv.idx[j] >= s_.sinks) top = std::max(top, l);
-        }
-        // Softmax over the entries that compete (the sinks are kept anyway: kvpress scores the
-        // rest alone).
-        double z = 0;
-        for (int64_t j = 0; j < n; ++j)
-          if (hv.idx[j] >= s_.sinks) z += std::exp(logit[j] - top);
-        for (int64_t j = 0; j < n; ++j)
-          if (hv.idx[j] >= s_.sinks) acc[j] += std::exp(logit[j] - top) / z;
+    const int64_t n = hv.len;
+    std::vector<float>& out = *scores;
+    std::vector<double> acc(static_cast<size_t>(n), 0.0), logit(static_cast<size_t>(n));
+    for (int64_t g = 0; g < G; ++g) {
+      const int64_t qh = h * G + g;
+      for (int64_t d = 0; d < D; ++d) x[d] = v.queries.mean[qh * D + d];
+      rotate(x.data(), mu.data(), 1);
+      if (s_.covariance) {
+        // S' = R S R^T: R applied to every column of S gives M = R S; R applied to every row of
+        // M gives M R^T (row r of M R^T is R m_r).
+        const float* S = v.queries.cov + qh * D * D;
+        for (int64_t e = 0; e < D * D; ++e) tmp[e] = S[e];
+        for (int64_t col = 0; col < D; ++col) rotate(tmp.data() + col, cov.data() + col, D);
+        for (int64_t row = 0; row < D; ++row) rotate(cov.data() + row * D, tmp.data() + row * D, 1);
+        for (int64_t e = 0; e < D * D; ++e) cov_f[e] = static_cast<float>(tmp[e]);
       }
+      double top = -std::numeric_limits<double>::infinity();
       for (int64_t j = 0; j < n; ++j) {
-        double sj = acc[j] / static_cast<double>(G);
-        if (s_.vnorm) {
-          double v2 = 0;
-          for (int64_t d = 0; d < D; ++d)
-            v2 += static_cast<double>(hv.values[j * D + d]) * hv.values[j * D + d];
-          sj = (sj + s_.epsilon) * std::sqrt(v2);
+        const float* k = hv.keys + j * D;
+        double l = 0;
+        for (int64_t d = 0; d < D; ++d) l += k[d] * mu[d];
+        l *= sc;
+        if (s_.covariance) {
+          double quad = 0;
+          for (int64_t a = 0; a < D; ++a) {
+            const float* row = cov_f.data() + a * D;
+            float dot = 0.f;
+            for (int64_t b = 0; b < D; ++b) dot += row[b] * k[b];
+            quad += static_cast<double>(k[a]) * dot;
+          }
+          l += sc * sc * quad / 2;
         }
-        out[j] = static_cast<float>(sj);
+        logit[j] = l;
+        if (hv.idx[j] >= s_.sinks) top = std::max(top, l);
       }
+      // Softmax over the entries that compete (the sinks are kept anyway: kvpress scores the
+      // rest alone).
+      double z = 0;
+      for (int64_t j = 0; j < n; ++j)
+        if (hv.idx[j] >= s_.sinks) z += std::exp(logit[j] - top);
+      for (int64_t j = 0; j < n; ++j)
+        if (hv.idx[j] >= s_.sinks) acc[j] += std::exp(logit[j] - top) / z;
+    }
+    for (int64_t j = 0; j < n; ++j) {
+      double sj = acc[j] / static_cast<double>(G);
+      if (s_.vnorm) {
+        double v2 = 0;
+        for (int64_t d = 0; d < D; ++d)
+          v2 += static_cast<double>(hv.values[j * D + d]) * hv.values[j * D + d];
+        sj = (sj + s_.epsilon) * std::sqrt(v2);
+      }
+      out[j] = static_cast<float>(sj);
     }
     return true;
-  }
-  std::map<std::string, double> settings() const override {
-    return {{"setting.future_positions", static_cast<double>(s_.future)},
-            {"setting.sinks", static_cast<double>(s_.sinks)}};
   }
 
  private:
@@ -168,11 +164,8 @@ ScoredMethod expected_attention_method() {
     s.covariance = p.at("use_covariance").get<bool>();
     s.vnorm = p.at("use_vnorm").get<bool>();
     s.epsilon = p.at("epsilon").get<double>();
-    PolicyParts parts;
-    parts.scorer = std::make_unique<ExpectedAttentionScorer>(s);
+    PolicyParts parts = prompt_scored(std::make_unique<ExpectedAttentionScorer>(s), p);
     parts.protect.sinks = s.sinks;
-    parts.schedule.end_prefill = true;
-    parts.schedule.every_decode_steps = p.at("compress_every").get<int64_t>();
     return parts;
   };
   return m;

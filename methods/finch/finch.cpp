@@ -18,17 +18,23 @@
 namespace kvb {
 namespace {
 
-class FinchScorer : public TokenScorer {
+class FinchScorer : public KvHeadScorer {
  public:
   FinchScorer(int64_t max_question, bool normalize) : max_q_(max_question), normalize_(normalize) {}
-  EvictionPolicy::Needs needs() const override {
+  std::map<std::string, double> settings() const override {
+    return {{"setting.max_question", static_cast<double>(max_q_)},
+            {"setting.normalize_scores", normalize_ ? 1.0 : 0.0}};
+  }
+
+ protected:
+  EvictionPolicy::Needs more_needs() const override {
     EvictionPolicy::Needs n;
     n.window = max_q_;
     n.window_queries = true;
-    n.kv = true;
     return n;
   }
-  bool score(const LayerView& v, std::vector<std::vector<float>>* scores) const override {
+  bool score_head(const LayerView& v, const HeadView& hv, int64_t h,
+                  std::vector<float>* scores) const override {
     KVB_CHECK(v.question > 0, "method finch: scores the context by its question, so it needs the "
                               "question in the prompt (qa with mode=query_aware)");
     KVB_CHECK(v.question <= max_q_, "method finch: the question has ", v.question,
@@ -36,46 +42,36 @@ class FinchScorer : public TokenScorer {
     if (v.window < v.question || v.window_queries == nullptr) return false;
     const int64_t D = v.head_dim, G = v.group, Hq = v.n_kv_heads * G, q = v.question;
     const int64_t first_question = v.seen - q;  // token index of the question's first token
-    for (int64_t h = 0; h < v.n_kv_heads; ++h) {
-      const HeadView& hv = v.heads[h];
-      const int64_t n = hv.len;
-      auto& out = (*scores)[h];
-      out.assign(static_cast<size_t>(n), 0.f);
-      if (n == 0) continue;
-      if (hv.keys == nullptr) return false;
-      std::vector<double> acc(static_cast<size_t>(n), 0.0), logit(static_cast<size_t>(n));
-      for (int64_t i = v.window - q; i < v.window; ++i) {
-        const int64_t t = v.seen - v.window + i;  // the query's token index
-        for (int64_t g = 0; g < G; ++g) {
-          const float* qr = v.window_queries + (i * Hq + h * G + g) * D;
-          double top = -std::numeric_limits<double>::infinity();
-          for (int64_t j = 0; j < n && hv.idx[j] <= t; ++j) {
-            double l = 0;
-            for (int64_t d = 0; d < D; ++d) l += static_cast<double>(qr[d]) * hv.keys[j * D + d];
-            logit[j] = l * v.sm_scale;
-            top = std::max(top, logit[j]);
-          }
-          double z = 0;
-          for (int64_t j = 0; j < n && hv.idx[j] <= t; ++j) z += std::exp(logit[j] - top);
-          const double w = normalize_ ? static_cast<double>(t) : 1.0;
-          for (int64_t j = 0; j < n && hv.idx[j] <= t; ++j)
-            acc[j] += w * std::exp(logit[j] - top) / z;
+    const int64_t n = hv.len;
+    std::vector<float>& out = *scores;
+    std::vector<double> acc(static_cast<size_t>(n), 0.0), logit(static_cast<size_t>(n));
+    for (int64_t i = v.window - q; i < v.window; ++i) {
+      const int64_t t = v.seen - v.window + i;  // the query's token index
+      for (int64_t g = 0; g < G; ++g) {
+        const float* qr = v.window_queries + (i * Hq + h * G + g) * D;
+        double top = -std::numeric_limits<double>::infinity();
+        for (int64_t j = 0; j < n && hv.idx[j] <= t; ++j) {
+          double l = 0;
+          for (int64_t d = 0; d < D; ++d) l += static_cast<double>(qr[d]) * hv.keys[j * D + d];
+          logit[j] = l * v.sm_scale;
+          top = std::max(top, logit[j]);
         }
+        double z = 0;
+        for (int64_t j = 0; j < n && hv.idx[j] <= t; ++j) z += std::exp(logit[j] - top);
+        const double w = normalize_ ? static_cast<double>(t) : 1.0;
+        for (int64_t j = 0; j < n && hv.idx[j] <= t; ++j)
+          acc[j] += w * std::exp(logit[j] - top) / z;
       }
-      float best = -std::numeric_limits<float>::infinity();
-      for (int64_t j = 0; j < n; ++j) {
-        out[j] = static_cast<float>(acc[j] / static_cast<double>(q * G));
-        if (hv.idx[j] < first_question) best = std::max(best, out[j]);
-      }
-      if (best == -std::numeric_limits<float>::infinity()) best = 0.f;
-      for (int64_t j = 0; j < n; ++j)
-        if (hv.idx[j] >= first_question) out[j] = best + 1.f;  // the question is kept first
     }
+    float best = -std::numeric_limits<float>::infinity();
+    for (int64_t j = 0; j < n; ++j) {
+      out[j] = static_cast<float>(acc[j] / static_cast<double>(q * G));
+      if (hv.idx[j] < first_question) best = std::max(best, out[j]);
+    }
+    if (best == -std::numeric_limits<float>::infinity()) best = 0.f;
+    for (int64_t j = 0; j < n; ++j)
+      if (hv.idx[j] >= first_question) out[j] = best + 1.f;  // the question is kept first
     return true;
-  }
-  std::map<std::string, double> settings() const override {
-    return {{"setting.max_question", static_cast<double>(max_q_)},
-            {"setting.normalize_scores", normalize_ ? 1.0 : 0.0}};
   }
 
  private:

@@ -11,44 +11,34 @@
 namespace kvb {
 namespace {
 
-class KeyDiffScorer : public TokenScorer {
- public:
-  EvictionPolicy::Needs needs() const override {
-    EvictionPolicy::Needs n;
-    n.kv = true;
-    return n;
-  }
-  bool score(const LayerView& v, std::vector<std::vector<float>>* scores) const override {
+class KeyDiffScorer : public KvHeadScorer {
+ protected:
+  bool score_head(const LayerView& v, const HeadView& hv, int64_t,
+                  std::vector<float>* out) const override {
     // F.normalize and F.cosine_similarity clamp norms at 1e-12 and 1e-8 (PyTorch's defaults).
     constexpr double kNormEps = 1e-12, kCosEps = 1e-8;
     const int64_t D = v.head_dim;
-    for (int64_t h = 0; h < v.n_kv_heads; ++h) {
-      const HeadView& hv = v.heads[h];
-      auto& s = (*scores)[h];
-      s.assign(static_cast<size_t>(hv.len), 0.f);
-      if (hv.len == 0) continue;
-      if (hv.keys == nullptr) return false;
-      std::vector<double> norm(static_cast<size_t>(hv.len)), anchor(static_cast<size_t>(D), 0.0);
-      for (int64_t j = 0; j < hv.len; ++j) {
-        const float* k = hv.keys + j * D;
-        double n2 = 0;
-        for (int64_t d = 0; d < D; ++d) n2 += static_cast<double>(k[d]) * k[d];
-        norm[j] = std::sqrt(n2);
-        const double inv = 1.0 / std::max(norm[j], kNormEps);
-        for (int64_t d = 0; d < D; ++d) anchor[d] += k[d] * inv;
-      }
-      double a2 = 0;
-      for (int64_t d = 0; d < D; ++d) {
-        anchor[d] /= static_cast<double>(hv.len);
-        a2 += anchor[d] * anchor[d];
-      }
-      const double an = std::max(std::sqrt(a2), kCosEps);
-      for (int64_t j = 0; j < hv.len; ++j) {
-        const float* k = hv.keys + j * D;
-        double dot = 0;
-        for (int64_t d = 0; d < D; ++d) dot += k[d] * anchor[d];
-        s[j] = static_cast<float>(-dot / (std::max(norm[j], kCosEps) * an));
-      }
+    std::vector<float>& s = *out;
+    std::vector<double> norm(static_cast<size_t>(hv.len)), anchor(static_cast<size_t>(D), 0.0);
+    for (int64_t j = 0; j < hv.len; ++j) {
+      const float* k = hv.keys + j * D;
+      double n2 = 0;
+      for (int64_t d = 0; d < D; ++d) n2 += static_cast<double>(k[d]) * k[d];
+      norm[j] = std::sqrt(n2);
+      const double inv = 1.0 / std::max(norm[j], kNormEps);
+      for (int64_t d = 0; d < D; ++d) anchor[d] += k[d] * inv;
+    }
+    double a2 = 0;
+    for (int64_t d = 0; d < D; ++d) {
+      anchor[d] /= static_cast<double>(hv.len);
+      a2 += anchor[d] * anchor[d];
+    }
+    const double an = std::max(std::sqrt(a2), kCosEps);
+    for (int64_t j = 0; j < hv.len; ++j) {
+      const float* k = hv.keys + j * D;
+      double dot = 0;
+      for (int64_t d = 0; d < D; ++d) dot += k[d] * anchor[d];
+      s[j] = static_cast<float>(-dot / (std::max(norm[j], kCosEps) * an));
     }
     return true;
   }
@@ -62,11 +52,7 @@ ScoredMethod keydiff_method() {
                  "LLM Inference in Resource-Constrained Environments (arXiv 2504.15364)");
   m.info.params = {compress_every_param()};
   m.parts = [](const nlohmann::json& p, const std::string&, const Budget&) {
-    PolicyParts parts;
-    parts.scorer = std::make_unique<KeyDiffScorer>();
-    parts.schedule.end_prefill = true;
-    parts.schedule.every_decode_steps = p.at("compress_every").get<int64_t>();
-    return parts;
+    return prompt_scored(std::make_unique<KeyDiffScorer>(), p);
   };
   return m;
 }

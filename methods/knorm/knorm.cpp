@@ -30,11 +30,7 @@ ScoredMethod knorm_method() {
       "EMNLP 2024 (arXiv 2406.11430)");
   m.info.params = {compress_every_param()};
   m.parts = [](const nlohmann::json& p, const std::string&, const Budget&) {
-    PolicyParts parts;
-    parts.scorer = std::make_unique<KnormScorer>();
-    parts.schedule.end_prefill = true;
-    parts.schedule.every_decode_steps = p.at("compress_every").get<int64_t>();
-    return parts;
+    return prompt_scored(std::make_unique<KnormScorer>(), p);
   };
   return m;
 }

@@ -20,36 +20,24 @@
 namespace kvb {
 namespace {
 
-class LagKvScorer : public TokenScorer {
+class LagKvScorer : public KvHeadScorer {
  public:
   LagKvScorer(int64_t sinks, int64_t lag, bool cross) : sinks_(sinks), lag_(lag), cross_(cross) {}
-  EvictionPolicy::Needs needs() const override {
-    EvictionPolicy::Needs n;
-    n.kv = true;
-    return n;
-  }
-  bool score(const LayerView& v, std::vector<std::vector<float>>* scores) const override {
-    for (int64_t h = 0; h < v.n_kv_heads; ++h) {
-      const HeadView& hv = v.heads[h];
-      if (hv.len > 0 && hv.keys == nullptr) return false;
-      score_head(hv, v.head_dim, &(*scores)[h]);
-    }
-    return true;
-  }
   std::map<std::string, double> settings() const override {
     return {{"setting.sinks", static_cast<double>(sinks_)},
             {"setting.lag_size", static_cast<double>(lag_)}};
   }
 
  private:
-  void score_head(const HeadView& hv, int64_t D, std::vector<float>* out) const {
-    const int64_t n = hv.len;
+  bool score_head(const LayerView& v, const HeadView& hv, int64_t,
+                  std::vector<float>* out) const override {
+    const int64_t n = hv.len, D = v.head_dim;
     std::vector<float>& s = *out;
     s.assign(static_cast<size_t>(n), 1.f);
     if (n < sinks_ + 2 * lag_) {
       for (int64_t j = sinks_; j < n; ++j)
         s[j] = static_cast<float>(j - sinks_) / static_cast<float>(n - sinks_);
-      return;
+      return true;
     }
     const int64_t parts = (n - sinks_) / lag_;  // full partitions; the last one is the tail's
     std::vector<float> ks(static_cast<size_t>(lag_)), vs(static_cast<size_t>(lag_));
@@ -71,6 +59,7 @@ class LagKvScorer : public TokenScorer {
       for (int64_t r = 0; r < lag_; ++r)
         s[first + order[r]] = static_cast<float>(r) / static_cast<float>(lag_);
     }
+    return true;
   }
 
   // softmax over the lag rows first .. first + lag - 1 of std_c((x[c] - min_c) / (max_c - min_c)),
@@ -128,13 +117,10 @@ ScoredMethod lagkv_method() {
                  "ranking)"),
       compress_every_param()};
   m.parts = [](const nlohmann::json& p, const std::string&, const Budget&) {
-    PolicyParts parts;
-    parts.scorer = std::make_unique<LagKvScorer>(p.at("sinks").get<int64_t>(),
-                                                 p.at("lag_size").get<int64_t>(),
-                                                 p.at("cross_scoring").get<bool>());
-    parts.schedule.end_prefill = true;
-    parts.schedule.every_decode_steps = p.at("compress_every").get<int64_t>();
-    return parts;
+    return prompt_scored(std::make_unique<LagKvScorer>(p.at("sinks").get<int64_t>(),
+                                                       p.at("lag_size").get<int64_t>(),
+                                                       p.at("cross_scoring").get<bool>()),
+                         p);
   };
   return m;
 }
