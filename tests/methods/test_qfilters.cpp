@@ -9,12 +9,7 @@
 #include <algorithm>
 #include <numeric>
 
-#include <cmath>
-#include <cstdio>
-
-#include "datasets/corpus.h"
 #include "harness/common/error.h"
-#include "harness/formats/tokenizer.h"
 #include "methods/common/calibration_text.h"
 #include "methods/common/evicting_kv_cache.h"
 #include "methods/common/tensor_artifact.h"
@@ -110,59 +105,6 @@ TEST(QFilters, EachHeadKeepsItsTopFilterScoresAndFreesTheRest) {
   EXPECT_TRUE(at::equal(dynamic_cast<const TensorArtifact&>(*again).get("filters"), f));
 }
 
-
-// The paper's premise on the testbed: the filter score ranks keys like the attention they receive.
-// Per layer and KV head, the Spearman correlation between -(k . f) and the attention mass a key gets
-// from the last 64 queries of a prompt of real text (the group's query heads summed).
-TEST(QFilters, FilterScoresTrackTheAttentionKeysReceive) {
-  auto m = test::testbed();
-  const ModelConfig& c = m->config;
-  CalibrationText t = small_text();
-  const at::Tensor f = qfilters::calibrate_filters(m, t);
-  auto capture = std::make_unique<test::KeyCapture>(
-      test::make_with_model(m, "full", nlohmann::json::object()), c.n_layers);
-  test::KeyCapture* cap = capture.get();
-  Engine e(m, std::move(capture));
-  // Unseen text: the calibration skipped 32768 tokens and took 2 x 127; this starts past them.
-  CalibrationText eval = t;
-  eval.skip_tokens = 40000;
-  eval.samples = 1;
-  eval.tokens = 512;
-  std::vector<int64_t> prompt;
-  Tokenizer tok(m->tokenizer_path);
-  auto corpus = load_corpus(eval.corpus, resolve_data_dir(eval.data_dir));
-  const std::vector<int64_t> ids = encode_long_text(tok, corpus->text, eval.skip_tokens + 511);
-  prompt.push_back(c.bos_id);
-  prompt.insert(prompt.end(), ids.begin() + eval.skip_tokens, ids.begin() + eval.skip_tokens + 511);
-  e.prefill({e.new_sequence()}, {prompt});
-  const int64_t T = static_cast<int64_t>(prompt.size()), W = 64, G = c.group_size();
-  auto ranks = [](const at::Tensor& x) { return x.argsort().argsort().to(at::kDouble); };
-  double mean_rho = 0;
-  for (int l = 0; l < c.n_layers; ++l) {
-    const at::Tensor k = cap->keys(l), q = cap->queries(l);
-    for (int64_t h = 0; h < c.n_kv_heads; ++h) {
-      const at::Tensor kh = k.select(1, h).narrow(0, 0, T - W);  // keys before the window
-      at::Tensor mass = at::zeros({T - W}, at::kFloat);
-      for (int64_t g = 0; g < G; ++g) {
-        const at::Tensor qh = q.select(1, h * G + g).narrow(0, T - W, W);
-        const at::Tensor kall = k.select(1, h);
-        at::Tensor logits = at::matmul(qh, kall.t()) / std::sqrt(static_cast<double>(c.head_dim));
-        // Causal: query T - W + i sees keys 0 .. T - W + i.
-        const at::Tensor mask = at::ones({W, T}, at::kBool).triu(T - W + 1);
-        logits.masked_fill_(mask, -INFINITY);
-        mass += at::softmax(logits, -1).narrow(1, 0, T - W).sum(0);
-      }
-      const at::Tensor s = -at::matmul(kh, f[l][h]);
-      const at::Tensor a = ranks(s) - ranks(s).mean(), b = ranks(mass) - ranks(mass).mean();
-      const double rho = (a * b).sum().item<double>() / (a.norm() * b.norm()).item<double>();
-      RecordProperty("spearman_l" + std::to_string(l) + "_h" + std::to_string(h), std::to_string(rho));
-      std::printf("qfilters spearman layer %d head %ld: %.3f\n", l, static_cast<long>(h), rho);
-      mean_rho += rho / static_cast<double>(c.n_layers * c.n_kv_heads);
-    }
-  }
-  std::printf("qfilters mean spearman: %.3f\n", mean_rho);
-  EXPECT_GT(mean_rho, 0.0);
-}
 
 }  // namespace
 }  // namespace kvb

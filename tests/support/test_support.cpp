@@ -115,8 +115,11 @@ nlohmann::json runnable_params(const std::string& method) {
   if (method == "kv_packet") return {{"wrap", "none"}};
   // Calibrating methods: a small calibration kept in memory, so the tests write nothing outside
   // their temporary directories.
-  if (method == "duo_attention" || method == "qfilters")
-    return {{"cache_dir", ""}, {"calib_samples", 4}, {"calib_tokens", 128}};
+  // duo_attention's sinks and window (kvpress's 128 + 256) would cover the whole 256-token stream.
+  if (method == "duo_attention")
+    return {{"cache_dir", ""}, {"calib_samples", 4}, {"calib_tokens", 128},
+            {"sink_size", 16},  {"recent_size", 64}};
+  if (method == "qfilters") return {{"cache_dir", ""}, {"calib_samples", 4}, {"calib_tokens", 128}};
   return nlohmann::json::object();
 }
 
