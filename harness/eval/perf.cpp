@@ -25,7 +25,7 @@ PerfCell run_perf_cell(std::shared_ptr<Model> model, const std::string& method,
     while (static_cast<int64_t>(p.size()) < context)
       p.push_back(3 + static_cast<int64_t>(uniform_index(rng, static_cast<uint64_t>(c.vocab_size - 3))));
   }
-  CacheContext ctx{c, model->device, model->dtype};
+  CacheContext ctx{c, model->device, model->dtype, model};
   std::vector<double> prefill_tps, decode_tps, ttft, tpot;
   PerfCell cell;
   cell.batch = batch;

@@ -74,7 +74,7 @@ ProbeSampleResult run_probe_sample(std::shared_ptr<Model> model, const std::stri
                                    const nlohmann::json& method_params,
                                    const std::vector<int64_t>& tokens, const ProbeOptions& opts) {
   const auto& c = model->config;
-  CacheContext ctx{c, model->device, model->dtype};
+  CacheContext ctx{c, model->device, model->dtype, model};
   auto exact = std::make_unique<PagedKvCache>(c, model->device, model->dtype, PagedKvCache::Options{});
   const int64_t P = std::min<int64_t>(std::max<int64_t>(1, opts.prefill_tokens), tokens.size() - 1);
   auto probe = std::make_unique<ProbeKvCache>(MethodRegistry::instance().create(method, ctx, method_params),

@@ -35,6 +35,7 @@ namespace kvb {
 
 class Model;
 struct MethodInfo;
+class CalibrationArtifact;
 
 // A metric a protocol's samples support one by one (for paired bootstraps): the run-level value is
 // f(sum num_i / sum den_i) over samples i, f the identity or exp (perplexity).
@@ -93,6 +94,9 @@ struct RunContext {
   const MethodInfo& method;
   const nlohmann::json& method_params;  // resolved against the method's schema
   const RunEnv& env;
+  // The method's calibration artifact for this run (computed before plan); null when it has none.
+  // Caches built for the run carry it in CacheContext::calibration.
+  std::shared_ptr<const CalibrationArtifact> calibration;
 
   const nlohmann::json& protocol() const { return resolved.at("protocol"); }
   uint64_t seed() const { return resolved.at("seed").get<uint64_t>(); }

@@ -73,7 +73,7 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 
 Answers answer_all(std::shared_ptr<Model> model, const Tokenizer& tok, const std::string& method,
                    const nlohmann::json& params, const QaSample& s, const QaOptions& opts) {
-  CacheContext ctx{model->config, model->device, model->dtype};
+  CacheContext ctx{model->config, model->device, model->dtype, model};
   EngineOptions eo;
   eo.prefill_chunk = opts.prefill_chunk;
   Engine e(model, MethodRegistry::instance().create(method, ctx, params), eo);

@@ -8,6 +8,7 @@
 
 #include "harness/common/error.h"
 #include "harness/common/json_parse.h"
+#include "harness/common/sha256.h"
 #include "harness/eval/ledger.h"
 #include "harness/eval/protocol_registry.h"
 #include "harness/eval/run_config.h"
@@ -103,7 +104,23 @@ RunOutcome execute_run(const nlohmann::json& resolved, ResultsDb& db, const RunE
     lo.models_dir = env.models_dir;
     lo.synthetic_seed = resolved["seed"].get<uint64_t>();
     auto model = load_model(resolved["model"], lo);
-    spec.provenance_json = provenance_json(env, *model);
+    // A calibrating method computes (or loads) its artifact before the first sample, so a failure
+    // (missing calibration text, a corrupt cached file) is one line before the run row exists, and
+    // the run records which artifact it ran with.
+    std::shared_ptr<const CalibrationArtifact> calibration =
+        MethodRegistry::instance().calibrate(method, model, method_params);
+    nlohmann::json prov = parse_json(provenance_json(env, *model), "provenance");
+    if (calibration) {
+      log("method " + method + ": calibration " + calibration->key.substr(0, 12) +
+          (calibration->from_cache ? " loaded from " : " computed, saved to ") +
+          (calibration->path.empty() ? std::string("(memory only)") : calibration->path));
+      prov["calibration"] = {{"method", calibration->method},
+                             {"key", calibration->key},
+                             {"path", calibration->path},
+                             {"from_cache", calibration->from_cache},
+                             {"seconds", calibration->seconds}};
+    }
+    spec.provenance_json = prov.dump();
 
     // Everything the protocol reads from the user (data files, lists, depths, lengths, targets) is
     // read and checked by its plan, before the run row exists: a config that cannot run fails with
@@ -111,7 +128,7 @@ RunOutcome execute_run(const nlohmann::json& resolved, ResultsDb& db, const RunE
     // samples).
     KVB_CHECK(!protocol_info.needs_tokenizer || !model->tokenizer_path.empty(), model->source,
               ": the ", protocol_name, " protocol needs a tokenizer");
-    const RunContext ctx{resolved, model, method_info, method_params, env};
+    const RunContext ctx{resolved, model, method_info, method_params, env, calibration};
     std::unique_ptr<ProtocolRun> plan = protocol.plan(ctx);
 
     RunInfo info = db.begin_run(spec);
@@ -121,6 +138,19 @@ RunOutcome execute_run(const nlohmann::json& resolved, ResultsDb& db, const RunE
       out.skipped = true;
       out.metrics = db.metrics(run_id);
       return out;
+    }
+    if (calibration && !calibration->path.empty()) {
+      Artifact row;
+      row.hash = sha256_file_hex(calibration->path);
+      row.kind = "calibration";
+      row.path = calibration->path;
+      row.bytes = calibration->file_bytes;
+      row.meta_json = nlohmann::json{{"method", calibration->method},
+                                     {"key", calibration->key},
+                                     {"config_hash", out.config_hash},
+                                     {"inputs", calibration->meta}}
+                          .dump();
+      db.put_artifact(row);
     }
     if (info.resumed) log("resuming run " + std::to_string(run_id) + " with " + std::to_string(info.done_samples) + " samples done");
 

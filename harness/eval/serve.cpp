@@ -24,7 +24,7 @@ std::vector<FootprintPoint> measure_footprint_points(
   const int64_t model_elem = dtype_bytes(model->dtype);
   // The share of a model-dtype byte that remains at the serving width.
   const double keep = static_cast<double>(serving_elem_bytes) / static_cast<double>(model_elem);
-  CacheContext ctx{c, model->device, model->dtype};
+  CacheContext ctx{c, model->device, model->dtype, model};
   std::vector<FootprintPoint> points;
   for (int64_t len : lengths) {
     KVB_CHECK(len >= 2 && len <= static_cast<int64_t>(tokens.size()), "serve: probe length ", len,

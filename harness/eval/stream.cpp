@@ -77,7 +77,7 @@ std::vector<float> stream_baseline_logprobs(std::shared_ptr<Model> model,
     }
   }
   *from_cache = false;
-  CacheContext ctx{model->config, model->device, model->dtype};
+  CacheContext ctx{model->config, model->device, model->dtype, model};
   Engine e(model, MethodRegistry::instance().create(baseline_method(), ctx, nlohmann::json::object()));
   std::vector<float> out(static_cast<size_t>(rows * V));
   feed_window(e, tokens, opts, [&](const at::Tensor& logits, int64_t first) {
@@ -105,7 +105,7 @@ StreamSampleResult run_stream_sample(std::shared_ptr<Model> model, const std::st
   const int64_t V = model->config.vocab_size;
   StreamSampleResult r;
   const std::vector<float> base = stream_baseline_logprobs(model, tokens, opts, &r.baseline_from_cache);
-  CacheContext ctx{model->config, model->device, model->dtype};
+  CacheContext ctx{model->config, model->device, model->dtype, model};
   Engine e(model, MethodRegistry::instance().create(method, ctx, method_params));
   r.kl.assign(tokens.size() - 1, 0.f);
   feed_window(e, tokens, opts, [&](const at::Tensor& logits, int64_t first) {

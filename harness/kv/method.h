@@ -20,15 +20,18 @@
 
 #include "harness/common/params.h"
 #include "harness/formats/model_config.h"
+#include "harness/kv/calibration.h"
 #include "harness/kv/kv_cache.h"
 
 namespace kvb {
+
+class Model;
 
 struct MethodCaps {
   bool evicts = false;             // drops tokens (policy)
   bool quantizes = false;          // stores fewer bits per kept element (codec)
   bool tiers = false;              // moves KV between device/host/remote
-  bool needs_calibration = false;  // calibrate() must run first (artifact by content hash)
+  bool needs_calibration = false;  // computes an artifact from the run's model first (calibration.h)
   bool query_aware = false;        // uses the question/observation window to compress
   bool simulated = false;          // declares that it saves nothing physically (masks only)
   bool supports_fork = true;
@@ -45,9 +48,20 @@ struct MethodInfo {
 
 // What a cache is built for: the model's shapes, where compute happens and in which dtype.
 struct CacheContext {
+  CacheContext() = default;
+  // The shapes, device and dtype a cache is built for, and the run's model where there is one.
+  CacheContext(ModelConfig c, c10::Device d, c10::ScalarType t, std::shared_ptr<Model> m = nullptr)
+      : config(std::move(c)), device(d), dtype(t), model(std::move(m)) {}
   ModelConfig config;
   c10::Device device = c10::Device(c10::kCPU);
   c10::ScalarType dtype = c10::kFloat;  // the model's compute dtype (the uncompressed baseline)
+  // The run's model, for a method that calibrates on it (MethodRegistry::create then runs the
+  // method's Calibrator when `calibration` is null). Null where a store is built without a model
+  // (tests of a store alone); a calibrating method then refuses to build.
+  std::shared_ptr<Model> model;
+  // What the method's Calibrator produced for this run (the runner computes it before the first
+  // sample); null for methods that do not calibrate.
+  std::shared_ptr<const CalibrationArtifact> calibration;
 };
 
 // params: the method's parameters, already validated and resolved against its schema.

@@ -4,6 +4,7 @@
 #include "harness/kv/windowed_kv_cache.h"
 
 #include "harness/common/error.h"
+#include "harness/common/internal_error.h"
 #include "harness/common/registry_name.h"
 #include "harness/common/strings.h"
 
@@ -14,15 +15,17 @@ MethodRegistry& MethodRegistry::instance() {
   return *r;
 }
 
-void MethodRegistry::add(MethodInfo info, CacheFactory factory) {
+void MethodRegistry::add(MethodInfo info, CacheFactory factory, Calibrator calibrator) {
   check_registry_name("method", info.name);
   auto it = methods_.find(info.name);
   KVB_CHECK(it == methods_.end(), "method '", info.name, "' is registered twice (",
             it == methods_.end() ? "" : it->second.info.origin, " and ", info.origin, ")");
   // Every default must satisfy its own schema: a broken schema fails at registration, not in a grid.
   resolve_params(info.params, nlohmann::json::object(), "method " + info.name);
+  KVB_CHECK(!calibrator || info.caps.needs_calibration, "method '", info.name,
+            "' has a calibrator but its caps do not say needs_calibration");
   const std::string name = info.name;
-  methods_.emplace(name, Entry{std::move(info), std::move(factory)});
+  methods_.emplace(name, Entry{std::move(info), std::move(factory), std::move(calibrator)});
 }
 
 const MethodInfo& MethodRegistry::info(const std::string& name) const {
@@ -42,10 +45,40 @@ nlohmann::json MethodRegistry::resolve(const std::string& name, const nlohmann::
   return resolve_params(info(name).params, params, "method " + name);
 }
 
-std::unique_ptr<KvCache> MethodRegistry::create(const std::string& name, const CacheContext& ctx,
+bool MethodRegistry::calibrates(const std::string& name) const {
+  info(name);  // unknown: the error with its hint
+  return static_cast<bool>(methods_.at(name).calibrator);
+}
+
+std::shared_ptr<const CalibrationArtifact> MethodRegistry::calibrate(
+    const std::string& name, const std::shared_ptr<Model>& model,
+    const nlohmann::json& params) const {
+  const nlohmann::json resolved = resolve(name, params);
+  const Entry& e = methods_.at(name);
+  if (!e.calibrator) return nullptr;
+  KVB_CHECK(model != nullptr, "method ", name,
+            " calibrates on the run's model, and none was given (CacheContext::model)");
+  const std::string key = name + "|" + std::to_string(reinterpret_cast<uintptr_t>(model.get())) +
+                          "|" + resolved.dump();
+  // One lock over the whole computation: a second caller waits for the artifact instead of
+  // computing it again.
+  std::lock_guard<std::mutex> lock(memo_mutex_);
+  auto it = memo_.find(key);
+  if (it != memo_.end() && it->second.model.lock() == model) return it->second.artifact;
+  std::shared_ptr<const CalibrationArtifact> a = e.calibrator(model, resolved);
+  KVB_ASSERT(a != nullptr && !a->key.empty(), "method " + name, "its calibrator returned no artifact");
+  for (auto m = memo_.begin(); m != memo_.end();)  // forget artifacts of models freed since
+    m = m->second.model.expired() ? memo_.erase(m) : std::next(m);
+  memo_[key] = Memo{model, a};
+  return a;
+}
+
+std::unique_ptr<KvCache> MethodRegistry::create(const std::string& name, const CacheContext& ctx_in,
                                                 const nlohmann::json& params) const {
   const nlohmann::json resolved = resolve(name, params);
   const Entry& e = methods_.at(name);
+  CacheContext ctx = ctx_in;
+  if (e.calibrator && !ctx.calibration) ctx.calibration = calibrate(name, ctx.model, resolved);
   // A model with sliding-window layers: the method's store serves the global layers, the window
   // layers keep their window (windowed_kv_cache.h).
   // Only the exact stores may run on a model that is all windows: any other method would have
@@ -56,8 +89,9 @@ std::unique_ptr<KvCache> MethodRegistry::create(const std::string& name, const C
       "method " + name);
 }
 
-detail::MethodRegistration::MethodRegistration(MethodInfo (*info)(), CacheFactory factory) {
-  MethodRegistry::instance().add(info(), std::move(factory));
+detail::MethodRegistration::MethodRegistration(MethodInfo (*info)(), CacheFactory factory,
+                                               Calibrator calibrator) {
+  MethodRegistry::instance().add(info(), std::move(factory), std::move(calibrator));
 }
 
 nlohmann::json method_info_json(const MethodInfo& info) {

@@ -17,7 +17,7 @@
 // A plugin may also add kvbench subcommands with KVB_REGISTER_TOOL (harness/tool/tool_registry.h):
 // kvbench loads the plugins named before the subcommand first, so their tools parse like the
 // built-in ones. Exceptions never cross the boundary. The ABI version changes whenever KvCache,
-// LayerInput, StepBatch, Footprint, MethodInfo, Protocol, ProtocolInfo or the registries change
+// LayerInput, StepBatch, Footprint, MethodInfo, CacheContext, Protocol, ProtocolInfo or the registries change
 // layout; the LibTorch version must be kvbench's own (tensors cross the boundary: a plugin built
 // against another LibTorch would crash at its first call instead of being refused).
 
@@ -31,7 +31,7 @@
 // The ABI version this header describes. (Defining it differently when building a plugin is how the
 // tests make a plugin "built for another ABI version"; kvbench itself always uses this value.)
 #ifndef KVB_PLUGIN_ABI_VERSION
-#define KVB_PLUGIN_ABI_VERSION 3
+#define KVB_PLUGIN_ABI_VERSION 4
 #endif
 // Likewise for the LibTorch version a plugin reports (the tests' "built against another LibTorch").
 #ifndef KVB_PLUGIN_TORCH_VERSION

@@ -21,7 +21,7 @@ namespace {
 int64_t held_bytes(const std::shared_ptr<kvb::Model>& model, const std::string& method,
                    const nlohmann::json& params, const std::vector<int64_t>& prompt,
                    int64_t chunk) {
-  kvb::CacheContext ctx{model->config, model->device, model->dtype};
+  kvb::CacheContext ctx{model->config, model->device, model->dtype, model};
   kvb::EngineOptions eo;
   eo.prefill_chunk = chunk;
   kvb::Engine e(model, kvb::MethodRegistry::instance().create(method, ctx, params), eo);

@@ -67,8 +67,8 @@ MethodInfo kvtc_info() {
       int_param("calib_window", -1, -1, 1 << 20,
                 "tokens per calibration sequence (-1: min(512, the model's max_seq_len))"),
       string_param("calib_model", "", {},
-                   "model spec to calibrate with (\"\": the run's model by name); must match the "
-                   "run's config"),
+                   "model spec to calibrate with (\"\": the run's model itself, or by name where "
+                   "the cache was built without it); must match the run's config"),
       string_param("data_dir", "", {}, "where calib_corpus lives (\"\": $KVBENCH_DATA, ./data, "
                                        "../shared/data)"),
       string_param("cache_dir", "results/cache/kvtc", {},
@@ -452,13 +452,19 @@ class KvtcCache : public KvCache {
 
   void ensure_artifact() {
     if (art_) return;
-    const std::string spec = calib_model_.empty() ? ctx_.config.name : calib_model_;
-    std::shared_ptr<Model> model;
-    try {
-      model = load_model(spec);
-    } catch (const Error& e) {
-      KVB_FAIL("method kvtc: cannot load calibration model '", spec,
-               "' (set calib_model to its path): ", e.what());
+    // The run's model when the cache was built with it (CacheContext::model); a second copy is
+    // loaded only for calib_model, or where no model came with the context.
+    const bool own = calib_model_.empty() && ctx_.model;
+    const std::string spec = own ? ctx_.model->source
+                                 : calib_model_.empty() ? ctx_.config.name : calib_model_;
+    std::shared_ptr<Model> model = own ? ctx_.model : nullptr;
+    if (!model) {
+      try {
+        model = load_model(spec);
+      } catch (const Error& e) {
+        KVB_FAIL("method kvtc: cannot load calibration model '", spec,
+                 "' (set calib_model to its path): ", e.what());
+      }
     }
     KVB_CHECK(model->config.to_json().dump() == ctx_.config.to_json().dump(),
               "method kvtc: calibration model '", spec, "' does not match the run's model config");

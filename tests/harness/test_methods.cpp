@@ -14,8 +14,10 @@ namespace {
 
 std::shared_ptr<Model> stories() { return load_model(test::models_dir() + "/stories260K"); }
 
-std::unique_ptr<KvCache> make(const Model& m, const std::string& name, nlohmann::json params = {}) {
-  CacheContext ctx{m.config, m.device, m.dtype};
+// The cache is built with its model, as a run builds it (a calibrating method calibrates on it).
+std::unique_ptr<KvCache> make(const std::shared_ptr<Model>& m, const std::string& name,
+                              nlohmann::json params = {}) {
+  CacheContext ctx{m->config, m->device, m->dtype, m};
   return MethodRegistry::instance().create(name, ctx, params.is_null() ? nlohmann::json::object() : params);
 }
 
@@ -30,10 +32,10 @@ TEST(Methods, RegistryHoldsExactlyTheMethodFolders) {
 TEST(Methods, EveryMethodBuildsWithDefaultsAndRejectsUnknownParams) {
   auto m = stories();
   for (const auto& n : MethodRegistry::instance().names()) {
-    auto kv = make(*m, n, test::runnable_params(n));
+    auto kv = make(m, n, test::runnable_params(n));
     ASSERT_NE(kv, nullptr) << n;
     try {
-      make(*m, n, {{"no_such_param", 1}});
+      make(m, n, {{"no_such_param", 1}});
       ADD_FAILURE() << n << " accepted an unknown parameter";
     } catch (const kvb::Error& e) {
       EXPECT_NE(std::string(e.what()).find("unknown parameter 'no_such_param'"), std::string::npos);
@@ -44,13 +46,13 @@ TEST(Methods, EveryMethodBuildsWithDefaultsAndRejectsUnknownParams) {
 TEST(Methods, ParamErrorsNameKeyValueAndRange) {
   auto m = stories();
   try {
-    make(*m, "paged", {{"block_size", 0}});
+    make(m, "paged", {{"block_size", 0}});
     FAIL();
   } catch (const kvb::Error& e) {
     EXPECT_NE(std::string(e.what()).find("method paged.block_size: 0 is outside the allowed range"), std::string::npos) << e.what();
   }
   try {
-    make(*m, "paged", {{"block_sise", 8}});
+    make(m, "paged", {{"block_sise", 8}});
     FAIL();
   } catch (const kvb::Error& e) {
     EXPECT_NE(std::string(e.what()).find("did you mean 'block_size'"), std::string::npos) << e.what();
@@ -86,13 +88,13 @@ TEST(Methods, BaselinesGiveTheEngineDefaultLogits) {
   auto m = stories();
   at::Tensor ref = trace(m, make_default_kv(*m));
   // paged with its defaults is the engine's own store: bit-identical.
-  EXPECT_TRUE(at::equal(trace(m, make(*m, "paged")), ref));
+  EXPECT_TRUE(at::equal(trace(m, make(m, "paged")), ref));
   // Other layouts change only the order of the online-softmax sums (fp32 rounding, |logit| ~ 10).
   for (const char* name : {"full", "static"}) {
-    at::Tensor got = trace(m, make(*m, name));
+    at::Tensor got = trace(m, make(m, name));
     EXPECT_LT((got - ref).abs().max().item<double>(), 1e-4) << name;
   }
-  at::Tensor p1 = trace(m, make(*m, "paged", {{"block_size", 1}}));
+  at::Tensor p1 = trace(m, make(m, "paged", {{"block_size", 1}}));
   EXPECT_LT((p1 - ref).abs().max().item<double>(), 1e-4);
 }
 
@@ -100,7 +102,7 @@ TEST(Methods, PagedLedgerIsExact) {
   auto m = stories();
   const auto& c = m->config;
   for (int64_t bs : {1, 16, 64}) {
-    Engine e(m, make(*m, "paged", {{"block_size", bs}, {"initial_blocks", 4}}));
+    Engine e(m, make(m, "paged", {{"block_size", bs}, {"initial_blocks", 4}}));
     std::vector<int64_t> a(40, 300), b(23, 301);
     a[0] = b[0] = 1;
     int64_t s1 = e.new_sequence(), s2 = e.new_sequence();
@@ -117,7 +119,7 @@ TEST(Methods, PagedLedgerIsExact) {
 
 TEST(Methods, StaticReportsReservedButUnusedBytes) {
   auto m = stories();
-  Engine e(m, make(*m, "static", {{"max_seq_len", 100}}));
+  Engine e(m, make(m, "static", {{"max_seq_len", 100}}));
   int64_t s = e.new_sequence();
   e.prefill({s}, {std::vector<int64_t>(40, 300)});
   Footprint f = e.kv().footprint();
@@ -139,12 +141,12 @@ TEST(Methods, PagedForkHoldsFewerBlocksThanTwoCopies) {
   auto m = stories();
   std::vector<int64_t> prompt(64, 300);
   prompt[0] = 1;
-  Engine shared(m, make(*m, "paged", {{"block_size", 16}}));
+  Engine shared(m, make(m, "paged", {{"block_size", 16}}));
   int64_t a = shared.new_sequence();
   shared.prefill({a}, {prompt});
   int64_t b = shared.fork(a);
   shared.decode({a, b}, {400, 401});
-  Engine separate(m, make(*m, "paged", {{"block_size", 16}}));
+  Engine separate(m, make(m, "paged", {{"block_size", 16}}));
   int64_t x = separate.new_sequence(), y = separate.new_sequence();
   separate.prefill({x, y}, {prompt, prompt});
   separate.decode({x, y}, {400, 401});

@@ -113,6 +113,13 @@ double mean_story_kl(const std::string& method, const nlohmann::json& params, in
 nlohmann::json runnable_params(const std::string& method) {
   if (method == "dms") return {{"decisions", "evict_all"}, {"window", 64}};
   if (method == "kv_packet") return {{"wrap", "none"}};
+  // Calibrating methods: a small calibration kept in memory, so the tests write nothing outside
+  // their temporary directories.
+  // duo_attention's sinks and window (kvpress's 128 + 256) would cover the whole 256-token stream.
+  if (method == "duo_attention")
+    return {{"cache_dir", ""}, {"calib_samples", 4}, {"calib_tokens", 128},
+            {"sink_size", 16},  {"recent_size", 64}};
+  if (method == "qfilters") return {{"cache_dir", ""}, {"calib_samples", 4}, {"calib_tokens", 128}};
   return nlohmann::json::object();
 }
 

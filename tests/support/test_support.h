@@ -55,7 +55,8 @@ double mean_story_kl(const std::string& method, const nlohmann::json& params, in
 // every method that runs on its defaults. `dms` needs a trained adapter for its learned decisions
 // (tests/methods/test_dms.cpp trains and loads one); the registry-wide contracts run its store with
 // every token evicted once out of a 64-token window; `kv_packet` runs with wrap=none (its trained
-// header and trailer are a file; test_kv_packet trains one).
+// header and trailer are a file; test_kv_packet trains one); duo_attention and qfilters calibrate
+// on a few short samples, in memory.
 nlohmann::json runnable_params(const std::string& method);
 
 }  // namespace kvb::test
