@@ -211,10 +211,14 @@ def build(arch, out_dir, seed):
 # Gemma 3 270M (Q4_K_M GGUF, the optional asset of scripts/fetch-assets.sh): token-id prompts whose
 # reference transformers computes from the same file (transformers dequantizes it with gguf-py and
 # subtracts Gemma's 1 from the norms again), kept small: per position the argmax and the top logits.
-G270_TEXTS = [
-    "The capital of France is",
-    "Once upon a time, in a small village by the sea, there lived an old fisherman who",
-    "def fibonacci(n):\n    if n < 2:\n        return n\n",
+# Token ids of whole-word pieces of the file's own vocabulary (<bos> "The capital of France is", and
+# <bos> "Once upon a time, in a small village by the sea, there lived an old fisherman who"): the
+# tokenizer transformers 5.2 builds from this GGUF splits words into short pieces ("▁c", "ap", ...),
+# so its ids would be text the model never saw.
+G270_PROMPTS = [
+    [2, 818, 5279, 529, 7001, 563],
+    [2, 14946, 3324, 496, 990, 236764, 528, 496, 1944, 9744, 684, 506, 5442, 236764, 993, 11742,
+     614, 2255, 79539, 1015],
 ]
 G270_TOP = 16
 G270_GREEDY = 16
@@ -225,7 +229,6 @@ def gemma3_270m(path, out):
     model = transformers.AutoModelForCausalLM.from_pretrained(
         d, gguf_file=name, attn_implementation="eager", dtype=torch.float32)
     model.eval()
-    tok = transformers.AutoTokenizer.from_pretrained(d, gguf_file=name)
     ref = {"file": name, "sha256": None, "transformers_version": transformers.__version__,
            "torch_version": torch.__version__, "gguf_version": importlib.metadata.version("gguf"),
            "top": G270_TOP, "prompts": []}
@@ -236,8 +239,7 @@ def gemma3_270m(path, out):
             h.update(block)
     ref["sha256"] = h.hexdigest()
     with torch.no_grad():
-        for text in G270_TEXTS:
-            ids = tok(text).input_ids  # BOS first, as the tokenizer adds it
+        for ids in G270_PROMPTS:
             logits = model(torch.tensor([ids]), use_cache=False).logits[0].float()
             top = logits.topk(G270_TOP, dim=-1)
             lp = torch.log_softmax(logits.double(), -1)
@@ -248,7 +250,7 @@ def gemma3_270m(path, out):
                 greedy.append(nxt)
                 cur.append(nxt)
             ref["prompts"].append({
-                "text": text, "ids": ids, "nll_sum": nll, "max_abs_logit": float(logits.abs().max()),
+                "ids": ids, "nll_sum": nll, "max_abs_logit": float(logits.abs().max()),
                 "top_ids": top.indices.tolist(), "top_logits": top.values.tolist(),
                 "greedy": greedy})
             print(f"gemma-3-270m: prompt of {len(ids)}: nll {nll:.5f}, greedy {greedy}",
