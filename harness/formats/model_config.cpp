@@ -501,13 +501,18 @@ namespace kvb {
 ModelConfig gguf_model_config(const GgufFile& f) {
   const std::string& src = f.path();
   const std::string arch = f.get_string("general.architecture");
-  // Qwen2 (biases, rotate-half RoPE) and others would need their own mapping and a reference to
-  // check it against; llama covers Llama 1-3, Mistral and SmolLM conversions.
-  KVB_CHECK(arch == "llama", src, ": general.architecture '", arch,
-            "' is not supported (llama)");
+  // The architectures whose llama.cpp graphs are the engine's forward (src/models/<arch>.cpp):
+  // each is mapped key by key below, and checked against transformers on converted fixtures.
+  KVB_CHECK(arch == "llama" || arch == "qwen2" || arch == "qwen3" || arch == "gemma3" ||
+                arch == "phi3",
+            src, ": general.architecture '", arch,
+            "' is not supported (llama, qwen2, qwen3, gemma3, phi3)");
+  const bool gemma = arch == "gemma3";
   const std::string p = arch + ".";
   ModelConfig c;
   c.format = "gguf";
+  // ModelConfig names the families by their Hugging Face model_type.
+  if (arch != "llama") c.arch = gemma ? "gemma3_text" : arch;
   c.dim = f.get_int(p + "embedding_length");
   c.hidden_dim = f.get_int(p + "feed_forward_length");
   c.n_layers = f.get_int(p + "block_count");
@@ -525,8 +530,14 @@ ModelConfig gguf_model_config(const GgufFile& f) {
   c.max_seq_len = f.get_int(p + "context_length");
   c.rope_theta = f.get_float_or(p + "rope.freq_base", 10000.0);
   c.norm_eps = f.get_float(p + "attention.layer_norm_rms_epsilon");
-  // llama.cpp's converter permutes q/k rows into Meta's adjacent-pair order (as llama2.c has them).
-  c.rope_style = RopeStyle::kInterleaved;
+  // llama.cpp's converter permutes Llama's q/k rows into Meta's adjacent-pair order (as llama2.c
+  // has them); Qwen2/3, Gemma 3 and Phi-3 keep Hugging Face's rows and llama.cpp rotates them
+  // NeoX-style (halves), LLAMA_ROPE_TYPE_NEOX in llama_model_rope_type.
+  c.rope_style = arch == "llama" ? RopeStyle::kInterleaved : RopeStyle::kHalf;
+  KVB_CHECK(f.get_bool_or(p + "attention.causal", true), src, ": '", p,
+            "attention.causal' is false: bidirectional attention is not supported");
+  KVB_CHECK(f.get_int_or(p + "expert_count", 0) == 0, src, ": '", p,
+            "expert_count' is set: mixture-of-experts layers are not supported");
 
   const std::string scaling = f.get_string_or(p + "rope.scaling.type", "none");
   if (scaling == "linear") {
@@ -549,6 +560,81 @@ ModelConfig gguf_model_config(const GgufFile& f) {
   // parameters; the engine computes llama3 scaling from the parameters only.
   KVB_CHECK(!f.has_tensor("rope_freqs.weight"), src,
             ": tensor 'rope_freqs.weight' (llama3 RoPE frequency factors) is not supported");
+  // Phi-3's 128K models carry LongRoPE's per-frequency factors as tensors.
+  for (const char* t : {"rope_factors_long.weight", "rope_factors_short.weight",
+                        "blk.0.rope_factors_long.weight", "blk.0.rope_factors_short.weight"}) {
+    KVB_CHECK(!f.has_tensor(t), src, ": tensor '", t,
+              "' (LongRoPE frequency factors) is not supported");
+  }
+
+  if (arch == "qwen3" || gemma) {
+    // llama.cpp's qwen3 and gemma3 graphs require them; kvbench does too, so a file without them
+    // is refused when the tensor is loaded rather than run as another model.
+    c.qk_norm = true;
+  } else {
+    KVB_CHECK(!f.has_tensor("blk.0.attn_q_norm.weight"), src,
+              ": tensor 'blk.0.attn_q_norm.weight': llama.cpp's ", arch,
+              " graph has no q/k norms, so this file is not the model it says it is");
+  }
+
+  // Sliding windows. llama.cpp's qwen2, qwen3 and llama graphs have none, whatever the key says;
+  // Gemma 3 slides on the layers its pattern names; Phi-3 (below) on every layer.
+  const std::string window_key = p + "attention.sliding_window";
+  const int64_t window = f.get_int_or(window_key, 0);
+  KVB_CHECK(window >= 0, src, ": '", window_key, "' must not be negative (got ", window, ")");
+  if (gemma) {
+    c.activation = Activation::kGeluTanh;
+    c.post_norms = true;
+    c.embed_scale = std::sqrt(static_cast<double>(c.dim));
+    // The file has no query_pre_attn_scalar: llama.cpp scales queries by 1/sqrt(head_dim), except
+    // for the 62-layer 27B, whose scalar is hidden / heads (its config's 168). Mirror that rule.
+    c.query_pre_attn_scalar = c.n_layers == 62 ? static_cast<double>(c.dim / c.n_heads)
+                                               : static_cast<double>(c.head_dim);
+    c.final_logit_softcap = f.get_float_or(p + "final_logit_softcapping", 0.0);
+    KVB_CHECK(c.final_logit_softcap >= 0, src, ": '", p,
+              "final_logit_softcapping' must not be negative");
+    const double attn_cap = f.get_float_or(p + "attn_logit_softcapping", 0.0);
+    KVB_CHECK(attn_cap == 0, src, ": '", p, "attn_logit_softcapping' is ", attn_cap,
+              ": softcapping of the attention scores is not supported");
+    if (window > 0) {
+      // sliding_window_pattern: one flag per layer, or a period n whose last layer is global
+      // (llama_hparams::set_swa_pattern; 6 when absent, 0 = every layer slides).
+      std::vector<bool> slides(static_cast<size_t>(c.n_layers));
+      const std::string pat_key = p + "attention.sliding_window_pattern";
+      if (f.has(pat_key) && f.get(pat_key).kind == GgufValue::Kind::kArray) {
+        const std::vector<int64_t>& flags = f.get_ints(pat_key);
+        KVB_CHECK(static_cast<int64_t>(flags.size()) == c.n_layers, src, ": '", pat_key, "' has ",
+                  flags.size(), " entries for ", c.n_layers, " layers");
+        for (int64_t l = 0; l < c.n_layers; ++l) slides[l] = flags[l] != 0;
+      } else {
+        const int64_t n = f.get_int_or(pat_key, 6);
+        KVB_CHECK(n >= 0, src, ": '", pat_key, "' must not be negative (got ", n, ")");
+        for (int64_t l = 0; l < c.n_layers; ++l) slides[l] = n == 0 || l % n < n - 1;
+      }
+      bool any = false;
+      for (int64_t l = 0; l < c.n_layers; ++l) {
+        c.layer_windows.push_back(slides[l] ? window : 0);
+        any = any || slides[l];
+      }
+      if (!any) c.layer_windows.clear();
+      // The window layers rotate with their own base and no scaling (llama.cpp's defaults: 10000,
+      // scale 1).
+      c.rope_local_theta = f.get_float_or(p + "rope.freq_base_swa", 10000.0);
+      KVB_CHECK(c.rope_local_theta > 0, src, ": '", p, "rope.freq_base_swa' must be positive");
+    }
+  } else if (arch == "phi3") {
+    // llama.cpp's phi3 loader switches the window off (it warns and sets n_swa 0); transformers
+    // and kvbench's config.json path apply it on every layer, and the weights were trained so,
+    // so the GGUF of a Phi-3 model gives the same computation as its Hugging Face directory.
+    if (window > 0) c.layer_windows.assign(c.n_layers, window);
+  } else {
+    KVB_CHECK(window == 0, src, ": '", window_key, "' is ", window, ": llama.cpp's ", arch,
+              " graph has no sliding window, so which computation is meant is unclear");
+  }
+  for (const char* k : {"final_logit_softcapping", "attn_logit_softcapping"}) {
+    KVB_CHECK(gemma || !f.has(p + k), src, ": '", p, k, "' is set: softcapping is not supported on ",
+              arch);
+  }
 
   if (f.has("tokenizer.ggml.tokens")) {
     c.vocab_size = static_cast<int64_t>(f.get_strings("tokenizer.ggml.tokens").size());
@@ -565,13 +651,17 @@ ModelConfig gguf_model_config(const GgufFile& f) {
     c.vocab_size = e.dims[1];
   }
   c.tied_embeddings = !f.has_tensor("output.weight");
-  c.qkv_bias = f.has_tensor("blk.0.attn_q.bias");
+  // llama.cpp loads q/k/v biases for any of these architectures where the file has them (split or
+  // fused with attn_qkv), nothing else.
+  c.qkv_bias = f.has_tensor("blk.0.attn_q.bias") || f.has_tensor("blk.0.attn_qkv.bias");
+  KVB_CHECK(!f.has_tensor("output.bias"), src,
+            ": tensor 'output.bias': a bias on the output projection is not supported");
   for (const char* t : {"attn_output.bias", "ffn_gate.bias", "ffn_up.bias", "ffn_down.bias"}) {
     KVB_CHECK(!f.has_tensor(std::string("blk.0.") + t), src, ": tensor 'blk.0.", t,
               "': biases outside q/k/v are not supported");
   }
-  c.bos_id = f.get_int_or("tokenizer.ggml.bos_token_id", 1);
-  c.eos_ids = {f.get_int_or("tokenizer.ggml.eos_token_id", 2)};
+  c.bos_id = f.get_int_or("tokenizer.ggml.bos_token_id", gemma ? 2 : 1);
+  c.eos_ids = {f.get_int_or("tokenizer.ggml.eos_token_id", gemma ? 1 : 2)};
   if (f.has("tokenizer.ggml.eot_token_id")) {
     const int64_t eot = f.get_int("tokenizer.ggml.eot_token_id");
     if (eot != c.eos_ids[0]) c.eos_ids.push_back(eot);

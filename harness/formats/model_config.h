@@ -108,9 +108,11 @@ ModelConfig parse_hf_config(const std::string& json_text, const std::string& sou
 ModelConfig load_hf_config(const std::string& path);
 
 class GgufFile;
-// The config of a GGUF model from its metadata (general.architecture "llama": llama.* keys) and its
-// tensor index (tied embeddings when output.weight is absent). Refuses what the engine does not
-// implement (another architecture, partial rotary, YaRN, llama3 frequency factors) naming the key.
+// The config of a GGUF model from its metadata (general.architecture llama, qwen2, qwen3, phi3 or
+// gemma3: <arch>.* keys, read by llama.cpp's rules for that architecture) and its tensor index (tied
+// embeddings when output.weight is absent, q/k biases where present). Refuses what the engine does
+// not implement (another architecture, partial rotary, YaRN, llama3 or LongRoPE frequency factors, a
+// window or softcapping where llama.cpp has none) naming the file and the key or tensor.
 ModelConfig gguf_model_config(const GgufFile& f);
 
 const char* rope_style_name(RopeStyle s);

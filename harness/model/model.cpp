@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <set>
 
 #include "harness/common/asset_cache.h"
 #include "harness/common/error.h"
@@ -308,17 +309,22 @@ void load_gguf(Model& m, const std::string& path) {
   if (ends_with(stem, ".gguf")) stem = stem.substr(0, stem.size() - 5);
   m.config.name = stem;
   const ModelConfig& c = m.config;
+  std::set<std::string> used;
   auto get = [&](const std::string& name, std::vector<int64_t> shape) {
     const GgufTensor& t = f.tensor(name);
     KVB_CHECK(t.shape() == shape, path, ": tensor '", name, "' has shape ", shape_str(t.shape()),
               " but the metadata implies ", shape_str(shape));
+    used.insert(name);
     at::Tensor out = at::empty(shape, at::TensorOptions().dtype(at::kFloat));
     gguf_dequantize(t, out.data_ptr<float>());
     check_finite(out.data_ptr<float>(), out.numel(), FloatBits::kF32, path, name);
     return out.to(m.device, m.dtype);
   };
   const int64_t D = c.dim, F = c.hidden_dim, Q = c.q_dim(), KV = c.kv_dim(), V = c.vocab_size;
+  const int64_t HD = c.head_dim;
   auto& w = m.weights;
+  // Norm weights as stored: llama.cpp's converter has already added Gemma's 1 to every
+  // "*norm.weight" (its RMSNorm multiplies by w), so nothing is folded here as load_hf folds it.
   w.embedding = get("token_embd.weight", {V, D});
   w.final_norm = get("output_norm.weight", {D});
   w.lm_head = c.tied_embeddings ? w.embedding : get("output.weight", {V, D});
@@ -326,17 +332,50 @@ void load_gguf(Model& m, const std::string& path) {
     const std::string p = "blk." + std::to_string(l) + ".";
     LayerWeights L;
     L.attn_norm = get(p + "attn_norm.weight", {D});
-    L.wqkv = at::cat({get(p + "attn_q.weight", {Q, D}), get(p + "attn_k.weight", {KV, D}),
-                      get(p + "attn_v.weight", {KV, D})});
+    // Phi-3's converter keeps qkv_proj fused (attn_qkv, q rows then k then v: the engine's
+    // layout); the others write q, k and v apart. llama.cpp accepts either for every family.
+    if (f.has_tensor(p + "attn_qkv.weight")) {
+      L.wqkv = get(p + "attn_qkv.weight", {Q + 2 * KV, D});
+    } else {
+      L.wqkv = at::cat({get(p + "attn_q.weight", {Q, D}), get(p + "attn_k.weight", {KV, D}),
+                        get(p + "attn_v.weight", {KV, D})});
+    }
     if (c.qkv_bias) {
-      L.bqkv = at::cat({get(p + "attn_q.bias", {Q}), get(p + "attn_k.bias", {KV}),
-                        get(p + "attn_v.bias", {KV})});
+      if (f.has_tensor(p + "attn_qkv.bias")) {
+        L.bqkv = get(p + "attn_qkv.bias", {Q + 2 * KV});
+      } else {
+        L.bqkv = at::cat({get(p + "attn_q.bias", {Q}), get(p + "attn_k.bias", {KV}),
+                          get(p + "attn_v.bias", {KV})});
+      }
+    }
+    if (c.qk_norm) {
+      L.q_norm = get(p + "attn_q_norm.weight", {HD});
+      L.k_norm = get(p + "attn_k_norm.weight", {HD});
     }
     L.wo = get(p + "attn_output.weight", {D, Q});
+    // Gemma 3: ffn_norm is the feed-forward's input norm (pre_feedforward_layernorm), and the
+    // sublayer outputs have their own norms.
     L.ffn_norm = get(p + "ffn_norm.weight", {D});
-    L.w13 = at::cat({get(p + "ffn_gate.weight", {F, D}), get(p + "ffn_up.weight", {F, D})});
+    if (c.post_norms) {
+      L.post_attn_norm = get(p + "post_attention_norm.weight", {D});
+      L.post_ffn_norm = get(p + "post_ffw_norm.weight", {D});
+    }
+    // Phi-3's gate_up_proj stays fused as ffn_up [2F, D], gate rows first (llama.cpp's SwiGLU
+    // halves it so): the engine's w13 as it is.
+    if (!f.has_tensor(p + "ffn_gate.weight") && c.arch == "phi3") {
+      L.w13 = get(p + "ffn_up.weight", {2 * F, D});
+    } else {
+      L.w13 = at::cat({get(p + "ffn_gate.weight", {F, D}), get(p + "ffn_up.weight", {F, D})});
+    }
     L.w2 = get(p + "ffn_down.weight", {D, F});
     w.layers.push_back(std::move(L));
+  }
+  // A tensor the mapping did not read is a part of the model the engine would leave out (a bias,
+  // a norm, a rerank head): refuse the file rather than run something else.
+  for (const GgufTensor& t : f.tensors()) {
+    KVB_CHECK(used.count(t.name) != 0, path, ": tensor '", t.name, "' is not part of the ",
+              f.get_string("general.architecture"),
+              " model kvbench computes (general.architecture's tensors), so it is not supported");
   }
   // The tokenizer is in the file's metadata (tokenizer.ggml.*).
   m.tokenizer_path = path;

@@ -68,6 +68,13 @@ struct GgBuild {
     for (int32_t x : v) b.append(reinterpret_cast<const char*>(&x), 4);
     raw(key, 9, b);
   }
+  void bools(const std::string& key, const std::vector<bool>& v) {
+    std::string b;
+    put_u32(b, 7);
+    put_u64(b, v.size());
+    for (bool x : v) b += x ? '\1' : '\0';
+    raw(key, 9, b);
+  }
   void f32s(const std::string& key, const std::vector<float>& v) {
     std::string b;
     put_u32(b, 6);

@@ -97,9 +97,37 @@ TEST(GgufModelConfig, TinyLlamaMapsEveryKey) {
 
 TEST(GgufModelConfig, RefusesWhatTheEngineDoesNotImplement) {
   GgBuild q = tiny_llama("general.architecture");
-  q.str("general.architecture", "qwen2");
+  q.str("general.architecture", "falcon");
   expect_kvb_error([&] { config_of(q); },
-                   {"<tiny>", "general.architecture 'qwen2' is not supported (llama)"});
+                   {"<tiny>", "general.architecture 'falcon' is not supported (llama, qwen2, "
+                              "qwen3, gemma3, phi3)"});
+  // Keys llama.cpp's llama graph does not read but which would change the model.
+  expect_kvb_error([&] { config_of(tiny_llama("", [](GgBuild& b) {
+                     b.u32("llama.attention.sliding_window", 8);
+                   })); },
+                   {"<tiny>", "'llama.attention.sliding_window' is 8: llama.cpp's llama graph "
+                              "has no sliding window"});
+  expect_kvb_error([&] { config_of(tiny_llama("", [](GgBuild& b) {
+                     b.f32("llama.final_logit_softcapping", 30.f);
+                   })); },
+                   {"<tiny>", "'llama.final_logit_softcapping' is set"});
+  expect_kvb_error([&] { config_of(tiny_llama("", [](GgBuild& b) {
+                     b.boolean("llama.attention.causal", false);
+                   })); },
+                   {"<tiny>", "'llama.attention.causal' is false"});
+  expect_kvb_error([&] { config_of(tiny_llama("", [](GgBuild& b) {
+                     b.u32("llama.expert_count", 8);
+                   })); },
+                   {"<tiny>", "'llama.expert_count' is set"});
+  expect_kvb_error([&] { config_of(tiny_llama("", [](GgBuild& b) {
+                     b.tensors.push_back({"blk.0.attn_q_norm.weight", {8}, 0, std::string(32, '\0')});
+                   })); },
+                   {"<tiny>", "tensor 'blk.0.attn_q_norm.weight': llama.cpp's llama graph has no "
+                              "q/k norms"});
+  expect_kvb_error([&] { config_of(tiny_llama("", [](GgBuild& b) {
+                     b.tensors.push_back({"output.bias", {10}, 0, std::string(40, '\0')});
+                   })); },
+                   {"<tiny>", "tensor 'output.bias'"});
   expect_kvb_error([&] { config_of(tiny_llama("general.architecture")); },
                    {"<tiny>", "missing metadata key 'general.architecture'"});
   for (const char* key : {"llama.embedding_length", "llama.feed_forward_length", "llama.block_count",
@@ -144,6 +172,135 @@ TEST(GgufModelConfig, RefusesWhatTheEngineDoesNotImplement) {
   GgBuild bos = tiny_llama("tokenizer.ggml.bos_token_id");
   bos.u32("tokenizer.ggml.bos_token_id", 10);
   expect_kvb_error([&] { config_of(bos); }, {"<tiny>", "'bos_token_id' 10 is outside the vocabulary"});
+}
+
+// The metadata of a tiny Gemma 3 as llama.cpp's converter writes it: 8 layers, dim 16, 2 heads of
+// 8. `extra` adds entries (a pattern, a 27B-like depth).
+GgBuild tiny_gemma(void (*extra)(GgBuild&) = nullptr, uint32_t layers = 8) {
+  GgBuild b;
+  b.str("general.architecture", "gemma3");
+  b.u32("gemma3.embedding_length", 16);
+  b.u32("gemma3.feed_forward_length", 40);
+  b.u32("gemma3.block_count", layers);
+  b.u32("gemma3.attention.head_count", 2);
+  b.u32("gemma3.attention.head_count_kv", 1);
+  b.u32("gemma3.attention.key_length", 12);
+  b.u32("gemma3.attention.value_length", 12);
+  b.u32("gemma3.context_length", 128);
+  b.f32("gemma3.rope.freq_base", 1e6f);
+  b.f32("gemma3.attention.layer_norm_rms_epsilon", 1e-6f);
+  b.u32("gemma3.attention.sliding_window", 4);
+  b.u32("gemma3.vocab_size", 10);
+  if (extra) extra(b);
+  b.tensors.push_back({"blk.0.attn_norm.weight", {16}, 0, std::string(64, '\0')});
+  return b;
+}
+
+TEST(GgufModelConfig, Gemma3MapsLlamaCppsRules) {
+  const ModelConfig c = config_of(tiny_gemma());
+  EXPECT_EQ(c.arch, "gemma3_text");
+  EXPECT_EQ(c.rope_style, RopeStyle::kHalf);
+  EXPECT_EQ(c.head_dim, 12);
+  EXPECT_TRUE(c.qk_norm);
+  EXPECT_TRUE(c.post_norms);
+  EXPECT_EQ(c.activation, Activation::kGeluTanh);
+  EXPECT_DOUBLE_EQ(c.embed_scale, 4.0);  // sqrt(16)
+  EXPECT_EQ(c.query_pre_attn_scalar, 12.0);  // llama.cpp: 1/sqrt(head_dim)
+  EXPECT_EQ(c.final_logit_softcap, 0.0);
+  EXPECT_EQ(c.bos_id, 2);  // Gemma's defaults where the tokenizer keys are absent
+  EXPECT_EQ(c.eos_ids, (std::vector<int64_t>{1}));
+  // No pattern key: llama.cpp's period 6, the sixth layer of each period global.
+  EXPECT_EQ(c.layer_windows, (std::vector<int64_t>{4, 4, 4, 4, 4, 0, 4, 4}));
+  EXPECT_EQ(c.rope_local_theta, 10000.0);  // llama.cpp's rope_freq_base_train_swa default
+  EXPECT_EQ(c.rope_theta, 1e6);
+
+  const ModelConfig d = config_of(tiny_gemma([](GgBuild& b) {
+    b.u32("gemma3.attention.sliding_window_pattern", 2);
+    b.f32("gemma3.rope.freq_base_swa", 5000.f);
+    b.f32("gemma3.final_logit_softcapping", 30.f);
+    b.str("gemma3.rope.scaling.type", "linear");
+    b.f32("gemma3.rope.scaling.factor", 8.f);
+  }));
+  EXPECT_EQ(d.layer_windows, (std::vector<int64_t>{4, 0, 4, 0, 4, 0, 4, 0}));
+  EXPECT_EQ(d.rope_local_theta, 5000.0);
+  EXPECT_EQ(d.final_logit_softcap, 30.0);
+  EXPECT_EQ(d.rope_scaling.type, "linear");
+  // Per-layer flags, as an array of bools.
+  const ModelConfig e = config_of(tiny_gemma([](GgBuild& b) {
+    b.bools("gemma3.attention.sliding_window_pattern",
+            {true, false, false, true, true, true, true, false});
+  }));
+  EXPECT_EQ(e.layer_windows, (std::vector<int64_t>{4, 0, 0, 4, 4, 4, 4, 0}));
+  // Pattern 1: every layer global, so no window layers at all.
+  const ModelConfig g = config_of(tiny_gemma([](GgBuild& b) {
+    b.u32("gemma3.attention.sliding_window_pattern", 1);
+  }));
+  EXPECT_TRUE(g.layer_windows.empty());
+  // The 62-layer 27B scales queries by hidden / heads, llama.cpp's rule for it.
+  EXPECT_EQ(config_of(tiny_gemma(nullptr, 62)).query_pre_attn_scalar, 8.0);
+
+  expect_kvb_error([&] { config_of(tiny_gemma([](GgBuild& b) {
+                     b.bools("gemma3.attention.sliding_window_pattern", {true, false});
+                   })); },
+                   {"<tiny>", "'gemma3.attention.sliding_window_pattern' has 2 entries for 8 "
+                              "layers"});
+  expect_kvb_error([&] { config_of(tiny_gemma([](GgBuild& b) {
+                     b.f32("gemma3.attn_logit_softcapping", 50.f);
+                   })); },
+                   {"<tiny>", "'gemma3.attn_logit_softcapping' is 50: softcapping of the "
+                              "attention scores is not supported"});
+  expect_kvb_error([&] { config_of(tiny_gemma([](GgBuild& b) {
+                     b.str("gemma3.rope.scaling.type", "yarn");
+                   })); },
+                   {"<tiny>", "'gemma3.rope.scaling.type' is 'yarn', which is not supported"});
+}
+
+TEST(GgufModelConfig, QwenAndPhi3) {
+  GgBuild q = tiny_llama("general.architecture");
+  q.str("general.architecture", "qwen2");
+  // tiny_llama's keys carry the llama. prefix; the qwen2 file needs its own.
+  expect_kvb_error([&] { config_of(q); }, {"<tiny>", "missing metadata key 'qwen2."});
+
+  auto tiny = [](const std::string& arch, void (*extra)(GgBuild&)) {
+    GgBuild b;
+    b.str("general.architecture", arch);
+    const std::string p = arch + ".";
+    b.u32(p + "embedding_length", 16);
+    b.u32(p + "feed_forward_length", 40);
+    b.u32(p + "block_count", 2);
+    b.u32(p + "attention.head_count", 2);
+    b.u32(p + "context_length", 64);
+    b.f32(p + "attention.layer_norm_rms_epsilon", 1e-6f);
+    b.u32(p + "vocab_size", 10);
+    if (extra) extra(b);
+    b.tensors.push_back({"blk.0.attn_q.bias", {16}, 0, std::string(64, '\0')});
+    return b;
+  };
+  const ModelConfig a = config_of(tiny("qwen2", nullptr));
+  EXPECT_EQ(a.arch, "qwen2");
+  EXPECT_EQ(a.rope_style, RopeStyle::kHalf);  // no permutation: NeoX-style rotation
+  EXPECT_TRUE(a.qkv_bias);
+  EXPECT_FALSE(a.qk_norm);
+  EXPECT_TRUE(a.layer_windows.empty());
+  EXPECT_TRUE(config_of(tiny("qwen3", nullptr)).qk_norm);
+  expect_kvb_error([&] { config_of(tiny("qwen2", [](GgBuild& b) {
+                     b.u32("qwen2.attention.sliding_window", 4096);
+                   })); },
+                   {"<tiny>", "'qwen2.attention.sliding_window' is 4096: llama.cpp's qwen2 graph "
+                              "has no sliding window"});
+  // Phi-3: the window on every layer, as transformers runs it; 0 (Phi-4) is none.
+  const ModelConfig p = config_of(tiny("phi3", [](GgBuild& b) {
+    b.u32("phi3.attention.sliding_window", 6);
+  }));
+  EXPECT_EQ(p.layer_windows, (std::vector<int64_t>{6, 6}));
+  EXPECT_TRUE(config_of(tiny("phi3", [](GgBuild& b) {
+                b.u32("phi3.attention.sliding_window", 0);
+              })).layer_windows.empty());
+  expect_kvb_error([&] { config_of(tiny("phi3", [](GgBuild& b) {
+                     b.tensors.push_back({"rope_factors_long.weight", {4}, 0,
+                                          std::string(16, '\0')});
+                   })); },
+                   {"<tiny>", "tensor 'rope_factors_long.weight' (LongRoPE frequency factors)"});
 }
 
 TEST(GgufModelConfig, RealFiles) {
