@@ -145,6 +145,9 @@ class Protocol {
   virtual std::string dataset_label(const nlohmann::json& protocol) const;
   // An upper bound of a run's samples, for grid progress. Throws kvb::Error on a bad parameter.
   virtual int64_t expected_samples(const nlohmann::json& protocol) const;
+  // Whether the prompts a run prefills end with their question and the cache is told where it
+  // starts (QuestionAwareCache), which methods with MethodCaps::needs_question require.
+  virtual bool prompt_holds_question(const nlohmann::json& protocol) const { return false; }
   // The cheap inputs (data files, traces) a grid checks before its first run.
   virtual void check_inputs(const nlohmann::json& protocol, const std::string& data_dir,
                             const InputCheck& check) const;

@@ -73,6 +73,11 @@ nlohmann::json resolve_run_config(const nlohmann::json& raw) {
   nlohmann::json resolved = resolve_params(spec.params, pp, "config.protocol");
   resolved["name"] = spec.name;
   out["protocol"] = resolved;
+  const MethodInfo& minfo = MethodRegistry::instance().info(mname);
+  KVB_CHECK(!minfo.caps.needs_question ||
+                ProtocolRegistry::instance().get(spec.name).prompt_holds_question(resolved),
+            "config: method ", mname, " scores the context by its question, which protocol ",
+            spec.name, " does not put in the prompt (use qa with mode=query_aware)");
   return out;
 }
 

@@ -33,6 +33,10 @@ struct MethodCaps {
   bool tiers = false;              // moves KV between device/host/remote
   bool needs_calibration = false;  // computes an artifact from the run's model first (calibration.h)
   bool query_aware = false;        // uses the question/observation window to compress
+  // Scores by the question itself, so it runs only where a protocol prefills the context and its
+  // question together and says where the question starts (QuestionAwareCache: qa query_aware);
+  // a run config pairing it with any other protocol is refused before anything runs (Finch).
+  bool needs_question = false;
   bool simulated = false;          // declares that it saves nothing physically (masks only)
   bool supports_fork = true;
 };

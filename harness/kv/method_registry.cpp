@@ -109,6 +109,7 @@ nlohmann::json method_info_json(const MethodInfo& info) {
             {"tiers", c.tiers},
             {"needs_calibration", c.needs_calibration},
             {"query_aware", c.query_aware},
+            {"needs_question", c.needs_question},
             {"simulated", c.simulated},
             {"supports_fork", c.supports_fork}}}};
 }

@@ -87,6 +87,7 @@ ScoredMethod finch_method() {
                  "Language Models, TACL 2024");
   m.default_position_mode = "rerotated";
   m.info.caps.query_aware = true;
+  m.info.caps.needs_question = true;
   m.info.params = {
       int_param("max_question", 256, 1, 1 << 16,
                 "longest question it scores by (queries held while the prompt is prefilled)"),

@@ -31,7 +31,11 @@ at::Tensor calibrate_filters(const std::shared_ptr<Model>& model, const Calibrat
       // eigh: eigenvalues ascending, so the last column is the first right-singular vector.
       auto [evals, evecs] = at::linalg_eigh(gram[l][h]);
       at::Tensor v = evecs.select(1, D - 1).clone();
-      if (at::dot(sum[l][h], v).item<double>() < 0) v = -v;
+      // The queries' mean projection on the filter is made negative: a query's logit on a key
+      // is about (q . u)(k . u) along the principal direction u, so with E[q . u] > 0 the keys
+      // attended most have the largest k . u, and the score -(k . f) ranks them first only when
+      // f = -u.
+      if (at::dot(sum[l][h], v).item<double>() > 0) v = -v;
       filters[l][h] = v.to(at::kFloat);
     }
   }

@@ -130,6 +130,9 @@ TEST(Grid, EveryShippedGridExpandsWithItsInputs) {
     if (!testbed && read_file(e.path().string()).find("\"kvb-testbed\"") != std::string::npos) continue;
     GridOptions o;
     o.models_dir = test::models_dir();
+    // A grid for a GPU machine names checkpoints the repository does not carry: its configs are
+    // validated, its inputs are not looked for.
+    o.check_inputs = read_file(e.path().string()).find("\"device\": \"cuda\"") == std::string::npos;
     ::setenv("KVBENCH_DATA", test::data_dir().c_str(), 1);
     try {
       const GridPlan plan = load_grid(e.path().string(), o);

@@ -26,7 +26,8 @@ TEST(ToolRegistry, MethodToolsAreRegisteredFromTheirFolders) {
   std::vector<std::string> builtin;
   for (const ToolInfo* t : ToolRegistry::instance().tools())
     if (t->origin == "builtin") builtin.push_back(t->name);
-  EXPECT_EQ(builtin, (std::vector<std::string>{"dms-train", "kvtuner-search", "packet-train"}));
+  EXPECT_EQ(builtin, (std::vector<std::string>{"dms-train", "kept-indices", "kvtuner-search",
+                                               "packet-train"}));
 }
 
 TEST(ToolRegistry, RefusesMalformedAndDuplicateTools) {

@@ -1,5 +1,5 @@
 // qfilters on kvb-testbed: each filter is the first right-singular vector of its KV head's
-// calibration queries (checked against a direct SVD), unit norm, with a positive mean projection;
+// calibration queries (checked against a direct SVD), unit norm, with a negative mean projection;
 // at the end of prefill every KV head keeps exactly the budget's entries with the highest
 // -(key . filter) of the engine's own post-RoPE keys, and the ledger's payload shrinks to them; the
 // artifact is computed once and then read from its file.
@@ -49,7 +49,7 @@ TEST(QFilters, FiltersAreTheQueriesFirstSingularVectors) {
       const at::Tensor fh = f[l][h].to(at::kDouble);
       EXPECT_NEAR(fh.norm().item<double>(), 1.0, 1e-5);
       EXPECT_GT(std::abs(at::dot(v, fh).item<double>()), 0.9999) << l << "/" << h;
-      EXPECT_GT(at::matmul(q, fh).mean().item<double>(), 0.0) << l << "/" << h;
+      EXPECT_LT(at::matmul(q, fh).mean().item<double>(), 0.0) << l << "/" << h;
     }
 }
 

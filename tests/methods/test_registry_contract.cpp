@@ -8,6 +8,8 @@
 
 #include <cmath>
 
+#include "harness/common/error.h"
+#include "harness/eval/run_config.h"
 #include "harness/eval/runner.h"
 #include "harness/eval/stream.h"
 #include "harness/kv/method_registry.h"
@@ -33,6 +35,9 @@ TEST(RegistryContract, EveryMethodStreamsDeterministicallyWithinTheFullFootprint
   for (const auto& name : reg.names()) {
     SCOPED_TRACE(name);
     const MethodInfo& info = reg.info(name);
+    // A method that scores by the question cannot stream (a stream has none); its run configs
+    // with such protocols are refused (RegistryContract.QuestionMethodsAreRefusedWithoutAQuestion).
+    if (info.caps.needs_question) continue;
     const nlohmann::json params = test::runnable_params(name);
     const auto a = run_stream_sample(m, name, params, windows[0].tokens, so);
     const auto b = run_stream_sample(m, name, params, windows[0].tokens, so);
@@ -55,6 +60,26 @@ TEST(RegistryContract, EveryMethodStreamsDeterministicallyWithinTheFullFootprint
     RecordProperty(name + "_physical_fraction",
                    std::to_string(static_cast<double>(a.ledger.fp.physical_bytes()) / full_bytes));
   }
+}
+
+TEST(RegistryContract, QuestionMethodsAreRefusedWithoutAQuestion) {
+  const auto& reg = MethodRegistry::instance();
+  int n = 0;
+  for (const auto& name : reg.names()) {
+    if (!reg.info(name).caps.needs_question) continue;
+    ++n;
+    const nlohmann::json qa = {{"name", "qa"}, {"source", "synthetic"}, {"task", "passkey"}, {"length", 256}};
+    for (const nlohmann::json& proto :
+         {nlohmann::json{{"name", "stream"}, {"dataset", "tinystories-valid-sample"}}, qa}) {
+      const nlohmann::json cfg = {{"model", "stories260K"}, {"method", name}, {"protocol", proto}};
+      EXPECT_THROW(resolve_run_config(cfg), Error) << name << " " << proto.dump();
+    }
+    nlohmann::json aware = qa;
+    aware["mode"] = "query_aware";
+    EXPECT_NO_THROW(resolve_run_config({{"model", "stories260K"}, {"method", name}, {"protocol", aware}}))
+        << name;
+  }
+  EXPECT_GE(n, 1);
 }
 
 }  // namespace

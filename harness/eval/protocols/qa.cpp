@@ -109,6 +109,9 @@ class QaProtocol : public PlannedProtocol<QaRun> {
   }
 
   // The task and length, recall:<corpus> or longbench:<file>.
+  bool prompt_holds_question(const nlohmann::json& proto) const override {
+    return proto.at("mode").get<std::string>() == "query_aware";
+  }
   std::string dataset_label(const nlohmann::json& proto) const override {
     const std::string src = proto.at("source");
     if (src == "synthetic")
