@@ -9,6 +9,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "harness/kv/plugin.h"
 #include "tests/support/test_support.h"
 
 namespace kvb {
@@ -100,7 +101,10 @@ TEST(Plugin, BuildsOutOfTreeLoadsRunsAndRejectsOtherAbi) {
   ASSERT_EQ(sh(cfg + " -B " + dir + "/bad -DCMAKE_CXX_FLAGS=-DKVB_PLUGIN_ABI_VERSION=99 && cmake --build " + dir + "/bad"), 0);
   auto refused = test::run_kvbench("--plugin " + dir + "/bad/libkvb_example_window.so methods");
   EXPECT_EQ(refused.exit_code, 2);
-  EXPECT_NE(refused.err.find("ABI version 99 but this kvbench has ABI version 3"), std::string::npos) << refused.err;
+  EXPECT_NE(refused.err.find("ABI version 99 but this kvbench has ABI version " +
+                            std::to_string(KVB_PLUGIN_ABI_VERSION)),
+            std::string::npos)
+      << refused.err;
 
   // Built against another LibTorch (as reported by the plugin): refused before any call into it.
   ASSERT_EQ(sh(cfg + " -B " + dir + "/torch -DCMAKE_CXX_FLAGS='-DKVB_PLUGIN_TORCH_VERSION=\\\"0.0.1\\\"'" +
