@@ -74,6 +74,17 @@ nlohmann::json resolve_run_config(const nlohmann::json& raw) {
   resolved["name"] = spec.name;
   out["protocol"] = resolved;
   const MethodInfo& minfo = MethodRegistry::instance().info(mname);
+  const std::string dt = out["dtype"];
+  RunTarget target;
+  try {
+    target.device = c10::Device(dev);
+  } catch (const std::exception&) {
+    KVB_CHECK(false, "config.device: '", dev, "' is not one of cpu, cuda, cuda:N");
+  }
+  target.dtype = dt == "bf16" ? c10::kBFloat16 : dt == "fp16" ? c10::kHalf : c10::kFloat;
+  const std::string refusal =
+      MethodRegistry::instance().target_refusal(mname, out["method"]["params"], target);
+  KVB_CHECK(refusal.empty(), "config: ", refusal);
   KVB_CHECK(!minfo.caps.needs_question ||
                 ProtocolRegistry::instance().get(spec.name).prompt_holds_question(resolved),
             "config: method ", mname, " scores the context by its question, which protocol ",

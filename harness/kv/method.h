@@ -39,7 +39,23 @@ struct MethodCaps {
   bool needs_question = false;
   bool simulated = false;          // declares that it saves nothing physically (masks only)
   bool supports_fork = true;
+  // Where the store runs. A store written for the host says so here rather than in its constructor:
+  // a config asking for another device or dtype is then refused when it is resolved (kvbench run,
+  // grid validation), before anything runs, instead of failing cell by cell.
+  bool cpu_only = false;   // device cpu only
+  bool fp32_only = false;  // dtype fp32 only
 };
+
+// The device and compute dtype a config asks a method's store to run on.
+struct RunTarget {
+  c10::Device device = c10::Device(c10::kCPU);
+  c10::ScalarType dtype = c10::kFloat;
+};
+
+// Where a parameter narrows the targets (a codec that stores rows on the host, a CUDA decode kernel):
+// "" when the resolved parameters run on `target`, otherwise the reason, naming the parameter.
+using TargetCheck =
+    std::function<std::string(const nlohmann::json& params, const RunTarget& target)>;
 
 struct MethodInfo {
   std::string name;     // unique, [a-z0-9_]+
@@ -47,6 +63,7 @@ struct MethodInfo {
   std::string paper;    // citation or arXiv id; "" for engineering baselines
   std::vector<ParamSpec> params;
   MethodCaps caps;
+  TargetCheck target_check;        // null: the caps alone decide where the method runs
   std::string origin = "builtin";  // builtin | plugin:<path>
 };
 

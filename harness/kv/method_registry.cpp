@@ -73,10 +73,35 @@ std::shared_ptr<const CalibrationArtifact> MethodRegistry::calibrate(
   return a;
 }
 
+namespace {
+// The config's spelling of a compute dtype (run configs say fp32 / bf16 / fp16).
+std::string config_dtype_name(c10::ScalarType t) {
+  if (t == c10::kFloat) return "fp32";
+  if (t == c10::kBFloat16) return "bf16";
+  if (t == c10::kHalf) return "fp16";
+  return c10::toString(t);
+}
+}  // namespace
+
+std::string MethodRegistry::target_refusal(const std::string& name, const nlohmann::json& params,
+                                          const RunTarget& target) const {
+  const MethodInfo& mi = info(name);
+  if (mi.caps.cpu_only && !target.device.is_cpu())
+    return "method " + name + " runs on the CPU only (device " + target.device.str() + " requested)";
+  if (mi.caps.fp32_only && target.dtype != c10::kFloat)
+    return "method " + name + " runs in fp32 only (dtype " + config_dtype_name(target.dtype) +
+           " requested)";
+  if (!mi.target_check) return "";
+  const std::string why = mi.target_check(params, target);
+  return why.empty() ? why : "method " + name + ": " + why;
+}
+
 std::unique_ptr<KvCache> MethodRegistry::create(const std::string& name, const CacheContext& ctx_in,
                                                 const nlohmann::json& params) const {
   const nlohmann::json resolved = resolve(name, params);
   const Entry& e = methods_.at(name);
+  const std::string refusal = target_refusal(name, resolved, RunTarget{ctx_in.device, ctx_in.dtype});
+  KVB_CHECK(refusal.empty(), refusal);
   CacheContext ctx = ctx_in;
   if (e.calibrator && !ctx.calibration) ctx.calibration = calibrate(name, ctx.model, resolved);
   // A model with sliding-window layers: the method's store serves the global layers, the window
@@ -111,7 +136,9 @@ nlohmann::json method_info_json(const MethodInfo& info) {
             {"query_aware", c.query_aware},
             {"needs_question", c.needs_question},
             {"simulated", c.simulated},
-            {"supports_fork", c.supports_fork}}}};
+            {"supports_fork", c.supports_fork},
+            {"cpu_only", c.cpu_only},
+            {"fp32_only", c.fp32_only}}}};
 }
 
 }  // namespace kvb

@@ -43,6 +43,12 @@ class MethodRegistry {
                                   const nlohmann::json& params) const;
   nlohmann::json resolve(const std::string& name, const nlohmann::json& params) const;
 
+  // "" when method `name` with resolved `params` runs on `target` (its caps, then its TargetCheck);
+  // otherwise why not, one sentence naming the method and the device or dtype. create() refuses
+  // such a target, and run-config resolution refuses it before anything runs.
+  std::string target_refusal(const std::string& name, const nlohmann::json& params,
+                             const RunTarget& target) const;
+
  private:
   struct Entry {
     MethodInfo info;

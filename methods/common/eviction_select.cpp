@@ -307,6 +307,13 @@ std::vector<ParamSpec> codec_params() {
                     "codec (KIVI's R; a multiple of 32 for kivi-*)")};
 }
 
+std::string codec_target_check(const nlohmann::json& p, const RunTarget& target) {
+  const std::string c = p.value("codec", "none");
+  if (c == "none" || (target.device.is_cpu() && target.dtype == c10::kFloat)) return "";
+  return "codec=" + c + " keeps its rows on the host and runs on CPU fp32 only (device " +
+         target.device.str() + ", dtype " + std::string(c10::toString(target.dtype)) + " requested)";
+}
+
 std::shared_ptr<const KvCodec> parse_codec(const nlohmann::json& p, const std::string& method,
                                            int64_t head_dim) {
   const std::string c = p.at("codec").get<std::string>();

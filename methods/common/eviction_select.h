@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "harness/common/params.h"
+#include "harness/kv/method.h"
 #include "methods/common/evicting_kv_cache.h"
 
 namespace kvb {
@@ -104,6 +105,9 @@ std::map<std::string, double> snap_settings_counters(const SnapSettings& s);
 //   codec_residual: full-precision newest kept entries per head (KIVI's R; a multiple of 32 for
 //          kivi-*).
 std::vector<ParamSpec> codec_params();
+// Where `codec` runs (a TargetCheck for every method with codec_params): anywhere for codec none;
+// otherwise on CPU fp32 only, because the codec store keeps its rows on the host.
+std::string codec_target_check(const nlohmann::json& p, const RunTarget& target);
 // Null for codec "none". Errors name `method.codec_residual`.
 std::shared_ptr<const KvCodec> parse_codec(const nlohmann::json& p, const std::string& method,
                                            int64_t head_dim);

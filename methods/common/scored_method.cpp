@@ -51,6 +51,7 @@ MethodInfo scored_method_info(const ScoredMethod& m) {
   for (const auto& s : m.info.params) info.params.push_back(s);
   info.params.push_back(position_mode_param(m.default_position_mode));
   for (auto& s : codec_params()) info.params.push_back(s);
+  if (!info.target_check) info.target_check = codec_target_check;
   if (m.any_allocator && !m.allocator)
     for (auto& s : allocator_params()) info.params.push_back(s);
   return info;

@@ -94,6 +94,8 @@ MethodInfo pruned_snap_info(std::string name, std::string summary, std::string p
   m.caps.evicts = true;
   m.caps.quantizes = true;
   m.caps.query_aware = true;
+  m.caps.cpu_only = true;  // the pruned-key store keeps fp32 rows on the host
+  m.caps.fp32_only = true;
   return m;
 }
 

@@ -27,9 +27,6 @@ class DmsKvCache : public KvCache {
   DmsKvCache(const CacheContext& ctx, std::shared_ptr<const dms::Adapter> adapter, int64_t window,
              Decisions mode)
       : ctx_(ctx), adapter_(std::move(adapter)), window_(window), mode_(mode) {
-    KVB_CHECK(ctx_.device.is_cpu() && ctx_.dtype == at::kFloat,
-              "dms: this store runs on the CPU in fp32 only so far (", ctx_.device.str(), " ",
-              c10::toString(ctx_.dtype), " requested)");
   }
 
   std::string name() const override { return "dms"; }
@@ -256,6 +253,8 @@ MethodInfo dms_info() {
           "evict_all: every token evicted once out of the window (a plain sliding window)")};
   m.caps.evicts = true;
   m.caps.needs_calibration = true;
+  m.caps.cpu_only = true;  // the adapter's decisions run in host fp32 code
+  m.caps.fp32_only = true;
   return m;
 }
 

@@ -47,6 +47,7 @@ MethodInfo duo_info() {
   for (auto& s : calibration_text_params(kName, 50, 512)) m.params.push_back(s);
   m.params.push_back(position_mode_param("absolute"));
   for (auto& s : codec_params()) m.params.push_back(s);
+  m.target_check = codec_target_check;
   m.caps.evicts = true;
   m.caps.needs_calibration = true;
   return m;

@@ -15,6 +15,21 @@
 namespace kvb {
 namespace {
 
+// The codec store keeps its rows on the host; the CUDA decode kernels belong to the kernel store on
+// a CUDA device.
+std::string kivi_target_check(const nlohmann::json& p, const RunTarget& t) {
+  const std::string store = p.at("store"), cuda_decode = p.at("cuda_decode");
+  const bool kernel_store = store == "kernel" || (store == "auto" && t.device.is_cuda());
+  if (!kernel_store && !t.device.is_cpu())
+    return "store=codec keeps its rows on the host and runs on the CPU only (device " +
+           t.device.str() + " requested; use store=kernel or auto)";
+  if (cuda_decode != "cuda_cores" && !(kernel_store && t.device.is_cuda()))
+    return "cuda_decode=" + cuda_decode + " chooses the CUDA decode kernel of the kernel store; " +
+           "this run has " + (kernel_store ? "the kernel store" : "the codec store") + " on " +
+           t.device.str() + " (leave cuda_decode at cuda_cores)";
+  return "";
+}
+
 MethodInfo kivi_info() {
   MethodInfo m;
   m.name = "kivi";
@@ -53,6 +68,7 @@ MethodInfo kivi_info() {
                    "value groups multiples of 16), auto (tensor cores where the layout allows); "
                    "CUDA only")};
   m.caps.quantizes = true;
+  m.target_check = kivi_target_check;
   return m;
 }
 
@@ -85,12 +101,6 @@ std::unique_ptr<KvCache> make_kivi(const CacheContext& ctx, const nlohmann::json
   const std::string store = p["store"];
   const std::string cuda_decode = p["cuda_decode"];
   const bool kernel_store = store == "kernel" || (store == "auto" && ctx.device.is_cuda());
-  KVB_CHECK(cuda_decode == "cuda_cores" || (kernel_store && ctx.device.is_cuda()),
-            "method kivi.cuda_decode=", cuda_decode,
-            ": chooses the CUDA decode kernel of the "
-            "kernel store; this run has ",
-            kernel_store ? "the kernel store" : "the codec store", " on ", ctx.device.str(),
-            " (leave cuda_decode at cuda_cores)");
   if (kernel_store) {
     KVB_CHECK(per_channel, "method kivi.store=", store,
               ": key_mode per_token has no kernel (the KIVI layout keeps keys per channel); use "

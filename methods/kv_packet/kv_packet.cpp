@@ -105,6 +105,22 @@ MethodInfo kv_packet_info() {
       string_param("inner_params", "{}", {},
                    "the inner method's parameters, a JSON object, e.g. {\"budget\": 0.25}")};
   for (auto& c : codec_params()) m.params.push_back(c);  // packets kept quantized (CPU codec store)
+  // Where the codec runs, and where the inner store runs (when its parameters parse; the factory
+  // reports any that do not).
+  m.target_check = [](const nlohmann::json& p, const RunTarget& t) -> std::string {
+    std::string why = codec_target_check(p, t);
+    if (!why.empty()) return why;
+    const std::string inner = p.value("inner", "full");
+    nlohmann::json inner_params;
+    const auto& reg = MethodRegistry::instance();
+    if (inner == "kv_packet" || !reg.has(inner) ||
+        !parse_json_if_valid(p.value("inner_params", "{}"), "method kv_packet.inner_params",
+                             &inner_params) ||
+        !inner_params.is_object())
+      return "";
+    why = reg.target_refusal(inner, reg.resolve(inner, inner_params), t);
+    return why.empty() ? why : "inner=" + inner + ": " + why;
+  };
   return m;
 }
 

@@ -177,9 +177,6 @@ double sq_norm(const float* a, int64_t n) {
 KvReviverKvCache::KvReviverKvCache(const CacheContext& ctx, Options opts)
     : ctx_(ctx), opts_(std::move(opts)) {
   const ModelConfig& c = ctx_.config;
-  KVB_CHECK(ctx_.device.is_cpu() && ctx_.dtype == at::kFloat,
-            "method kvreviver: only CPU fp32 is implemented (this run: device ", ctx_.device.str(),
-            ", dtype ", c10::toString(ctx_.dtype), "); run it with device=cpu and dtype=fp32");
   L_ = c.n_layers;
   Hkv_ = c.n_kv_heads;
   Hq_ = c.n_heads;
@@ -833,6 +830,8 @@ MethodInfo kvreviver_info() {
     m.params.push_back(c);
   }
   m.caps.evicts = true;
+  m.caps.cpu_only = true;  // the bucket store and its reconstruction are host fp32 code
+  m.caps.fp32_only = true;
   return m;
 }
 

@@ -75,6 +75,7 @@ MethodInfo kvtc_info() {
                    "calibration artifacts, by content hash (\"\": not saved)")};
   m.caps.quantizes = true;
   m.caps.needs_calibration = true;
+  m.caps.cpu_only = true;  // the PCA transform coder is host code
   return m;
 }
 
@@ -102,8 +103,6 @@ T get_le(const uint8_t* p) {
 class KvtcCache : public KvCache {
  public:
   KvtcCache(const CacheContext& ctx, const nlohmann::json& p) : ctx_(ctx) {
-    KVB_CHECK(ctx_.device.is_cpu(), "kvtc: runs on the CPU only so far (device ", ctx_.device.str(),
-              " requested)");
     const auto& c = ctx_.config;
     KVB_CHECK(c.head_dim % 2 == 0, "kvtc: head_dim ", c.head_dim, " must be even (RoPE pairs)");
     sinks_ = p["sinks"].get<int64_t>();

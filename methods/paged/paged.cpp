@@ -25,6 +25,13 @@ MethodInfo paged_info() {
       string_param("cuda_decode", "cuda_cores", {"cuda_cores", "tensor_cores", "auto"},
                    "the CUDA decode kernel: cuda_cores, tensor_cores (mma over the KV as "
                    "stored), auto (tensor cores at GQA >= 4); CUDA only")};
+  // The CUDA decode kernels are a CUDA choice.
+  m.target_check = [](const nlohmann::json& p, const RunTarget& t) -> std::string {
+    const std::string cuda_decode = p.at("cuda_decode");
+    if (cuda_decode == "cuda_cores" || t.device.is_cuda()) return "";
+    return "cuda_decode=" + cuda_decode + " chooses the CUDA decode kernel; this run is on " +
+           t.device.str() + " (leave cuda_decode at cuda_cores)";
+  };
   return m;
 }
 
@@ -34,10 +41,6 @@ std::unique_ptr<KvCache> make_paged(const CacheContext& ctx, const nlohmann::jso
   o.initial_blocks = p["initial_blocks"].get<int64_t>();
   o.decode_kernel = p["decode_kernel"].get<bool>();
   const std::string cuda_decode = p["cuda_decode"];
-  KVB_CHECK(cuda_decode == "cuda_cores" || ctx.device.is_cuda(),
-            "method paged.cuda_decode=", cuda_decode,
-            ": chooses the CUDA decode kernel; this run is on ", ctx.device.str(),
-            " (leave cuda_decode at cuda_cores)");
   o.cuda_kernel = cuda_decode == "tensor_cores" ? kernels::PagedCudaKernel::kTensorCores
                   : cuda_decode == "auto"       ? kernels::PagedCudaKernel::kAuto
                                                 : kernels::PagedCudaKernel::kCudaCores;

@@ -559,6 +559,7 @@ MethodInfo quest_info() {
       "GQA: one page set per KV head, from the group's query-head bounds by max (a page any head "
       "may need) or mean"));
   for (auto& c : codec_params()) m.params.push_back(c);
+  m.target_check = codec_target_check;
   return m;
 }
 

@@ -84,11 +84,7 @@ class LruCache {
 
 class RetroinferKvCache : public KvCache {
  public:
-  RetroinferKvCache(const CacheContext& ctx, RetroOptions o) : ctx_(ctx), o_(o) {
-    KVB_CHECK(ctx_.device.is_cpu() && ctx_.dtype == at::kFloat,
-              "retroinfer: this store runs on the CPU in fp32 only so far (", ctx_.device.str(),
-              " ", c10::toString(ctx_.dtype), " requested)");
-  }
+  RetroinferKvCache(const CacheContext& ctx, RetroOptions o) : ctx_(ctx), o_(o) {}
 
   std::string name() const override { return "retroinfer"; }
 
@@ -413,6 +409,8 @@ MethodInfo retroinfer_info() {
                  "also compute exact attention to report attention_mass_recall (CPU cost)")};
   m.caps.tiers = true;
   m.caps.query_aware = true;
+  m.caps.cpu_only = true;  // the wave index and its buffer are host fp32 code
+  m.caps.fp32_only = true;
   return m;
 }
 

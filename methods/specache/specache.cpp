@@ -78,9 +78,6 @@ std::vector<int64_t> top_positions(const float* q, int64_t group, const float* K
 class SpecacheKvCache : public KvCache {
  public:
   SpecacheKvCache(const CacheContext& ctx, SpecacheOptions o) : ctx_(ctx), o_(o) {
-    KVB_CHECK(ctx_.device.is_cpu(),
-              "specache: the codec store runs on the CPU only so far (device ", ctx_.device.str(),
-              " requested)");
     const auto& c = ctx_.config;
     const int64_t cg = adapt_channel_group(o_.group, c.head_dim);
     codec_ = std::make_shared<QuantCodec>(
@@ -389,6 +386,7 @@ MethodInfo specache_info() {
   m.caps.quantizes = true;
   m.caps.tiers = true;
   m.caps.query_aware = true;
+  m.caps.cpu_only = true;  // its codec store keeps rows on the host
   return m;
 }
 

@@ -55,9 +55,6 @@ struct SlowBlock {
 class TtkvKvCache : public KvCache {
  public:
   TtkvKvCache(const CacheContext& ctx, TtkvOptions o) : ctx_(ctx), o_(o) {
-    KVB_CHECK(ctx_.device.is_cpu() && ctx_.dtype == at::kFloat,
-              "ttkv: this store runs on the CPU in fp32 only so far (", ctx_.device.str(), " ",
-              c10::toString(ctx_.dtype), " requested)");
     o_.v_group = adapt_channel_group(o_.v_group, ctx_.config.head_dim);
     const int64_t W = ctx_.config.kv_dim();
     kshape_ = {o_.k_bits, o_.block, W, o_.block, kernels::QuantAxis::kColumn};
@@ -424,6 +421,8 @@ MethodInfo ttkv_info() {
   m.caps.quantizes = true;
   m.caps.tiers = true;
   m.caps.query_aware = true;
+  m.caps.cpu_only = true;  // its tiers are host fp32 code
+  m.caps.fp32_only = true;
   return m;
 }
 

@@ -328,8 +328,8 @@ TEST(KiviKernel, RefusesWhatTheKernelsCannotServeNamingTheParameter) {
   expect_error({{"residual_dtype", "fp32"}}, "residual_dtype fp32");
   expect_error({{"k_bits", 3}}, "k_bits 3");
   // The CUDA decode kernel is a CUDA choice: on the CPU only its default passes.
-  expect_error({{"cuda_decode", "tensor_cores"}}, "kivi.cuda_decode=tensor_cores");
-  expect_error({{"cuda_decode", "auto"}}, "kivi.cuda_decode=auto");
+  expect_error({{"cuda_decode", "tensor_cores"}}, "method kivi: cuda_decode=tensor_cores");
+  expect_error({{"cuda_decode", "auto"}}, "method kivi: cuda_decode=auto");
   // auto on the CPU is the codec store (the accuracy reference), with every setting.
   auto p = kParams;
   p["key_mode"] = "per_token";

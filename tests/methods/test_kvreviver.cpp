@@ -304,7 +304,7 @@ TEST(KvReviverStore, RefusesAnythingButCpuFp32) {
     make({c, c10::kCPU, c10::kBFloat16});
     FAIL();
   } catch (const kvb::Error& e) {
-    EXPECT_NE(std::string(e.what()).find("method kvreviver: only CPU fp32"), std::string::npos)
+    EXPECT_NE(std::string(e.what()).find("method kvreviver runs in fp32 only (dtype bf16"), std::string::npos)
         << e.what();
   }
   EXPECT_THROW(make({c, c10::kCPU, c10::kFloat}, {{"budget", 1.5}}), kvb::Error);

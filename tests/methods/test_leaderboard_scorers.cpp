@@ -265,7 +265,9 @@ TEST(EvictSchedule, PrefillOnlyCompressesThePromptOnceAndThenKeepsEveryToken) {
       Driver d{kv.get(), 1};
       d.step(rnd({18, 2, 8}, 22), rnd({18, 1, 8}, 23), rnd({18, 1, 8}, 24), Phase::kPrefill);
       d.step(rnd({12, 2, 8}, 25), rnd({12, 1, 8}, 26), rnd({12, 1, 8}, 27), Phase::kPrefill);
-      if (schedule == "prefill") EXPECT_EQ(evict(*kv).kept_indices(0, 0, 0).size(), 30u) << m;
+      if (schedule == "prefill") {
+        EXPECT_EQ(evict(*kv).kept_indices(0, 0, 0).size(), 30u) << m;
+      }
       kv->end_prefill(0);
       EXPECT_EQ(evict(*kv).kept_indices(0, 0, 0).size(), 10u) << m << " " << schedule;
       for (int i = 0; i < 5; ++i)
