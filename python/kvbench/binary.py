@@ -38,8 +38,8 @@ class Kvbench:
     def grid(self, config, db, *extra):
         return self.call("grid", "--config", config, "--db", db, *extra)
 
-    def reproduce(self, *extra):
-        return self.call("reproduce", *extra)
+    def merge(self, out_db, *in_dbs):
+        return self.call("merge", out_db, *in_dbs)
 
     def leaderboard(self, db, *extra):
         return self.call("leaderboard", "--db", db, *extra)

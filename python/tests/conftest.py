@@ -1,10 +1,11 @@
 """A small results DB made by the real kvbench binary: three methods on the in-repo testbed model."""
 import json
 import os
-import subprocess
 from pathlib import Path
 
 import pytest
+
+from kvbench import Kvbench
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -33,6 +34,6 @@ def tiny_db(tmp_path_factory, kvbench_bin):
     grid = d / "grid.json"
     grid.write_text(json.dumps(TINY_GRID))
     db = d / "tiny.sqlite"
-    subprocess.run([kvbench_bin, "grid", "--config", str(grid), "--db", str(db), "--progress", "none"],
-                   cwd=REPO, check=True, capture_output=True, text=True)
+    # Through the package's own wrapper, so that a broken `Kvbench.grid` fails every test.
+    Kvbench(kvbench_bin, cwd=REPO).grid(grid, db, "--progress", "none")
     return db

@@ -126,3 +126,25 @@ def test_binary_drives_leaderboard(tiny_db, kvbench_bin, monkeypatch):
         kvb.call("no-such-subcommand")
     with pytest.raises(FileNotFoundError, match="/nonexistent/kvbench"):
         kvbench.find_binary("/nonexistent/kvbench")
+
+
+def test_binary_merges_into_an_equal_db(tiny_db, kvbench_bin, tmp_path):
+    out = tmp_path / "merged.sqlite"
+    kvbench.Kvbench(kvbench_bin).merge(out, tiny_db)
+    a = kvbench.open_results(tiny_db).samples()
+    b = kvbench.open_results(out).samples()
+    key = ["config_hash", "sample_index"]
+    pd.testing.assert_frame_equal(a.sort_values(key)[key + ["output_json"]].reset_index(drop=True),
+                                  b.sort_values(key)[key + ["output_json"]].reset_index(drop=True))
+
+
+def test_binary_run_skips_a_finished_config(tiny_db, kvbench_bin, tmp_path):
+    import shutil
+    db = tmp_path / "copy.sqlite"
+    shutil.copy(tiny_db, db)
+    (config_json,) = sqlite3.connect(db).execute("SELECT config_json FROM runs WHERE method = 'full'").fetchone()
+    config = tmp_path / "full.json"
+    config.write_text(config_json)
+    kvbench.Kvbench(kvbench_bin).run(config, db, "--quiet")
+    runs = kvbench.open_results(db).runs()
+    assert len(runs) == 3 and (runs["attempts"] == 1).all()
