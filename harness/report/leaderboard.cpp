@@ -68,6 +68,17 @@ std::string html_escape(const std::string& s) {
   return o;
 }
 
+// Escaped, with a line-break opportunity after each "(" and "," so a long method label wraps at its
+// parameters in a narrow table instead of widening the page.
+std::string html_label(const std::string& s) {
+  std::string o;
+  for (char c : s) {
+    o += html_escape(std::string(1, c));
+    if (c == '(' || c == ',') o += "<wbr>";
+  }
+  return o;
+}
+
 std::string md_escape(const std::string& s) {
   std::string o;
   for (char c : s) {
@@ -549,6 +560,7 @@ Leaderboard build_leaderboard(ResultsDb& db, const LeaderboardOptions& options) 
       for (const auto& p : show[r->method]) show_list.push_back(p);
       row.label = method_label(cfg["method"], show_list);
       row.config_hash = r->config_hash;
+      row.config = cfg;
       row.run_id = r->id;
       row.status = to_string(r->status);
       row.error = r->error;
@@ -662,6 +674,7 @@ Leaderboard build_leaderboard(ResultsDb& db, const LeaderboardOptions& options) 
         frontier([](const LeaderRow& r) { return r.decode_tok_s ? *r.decode_tok_s : NAN; }, Direction::kHigher,
                  [](LeaderRow& r, bool v) { r.pareto_throughput = v; });
     }
+    t.curves = build_curves(t);
     lb.tables.push_back(std::move(t));
   }
 
@@ -737,6 +750,35 @@ struct Columns {
   bool top1 = false, throughput = false;
 };
 
+// A table gets a curves section when some method other than the full cache has a point on it.
+bool has_curves(const LeaderTable& t) {
+  for (const auto& c : t.curves.curves)
+    if (!c.baseline) return true;
+  return false;
+}
+
+std::string budget_text(double b) { return std::isfinite(b) ? format_value(b) : "–"; }
+
+std::string summary_caption(const LeaderTable& t) {
+  const LeaderCurves& lc = t.curves;
+  return "Measured compression = 1 − bytes/token ÷ the full cache's bytes/token. Within 1 pt: the largest "
+         "measured compression whose " + t.metric + " is within " + format_value(lc.tolerance) +
+         (lc.fraction_metric ? " (one point)" : " (1% of the full cache's)") +
+         " of the full cache's " + format_value(lc.full_value) + ". AUC: mean " + t.metric +
+         " over measured compression 0–" + percent_text(lc.auc_range) +
+         " (the range every swept curve reaches), the curve linear between points from the full cache at 0.";
+}
+
+const MethodCurve* curve_of(const LeaderTable& t, const std::string& config_hash, const CurvePoint** point) {
+  for (const auto& c : t.curves.curves)
+    for (const auto& p : c.points)
+      if (p.config_hash == config_hash) {
+        *point = &p;
+        return &c;
+      }
+  return nullptr;
+}
+
 Columns columns_of(const LeaderTable& t) {
   Columns c;
   const ProtocolReport& report = ProtocolRegistry::instance().report(t.protocol);
@@ -794,6 +836,20 @@ std::string leaderboard_markdown(const Leaderboard& lb) {
     }
     s << "\n";
     if (t.incomplete_runs) s << "_" << t.incomplete_runs << " unfinished run(s) not shown._\n\n";
+    if (!has_curves(t)) continue;
+    s << "#### " << md_escape(t.metric) << " vs measured compression\n\n" << summary_caption(t) << "\n\n";
+    s << "| method | points | within 1 pt: max compression | AUC " << t.metric << arrow(t.direction) << " |\n";
+    s << "|---|--:|--:|--:|\n";
+    for (const auto& c : t.curves.curves)
+      s << "| " << md_escape(c.name) << " | " << c.points.size() << " | "
+        << percent_text(c.max_compression_within_1pt) << " | " << format_value(c.auc) << " |\n";
+    s << "\n| method | budget | measured compression | " << t.metric << arrow(t.direction) << " |\n";
+    s << "|---|--:|--:|--:|\n";
+    for (const auto& c : t.curves.curves)
+      for (const auto& p : c.points)
+        s << "| " << md_escape(c.name) << " | " << budget_text(p.budget) << " | " << percent_text(p.compression)
+          << " | " << format_value(p.value) << " |\n";
+    s << "\n";
   }
   s << "★ on the Pareto frontier of the ranking metric vs measured bytes per token; ⚡ on the frontier vs "
        "decode throughput (from `perf` runs of the same method). bytes/token: physical bytes of the KV "
@@ -815,7 +871,8 @@ std::string leaderboard_csv(const Leaderboard& lb) {
   std::ostringstream s;
   s << "model,dataset,protocol,settings,rank,method,label,config_hash,run_id,status,metric,unit,direction,value,"
        "delta,delta_lo,delta_hi,delta_n,delta_status,ppl,delta_ppl,delta_ppl_lo,delta_ppl_hi,top1_agreement,"
-       "bytes_per_token,compression_ratio,decode_tok_s,simulated,pareto_memory,pareto_throughput,error\n";
+       "bytes_per_token,compression_ratio,decode_tok_s,simulated,pareto_memory,pareto_throughput,curve,budget,"
+       "measured_compression,curve_max_compression_within_1pt,curve_auc,curve_auc_range,error\n";
   auto num = [](double v) { return std::isfinite(v) ? fmt("%.10g", v) : std::string(); };
   for (const auto& t : lb.tables)
     for (const auto& r : t.rows) {
@@ -823,6 +880,8 @@ std::string leaderboard_csv(const Leaderboard& lb) {
       DeltaCi dp;
       if (r.deltas.count("ppl") && t.metric != "ppl") dp = r.deltas.at("ppl");
       const bool ok = d.status == "ok", okp = dp.status == "ok";
+      const CurvePoint* cp = nullptr;
+      const MethodCurve* cv = curve_of(t, r.config_hash, &cp);
       s << csv_field(t.model) << "," << csv_field(t.dataset) << "," << t.protocol << "," << csv_field(t.settings_text)
         << "," << (r.rank ? std::to_string(r.rank) : "") << "," << r.method << "," << csv_field(r.label) << ","
         << r.config_hash << "," << r.run_id << "," << r.status << "," << t.metric << "," << csv_field(t.unit) << ","
@@ -833,10 +892,44 @@ std::string leaderboard_csv(const Leaderboard& lb) {
         << num(metric_or_nan(r.metrics, "top1_agreement")) << "," << num(r.bytes_per_token) << ","
         << num(r.compression_ratio) << "," << (r.decode_tok_s ? num(*r.decode_tok_s) : "") << ","
         << (r.simulated ? 1 : 0) << "," << (r.pareto_memory ? 1 : 0) << "," << (r.pareto_throughput ? 1 : 0) << ","
-        << csv_field(r.error) << "\n";
+        << (cv ? csv_field(cv->name) : "") << "," << (cp ? num(cp->budget) : "") << "," << (cp ? num(cp->compression) : "")
+        << "," << (cv ? num(cv->max_compression_within_1pt) : "") << "," << (cv ? num(cv->auc) : "") << ","
+        << (cv ? num(t.curves.auc_range) : "") << "," << csv_field(r.error) << "\n";
     }
   return s.str();
 }
+
+namespace {
+
+json curves_json(const LeaderCurves& lc) {
+  auto num = [](double v) { return std::isfinite(v) ? json(v) : json(nullptr); };
+  json curves = json::array();
+  for (const auto& c : lc.curves) {
+    json points = json::array();
+    for (const auto& p : c.points)
+      points.push_back({{"budget", num(p.budget)},
+                        {"measured_compression", num(p.compression)},
+                        {"value", num(p.value)},
+                        {"label", p.label},
+                        {"config_hash", p.config_hash},
+                        {"run_id", p.run_id}});
+    curves.push_back({{"method", c.method},
+                      {"name", c.name},
+                      {"params", c.params},
+                      {"baseline", c.baseline},
+                      {"simulated", c.simulated},
+                      {"max_compression_within_1pt", num(c.max_compression_within_1pt)},
+                      {"auc", num(c.auc)},
+                      {"points", points}});
+  }
+  return {{"reference_bytes_per_token", num(lc.reference_bytes)},
+          {"full_value", num(lc.full_value)},
+          {"tolerance", num(lc.tolerance)},
+          {"auc_range", num(lc.auc_range)},
+          {"curves", curves}};
+}
+
+}  // namespace
 
 json leaderboard_json(const Leaderboard& lb) {
   auto num = [](double v) { return std::isfinite(v) ? json(v) : json(nullptr); };
@@ -888,7 +981,8 @@ json leaderboard_json(const Leaderboard& lb) {
                       {"baseline_config_hash", t.baseline_hash.empty() ? json(nullptr) : json(t.baseline_hash)},
                       {"baseline_samples", t.baseline_samples},
                       {"incomplete_runs", t.incomplete_runs},
-                      {"rows", rows}});
+                      {"rows", rows},
+                      {"curves", curves_json(t.curves)}});
   }
   return {{"db", lb.db_path},
           {"bootstrap", {{"seed", lb.options.seed}, {"n_resamples", lb.options.n_resamples}, {"confidence", lb.options.confidence}}},
@@ -897,6 +991,186 @@ json leaderboard_json(const Leaderboard& lb) {
 }
 
 // ---------------------------------------------------------------- HTML
+
+namespace {
+
+const char* const kCurvePalette[] = {"#4a78c2", "#2a9d8f", "#8e5ccf", "#c2474a", "#6b8e23", "#d17a22",
+                                     "#3c9fd6", "#b5489a", "#7d6b5a", "#4f5d75", "#c9a227", "#1b998b"};
+const char* const kCurveDash[] = {"", "6 3", "2 3"};
+
+// Score vs measured compression, one polyline per curve and the full cache as a horizontal line. Curves
+// are named in a legend beside the plot, one row each, so no label can overlap another or a point.
+std::string svg_curves(const LeaderTable& t) {
+  const LeaderCurves& lc = t.curves;
+  std::vector<const MethodCurve*> shown;
+  for (const auto& c : lc.curves)
+    if (!c.baseline) shown.push_back(&c);
+  const double row_h = 17, legend_w = 330, L = 64, T = 34, B = 54, R = 14;
+  const double plot_h = 380;
+  const double legend_rows = static_cast<double>(shown.size() + (std::isfinite(lc.full_value) ? 1 : 0));
+  const double H = std::max(T + plot_h + B, T + legend_rows * row_h + 20);
+  const double W = 1180, plot_r = W - legend_w - R;
+  std::vector<double> ys;
+  double xmax = 1, xmin = 0;
+  for (const MethodCurve* c : shown)
+    for (const auto& p : c->points) {
+      ys.push_back(p.value);
+      xmin = std::min(xmin, p.compression);
+    }
+  if (std::isfinite(lc.full_value)) ys.push_back(lc.full_value);
+  Axis ax;
+  ax.lo = xmin;
+  ax.hi = xmax;
+  ax.p0 = L;
+  ax.p1 = plot_r;
+  Axis ay = make_axis(ys, T + plot_h, T, false);
+  const std::string ylabel = t.metric + (t.unit.empty() ? "" : " (" + t.unit + ")") + arrow(t.direction);
+  std::ostringstream s;
+  const std::string title = t.metric + " vs measured compression";
+  s << "<svg class=\"chart chart-curves\" xmlns=\"http://www.w3.org/2000/svg\" viewBox=\"0 0 " << W << " " << H
+    << "\" width=\"" << W << "\" height=\"" << H << "\" role=\"img\" aria-label=\"" << html_escape(title) << "\">\n";
+  s << "<text class=\"ctitle\" x=\"" << L << "\" y=\"20\">" << html_escape(title) << "</text>\n";
+  s << "<rect class=\"plot\" x=\"" << L << "\" y=\"" << T << "\" width=\"" << plot_r - L << "\" height=\"" << plot_h
+    << "\"/>\n";
+  for (double v : nice_ticks(ax.lo, ax.hi)) {
+    const double x = ax.map(v);
+    s << "<line class=\"grid\" x1=\"" << x << "\" y1=\"" << T << "\" x2=\"" << x << "\" y2=\"" << T + plot_h
+      << "\"/><text class=\"tick\" x=\"" << x << "\" y=\"" << T + plot_h + 16 << "\" text-anchor=\"middle\">"
+      << fmt("%.0f", 100 * v) << "%</text>\n";
+  }
+  for (double v : ay.ticks()) {
+    const double y = ay.map(v);
+    s << "<line class=\"grid\" x1=\"" << L << "\" y1=\"" << y << "\" x2=\"" << plot_r << "\" y2=\"" << y
+      << "\"/><text class=\"tick\" x=\"" << L - 6 << "\" y=\"" << y + 4 << "\" text-anchor=\"end\">" << tick_text(v)
+      << "</text>\n";
+  }
+  s << "<text class=\"axis\" x=\"" << (L + plot_r) / 2 << "\" y=\"" << T + plot_h + 40
+    << "\" text-anchor=\"middle\">measured compression (1 − bytes/token ÷ full cache) →</text>\n";
+  s << "<text class=\"axis\" transform=\"translate(16," << T + plot_h / 2 << ") rotate(-90)\" text-anchor=\"middle\">"
+    << html_escape(ylabel) << "</text>\n";
+  const double lx = plot_r + 18;
+  double ly = T + 8;
+  if (std::isfinite(lc.full_value)) {
+    const double y = ay.map(lc.full_value);
+    s << "<line class=\"fullline\" x1=\"" << L << "\" y1=\"" << y << "\" x2=\"" << plot_r << "\" y2=\"" << y
+      << "\"><title>full cache: " << format_value(lc.full_value) << "</title></line>\n";
+    s << "<line class=\"fullline\" x1=\"" << lx << "\" y1=\"" << ly << "\" x2=\"" << lx + 26 << "\" y2=\"" << ly
+      << "\"/><text class=\"legend\" x=\"" << lx + 32 << "\" y=\"" << ly + 4 << "\">full cache ("
+      << format_value(lc.full_value) << ")</text>\n";
+    ly += row_h;
+  }
+  for (size_t i = 0; i < shown.size(); ++i) {
+    const MethodCurve& c = *shown[i];
+    const std::string colour = kCurvePalette[i % 12];
+    const std::string dash = kCurveDash[(i / 12) % 3];
+    const std::string style = "stroke:" + colour + (dash.empty() ? "" : ";stroke-dasharray:" + dash);
+    s << "<g class=\"curve\" data-name=\"" << html_escape(c.name) << "\">";
+    if (c.points.size() >= 2) {
+      s << "<polyline class=\"cline\" style=\"" << style << "\" points=\"";
+      for (const auto& p : c.points) s << ax.map(p.compression) << "," << ay.map(p.value) << " ";
+      s << "\"/>";
+    }
+    for (const auto& p : c.points)
+      s << "<circle class=\"cpoint" << (c.simulated ? " sim" : "") << "\" cx=\"" << ax.map(p.compression)
+        << "\" cy=\"" << ay.map(p.value) << "\" r=\"4.5\" style=\""
+        << (c.simulated ? "fill:#fff;stroke:" + colour : "fill:" + colour) << "\"><title>" << html_escape(p.label)
+        << ": compression " << percent_text(p.compression) << ", " << html_escape(t.metric) << " "
+        << format_value(p.value) << "</title></circle>";
+    std::string name = c.name;
+    if (name.size() > 44) name = name.substr(0, 41) + "...";
+    s << "<line style=\"" << style << ";stroke-width:2.5\" x1=\"" << lx << "\" y1=\"" << ly << "\" x2=\"" << lx + 26
+      << "\" y2=\"" << ly << "\"/><circle cx=\"" << lx + 13 << "\" cy=\"" << ly << "\" r=\"3.5\" style=\"fill:"
+      << colour << "\"/><text class=\"legend\" x=\"" << lx + 32 << "\" y=\"" << ly + 4 << "\">" << html_escape(name)
+      << "<title>" << html_escape(c.name) << "</title></text></g>\n";
+    ly += row_h;
+  }
+  s << "</svg>\n";
+  return s.str();
+}
+
+std::string curves_summary_html(const LeaderTable& t) {
+  std::ostringstream s;
+  s << "<table class=\"lb curves\"><thead><tr><th class=\"l\">method</th><th>points</th><th>within 1 pt: max "
+       "compression</th><th>AUC " << html_escape(t.metric + arrow(t.direction)) << "</th><th class=\"l\">"
+    << html_escape(t.metric) << " by budget (measured compression)</th></tr></thead><tbody>\n";
+  for (const auto& c : t.curves.curves) {
+    s << "<tr class=\"crow\"><td class=\"l\">" << html_label(c.name) << "</td><td>" << c.points.size() << "</td><td>"
+      << percent_text(c.max_compression_within_1pt) << "</td><td>" << format_value(c.auc) << "</td><td class=\"l\">";
+    std::vector<std::string> parts;
+    for (const auto& p : c.points)
+      parts.push_back((std::isfinite(p.budget) ? format_value(p.budget) + ": " : "") + format_value(p.value) + " (" +
+                      percent_text(p.compression) + ")");
+    s << html_escape(join(parts, " · ")) << "</td></tr>\n";
+  }
+  s << "</tbody></table>\n";
+  return s.str();
+}
+
+// Per model, the one-number summaries task by task (AUC and the largest compression within 1 point).
+std::string model_overview_html(const Leaderboard& lb, const std::string& model) {
+  std::vector<const LeaderTable*> ts;
+  for (const auto& t : lb.tables)
+    if (t.model == model && has_curves(t)) ts.push_back(&t);
+  if (ts.empty()) return "";
+  std::vector<std::string> names;
+  for (const LeaderTable* t : ts)
+    for (const auto& c : t->curves.curves)
+      if (std::find(names.begin(), names.end(), c.name) == names.end()) names.push_back(c.name);
+  std::ostringstream s;
+  s << "<section class=\"model\"><h2>" << html_escape(model) << ": summary by task</h2>\n<p class=\"note\">Each cell: AUC "
+    << "(mean score over the measured-compression range every curve of that task reaches) / the largest measured "
+       "compression within 1 point of the full cache. Definitions below.</p>\n";
+  s << "<table class=\"lb overview\"><thead><tr><th class=\"l\">method</th>";
+  for (const LeaderTable* t : ts)
+    s << "<th>" << html_escape(t->dataset + " · " + t->protocol + " (" + t->metric + ")") << "</th>";
+  s << "</tr></thead><tbody>\n";
+  for (const auto& n : names) {
+    s << "<tr><td class=\"l\">" << html_label(n) << "</td>";
+    for (const LeaderTable* t : ts) {
+      const MethodCurve* hit = nullptr;
+      for (const auto& c : t->curves.curves)
+        if (c.name == n) hit = &c;
+      s << "<td>" << (hit ? format_value(hit->auc) + " / " + percent_text(hit->max_compression_within_1pt) : "–")
+        << "</td>";
+    }
+    s << "</tr>\n";
+  }
+  s << "</tbody></table></section>\n";
+  return s.str();
+}
+
+// Per method: the paper, the parameters of each curve, and the command that reproduces each point.
+std::string method_panel_html(const Leaderboard& lb) {
+  std::map<std::string, std::vector<std::pair<const LeaderTable*, const MethodCurve*>>> by_method;
+  for (const auto& t : lb.tables)
+    for (const auto& c : t.curves.curves) by_method[c.method].push_back({&t, &c});
+  if (by_method.empty()) return "";
+  std::ostringstream s;
+  s << "<section class=\"methods\"><h2>Methods</h2>\n";
+  for (const auto& [m, uses] : by_method) {
+    std::string summary, paper;
+    if (MethodRegistry::instance().has(m)) {
+      summary = MethodRegistry::instance().info(m).summary;
+      paper = MethodRegistry::instance().info(m).paper;
+    }
+    s << "<details class=\"method\"><summary><b>" << html_escape(m) << "</b> — " << html_escape(summary)
+      << "</summary>\n<p class=\"note\">Paper: " << html_escape(paper.empty() ? "none (engineering baseline)" : paper)
+      << "</p>\n";
+    for (const auto& [t, c] : uses) {
+      s << "<p class=\"note\">" << html_escape(table_title(*t)) << " — " << html_escape(c->name)
+        << ", fixed parameters <code>" << html_escape(c->params.dump()) << "</code></p>\n";
+      for (const auto& p : c->points)
+        s << "<p class=\"note\">" << html_escape(p.label) << " (run " << p.run_id << ", config "
+          << p.config_hash.substr(0, 12) << "):</p><pre class=\"cmd\">" << html_escape(reproduce_command(p.config))
+          << "</pre>\n";
+    }
+    s << "</details>\n";
+  }
+  s << "</section>\n";
+  return s.str();
+}
+
+}  // namespace
 
 std::string leaderboard_html(const Leaderboard& lb) {
   const std::string reference_method = baseline_method();
@@ -909,8 +1183,16 @@ body{font-family:-apple-system,"Segoe UI",Roboto,"DejaVu Sans",Helvetica,Arial,s
 h1{font-size:26px;margin:0 0 4px}h2{font-size:19px;margin:34px 0 6px;border-bottom:1px solid #e3e6ec;padding-bottom:4px}
 p.meta,p.note{color:#596275;font-size:13px;margin:4px 0 10px}
 table.lb{border-collapse:collapse;font-size:13px;margin:8px 0 14px;width:100%}
-table.lb th{background:#f3f5f9;text-align:right;padding:6px 8px;border-bottom:2px solid #d5dae3;white-space:nowrap}
-table.lb td{text-align:right;padding:5px 8px;border-bottom:1px solid #eceff4;font-variant-numeric:tabular-nums;white-space:nowrap}
+table.lb th{background:#f3f5f9;text-align:right;padding:6px 8px;border-bottom:2px solid #d5dae3;vertical-align:bottom}
+table.lb td{text-align:right;padding:5px 8px;border-bottom:1px solid #eceff4;font-variant-numeric:tabular-nums}
+table.lb td.l{overflow-wrap:break-word}
+pre.cmd{background:#f6f8fa;border:1px solid #e3e6ec;padding:6px 8px;font-size:11px;white-space:pre-wrap;overflow-wrap:anywhere;word-break:break-all}
+details.method{margin:6px 0;font-size:13px}code{overflow-wrap:anywhere}
+svg.chart{max-width:100%;height:auto}
+svg .cline{fill:none;stroke-width:2}svg .cpoint{stroke:#fff;stroke-width:1.2}svg .cpoint.sim{stroke-width:2}
+svg .fullline{stroke:#1d2330;stroke-width:1.5;stroke-dasharray:8 4}svg .legend{font-size:12px;fill:#1d2330}
+@media (max-width:1000px){body{padding:0 6px;margin:12px auto}table.lb{font-size:11px}table.lb th,table.lb td{padding:3px 4px}
+svg .tick{font-size:13px}svg .axis{font-size:14px}}
 table.lb th.l,table.lb td.l{text-align:left}table.lb td.c,table.lb th.c{text-align:center}
 table.lb tr.front td{background:#fff8ec}table.lb tr.failed td{color:#a3303a;background:#fdf1f2}
 table.lb tr.base td.l{font-weight:600}
@@ -931,6 +1213,12 @@ footer{color:#596275;font-size:12px;margin:30px 0}
     << lb.runs_considered << " runs). Differences to the full cache with 95% paired bootstrap confidence intervals ("
     << lb.options.n_resamples << " resamples, seed " << lb.options.seed << ").</p>\n";
   if (lb.tables.empty()) s << "<p>No finished runs match the filters.</p>\n";
+  {
+    std::vector<std::string> models;
+    for (const auto& t : lb.tables)
+      if (std::find(models.begin(), models.end(), t.model) == models.end()) models.push_back(t.model);
+    for (const auto& m : models) s << model_overview_html(lb, m);
+  }
   int table_no = 0;
   for (const auto& t : lb.tables) {
     ++table_no;
@@ -949,13 +1237,13 @@ footer{color:#596275;font-size:12px;margin:30px 0}
       const bool base = r.method == reference_method && r.status == "done";
       if (r.status != "done") {
         s << "<tr class=\"row failed\" data-hash=\"" << r.config_hash << "\"><td>–</td><td class=\"l\">"
-          << html_escape(r.label) << "</td><td class=\"l\" colspan=\""
+          << html_label(r.label) << "</td><td class=\"l\" colspan=\""
           << 4 + 2 * t.secondary.size() + (c.top1 ? 1 : 0) + (c.throughput ? 1 : 0) + 2 << "\">failed: "
           << html_escape(r.error) << "</td></tr>\n";
         continue;
       }
       s << "<tr class=\"row" << (r.pareto_memory ? " front" : "") << (base ? " base" : "") << "\" data-hash=\""
-        << r.config_hash << "\"><td>" << r.rank << "</td><td class=\"l\">" << html_escape(r.label) << "</td><td>"
+        << r.config_hash << "\"><td>" << r.rank << "</td><td class=\"l\">" << html_label(r.label) << "</td><td>"
         << bytes_text(r.bytes_per_token) << "</td><td>" << ratio_text(r) << "</td><td>"
         << format_value(r.value) << "</td><td class=\"l ci\">" << delta_html(r.deltas.at(t.metric)) << "</td>";
       for (const auto& m : t.secondary)
@@ -978,6 +1266,9 @@ footer{color:#596275;font-size:12px;margin:30px 0}
     }
     const std::string ylabel = t.metric + (t.unit.empty() ? "" : " (" + t.unit + ")") + arrow(t.direction);
     s << "<div class=\"charts\">\n";
+    if (has_curves(t))
+      s << svg_curves(t) << "<p class=\"note\">" << html_escape(summary_caption(t)) << "</p>\n"
+        << curves_summary_html(t);
     if (!mem.empty())
       s << svg_scatter(mem, "memory", t.metric + " vs measured bytes per token (frontier dashed)",
                        "bytes per token ↓", ylabel, true);
@@ -986,6 +1277,16 @@ footer{color:#596275;font-size:12px;margin:30px 0}
                        ylabel, true);
     s << "</div>\n</section>\n";
   }
+  s << method_panel_html(lb);
+  s << "<section class=\"defs\"><h2>Definitions</h2><p class=\"note\"><b>Measured compression</b> of a run = 1 − "
+       "its measured bytes per token ÷ the bytes per token of the full-cache run in the same table (without one: "
+       "÷ the run's own uncompressed baseline), so 0 is the full cache and 75% keeps a quarter of its bytes. "
+       "<b>Within 1 pt: max compression</b> = the largest measured compression among a method's runs whose score "
+       "is at most 1 point (0.01 of a fraction metric; otherwise 1% of the full cache's score) worse than the full "
+       "cache's. <b>AUC</b> = the mean score over measured compression 0..X: the area under the method's curve "
+       "(linear between its runs, starting from the full cache's score at 0) divided by X, where X is the smallest "
+       "largest compression among the table's swept methods (two or more runs), so every method is integrated "
+       "over the same range; a method whose runs stop short of X has none.</p></section>\n";
   s << "<footer>★ Pareto frontier of the ranking metric vs measured bytes per token; ⚡ frontier vs decode "
        "throughput (from <code>perf</code> runs of the same method, model, device and dtype). Hollow points: "
        "simulated methods (memory saving not real). Generated by <code>kvbench leaderboard</code>; this file is "

@@ -5,6 +5,10 @@
 // from a matching perf run, and the Pareto frontiers (metric vs bytes/token, metric vs throughput).
 // Rendered as Markdown, CSV, JSON or one self-contained HTML file with inline SVG charts.
 //
+// Each table also carries score-vs-measured-compression curves, one per method across its budgets,
+// with two one-number summaries (largest compression within 1 point of the full cache, normalised
+// area under the curve): leaderboard_curves.h defines both and the measured compression exactly.
+//
 // Tables: runs are grouped by their resolved config minus the method (and minus `label` and
 // `threads`, which do not change results), so a table's rows differ only in the method and its
 // parameters, and the baseline is the `full` run of the same group. Everything is deterministic
@@ -18,6 +22,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "harness/report/leaderboard_curves.h"
 #include "harness/store/results_db.h"
 
 namespace kvb {
@@ -45,6 +50,7 @@ struct LeaderRow {
   nlohmann::json params;  // resolved method params
   std::string label;      // compact: "snapkv(budget=0.25)"
   std::string config_hash;
+  nlohmann::json config;  // the run's resolved config
   int64_t run_id = 0;
   std::string status;  // "done" or "failed"
   std::string error;
@@ -75,6 +81,7 @@ struct LeaderTable {
   bool bytes_16bit = false;  // memory columns at 16 bits (see LeaderRow::bytes_16bit)
   bool embedded_baseline = false;  // qa without a full run: paired with the answers stored per sample
   std::vector<LeaderRow> rows;  // ranked; failed runs last
+  LeaderCurves curves;          // score vs measured compression, per method (leaderboard_curves.h)
 };
 
 struct Leaderboard {

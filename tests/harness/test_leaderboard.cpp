@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdio>
 #include <random>
+#include <sstream>
 #include <sqlite3.h>
 #include <algorithm>
 
@@ -350,6 +351,128 @@ TEST(Leaderboard, FormatsAreCompleteAndDeterministicUnderTheSeed) {
   EXPECT_NE(badm.err.find("did you mean 'kl_mean'"), std::string::npos) << badm.err;
 }
 
+// ---------------------------------------------------------------- curves
+
+std::vector<CurvePoint> curve_points(const std::vector<std::pair<double, double>>& xy) {
+  std::vector<CurvePoint> v;
+  for (const auto& [x, y] : xy) {
+    CurvePoint p;
+    p.compression = x;
+    p.value = y;
+    v.push_back(p);
+  }
+  return v;
+}
+
+TEST(LeaderboardCurves, SummariesMatchAWorkedExample) {
+  // Full cache 1.0 at 0; points (0.5, 0.8), (0.75, 0.4). Trapezoids: 0..0.5 -> 0.45, 0.5..0.75 -> 0.15.
+  const auto pts = curve_points({{0.5, 0.8}, {0.75, 0.4}});
+  EXPECT_NEAR(curve_auc(1.0, pts, 0.75), 0.6 / 0.75, 1e-12);
+  EXPECT_NEAR(curve_auc(1.0, pts, 0.5), 0.45 / 0.5, 1e-12);
+  // Clipped inside a segment: the score at 0.6 is interpolated (0.64).
+  EXPECT_NEAR(curve_auc(1.0, pts, 0.6), (0.45 + 0.5 * (0.8 + 0.64) * 0.1) / 0.6, 1e-12);
+  EXPECT_TRUE(std::isnan(curve_auc(1.0, pts, 0.9)));  // the curve stops short of the range
+  EXPECT_TRUE(std::isnan(curve_auc(NAN, pts, 0.5)));  // no full cache
+  EXPECT_TRUE(std::isnan(curve_auc(1.0, pts, 0.0)));
+  // Largest compression within the tolerance, not the first one: scores need not fall monotonically.
+  const auto bumpy = curve_points({{0.25, 0.995}, {0.5, 0.8}, {0.75, 0.99}});
+  EXPECT_DOUBLE_EQ(max_compression_within(1.0, 0.01, true, bumpy), 0.75);
+  EXPECT_TRUE(std::isnan(max_compression_within(1.0, 0.001, true, bumpy)));
+  const auto kl = curve_points({{0.5, 0.05}, {0.75, 0.5}});  // lower is better
+  EXPECT_DOUBLE_EQ(max_compression_within(0.0, 0.1, false, kl), 0.5);
+}
+
+TEST(LeaderboardCurves, EveryFormatCarriesTheCurvesAndTheirSummaries) {
+  Fixture f = make_fixture();
+  ResultsDb db(f.db);
+  LeaderboardOptions o;
+  o.seed = 3;
+  const Leaderboard lb = build_leaderboard(db, o);
+  const LeaderTable& t = table_for(lb, "m", "stream");
+  const LeaderCurves& lc = t.curves;
+  EXPECT_DOUBLE_EQ(lc.reference_bytes, 100);
+  EXPECT_DOUBLE_EQ(lc.full_value, 0);
+  EXPECT_DOUBLE_EQ(lc.auc_range, 0.75);  // evict's largest compression; quant has one point and does not set it
+  ASSERT_EQ(lc.curves.size(), 3u);       // full first, then by name; the failed run has no point
+  EXPECT_EQ(lc.curves[0].name, "full");
+  EXPECT_TRUE(lc.curves[0].baseline);
+  const MethodCurve& evict = lc.curves[1];
+  EXPECT_EQ(evict.name, "evict");
+  ASSERT_EQ(evict.points.size(), 2u);
+  EXPECT_DOUBLE_EQ(evict.points[0].budget, 0.5);
+  EXPECT_DOUBLE_EQ(evict.points[0].compression, 0.5);  // 50 of the full cache's 100 bytes/token
+  EXPECT_DOUBLE_EQ(evict.points[1].compression, 0.75);
+  EXPECT_NEAR(evict.points[0].value, 0.25, 1e-12);
+  // (0,0) -> (0.5,0.25) -> (0.75,0.5): (0.0625 + 0.09375) / 0.75
+  EXPECT_NEAR(evict.auc, 0.15625 / 0.75, 1e-12);
+  EXPECT_TRUE(std::isnan(evict.max_compression_within_1pt));  // kl 0 at full: 1% of 0 tolerates nothing
+  EXPECT_EQ(lc.curves[2].name, "quant");
+  EXPECT_TRUE(lc.curves[2].simulated);
+  EXPECT_TRUE(std::isnan(lc.curves[2].auc));  // one point at compression 0, short of the range
+  EXPECT_TRUE(std::isnan(lc.curves[2].max_compression_within_1pt));  // kl 0.05 > 0
+  EXPECT_EQ(evict.points[0].config.dump(), stream_cfg("m", json{{"name", "evict"}, {"params", {{"budget", 0.5}}}}).dump());
+  EXPECT_NE(reproduce_command(evict.points[0].config).find("kvbench run -c run.json"), std::string::npos);
+  // m2 has no full run: compression against each run's own uncompressed baseline, no summaries.
+  const LeaderTable& t2 = table_for(lb, "m2", "stream");
+  ASSERT_EQ(t2.curves.curves.size(), 1u);
+  EXPECT_DOUBLE_EQ(t2.curves.curves[0].points[1].compression, 0.75);
+  EXPECT_TRUE(std::isnan(t2.curves.curves[0].auc));
+
+  const std::string md = leaderboard_markdown(lb);
+  EXPECT_NE(md.find("#### kl_mean vs measured compression"), std::string::npos) << md;
+  EXPECT_NE(md.find("| evict | 2 | – | 0.2083 |"), std::string::npos) << md;
+  EXPECT_NE(md.find("| evict | 0.5000 | 50.0% | 0.2500 |"), std::string::npos) << md;
+  EXPECT_NE(md.find("| evict | 0.2500 | 75.0% | 0.5000 |"), std::string::npos) << md;
+  EXPECT_NE(md.find("| quant | 1 | – | – |"), std::string::npos) << md;
+
+  const json j = leaderboard_json(lb);
+  const json* jt = nullptr;
+  for (const auto& x : j["tables"])
+    if (x["model"] == "m" && x["protocol"] == "stream") jt = &x;
+  ASSERT_NE(jt, nullptr);
+  const json& jc = (*jt)["curves"];
+  EXPECT_EQ(jc["auc_range"], 0.75);
+  EXPECT_EQ(jc["curves"][1]["name"], "evict");
+  EXPECT_NEAR(jc["curves"][1]["auc"].get<double>(), evict.auc, 1e-15);
+  EXPECT_TRUE(jc["curves"][1]["max_compression_within_1pt"].is_null());
+  EXPECT_EQ(jc["curves"][1]["points"][1]["measured_compression"], 0.75);
+  EXPECT_EQ(jc["curves"][1]["points"][1]["config_hash"], f.e25_hash);
+
+  // CSV: each row is one point of its curve, with the curve's summaries.
+  const std::string csv = leaderboard_csv(lb);
+  std::istringstream in(csv);
+  std::string header, line;
+  std::getline(in, header);
+  auto split = [](const std::string& l) {
+    std::vector<std::string> v;
+    std::string cur;
+    for (char c : l) {
+      if (c == ',') {
+        v.push_back(cur);
+        cur.clear();
+      } else cur += c;
+    }
+    v.push_back(cur);
+    return v;
+  };
+  const auto cols = split(header);
+  auto col = [&](const std::string& n) { return std::find(cols.begin(), cols.end(), n) - cols.begin(); };
+  size_t seen = 0;
+  while (std::getline(in, line)) {
+    if (line.find(f.e25_hash) == std::string::npos) continue;
+    const auto v = split(line);
+    ASSERT_EQ(v.size(), cols.size());
+    EXPECT_EQ(v[col("curve")], "evict");
+    EXPECT_EQ(v[col("budget")], "0.25");
+    EXPECT_EQ(v[col("measured_compression")], "0.75");
+    EXPECT_NEAR(std::stod(v[col("curve_auc")]), evict.auc, 1e-9);
+    EXPECT_EQ(v[col("curve_auc_range")], "0.75");
+    EXPECT_EQ(v[col("curve_max_compression_within_1pt")], "");
+    ++seen;
+  }
+  EXPECT_EQ(seen, 1u);
+}
+
 // ---------------------------------------------------------------- HTML in headless Chromium
 
 std::string find_chromium() {
@@ -422,6 +545,36 @@ TEST(Leaderboard, HtmlRendersInHeadlessChromiumWithOnePointPerMethod) {
   EXPECT_EQ(sig[2], 'N');
   EXPECT_GT(png_bytes, 20000);  // a rendered page, not a blank one
 
+  // Fits the page: a copy of the page with a probe script (the page itself has none) reports the
+  // document's scroll width and every table, chart, heading, paragraph and command block whose right
+  // edge passes the window's, at a desktop and a narrow width.
+  {
+    std::string probe = html;
+    const std::string script =
+        "<script>var o=[];document.querySelectorAll('table,svg,pre,h2,p,section').forEach(function(e){"
+        "if(e.getBoundingClientRect().right>innerWidth+0.5)o.push(e.tagName+'.'+e.getAttribute('class'))});"
+        "document.body.insertAdjacentHTML('beforeend','<div id=\"probe\">inner='+innerWidth+' scroll='+"
+        "document.documentElement.scrollWidth+' over='+o.length+' ['+o.join(' ')+']</div>')</script>";
+    probe.insert(probe.rfind("</body>"), script);
+    write_file(dir + "/probe.html", probe);
+    for (int width : {1400, 800}) {
+      const std::string out = dir + "/probe" + std::to_string(width) + ".html";
+      const std::string cmd = "timeout 120 " + chromium + flags + "--window-size=" + std::to_string(width) +
+                              ",2000 --dump-dom file://" + dir + "/probe.html >" + out + " 2>>" + dir + "/chromium.log";
+      ASSERT_EQ(std::system(cmd.c_str()), 0) << read_file(dir + "/chromium.log");
+      const std::string pd = read_file(out);
+      const size_t at = pd.rfind(  // after the script, whose own text holds the same tag
+          "<div id=\"probe\">");
+      ASSERT_NE(at, std::string::npos) << width;
+      int inner = 0, scroll = 0, over = -1;
+      ASSERT_EQ(std::sscanf(pd.c_str() + at, "<div id=\"probe\">inner=%d scroll=%d over=%d", &inner, &scroll, &over), 3)
+          << pd.substr(at, 200);
+      EXPECT_EQ(inner, width);
+      EXPECT_LE(scroll, inner) << "horizontal overflow at " << width << " px: " << pd.substr(at, 300);
+      EXPECT_EQ(over, 0) << pd.substr(at, 300);
+    }
+  }
+
   // The DOM Chromium built: per table, the rows and one point per method in each chart.
   const std::string d = read_file(dom);
   ASSERT_NE(d.find("kvbench leaderboard"), std::string::npos) << d.substr(0, 500);
@@ -436,9 +589,28 @@ TEST(Leaderboard, HtmlRendersInHeadlessChromiumWithOnePointPerMethod) {
     for (const auto& r : t["rows"]) {
       done += r["status"] == "done";
       with_tok_s += !r["decode_tok_s"].is_null();
-      EXPECT_NE(sec.find(">" + r["label"].get<std::string>() + "<"), std::string::npos) << r["label"];
+      std::string label;  // as the table writes it: a break opportunity after each "(" and ","
+      for (char ch : r["label"].get<std::string>()) label += std::string(1, ch) + (ch == '(' || ch == ',' ? "<wbr>" : "");
+      EXPECT_NE(sec.find(">" + label + "<"), std::string::npos) << r["label"];
     }
     EXPECT_EQ(count(sec, "<tr class=\"row"), t["rows"].size()) << t["protocol"];
+    // The curves chart: one legend entry and polyline group per method other than the full cache, one
+    // point per run, and the full cache's line; the summary table one row per curve (the full cache's too).
+    const std::string curves = between(sec, "<svg class=\"chart chart-curves\"", "</svg>");
+    size_t n_curves = 0, n_points = 0;
+    for (const auto& c : t["curves"]["curves"]) {
+      if (c["baseline"]) continue;
+      ++n_curves;
+      n_points += c["points"].size();
+      EXPECT_NE(curves.find("data-name=\"" + c["name"].get<std::string>() + "\""), std::string::npos) << c["name"];
+    }
+    if (n_curves) {
+      EXPECT_EQ(count(curves, "<g class=\"curve\""), n_curves) << t["protocol"];
+      EXPECT_EQ(count(curves, "class=\"cpoint"), n_points) << t["protocol"];
+      EXPECT_EQ(count(curves, "class=\"fullline\""), 2u);  // the line and its legend swatch
+      EXPECT_EQ(count(sec, "<tr class=\"crow\""), t["curves"]["curves"].size());
+    }
+    if (t["protocol"] == "stream") EXPECT_GE(n_curves, 2u);  // streaming_llm and h2o, two budgets each
     const std::string mem = between(sec, "<svg class=\"chart chart-memory\"", "</svg>");
     ASSERT_FALSE(mem.empty()) << t["protocol"];
     EXPECT_EQ(count(mem, "<circle"), done) << t["protocol"];

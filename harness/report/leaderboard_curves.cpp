@@ -1,0 +1,159 @@
+#include "harness/report/leaderboard_curves.h"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <set>
+
+#include "harness/common/strings.h"
+#include "harness/kv/baseline_method.h"
+#include "harness/report/leaderboard.h"
+#include "harness/report/sample_stats.h"
+#include "harness/store/config_hash.h"
+
+namespace kvb {
+
+namespace {
+
+using json = nlohmann::json;
+
+double metric_or_nan(const std::map<std::string, double>& m, const std::string& name) {
+  auto it = m.find(name);
+  return it == m.end() ? NAN : it->second;
+}
+
+std::string param_text(const json& v) { return v.is_string() ? v.get<std::string>() : v.dump(); }
+
+}  // namespace
+
+double curve_auc(double full_value, const std::vector<CurvePoint>& points, double range) {
+  if (!std::isfinite(full_value) || !(range > 0) || points.empty()) return NAN;
+  std::vector<std::pair<double, double>> xy = {{0.0, full_value}};
+  for (const auto& p : points) xy.push_back({p.compression, p.value});
+  std::stable_sort(xy.begin(), xy.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  if (xy.back().first < range * (1 - 1e-12)) return NAN;  // the curve does not reach the range
+  auto at = [](const std::pair<double, double>& a, const std::pair<double, double>& b, double x) {
+    if (b.first == a.first) return b.second;
+    return a.second + (b.second - a.second) * (x - a.first) / (b.first - a.first);
+  };
+  double area = 0;
+  for (size_t i = 0; i + 1 < xy.size(); ++i) {
+    const double x0 = std::max(xy[i].first, 0.0), x1 = std::min(xy[i + 1].first, range);
+    if (x1 <= x0) continue;
+    area += 0.5 * (at(xy[i], xy[i + 1], x0) + at(xy[i], xy[i + 1], x1)) * (x1 - x0);
+  }
+  return area / range;
+}
+
+double max_compression_within(double full_value, double tolerance, bool higher_is_better,
+                              const std::vector<CurvePoint>& points) {
+  if (!std::isfinite(full_value)) return NAN;
+  double best = NAN;
+  for (const auto& p : points) {
+    const bool ok = higher_is_better ? p.value >= full_value - tolerance : p.value <= full_value + tolerance;
+    if (ok && (!std::isfinite(best) || p.compression > best)) best = p.compression;
+  }
+  return best;
+}
+
+std::string reproduce_command(const json& config) {
+  return "cat > run.json <<'EOF'\n" + canonical_json(config) + "\nEOF\nkvbench run -c run.json";
+}
+
+LeaderCurves build_curves(const LeaderTable& t) {
+  const std::string reference_method = baseline_method();
+  LeaderCurves lc;
+  lc.reference_bytes = NAN;
+  lc.full_value = NAN;
+  for (const auto& r : t.rows)
+    if (r.status == "done" && r.method == reference_method && std::isfinite(r.value)) {
+      lc.reference_bytes = r.bytes_per_token;
+      lc.full_value = r.value;
+      break;
+    }
+  // The unit as the metric table or the stored metric gives it, else as the protocol's per-sample
+  // definition does (qa stores accuracy without a unit; its samples define it as a fraction).
+  std::string unit = t.unit;
+  if (unit.empty())
+    if (const SampleMetricDef* def = find_sample_metric(t.protocol, t.metric)) unit = def->unit;
+  lc.fraction_metric = unit == "fraction";
+  lc.tolerance = lc.fraction_metric ? 0.01 : std::isfinite(lc.full_value) ? 0.01 * std::abs(lc.full_value) : NAN;
+
+  // One curve per method and its params other than `budget`, in the order of first appearance.
+  std::map<std::string, size_t> index;
+  for (const auto& r : t.rows) {
+    if (r.status != "done" || !std::isfinite(r.value) || !std::isfinite(r.bytes_per_token)) continue;
+    const double reference = std::isfinite(lc.reference_bytes) && lc.reference_bytes > 0
+                                 ? lc.reference_bytes
+                                 : r.bytes_per_token * r.compression_ratio;
+    if (!std::isfinite(reference) || reference <= 0) continue;
+    json fixed = r.params.is_object() ? r.params : json::object();
+    CurvePoint p;
+    p.budget = fixed.contains("budget") && fixed["budget"].is_number() ? fixed["budget"].get<double>() : NAN;
+    fixed.erase("budget");
+    p.compression = 1 - r.bytes_per_token / reference;
+    p.value = r.value;
+    p.label = r.label;
+    p.config_hash = r.config_hash;
+    p.run_id = r.run_id;
+    p.config = r.config;
+    const std::string key = r.method + "\n" + canonical_json(fixed);
+    auto it = index.find(key);
+    if (it == index.end()) {
+      it = index.emplace(key, lc.curves.size()).first;
+      MethodCurve c;
+      c.method = r.method;
+      c.params = fixed;
+      c.baseline = r.method == reference_method;
+      lc.curves.push_back(std::move(c));
+    }
+    MethodCurve& c = lc.curves[it->second];
+    c.simulated = c.simulated || r.simulated;
+    c.points.push_back(std::move(p));
+  }
+
+  // Names: the method, plus the fixed params that tell its curves apart.
+  std::map<std::string, std::vector<MethodCurve*>> by_method;
+  for (auto& c : lc.curves) by_method[c.method].push_back(&c);
+  for (auto& [m, cs] : by_method) {
+    std::set<std::string> keys;
+    for (const MethodCurve* c : cs)
+      for (auto it = c->params.begin(); it != c->params.end(); ++it) keys.insert(it.key());
+    std::vector<std::string> differing;
+    for (const auto& k : keys) {
+      std::set<std::string> vals;
+      for (const MethodCurve* c : cs) vals.insert(c->params.contains(k) ? c->params[k].dump() : "");
+      if (vals.size() > 1) differing.push_back(k);
+    }
+    for (MethodCurve* c : cs) {
+      std::vector<std::string> parts;
+      for (const auto& k : differing)
+        if (c->params.contains(k)) parts.push_back(k + "=" + param_text(c->params[k]));
+      c->name = parts.empty() ? m : m + "(" + join(parts, ", ") + ")";
+    }
+  }
+  std::stable_sort(lc.curves.begin(), lc.curves.end(), [](const MethodCurve& a, const MethodCurve& b) {
+    if (a.baseline != b.baseline) return a.baseline;
+    return a.name < b.name;
+  });
+
+  double range = INFINITY;
+  bool any = false;
+  for (auto& c : lc.curves) {
+    std::stable_sort(c.points.begin(), c.points.end(),
+                     [](const CurvePoint& a, const CurvePoint& b) { return a.compression < b.compression; });
+    if (c.baseline || c.points.size() < 2) continue;
+    any = true;
+    range = std::min(range, c.points.back().compression);
+  }
+  lc.auc_range = any ? range : NAN;
+  for (auto& c : lc.curves) {
+    c.max_compression_within_1pt =
+        max_compression_within(lc.full_value, lc.tolerance, t.direction == Direction::kHigher, c.points);
+    c.auc = c.baseline ? (std::isfinite(lc.full_value) && lc.auc_range > 0 ? lc.full_value : NAN)
+                       : curve_auc(lc.full_value, c.points, lc.auc_range);
+  }
+  return lc;
+}
+
+}  // namespace kvb
