@@ -145,7 +145,7 @@ void register_show(CLI::App& app) {
     os << "provenance:\n" << indented(provenance.dump(2), "  ");
     os << "metrics:" << (metrics.empty() ? " (none)" : "") << "\n";
     for (const auto& m : metrics) {
-      os << "  " << std::left << std::setw(28) << m["name"].get<std::string>() << std::right << " "
+      os << "  " << std::left << std::setw(32) << m["name"].get<std::string>() << std::right << " "
          << m["value"].dump();
       if (!m["unit"].get<std::string>().empty()) os << " " << m["unit"].get<std::string>();
       if (m.contains("ci_low")) os << "  [" << m["ci_low"].dump() << ", " << m["ci_high"].dump() << "]";
