@@ -68,14 +68,14 @@ TEST(CliShow, RunByIdOrHashPrefixAsJsonWithBoundedSamples) {
   EXPECT_EQ(s1["output"]["score"], 0.5);
   const std::string prompt = s1["output"]["prompt"];
   EXPECT_EQ(prompt.rfind("p1xxx", 0), 0u) << prompt;
-  EXPECT_NE(prompt.find("[... 701 more bytes of 1001]"), std::string::npos) << prompt;
+  EXPECT_NE(prompt.find("[... 702 more bytes of 1002]"), std::string::npos) << prompt;
   ASSERT_EQ(s1["output"]["tokens"].size(), 33u);
   EXPECT_EQ(s1["output"]["tokens"][32], "[... 68 more items of 100]");
 
   auto all = nlohmann::json::parse(
       run_kvbench("show " + std::to_string(d.run_id) + " --json --samples -1 --max-chars 2000 --max-items 200 --db " + d.path).out);
   EXPECT_EQ(all["samples"].size(), 5u);
-  EXPECT_EQ(all["samples"][4]["output"]["prompt"].get<std::string>().size(), 1001u);
+  EXPECT_EQ(all["samples"][4]["output"]["prompt"].get<std::string>().size(), 1002u);
   EXPECT_EQ(all["samples"][4]["output"]["tokens"].size(), 100u);
   // A cut never splits a UTF-8 character: "the answer é" cut at 12 bytes keeps "the answer ".
   auto cut = nlohmann::json::parse(run_kvbench("show abcdef01 --json -n 1 --max-chars 12 --db " + d.path).out);
@@ -89,7 +89,7 @@ TEST(CliShow, TextNamesEveryPart) {
   for (const std::string& needle : {"run " + std::to_string(d.run_id) + "  " + d.hash + "  done", std::string("config:"),
                                     std::string("provenance:"), std::string("accuracy"), std::string("samples: 1 of 5 shown"),
                                     std::string("#0  key key0"), std::string("prediction: the answer é"),
-                                    std::string("more bytes of 1001]")})
+                                    std::string("more bytes of 1002]")})
     EXPECT_NE(r.out.find(needle), std::string::npos) << "missing '" << needle << "' in:\n" << r.out;
   EXPECT_EQ(r.out.find("#1"), std::string::npos) << r.out;
 }
