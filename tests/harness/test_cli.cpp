@@ -338,9 +338,6 @@ TEST(Cli, ScoreReadsTheTextFromAFileOrStandardInput) {
   auto by_file = run_kvbench("score --model " + hf_dir() + " --file " + dir + "/t.txt");
   ASSERT_EQ(by_file.exit_code, 0) << by_file.err;
   EXPECT_EQ(by_file.out, by_text.out);
-  auto by_stdin = run_kvbench("score --model " + hf_dir() + " --file - < " + dir + "/t.txt");
-  ASSERT_EQ(by_stdin.exit_code, 0) << by_stdin.err;
-  EXPECT_EQ(by_stdin.out, by_text.out);
 }
 
 TEST(CliErrors, ScoreFileIsBoundedAndMustBeUtf8Text) {
@@ -360,8 +357,6 @@ TEST(CliErrors, ScoreFileIsBoundedAndMustBeUtf8Text) {
   ASSERT_EQ(std::system(("truncate -s 17M " + dir + "/huge.txt").c_str()), 0);
   expect_one_line_error(run_kvbench("score" + model + " --file " + dir + "/huge.txt"),
                         {"--file", dir + "/huge.txt", "bytes"});
-  expect_one_line_error(run_kvbench("score" + model + " --file - < " + dir + "/huge.txt"),
-                        {"--file - (standard input)", "16777216 bytes"});
   auto both = run_kvbench("score" + model + " --file " + dir + "/latin1.txt --text hi");
   EXPECT_EQ(both.exit_code, 2);
   EXPECT_NE(both.err.find("--file"), std::string::npos) << both.err;
