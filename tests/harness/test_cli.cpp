@@ -329,7 +329,7 @@ TEST(CliErrors, ScoreRefusesTextLongerThanTheContext) {
   EXPECT_EQ(nlohmann::json::parse(r.out)["n"], 513);
 }
 
-TEST(Cli, ScoreReadsTheTextFromAFileOrStandardInput) {
+TEST(Cli, ScoreReadsTheTextFromAFile) {
   const std::string text = "One day, a clever fox found a shiny key under the old oak tree.";
   auto by_text = run_kvbench("score --model " + hf_dir() + " --text '" + text + "'");
   ASSERT_EQ(by_text.exit_code, 0) << by_text.err;

@@ -375,7 +375,9 @@ TEST(Grid, ProgressLinesCarryElapsedAndAnEtaFromFinishedCells) {
     const std::string line = r.err.substr(at, r.err.find('\n', at) - at);
     EXPECT_NE(line.find("(elapsed "), std::string::npos) << line;
     EXPECT_EQ(line.find("ETA ?"), std::string::npos) << line;
-    if (k == 3) EXPECT_NE(line.find(", ETA 0s)"), std::string::npos) << line;
+    if (k == 3) {
+      EXPECT_NE(line.find(", ETA 0s)"), std::string::npos) << line;
+    }
   }
   // Progress stays on stderr: --json stdout is the summary alone.
   EXPECT_EQ(r.out.find("ETA"), std::string::npos) << r.out;
