@@ -4,6 +4,9 @@
 
 #include <CLI/CLI.hpp>
 
+#include <cstdint>
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "harness/common/params.h"
@@ -21,6 +24,10 @@ using tool::load_tokenizer;
 // A parameter schema as `kvbench methods NAME` and `kvbench protocols NAME` print it.
 void print_param_specs(const std::vector<ParamSpec>& params);
 
+// --threads N of run and grid: exactly `--set threads=N` (threads_override.cpp). Refuses both at once.
+void add_threads_override(CLI::App* sub, std::optional<int64_t>* threads);
+void apply_threads_override(const std::optional<int64_t>& threads, std::vector<std::string>& sets);
+
 // Registration of each subcommand (one file each).
 void register_generate(CLI::App& app);
 void register_score(CLI::App& app);
@@ -33,6 +40,7 @@ void register_grid(CLI::App& app);
 void register_merge(CLI::App& app);
 void register_leaderboard(CLI::App& app);
 void register_compare(CLI::App& app);
+void register_show(CLI::App& app);
 void register_train(CLI::App& app);
 void register_tokenize(CLI::App& app);
 

@@ -57,6 +57,7 @@ void register_grid(CLI::App& app) {
     std::string models_dir, data_dir, cache_dir;
     bool dry_run = false, json = false, quiet = false, verbose = false, schema_only = false;
     std::string progress = "auto";
+    std::optional<int64_t> threads;
   };
   auto args = std::make_shared<Args>();
   CLI::App* sub = app.add_subcommand(
@@ -65,6 +66,7 @@ void register_grid(CLI::App& app) {
   sub->add_option("--db", args->db, "results database")->capture_default_str();
   sub->add_option("--shard", args->shard, "run only shard i of n (cells whose number is i modulo n), e.g. 0/4");
   sub->add_option("--set", args->sets, "override a run config key in every cell: a.b.c=value (repeatable)");
+  add_threads_override(sub, &args->threads);
   sub->add_flag("--dry-run,-n", args->dry_run, "print the plan (cells, which are done) and run nothing");
   sub->add_flag("--schema-only", args->schema_only,
                 "with --dry-run: expand and validate the configs without looking for the models and "
@@ -81,6 +83,7 @@ void register_grid(CLI::App& app) {
   sub->callback([args] {
     if (!args->dry_run) check_db_path(args->db, "--db");
     KVB_CHECK(args->dry_run || !args->schema_only, "grid: --schema-only needs --dry-run");
+    apply_threads_override(args->threads, args->sets);
     GridOptions go;
     go.check_inputs = !args->schema_only;
     go.sets = args->sets;

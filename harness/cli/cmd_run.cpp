@@ -20,6 +20,7 @@ void register_run(CLI::App& app) {
     std::vector<std::string> sets;
     std::string db = default_db_path();
     std::string models_dir, data_dir, cache_dir;
+    std::optional<int64_t> threads;
     bool quiet = false;
   };
   auto args = std::make_shared<Args>();
@@ -30,9 +31,11 @@ void register_run(CLI::App& app) {
   sub->add_option("--models-dir", args->models_dir, "extra directory to look models up in");
   sub->add_option("--data-dir", args->data_dir, "data directory (else $KVBENCH_DATA, ./data, ../shared/data)");
   sub->add_option("--cache-dir", args->cache_dir, "full-cache baseline cache (default: <db dir>/cache/baseline)");
+  add_threads_override(sub, &args->threads);
   sub->add_flag("--quiet,-q", args->quiet, "no progress lines");
   sub->callback([args] {
     check_db_path(args->db, "--db");
+    apply_threads_override(args->threads, args->sets);
     nlohmann::json raw = load_config_file(args->config);
     apply_overrides(raw, args->sets);
     nlohmann::json resolved = resolve_run_config(raw);  // every config error surfaces here, before the DB

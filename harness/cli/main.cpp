@@ -12,6 +12,7 @@
 #include "harness/common/exit_status.h"
 #include "harness/engine/thread_policy.h"
 #include "harness/kv/plugin.h"
+#include "harness/store/build_info.h"
 #include "harness/tool/tool_registry.h"
 
 namespace {
@@ -43,7 +44,7 @@ int main(int argc, char** argv) {
     KVB_ASSERT(broken.empty(), "tool_registry", "a built-in tool failed to register: ", broken.front());
     load_plugins_named_in(argc, argv);
     app.require_subcommand(1);
-    app.set_version_flag("--version", std::string("kvbench ") + KVB_VERSION_STRING);
+    app.set_version_flag("--version", "kvbench " + kvb::kvbench_version_string());
     kvb::cli::register_generate(app);
     kvb::cli::register_score(app);
     kvb::cli::register_inspect(app);
@@ -55,6 +56,7 @@ int main(int argc, char** argv) {
     kvb::cli::register_merge(app);
     kvb::cli::register_leaderboard(app);
     kvb::cli::register_compare(app);
+    kvb::cli::register_show(app);
     kvb::cli::register_train(app);
     // The methods' tools (kvtuner-search, dms-train, packet-train, and any plugin's), by name.
     kvb::ToolRegistry::instance().add_subcommands(app);

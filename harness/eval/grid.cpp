@@ -229,6 +229,11 @@ class Progress {
     else if (r.status == "skipped") os << "done before ";
     else os << "done ";
     os << std::fixed << std::setprecision(1) << r.wall_s << "s  #" << r.index << " " << r.label;
+    if (r.status == "ran" && r.samples_computed > 0) {
+      finished_wall_s_ += r.wall_s;
+      finished_samples_ += r.samples_computed;
+    }
+    os << "  (elapsed " << format_duration(elapsed_s()) << ", ETA " << eta() << ")";
     if (r.status == "failed") os << "\n      error: " << r.error;
     if (o_.progress_bar) {
       // On a terminal only failures and interruptions get a permanent line; the bar shows the rest.
@@ -252,9 +257,20 @@ class Progress {
       drawn_ = false;
     }
   }
+  double elapsed_s() const {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
+  }
+  // The lines' ETA: the finished cells' wall time per computed sample times the samples left to
+  // compute ("?" before a cell has finished). Per sample, not per cell, because cells differ in size;
+  // cells already done before the grid started count in neither.
+  std::string eta() const {
+    if (finished_samples_ == 0) return "?";
+    const int64_t left = std::max<int64_t>(0, work_ - finished_samples_);
+    return format_duration(finished_wall_s_ / static_cast<double>(finished_samples_) * static_cast<double>(left));
+  }
   void draw() {
     if (!o_.progress || !o_.progress_bar) return;
-    const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
+    const double elapsed = elapsed_s();
     const double frac = work_ > 0 ? std::min(1.0, static_cast<double>(done_units_) / work_) : 1.0;
     std::string eta = "ETA ?";
     if (done_units_ > 0 && work_ > 0)
@@ -279,6 +295,8 @@ class Progress {
   size_t pos_ = 0;
   std::string label_;
   int64_t samples_in_cell_ = 0, expected_in_cell_ = 0;
+  double finished_wall_s_ = 0;
+  int64_t finished_samples_ = 0;
   bool drawn_ = false;
   std::chrono::steady_clock::time_point t0_;
 };

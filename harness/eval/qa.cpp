@@ -418,6 +418,7 @@ std::vector<QaSample> qa_samples(const Tokenizer& tok, const nlohmann::json& p,
       s.max_new_tokens = p["max_new_tokens"].get<int64_t>() > 0 ? p["max_new_tokens"].get<int64_t>() : t.max_new_tokens;
       s.max_context_tokens = p["length"];
       s.stop = t.first_line_only ? std::vector<std::string>{"\n"} : std::vector<std::string>{};
+      s.stop.insert(s.stop.end(), t.stop.begin(), t.stop.end());
       s.key = sha256_hex(s.context + "\x1f" + item.question);
       h += s.key;
       s.meta = {{"task", x.dataset}, {"id", x.id}, {"line", x.line}, {"jsonl_bad_lines_skipped", lb.stats.bad_lines}};

@@ -50,6 +50,9 @@ class DbSamples : public StoredSamples {
 
 std::string provenance_json(const RunEnv& env, const Model& m) {
   Provenance p = collect_provenance(env.source_dir.empty() ? KVB_SOURCE_DIR : env.source_dir);
+  if (!p.checkout_git_commit.empty() && env.log)
+    env.log("warning: this binary was built from commit " + p.git_commit + " but the checkout is at " +
+            p.checkout_git_commit + " (both recorded in the run's provenance; rebuild to run the checkout's code)");
   nlohmann::json j = p.to_json();
   j["libtorch_version"] = std::to_string(TORCH_VERSION_MAJOR) + "." + std::to_string(TORCH_VERSION_MINOR) + "." + std::to_string(TORCH_VERSION_PATCH);
   j["device_name"] = m.device.str();

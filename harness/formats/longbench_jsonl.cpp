@@ -87,7 +87,7 @@ std::map<std::string, LongBenchTask> load_longbench_tasks(const std::string& pat
   KVB_CHECK(root.is_object(), path, ": expected a JSON object {task: {...}}, got ",
             root.type_name());
   static const std::vector<std::string> kKeys = {"prompt", "max_new_tokens", "metric",
-                                                 "first_line_only"};
+                                                 "first_line_only", "stop"};
   std::map<std::string, LongBenchTask> tasks;
   for (auto it = root.begin(); it != root.end(); ++it) {
     const std::string where = path + ": task '" + it.key() + "'";
@@ -109,6 +109,10 @@ std::map<std::string, LongBenchTask> load_longbench_tasks(const std::string& pat
                 did_you_mean(task.metric, text_metric_names()),
                 "; known: ", join(text_metric_names(), ", "));
       if (obj.contains("first_line_only")) task.first_line_only = json_bool(obj, "first_line_only");
+      if (obj.contains("stop")) {
+        task.stop = json_string_array(obj, "stop");
+        for (const auto& s : task.stop) KVB_CHECK(!s.empty(), "field 'stop': an empty stop string would end every answer at once");
+      }
       tasks.emplace(task.name, std::move(task));
     } catch (const Error& e) {
       throw Error(where + ": " + e.what());

@@ -47,10 +47,13 @@ struct LongBenchTask {
   std::string metric;  // a name from text_metric_names()
   // LongBench eval.py scores only the first line of the answer for trec, triviaqa, samsum and lsht.
   bool first_line_only = false;
+  // Strings that end the answer (it is cut before the first one), e.g. "\n\n" or "Question:"; with
+  // first_line_only, "\n" is one more.
+  std::vector<std::string> stop;
 };
 
 // Loads {"task": {"prompt": str, "max_new_tokens": int > 0, "metric": str, "first_line_only": bool
-// (optional, default false)}, ...}. The prompt must contain "{context}" ("{input}" is optional:
+// (optional, default false), "stop": [non-empty str, ...] (optional, default none)}, ...}. The prompt must contain "{context}" ("{input}" is optional:
 // LongBench's lcc and passage_count prompts have none). Unknown fields and unknown metrics throw
 // kvb::Error naming the file, task and field, with a nearest-name hint.
 std::map<std::string, LongBenchTask> load_longbench_tasks(const std::string& path);

@@ -1,5 +1,7 @@
 #include "harness/store/provenance.h"
 
+#include "harness/store/build_info.h"
+
 #include <sys/utsname.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -98,6 +100,7 @@ nlohmann::json Provenance::to_json() const {
   nlohmann::json j;
   j["git_commit"] = git_commit;
   j["git_dirty"] = git_dirty.has_value() ? nlohmann::json(*git_dirty) : nlohmann::json(nullptr);
+  j["checkout_git_commit"] = checkout_git_commit;
   j["compiler"] = compiler;
   j["build_type"] = build_type;
   j["host"] = host;
@@ -121,6 +124,7 @@ Provenance Provenance::from_json(const nlohmann::json& j) {
   str("git_commit", p.git_commit);
   if (j.contains("git_dirty") && j["git_dirty"].is_boolean())
     p.git_dirty = j["git_dirty"].get<bool>();
+  str("checkout_git_commit", p.checkout_git_commit);
   str("compiler", p.compiler);
   str("build_type", p.build_type);
   str("host", p.host);
@@ -135,19 +139,39 @@ Provenance Provenance::from_json(const nlohmann::json& j) {
   return p;
 }
 
-Provenance collect_provenance(const std::string& source_dir) {
-  Provenance p;
-  const std::string git = "git -C " + shell_quote(source_dir.empty() ? "." : source_dir);
+GitState git_state_of(const std::string& dir) {
+  GitState g;
+  const std::string git = "git -C " + shell_quote(dir.empty() ? "." : dir);
   if (auto head = run_capture(git + " rev-parse HEAD 2>/dev/null")) {
     std::string commit = trim(*head);
     if (is_hex_commit(commit)) {
-      p.git_commit = commit;
+      g.commit = commit;
       // --porcelain output is empty exactly when the tree matches HEAD (ignored files excluded).
       if (auto status = run_capture(git + " status --porcelain 2>/dev/null")) {
-        p.git_dirty = !trim(*status).empty();
+        g.dirty = !trim(*status).empty();
       }
     }
   }
+  return g;
+}
+
+std::string kvbench_version_string() {
+  const BuildInfo& b = build_info();
+  std::string v = std::string(b.version) + "+" + b.git_commit;
+  if (b.git_dirty == 1) v += ".dirty";
+  return v;
+}
+
+Provenance collect_provenance(const std::string& checkout_dir) {
+  Provenance p;
+  const BuildInfo& b = build_info();
+  p.git_commit = b.git_commit;
+  if (b.git_dirty >= 0) p.git_dirty = b.git_dirty == 1;
+  p.kvbench_version = kvbench_version_string();
+  // Both are recorded when they differ: the build's commit is what ran, the checkout's says which
+  // tree the run's configs and data scripts came from.
+  const GitState checkout = git_state_of(checkout_dir);
+  if (checkout.commit != "unknown" && checkout.commit != p.git_commit) p.checkout_git_commit = checkout.commit;
   p.compiler = compiler_string();
 #ifdef NDEBUG
   p.build_type = "release";

@@ -12,14 +12,18 @@
 namespace kvb {
 
 struct Provenance {
-  std::string git_commit = "unknown";  // 40-hex HEAD of the source tree, or "unknown" without git
-  std::optional<bool> git_dirty;  // uncommitted changes (untracked files count); empty: unknown
+  // The source the binary was built from (harness/store/build_info.h), not the checkout at run time.
+  std::string git_commit = "unknown";  // hex HEAD of the source tree at build time, or "unknown" without git
+  std::optional<bool> git_dirty;  // uncommitted changes at build time (untracked files count); empty: unknown
+  // HEAD of the directory the run started in, where it is a git checkout at another commit than
+  // git_commit (a binary older or newer than the checkout it runs in); "" when they agree or no git.
+  std::string checkout_git_commit;
   std::string compiler;           // e.g. "gcc 12.2.0"
   std::string build_type;         // "release" (NDEBUG) or "debug", of the store library itself
   std::string host;               // gethostname()
   std::string os;                 // uname: sysname release machine
   std::string cpu_model;          // /proc/cpuinfo "model name", "" where unavailable
-  std::string kvbench_version;    // filled by the caller (the binary knows its version)
+  std::string kvbench_version;    // kvbench_version_string(): project version + build commit
   std::string torch_version;      // filled by the caller in torch code
   std::string cuda_version;       // filled by the caller; "" for CPU-only builds
   std::string device_name;        // filled by the caller, e.g. "NVIDIA H200" or "cpu"
@@ -30,10 +34,18 @@ struct Provenance {
   static Provenance from_json(const nlohmann::json& j);
 };
 
-// Fills the torch-free fields. `source_dir` is the kvbench checkout (the CLI passes its
-// compile-time source directory). Never throws for a missing git binary or a directory that is not
-// a repository: those give git_commit "unknown" and an empty git_dirty.
-Provenance collect_provenance(const std::string& source_dir);
+// The git state of a directory at run time. Never throws for a missing git binary or a directory
+// that is not a repository: those give commit "unknown" and an empty dirty flag.
+struct GitState {
+  std::string commit = "unknown";
+  std::optional<bool> dirty;
+};
+GitState git_state_of(const std::string& dir);
+
+// Fills the torch-free fields: the build's commit and version (build_info.h), and checkout_git_commit
+// from `checkout_dir` (the runner passes the current directory) when that checkout's HEAD is another
+// commit.
+Provenance collect_provenance(const std::string& checkout_dir);
 
 // UTC time as ISO-8601 with milliseconds, e.g. "2024-05-01T12:34:56.789Z". Sorting these strings
 // sorts by time, which the results DB relies on.

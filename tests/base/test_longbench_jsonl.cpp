@@ -115,7 +115,7 @@ TEST(LongBenchTasks, LoadsAndValidates) {
     "narrativeqa": {"prompt": "Story: {context}\nQ: {input}\nA:", "max_new_tokens": 128,
                     "metric": "qa_f1"},
     "trec": {"prompt": "{context}\n{input} {{braces}}", "max_new_tokens": 64,
-             "metric": "classification", "first_line_only": true},
+             "metric": "classification", "first_line_only": true, "stop": ["\n\n", "Question:"]},
     "lcc": {"prompt": "Complete the code:\n{context}Next line of code:\n", "max_new_tokens": 64,
             "metric": "code_sim"}
   })");
@@ -127,6 +127,8 @@ TEST(LongBenchTasks, LoadsAndValidates) {
   EXPECT_EQ(nqa.metric, "qa_f1");
   EXPECT_FALSE(nqa.first_line_only);
   EXPECT_TRUE(tasks.at("trec").first_line_only);
+  EXPECT_TRUE(nqa.stop.empty());
+  EXPECT_EQ(tasks.at("trec").stop, (std::vector<std::string>{"\n\n", "Question:"}));
 
   LongBenchSample s;
   s.context = "Once {upon} a time.";  // braces in the substituted text stay as they are
@@ -166,6 +168,12 @@ TEST(LongBenchTasks, ErrorsNameTaskAndField) {
   expect_error(load(R"({"qa": {"prompt": "{context}", "max_new_tokens": 8, "metric": "qa_f1",)"
                     R"( "first_line_only": 1}})"),
                {"field 'first_line_only'"});
+  expect_error(load(R"({"qa": {"prompt": "{context}", "max_new_tokens": 8, "metric": "qa_f1",)"
+                    R"( "stop": "\n"}})"),
+               {"task 'qa'", "field 'stop'"});
+  expect_error(load(R"({"qa": {"prompt": "{context}", "max_new_tokens": 8, "metric": "qa_f1",)"
+                    R"( "stop": ["x", ""]}})"),
+               {"task 'qa'", "field 'stop'", "empty stop string"});
   expect_error(load(R"({"qa": 3})"), {"task 'qa'", "expected an object"});
   expect_error(load(R"([1, 2])"), {"expected a JSON object"});
   expect_error(load(R"({"qa": )"), {"t.json", "not valid JSON"});

@@ -4,11 +4,13 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "harness/store/build_info.h"
 #include "tests/support/test_support.h"
 
 namespace kvb {
@@ -105,6 +107,13 @@ TEST(Cli, InspectSyntheticPreset) {
   auto j = nlohmann::json::parse(r.out);
   EXPECT_EQ(j["format"], "synthetic");
   EXPECT_EQ(j["head_dim"], 8);
+}
+
+TEST(Cli, VersionNamesTheBuildCommit) {
+  auto r = run_kvbench("--version");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out, "kvbench " + kvbench_version_string() + "\n");
+  EXPECT_NE(r.out.find(std::string("+") + build_info().git_commit), std::string::npos) << r.out;
 }
 
 TEST(CliErrors, UnknownModelAndPreset) {
@@ -318,6 +327,39 @@ TEST(CliErrors, ScoreRefusesTextLongerThanTheContext) {
   r = run_kvbench("score --model " + hf_dir() + " --beyond-context --ids" + ids + " 5 5");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(nlohmann::json::parse(r.out)["n"], 513);
+}
+
+TEST(Cli, ScoreReadsTheTextFromAFile) {
+  const std::string text = "One day, a clever fox found a shiny key under the old oak tree.";
+  auto by_text = run_kvbench("score --model " + hf_dir() + " --text '" + text + "'");
+  ASSERT_EQ(by_text.exit_code, 0) << by_text.err;
+  const std::string dir = test::make_temp_dir("score_file");
+  write(dir + "/t.txt", text);
+  auto by_file = run_kvbench("score --model " + hf_dir() + " --file " + dir + "/t.txt");
+  ASSERT_EQ(by_file.exit_code, 0) << by_file.err;
+  EXPECT_EQ(by_file.out, by_text.out);
+}
+
+TEST(CliErrors, ScoreFileIsBoundedAndMustBeUtf8Text) {
+  const std::string dir = test::make_temp_dir("score_bad");
+  const std::string model = " --model " + hf_dir();
+  expect_one_line_error(run_kvbench("score" + model + " --file " + dir + "/missing.txt"),
+                        {"--file", dir + "/missing.txt"});
+  // A FIFO nobody writes to is refused at once (the test would hang otherwise).
+  ASSERT_EQ(std::system(("mkfifo " + dir + "/fifo").c_str()), 0);
+  expect_one_line_error(run_kvbench("score" + model + " --file " + dir + "/fifo"),
+                        {"--file", dir + "/fifo", "not a regular file"});
+  write(dir + "/latin1.txt", std::string("caf\xe9 au lait"));
+  expect_one_line_error(run_kvbench("score" + model + " --file " + dir + "/latin1.txt"),
+                        {"--file " + dir + "/latin1.txt", "not UTF-8", "0xe9", "offset 3"});
+  // Over the bound: refused from the file's size (a sparse file: no 17 MiB written), and from stdin
+  // after reading just past the bound.
+  ASSERT_EQ(std::system(("truncate -s 17M " + dir + "/huge.txt").c_str()), 0);
+  expect_one_line_error(run_kvbench("score" + model + " --file " + dir + "/huge.txt"),
+                        {"--file", dir + "/huge.txt", "bytes"});
+  auto both = run_kvbench("score" + model + " --file " + dir + "/latin1.txt --text hi");
+  EXPECT_EQ(both.exit_code, 2);
+  EXPECT_NE(both.err.find("--file"), std::string::npos) << both.err;
 }
 
 }  // namespace

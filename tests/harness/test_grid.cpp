@@ -357,6 +357,33 @@ TEST(Grid, FailingCellIsRecordedAndTheGridCarriesOn) {
   EXPECT_EQ(failed, 2);
 }
 
+TEST(Grid, ProgressLinesCarryElapsedAndAnEtaFromFinishedCells) {
+  const std::string dir = test::make_temp_dir("grid_eta");
+  const std::string cfg = dir + "/grid.json";
+  write_file(cfg, R"({"name": "eta", "base": {"model": ")" + model_path() +
+                      R"(", "protocol": {"name": "stream", "window": 32, "max_windows": 2}},
+    "axes": {"method": ["full", {"name": "paged", "params": {"block_size": [8, 16]}}]}})");
+  const std::string db = dir + "/db.sqlite";
+  auto r = test::run_kvbench("grid --progress lines --json -c " + cfg + " --db " + db + " --data-dir " + test::data_dir());
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  // Before any cell finished nothing is known; after, the finished cells' time per sample times the
+  // samples left; nothing left at the end.
+  for (int k = 1; k <= 3; ++k) {
+    const std::string head = "grid: [" + std::to_string(k) + "/3] done ";
+    const size_t at = r.err.find(head);
+    ASSERT_NE(at, std::string::npos) << r.err;
+    const std::string line = r.err.substr(at, r.err.find('\n', at) - at);
+    EXPECT_NE(line.find("(elapsed "), std::string::npos) << line;
+    EXPECT_EQ(line.find("ETA ?"), std::string::npos) << line;
+    if (k == 3) {
+      EXPECT_NE(line.find(", ETA 0s)"), std::string::npos) << line;
+    }
+  }
+  // Progress stays on stderr: --json stdout is the summary alone.
+  EXPECT_EQ(r.out.find("ETA"), std::string::npos) << r.out;
+  EXPECT_EQ(nlohmann::json::parse(r.out)["ran"], 3);
+}
+
 // Interrupts a grid run once `min_samples` samples are stored, then re-runs it; the result must equal
 // an uninterrupted run row for row.
 void interrupt_and_resume(int sig) {

@@ -3,6 +3,8 @@
 
 #include <gtest/gtest.h>
 
+#include <fstream>
+
 #include <filesystem>
 
 #include "datasets/recall_task.h"
@@ -117,6 +119,39 @@ TEST(Qa, LongBenchFixtureRunsAndBadLinesNameFileAndLine) {
   EXPECT_FALSE(j["items"][0]["answers"].empty());
   EXPECT_EQ(QaSampleResult::from_json(j).items[0].answers,
             j["items"][0]["answers"].get<std::vector<std::string>>());
+}
+
+// A task's "stop" strings end the answer without first_line_only: each answer is the unstopped
+// answer cut before the first stop string.
+TEST(Qa, LongBenchTaskStopStringsCutTheAnswer) {
+  std::string dir = test::make_temp_dir("lb_stop");
+  ResultsDb db(dir + "/db.sqlite");
+  RunEnv env;
+  env.data_dir = test::data_dir();
+  const std::string fx = test::fixtures_dir() + "/longbench";
+  const std::string task = R"("prompt": "Read the story and answer.\n\n{context}\n\nQuestion: {input}\nAnswer:", "max_new_tokens": 12, "metric": "qa_f1")";
+  std::ofstream(dir + "/plain.json") << "{\"tinyqa\": {" << task << "}}";
+  std::ofstream(dir + "/stop.json") << "{\"tinyqa\": {" << task << R"(, "stop": [" "]}})";
+  auto run = [&](const std::string& tasks) {
+    RunOutcome o = execute_run(resolve_run_config(nlohmann::json::parse(
+        "{\"model\": \"" + test::models_dir() + "/stories260K\", \"method\": \"full\", \"protocol\": "
+        "{\"name\": \"qa\", \"source\": \"longbench\", \"path\": \"" + fx + "/tiny.jsonl\", \"tasks\": \"" + tasks +
+        "\", \"num_samples\": 2, \"skip_bad_lines\": true}}")), db, env);
+    std::vector<std::string> predictions;
+    for (const auto& s : db.samples(o.run_id))
+      predictions.push_back(nlohmann::json::parse(s.output_json)["items"][0]["prediction"]);
+    return predictions;
+  };
+  const auto plain = run(dir + "/plain.json");
+  const auto stopped = run(dir + "/stop.json");
+  ASSERT_EQ(plain.size(), 2u);
+  ASSERT_EQ(stopped.size(), 2u);
+  bool any_cut = false;
+  for (size_t i = 0; i < plain.size(); ++i) {
+    EXPECT_EQ(stopped[i], plain[i].substr(0, plain[i].find(' '))) << plain[i];
+    any_cut = any_cut || stopped[i] != plain[i];
+  }
+  EXPECT_TRUE(any_cut) << "no unstopped answer held a space: the test proves nothing";
 }
 
 }  // namespace

@@ -85,6 +85,49 @@ TEST(Run, RerunSkipsAndWritesNoDuplicates) {
   EXPECT_EQ(db.sample_count(db.list_runs()[0].id), 2);
 }
 
+TEST(Run, ThreadsOptionIsTheThreadsOverride) {
+  std::string dir = test::make_temp_dir("threads");
+  std::string cfg = write_config(dir, "c.json", stream_config("paged", 1, 32));
+  const std::string db = dir + "/db.sqlite";
+  const std::string common = "run -q -c " + cfg + " --db " + db + " --data-dir " + test::data_dir();
+  auto by_option = test::run_kvbench(common + " --threads 1");
+  ASSERT_EQ(by_option.exit_code, 0) << by_option.err;
+  auto j1 = nlohmann::json::parse(by_option.out);
+  EXPECT_FALSE(j1["skipped"].get<bool>());
+  // The same config, hence the same hash: the run is found done.
+  auto by_set = test::run_kvbench(common + " --set threads=1");
+  ASSERT_EQ(by_set.exit_code, 0) << by_set.err;
+  auto j2 = nlohmann::json::parse(by_set.out);
+  EXPECT_EQ(j2["config_hash"], j1["config_hash"]);
+  EXPECT_TRUE(j2["skipped"].get<bool>());
+  ResultsDb store(db);
+  ASSERT_EQ(store.list_runs().size(), 1u);
+  EXPECT_EQ(nlohmann::json::parse(store.list_runs()[0].config_json)["threads"], 1);
+  // threads is hashed: another count is another run.
+  auto other = test::run_kvbench(common + " --threads 2");
+  ASSERT_EQ(other.exit_code, 0) << other.err;
+  EXPECT_NE(nlohmann::json::parse(other.out)["config_hash"], j1["config_hash"]);
+
+  auto both = test::run_kvbench(common + " --threads 2 --set threads=1");
+  EXPECT_EQ(both.exit_code, 2);
+  EXPECT_NE(both.err.find("--threads and --set threads=1"), std::string::npos) << both.err;
+  auto bad = test::run_kvbench(common + " --threads 5000");
+  EXPECT_EQ(bad.exit_code, 2);
+  EXPECT_NE(bad.err.find("threads"), std::string::npos) << bad.err;
+  EXPECT_EQ(ResultsDb(db).list_runs().size(), 2u);  // refusals write nothing
+
+  // grid: --threads reaches every cell the same way.
+  std::string grid = write_config(dir, "g.json",
+                                  "{\"name\": \"t\", \"base\": " + stream_config("paged", 1, 32) +
+                                      ", \"axes\": {\"seed\": [0]}}");
+  auto g1 = test::run_kvbench("grid -n --json -c " + grid + " --threads 1 --db " + dir + "/g.sqlite");
+  ASSERT_EQ(g1.exit_code, 0) << g1.err;
+  auto g2 = test::run_kvbench("grid -n --json -c " + grid + " --set threads=1 --db " + dir + "/g.sqlite");
+  ASSERT_EQ(g2.exit_code, 0) << g2.err;
+  EXPECT_EQ(nlohmann::json::parse(g1.out)["cells"][0]["config_hash"], j1["config_hash"]);
+  EXPECT_EQ(nlohmann::json::parse(g2.out)["cells"][0]["config_hash"], j1["config_hash"]);
+}
+
 TEST(Run, MalformedConfigsFailWithOneLineAndWriteNothing) {
   std::string dir = test::make_temp_dir("bad");
   const std::string good = stream_config("paged", 1, 32);
