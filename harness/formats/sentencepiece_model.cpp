@@ -107,6 +107,9 @@ void SentencePieceModel::parse(const std::string& bytes) {
   int model_type = 1;  // proto default: UNIGRAM
   std::string normalizer = "nmt_nfkc";
   bool saw_trainer = false;
+  // TrainerSpec's bos_piece/eos_piece name the control pieces that are BOS and EOS (Gemma's are
+  // <bos>/<eos>); SentencePiece's defaults are <s>/</s>.
+  std::string bos_piece = "<s>", eos_piece = "</s>";
   while (!w.done()) {
     uint32_t f, wt;
     w.key(&f, &wt);
@@ -134,6 +137,8 @@ void SentencePieceModel::parse(const std::string& bytes) {
         if (sf == 3 && swt == 0) model_type = static_cast<int>(s.varint());
         else if (sf == 35 && swt == 0) byte_fallback_ = s.varint() != 0;
         else if (sf == 44 && swt == 2) unk_surface_ = s.bytes();
+        else if (sf == 46 && swt == 2) bos_piece = s.bytes();
+        else if (sf == 47 && swt == 2) eos_piece = s.bytes();
         else s.skip(swt);
       }
     } else if (f == 3 && wt == 2) {  // NormalizerSpec
@@ -174,8 +179,8 @@ void SentencePieceModel::parse(const std::string& bytes) {
         have_unk = true;
         break;
       case PieceType::kControl:
-        if (p.text == "<s>") bos_id_ = id;
-        if (p.text == "</s>") eos_id_ = id;
+        if (p.text == bos_piece) bos_id_ = id;
+        if (p.text == eos_piece) eos_id_ = id;
         break;
       case PieceType::kByte: {
         // Exactly "<0xXX>" with two upper-case hex digits, as SentencePiece requires. (sscanf alone

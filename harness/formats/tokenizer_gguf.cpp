@@ -105,7 +105,18 @@ std::shared_ptr<const TokenizerBackend> sentencepiece_from_gguf(const GgufFile& 
   const auto& scores = f.get_floats("tokenizer.ggml.scores");
   KVB_CHECK(scores.size() == n, f.path(), ": tokenizer.ggml.scores has ", scores.size(),
             " entries for ", n, " tokens");
-  const auto types = token_types(f, n);
+  auto types = token_types(f, n);
+  // llama.cpp takes the unknown, BOS and EOS tokens from the id keys, whatever their token type and
+  // text: Gemma's <unk> is typed control and its BOS/EOS are <bos>/<eos>. The ModelProto says the
+  // same with an unknown-typed piece and TrainerSpec's bos_piece/eos_piece.
+  const int64_t unk = id_key(f, "tokenizer.ggml.unknown_token_id", n);
+  const int64_t bos = id_key(f, "tokenizer.ggml.bos_token_id", n);
+  const int64_t eos = id_key(f, "tokenizer.ggml.eos_token_id", n);
+  if (unk >= 0) types[static_cast<size_t>(unk)] = kTypeUnknown;
+  for (int64_t id : {bos, eos})
+    KVB_CHECK(id < 0 || types[static_cast<size_t>(id)] == kTypeControl, f.path(),
+              ": BOS/EOS token ", id, " '", id < 0 ? "" : tokens[static_cast<size_t>(id)],
+              "' is not a control token (token_type 3)");
   std::string proto;
   bool have_bytes = false;
   for (size_t i = 0; i < n; ++i) {
@@ -119,6 +130,8 @@ std::shared_ptr<const TokenizerBackend> sentencepiece_from_gguf(const GgufFile& 
   std::string trainer;
   pb_uint(3, 2, &trainer);                    // model_type BPE
   pb_uint(35, have_bytes ? 1 : 0, &trainer);  // byte_fallback, as llama.cpp uses byte tokens
+  if (bos >= 0) pb_bytes(46, tokens[static_cast<size_t>(bos)], &trainer);
+  if (eos >= 0) pb_bytes(47, tokens[static_cast<size_t>(eos)], &trainer);
   pb_bytes(2, trainer, &proto);
   std::string norm;
   pb_bytes(1, "identity", &norm);
@@ -133,7 +146,7 @@ std::shared_ptr<const TokenizerBackend> sentencepiece_from_gguf(const GgufFile& 
     const int64_t want = id_key(f, key, n);
     KVB_CHECK(want < 0 || want == id, f.path(), ": ", key, " = ", want,
               " but the vocabulary's own ", "piece is ", id,
-              " (only <s>/</s>/<unk> as those are supported)");
+              " (the vocabulary names one <unk>, one BOS and one EOS)");
   }
   return std::make_shared<SentencePieceBackend>(model, "gguf:sentencepiece",
                                                 f.get_bool_or("tokenizer.ggml.add_bos_token", true),

@@ -142,6 +142,40 @@ TEST(TokenizerGguf, LlamaVocabularyEncodesAsSentencePiece) {
   EXPECT_EQ(g.encode("Hi", true), (Ids{1, 6324}));
 }
 
+// A Gemma-style "llama" vocabulary: <unk> is typed control, BOS/EOS are <bos>/<eos> at ids 2/1, and
+// add_space_prefix is false. The unknown, BOS and EOS tokens come from the id keys (as llama.cpp
+// takes them), and no dummy "▁" is prepended, so "Hi Hi" starts with "Hi", not "▁Hi".
+TEST(TokenizerGguf, GemmaStyleVocabularyTakesSpecialIdsFromTheKeys) {
+  auto gemma = [](uint32_t bos) {
+    GgufWriter w;
+    w.s("general.architecture", "gemma3");
+    w.s("tokenizer.ggml.model", "llama");
+    w.strings("tokenizer.ggml.tokens", {"<pad>", "<eos>", "<bos>", "<unk>", "\xE2\x96\x81", "H",
+                                        "i", "Hi", "\xE2\x96\x81H", "\xE2\x96\x81Hi"});
+    w.f32s("tokenizer.ggml.scores", {0, 0, 0, 0, -10, -10, -10, -1, -2, -3});
+    w.i32s("tokenizer.ggml.token_type", {3, 3, 3, 3, 1, 1, 1, 1, 1, 1});
+    w.u("tokenizer.ggml.bos_token_id", bos);
+    w.u("tokenizer.ggml.eos_token_id", 1);
+    w.u("tokenizer.ggml.unknown_token_id", 3);
+    w.u("tokenizer.ggml.padding_token_id", 0);
+    w.b("tokenizer.ggml.add_bos_token", true);
+    w.b("tokenizer.ggml.add_space_prefix", false);
+    return w;
+  };
+  const std::string dir = ptest::scratch_dir("tok_gguf_gemma");
+  const Tokenizer t(ptest::write_bytes(dir, "gemma.gguf", gemma(2).bytes()));
+  EXPECT_EQ(t.bos_id(), 2);
+  EXPECT_EQ(t.eos_id(), 1);
+  EXPECT_EQ(t.unk_id(), 3);
+  EXPECT_EQ(t.encode("Hi Hi"), (Ids{7, 9}));
+  EXPECT_EQ(t.encode("Hi Hi", true), (Ids{2, 7, 9}));
+  EXPECT_EQ(t.encode("Hx"), (Ids{5, 3}));  // no byte pieces: an unknown character is <unk>
+  EXPECT_EQ(t.decode({2, 7, 9, 1}, true), "Hi Hi");
+
+  // BOS must be a control token, as llama.cpp's vocabulary types it.
+  expect_error(ptest::write_bytes(dir, "bos.gguf", gemma(7).bytes()), "is not a control token");
+}
+
 TEST(TokenizerGguf, RefusesUnknownModelsAndPreTokenizers) {
   const std::string dir = ptest::scratch_dir("tok_gguf_bad");
   auto gpt2 = [](const std::string& pre) {
