@@ -188,7 +188,9 @@ TEST(Kvzip, ThePassLeavesNoKvBehindAndEvictionFreesMemory) {
       int64_t layer_entries = 0;
       for (int h = 0; h < c.n_kv_heads; ++h)
         layer_entries += static_cast<int64_t>(store.kept_indices(seq, l, h).size());
-      if (layerwise) EXPECT_EQ(layer_entries, (n / 4) * c.n_kv_heads);
+      if (layerwise) {
+        EXPECT_EQ(layer_entries, (n / 4) * c.n_kv_heads);
+      }
       entries += layer_entries;
     }
     EXPECT_EQ(entries, (n / 4) * c.n_kv_heads * c.n_layers);
