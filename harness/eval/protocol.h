@@ -148,6 +148,10 @@ class Protocol {
   // Whether the prompts a run prefills end with their question and the cache is told where it
   // starts (QuestionAwareCache), which methods with MethodCaps::needs_question require.
   virtual bool prompt_holds_question(const nlohmann::json& protocol) const { return false; }
+  // Whether a run prefills each context alone and, before any question, hands a store that has
+  // one its context pass (ContextPassCache), which methods with MethodCaps::needs_context_pass
+  // require.
+  virtual bool runs_context_pass(const nlohmann::json& protocol) const { return false; }
   // The cheap inputs (data files, traces) a grid checks before its first run.
   virtual void check_inputs(const nlohmann::json& protocol, const std::string& data_dir,
                             const InputCheck& check) const;

@@ -20,6 +20,7 @@
 #include "harness/formats/longbench_jsonl.h"
 #include "harness/formats/tokenizer.h"
 #include "harness/kv/baseline_method.h"
+#include "harness/kv/context_pass.h"
 #include "harness/kv/method_registry.h"
 #include "harness/kv/question_aware.h"
 #include "harness/metrics/text_metrics.h"
@@ -110,9 +111,24 @@ Answers answer_all(std::shared_ptr<Model> model, const Tokenizer& tok, const std
     } else {
       auto t0 = std::chrono::steady_clock::now();
       seq = e.new_sequence();
-      e.prefill({seq}, {ctx_ids});  // end_prefill: the method compresses the context here
-      a.timing.context_s = seconds_since(t0);
       a.timing.prefill_tokens = a.context_tokens;
+      if (auto* pass_cache = dynamic_cast<ContextPassCache*>(&e.kv())) {
+        // The method's own pass over the context (KVzip's reconstruction) runs before the
+        // context is compressed; its tokens and time are the context prefill's.
+        e.prefill({seq}, {ctx_ids}, nullptr, /*call_end_prefill=*/false);
+        ContextPass pass;
+        pass.engine = &e;
+        pass.seq = seq;
+        pass.context = ctx_ids;
+        pass.prefix_tokens = static_cast<int64_t>(ctx_ids.size() - body.size());
+        pass.turn_close = opts.chat.active() ? close : tok.encode("\n");
+        pass.encode = [&tok](const std::string& text) { return tok.encode(text); };
+        a.timing.prefill_tokens += pass_cache->run_context_pass(pass);
+        e.kv().end_prefill(seq);
+      } else {
+        e.prefill({seq}, {ctx_ids});  // end_prefill: the method compresses the context here
+      }
+      a.timing.context_s = seconds_since(t0);
     }
     a.ledger.fp = e.kv().footprint();
     a.ledger.tokens_seen = a.context_tokens;

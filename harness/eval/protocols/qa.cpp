@@ -112,6 +112,9 @@ class QaProtocol : public PlannedProtocol<QaRun> {
   bool prompt_holds_question(const nlohmann::json& proto) const override {
     return proto.at("mode").get<std::string>() == "query_aware";
   }
+  bool runs_context_pass(const nlohmann::json& proto) const override {
+    return proto.at("mode").get<std::string>() == "query_agnostic";
+  }
   std::string dataset_label(const nlohmann::json& proto) const override {
     const std::string src = proto.at("source");
     if (src == "synthetic")

@@ -1,0 +1,307 @@
+// kvzip: KVzip (Kim et al., 2025, "KVzip: Query-Agnostic KV Cache Compression with Context
+// Reconstruction"; official code snu-mllab/KVzip; kvpress KVzipPress). After the context is
+// prefilled, the model is asked to repeat it ("Repeat the previous context exactly." then the
+// context again, teacher-forced, chunk by chunk) against the uncompressed cache; each cached entry of
+// a KV head is scored by the largest attention weight any reconstruction query of the head's GQA
+// group gives it. The lowest-scored entries are evicted over the whole cache (layers and heads get
+// non-uniform budgets; layerwise=true keeps every layer's total equal), the first n_sink tokens
+// never. The reconstruction runs on forks of the sequence that are released afterwards
+// (ContextPassCache), so its own KV never stays; the store is EvictingKvCache, so evicted entries
+// free memory.
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <limits>
+#include <memory>
+#include <numeric>
+#include <optional>
+#include <unordered_map>
+
+#include "harness/common/error.h"
+#include "harness/engine/engine.h"
+#include "harness/kv/context_pass.h"
+#include "harness/kv/method_registry.h"
+#include "methods/common/evicting_kv_cache.h"
+#include "methods/common/eviction_select.h"
+
+namespace kvb {
+namespace {
+
+constexpr const char* kFirstPrompt = "\n\nRepeat the previous context exactly.";
+constexpr const char* kLaterPrompt =
+    "\n\nRepeat the part of the previous context exactly, starting with";
+constexpr int64_t kOverlapTokens = 8;  // a later chunk's prompt quotes the previous chunk's tail
+
+struct KvzipSettings {
+  Budget budget;
+  int64_t n_sink = 4;
+  int64_t chunk_size = 2048;
+  bool layerwise = false;
+};
+
+// One sequence's reconstruction scores, [layer][kv head][token index] over its context, and the
+// entries each layer keeps (over all its heads) once they are ranked.
+struct ContextScores {
+  std::vector<std::vector<std::vector<float>>> score;
+  std::vector<int64_t> keep_per_layer;
+};
+
+// What the store and its policy share: the scores of the sequence being compressed.
+struct KvzipState {
+  const ContextScores* compressing = nullptr;
+};
+
+// Keeps the layer's best keep_per_layer entries over all its heads (ties: the earlier head, then
+// the earlier entry), so each head keeps what its own entries earn.
+class KvzipPolicy : public EvictionPolicy {
+ public:
+  explicit KvzipPolicy(std::shared_ptr<KvzipState> state) : state_(std::move(state)) {}
+  Needs needs() const override { return {}; }
+  Schedule schedule() const override {
+    Schedule s;
+    s.end_prefill = true;
+    return s;
+  }
+  bool select(const LayerView& v, std::vector<std::vector<int64_t>>* keep) const override {
+    const ContextScores* cs = state_->compressing;
+    KVB_CHECK(cs != nullptr, "method kvzip: a prefill ended without the context reconstruction "
+                             "pass; only a protocol that runs it (qa with mode=query_agnostic) "
+                             "can run kvzip");
+    const auto& score = cs->score[v.layer];
+    struct Entry {
+      float s;
+      int64_t h, j;
+    };
+    std::vector<Entry> all;
+    for (int64_t h = 0; h < v.n_kv_heads; ++h)
+      for (int64_t j = 0; j < v.heads[h].len; ++j) {
+        const int64_t t = v.heads[h].idx[j];
+        KVB_CHECK(t < static_cast<int64_t>(score[h].size()),
+                  "method kvzip: token ", t, " was not part of the reconstructed context");
+        all.push_back({score[h][t], h, j});
+      }
+    const int64_t n_keep = cs->keep_per_layer[v.layer];
+    if (n_keep >= static_cast<int64_t>(all.size())) return false;
+    std::stable_sort(all.begin(), all.end(), [](const Entry& a, const Entry& b) { return a.s > b.s; });
+    keep->assign(static_cast<size_t>(v.n_kv_heads), {});
+    for (int64_t i = 0; i < n_keep; ++i) (*keep)[all[i].h].push_back(all[i].j);
+    for (auto& k : *keep) std::sort(k.begin(), k.end());
+    return true;
+  }
+
+ private:
+  std::shared_ptr<KvzipState> state_;
+};
+
+class KvzipKvCache : public EvictingKvCache, public ContextPassCache {
+ public:
+  KvzipKvCache(const CacheContext& ctx, Options opts, KvzipSettings s, std::shared_ptr<KvzipState> st)
+      : EvictingKvCache(ctx, std::move(opts), std::make_unique<KvzipPolicy>(st)),
+        s_(s),
+        state_(std::move(st)),
+        n_layers_(ctx.config.n_layers),
+        n_kv_heads_(ctx.config.n_kv_heads),
+        group_(ctx.config.n_heads / ctx.config.n_kv_heads) {}
+
+  int64_t run_context_pass(const ContextPass& p) override {
+    KVB_CHECK(p.engine != nullptr && p.encode, "method kvzip: the context pass needs the engine "
+                                               "and the tokenizer");
+    const int64_t n = static_cast<int64_t>(p.context.size());
+    KVB_CHECK(seq_len(p.seq) == n, "method kvzip: sequence ", p.seq, " holds ", seq_len(p.seq),
+              " tokens, not its ", n, "-token context");
+    KVB_CHECK(p.prefix_tokens >= 0 && p.prefix_tokens <= n, "method kvzip: prefix of ",
+              p.prefix_tokens, " tokens in a ", n, "-token context");
+    ContextScores cs;
+    cs.score.assign(static_cast<size_t>(n_layers_),
+                    std::vector<std::vector<float>>(static_cast<size_t>(n_kv_heads_),
+                                                    std::vector<float>(static_cast<size_t>(n), 0.f)));
+    const std::vector<int64_t> first = p.encode(kFirstPrompt), later = p.encode(kLaterPrompt);
+    int64_t prefilled = 0;
+    for (int64_t start = p.prefix_tokens; start < n; start += s_.chunk_size) {
+      const int64_t end = std::min(n, start + s_.chunk_size);
+      std::vector<int64_t> ids = start == p.prefix_tokens ? first : later;
+      if (start > p.prefix_tokens) {
+        const int64_t from = std::max(start - kOverlapTokens, start - s_.chunk_size);
+        ids.insert(ids.end(), p.context.begin() + from, p.context.begin() + start);
+      }
+      ids.insert(ids.end(), p.turn_close.begin(), p.turn_close.end());
+      ids.insert(ids.end(), p.context.begin() + start, p.context.begin() + end);
+      Engine& e = *p.engine;
+      const int64_t f = e.fork(p.seq);
+      pass_ = Pass{f, start, end, n, &cs};
+      try {
+        e.prefill({f}, {ids}, nullptr, /*call_end_prefill=*/false);
+      } catch (...) {
+        pass_.reset();
+        e.release(f);
+        throw;
+      }
+      pass_.reset();
+      e.release(f);
+      prefilled += static_cast<int64_t>(ids.size());
+    }
+    pending_[p.seq] = std::move(cs);
+    reconstruction_tokens_ += prefilled;
+    ++passes_;
+    return prefilled;
+  }
+
+  at::Tensor attend(const LayerInput& in) override {
+    if (pass_) {
+      const StepBatch& b = *in.batch;
+      for (int64_t i = 0; i < b.batch_size(); ++i)
+        if (b.seq_ids[i] == pass_->fork) score_reconstruction(in, b.q_indptr[i], b.new_tokens(i));
+    }
+    return EvictingKvCache::attend(in);
+  }
+
+  void end_prefill(int64_t seq_id) override {
+    auto it = pending_.find(seq_id);
+    KVB_CHECK(it != pending_.end(), "method kvzip: sequence ", seq_id,
+              " ended its prefill without the context reconstruction pass; only a protocol that "
+              "runs it (qa with mode=query_agnostic) can run kvzip");
+    rank(seq_len(seq_id), &it->second);
+    state_->compressing = &it->second;
+    try {
+      EvictingKvCache::end_prefill(seq_id);
+    } catch (...) {
+      state_->compressing = nullptr;
+      pending_.erase(it);
+      throw;
+    }
+    state_->compressing = nullptr;
+    pending_.erase(it);
+  }
+
+  void release(int64_t seq_id) override {
+    pending_.erase(seq_id);
+    EvictingKvCache::release(seq_id);
+  }
+
+  std::map<std::string, double> counters() const override {
+    auto c = EvictingKvCache::counters();
+    c["reconstruction_tokens"] = static_cast<double>(reconstruction_tokens_);
+    c["reconstruction_passes"] = static_cast<double>(passes_);
+    c["setting.n_sink"] = static_cast<double>(s_.n_sink);
+    c["setting.chunk_size"] = static_cast<double>(s_.chunk_size);
+    c["setting.layerwise"] = s_.layerwise ? 1.0 : 0.0;
+    return c;
+  }
+
+ private:
+  struct Pass {
+    int64_t fork;
+    int64_t start, end;  // the context tokens this chunk reconstructs
+    int64_t context;     // the context's length (fork rows at or past it are the pass's own)
+    ContextScores* scores;
+  };
+
+  // The attention of this step's reconstruction queries over the keys kvpress scores them against
+  // (the first min(n_sink, start) tokens, the chunk being reconstructed, the pass's own tokens so
+  // far and, causally, the step's), maxed over the queries and the GQA group into the chunk's scores.
+  void score_reconstruction(const LayerInput& in, int64_t row0, int64_t rows) {
+    const Pass& p = *pass_;
+    const at::Tensor q = in.q->narrow(0, row0, rows).to(at::kCPU).to(at::kFloat);
+    const at::Tensor k_new = in.k->narrow(0, row0, rows).to(at::kCPU).to(at::kFloat);
+    const std::vector<HeadSnapshot> held = probe_view(in.layer, p.fork);
+    const int64_t sink = std::min(s_.n_sink, p.start);
+    const at::Tensor future = at::ones({rows, rows}, at::kBool).triu(1);
+    for (int64_t h = 0; h < n_kv_heads_; ++h) {
+      const at::Tensor& idx = held[h].index;
+      const at::Tensor scored = idx.lt(sink) | (idx.ge(p.start) & idx.lt(p.end)) | idx.ge(p.context);
+      const at::Tensor sel = scored.nonzero().squeeze(1);
+      const at::Tensor keys = at::cat({held[h].k.index_select(0, sel), k_new.select(1, h)}, 0);
+      const at::Tensor sel_idx = idx.index_select(0, sel);
+      const int64_t m = sel.size(0);
+      // [group, rows, m + rows]
+      at::Tensor logits =
+          at::matmul(q.narrow(1, h * group_, group_).permute({1, 0, 2}), keys.t()) * in.sm_scale;
+      logits.narrow(2, m, rows).masked_fill_(future, -std::numeric_limits<float>::infinity());
+      const at::Tensor probs = at::softmax(logits, -1);
+      const at::Tensor chunk_cols = (sel_idx.ge(p.start) & sel_idx.lt(p.end)).nonzero().squeeze(1);
+      const at::Tensor best =
+          std::get<0>(probs.index_select(2, chunk_cols).flatten(0, 1).max(0)).contiguous();
+      const at::Tensor tok = sel_idx.index_select(0, chunk_cols).contiguous();
+      const float* b = best.data_ptr<float>();
+      const int64_t* t = tok.data_ptr<int64_t>();
+      std::vector<float>& out = p.scores->score[in.layer][h];
+      for (int64_t c = 0; c < tok.size(0); ++c) out[t[c]] = std::max(out[t[c]], b[c]);
+    }
+  }
+
+  // Gives the sinks the top score and decides how many entries each layer keeps: the budget's
+  // total over the whole cache, split by the global ranking (or equally, layerwise).
+  void rank(int64_t seen, ContextScores* cs) const {
+    float top = 0.f;
+    for (const auto& layer : cs->score)
+      for (const auto& head : layer)
+        for (float x : head) top = std::max(top, x);
+    for (auto& layer : cs->score)
+      for (auto& head : layer)
+        for (int64_t j = 0; j < std::min<int64_t>(s_.n_sink, static_cast<int64_t>(head.size())); ++j)
+          head[j] = top + 1.f;
+    const int64_t per_layer = s_.budget.per_layer(seen, n_kv_heads_);
+    cs->keep_per_layer.assign(static_cast<size_t>(n_layers_), per_layer);
+    if (s_.layerwise) return;
+    struct Entry {
+      float s;
+      int64_t layer;
+    };
+    std::vector<Entry> all;
+    for (int64_t l = 0; l < n_layers_; ++l)
+      for (const auto& head : cs->score[l])
+        for (float x : head) all.push_back({x, l});
+    const int64_t total = std::min<int64_t>(per_layer * n_layers_, static_cast<int64_t>(all.size()));
+    std::stable_sort(all.begin(), all.end(), [](const Entry& a, const Entry& b) { return a.s > b.s; });
+    std::fill(cs->keep_per_layer.begin(), cs->keep_per_layer.end(), 0);
+    for (int64_t i = 0; i < total; ++i) ++cs->keep_per_layer[all[i].layer];
+  }
+
+  KvzipSettings s_;
+  std::shared_ptr<KvzipState> state_;
+  int64_t n_layers_, n_kv_heads_, group_;
+  std::optional<Pass> pass_;
+  std::unordered_map<int64_t, ContextScores> pending_;  // reconstructed, not yet compressed
+  int64_t reconstruction_tokens_ = 0;
+  int64_t passes_ = 0;
+};
+
+MethodInfo kvzip_info() {
+  MethodInfo info;
+  info.name = "kvzip";
+  info.summary =
+      "KVzip: the model repeats the context against its cache; each entry keeps what the "
+      "reconstruction attends to it most, ranked over every layer and head";
+  info.paper =
+      "Kim et al., KVzip: Query-Agnostic KV Cache Compression with Context Reconstruction, 2025 "
+      "(arXiv:2505.23416)";
+  info.caps.evicts = true;
+  info.params = budget_params(0.5, "ratio");
+  info.params.push_back(int_param("n_sink", 4, 0, 1 << 20,
+                                  "first tokens never evicted (attention sinks)"));
+  info.params.push_back(int_param("chunk_size", 2048, 1, 1 << 24,
+                                  "context tokens reconstructed per pass"));
+  info.params.push_back(bool_param("layerwise", false,
+                                   "keep the same total per layer (heads still share it by score); "
+                                   "false ranks the whole cache at once"));
+  return info;
+}
+
+std::unique_ptr<KvCache> make_kvzip(const CacheContext& ctx, const nlohmann::json& p) {
+  KvzipSettings s;
+  s.budget = parse_budget(p, "kvzip");
+  s.n_sink = p.at("n_sink").get<int64_t>();
+  s.chunk_size = p.at("chunk_size").get<int64_t>();
+  s.layerwise = p.at("layerwise").get<bool>();
+  EvictingKvCache::Options o;
+  o.name = "kvzip";
+  o.position_mode = PositionMode::kAbsolute;
+  return std::make_unique<KvzipKvCache>(ctx, o, s, std::make_shared<KvzipState>());
+}
+
+}  // namespace
+}  // namespace kvb
+
+KVB_REGISTER_METHOD(kvzip, kvb::kvzip_info, kvb::make_kvzip);
+KVB_NEEDS_CONTEXT_PASS(kvzip);
