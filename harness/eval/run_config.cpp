@@ -6,7 +6,6 @@
 #include "harness/common/mapped_file.h"
 #include "harness/common/strings.h"
 #include "harness/eval/protocol_registry.h"
-#include "harness/kv/context_pass.h"
 #include "harness/kv/method_registry.h"
 #include "harness/store/config_hash.h"
 
@@ -90,7 +89,7 @@ nlohmann::json resolve_run_config(const nlohmann::json& raw) {
                 ProtocolRegistry::instance().get(spec.name).prompt_holds_question(resolved),
             "config: method ", mname, " scores the context by its question, which protocol ",
             spec.name, " does not put in the prompt (use qa with mode=query_aware)");
-  KVB_CHECK(!method_needs_context_pass(mname) ||
+  KVB_CHECK(!minfo.caps.needs_context_pass ||
                 ProtocolRegistry::instance().get(spec.name).runs_context_pass(resolved),
             "config: method ", mname, " runs its own pass over the context before the question, "
             "which protocol ", spec.name, " does not run (use qa with mode=query_agnostic)");

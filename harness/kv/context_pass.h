@@ -34,22 +34,4 @@ class ContextPassCache {
   virtual int64_t run_context_pass(const ContextPass& pass) = 0;
 };
 
-// The methods whose store needs the pass, by registered name: a run config pairing one with a
-// protocol that does not run it (Protocol::runs_context_pass) is refused before anything runs. A
-// method declares it beside its registration (KVB_NEEDS_CONTEXT_PASS). Kept beside the interface
-// rather than in MethodCaps so that the capability stays out of the method contract every method
-// includes.
-void declare_needs_context_pass(const std::string& method);
-bool method_needs_context_pass(const std::string& method);
-
-namespace detail {
-struct ContextPassDeclaration {
-  explicit ContextPassDeclaration(const char* method) { declare_needs_context_pass(method); }
-};
-}  // namespace detail
-
 }  // namespace kvb
-
-// One line beside a method's registration: KVB_NEEDS_CONTEXT_PASS(name).
-#define KVB_NEEDS_CONTEXT_PASS(name) \
-  static const ::kvb::detail::ContextPassDeclaration kvb_context_pass_declaration_##name(#name)

@@ -37,6 +37,10 @@ struct MethodCaps {
   // question together and says where the question starts (QuestionAwareCache: qa query_aware);
   // a run config pairing it with any other protocol is refused before anything runs (Finch).
   bool needs_question = false;
+  // Runs its own pass over the context before any question (ContextPassCache: KVzip asks the model
+  // to repeat the context), so it runs only where a protocol hands the store that pass (qa
+  // query_agnostic); a run config pairing it with any other protocol is refused before anything runs.
+  bool needs_context_pass = false;
   bool simulated = false;          // declares that it saves nothing physically (masks only)
   bool supports_fork = true;
   // Where the store runs. A store written for the host says so here rather than in its constructor:

@@ -135,6 +135,7 @@ nlohmann::json method_info_json(const MethodInfo& info) {
             {"needs_calibration", c.needs_calibration},
             {"query_aware", c.query_aware},
             {"needs_question", c.needs_question},
+            {"needs_context_pass", c.needs_context_pass},
             {"simulated", c.simulated},
             {"supports_fork", c.supports_fork},
             {"cpu_only", c.cpu_only},

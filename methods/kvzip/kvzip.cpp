@@ -277,6 +277,7 @@ MethodInfo kvzip_info() {
       "Kim et al., KVzip: Query-Agnostic KV Cache Compression with Context Reconstruction, 2025 "
       "(arXiv:2505.23416)";
   info.caps.evicts = true;
+  info.caps.needs_context_pass = true;
   info.params = budget_params(0.5, "ratio");
   info.params.push_back(int_param("n_sink", 4, 0, 1 << 20,
                                   "first tokens never evicted (attention sinks)"));
@@ -304,4 +305,3 @@ std::unique_ptr<KvCache> make_kvzip(const CacheContext& ctx, const nlohmann::jso
 }  // namespace kvb
 
 KVB_REGISTER_METHOD(kvzip, kvb::kvzip_info, kvb::make_kvzip);
-KVB_NEEDS_CONTEXT_PASS(kvzip);

@@ -12,7 +12,6 @@
 #include "harness/eval/run_config.h"
 #include "harness/eval/runner.h"
 #include "harness/eval/stream.h"
-#include "harness/kv/context_pass.h"
 #include "harness/kv/method_registry.h"
 #include "harness/model/model.h"
 #include "tests/support/test_support.h"
@@ -41,7 +40,7 @@ TEST(RegistryContract, EveryMethodStreamsDeterministicallyWithinTheFullFootprint
     if (info.caps.needs_question) continue;
     // Nor can a method that runs its own pass over the context (a stream has no context pass);
     // tests/methods/test_kvzip.cpp checks its refusal.
-    if (method_needs_context_pass(name)) continue;
+    if (info.caps.needs_context_pass) continue;
     const nlohmann::json params = test::runnable_params(name);
     const auto a = run_stream_sample(m, name, params, windows[0].tokens, so);
     const auto b = run_stream_sample(m, name, params, windows[0].tokens, so);
@@ -106,7 +105,7 @@ TEST(RegistryContract, DeclaredTargetsAreTheOnesThatRun) {
   for (const auto& name : reg.names()) {
     SCOPED_TRACE(name);
     const MethodInfo& info = reg.info(name);
-    if (info.caps.needs_question) continue;
+    if (info.caps.needs_question || info.caps.needs_context_pass) continue;
     const nlohmann::json params = test::runnable_params(name);
     const nlohmann::json cfg = {{"model", "stories260K"}, {"dtype", "bf16"},
                                 {"method", {{"name", name}, {"params", params}}},
