@@ -229,9 +229,12 @@ class Progress {
     else if (r.status == "skipped") os << "done before ";
     else os << "done ";
     os << std::fixed << std::setprecision(1) << r.wall_s << "s  #" << r.index << " " << r.label;
-    if (r.status == "ran" && r.samples_computed > 0) {
+    // Counted in the cell's expected samples, the unit `work_` is in: a cell may compute more
+    // samples than it expects (stream windows, perf repeats), which would exhaust work_ early.
+    if (r.status != "skipped") accounted_ += expected_in_cell_;
+    if (r.status == "ran" && expected_in_cell_ > 0) {
       finished_wall_s_ += r.wall_s;
-      finished_samples_ += r.samples_computed;
+      finished_samples_ += expected_in_cell_;
     }
     os << "  (elapsed " << format_duration(elapsed_s()) << ", ETA " << eta() << ")";
     if (r.status == "failed") os << "\n      error: " << r.error;
@@ -260,12 +263,12 @@ class Progress {
   double elapsed_s() const {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
   }
-  // The lines' ETA: the finished cells' wall time per computed sample times the samples left to
-  // compute ("?" before a cell has finished). Per sample, not per cell, because cells differ in size;
-  // cells already done before the grid started count in neither.
+  // The lines' ETA: the finished cells' wall time per expected sample times the samples the cells
+  // not yet reached expect ("?" before a cell has finished). Per sample, not per cell, because cells
+  // differ in size; cells already done before the grid started count in neither.
   std::string eta() const {
     if (finished_samples_ == 0) return "?";
-    const int64_t left = std::max<int64_t>(0, work_ - finished_samples_);
+    const int64_t left = std::max<int64_t>(0, work_ - accounted_);
     return format_duration(finished_wall_s_ / static_cast<double>(finished_samples_) * static_cast<double>(left));
   }
   void draw() {
@@ -296,7 +299,8 @@ class Progress {
   std::string label_;
   int64_t samples_in_cell_ = 0, expected_in_cell_ = 0;
   double finished_wall_s_ = 0;
-  int64_t finished_samples_ = 0;
+  int64_t finished_samples_ = 0;  // expected samples of the cells that ran
+  int64_t accounted_ = 0;         // expected samples of every cell reached (ran, failed, interrupted)
   bool drawn_ = false;
   std::chrono::steady_clock::time_point t0_;
 };

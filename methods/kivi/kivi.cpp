@@ -24,7 +24,7 @@ std::string kivi_target_check(const nlohmann::json& p, const RunTarget& t) {
     return "store=codec keeps its rows on the host and runs on the CPU only (device " +
            t.device.str() + " requested; use store=kernel or auto)";
   if (cuda_decode != "cuda_cores" && !(kernel_store && t.device.is_cuda()))
-    return "cuda_decode=" + cuda_decode + " chooses the CUDA decode kernel of the kernel store; " +
+    return "cuda_decode=" + cuda_decode + ": chooses the CUDA decode kernel of the kernel store; " +
            "this run has " + (kernel_store ? "the kernel store" : "the codec store") + " on " +
            t.device.str() + " (leave cuda_decode at cuda_cores)";
   return "";

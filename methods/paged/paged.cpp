@@ -29,7 +29,7 @@ MethodInfo paged_info() {
   m.target_check = [](const nlohmann::json& p, const RunTarget& t) -> std::string {
     const std::string cuda_decode = p.at("cuda_decode");
     if (cuda_decode == "cuda_cores" || t.device.is_cuda()) return "";
-    return "cuda_decode=" + cuda_decode + " chooses the CUDA decode kernel; this run is on " +
+    return "cuda_decode=" + cuda_decode + ": chooses the CUDA decode kernel; this run is on " +
            t.device.str() + " (leave cuda_decode at cuda_cores)";
   };
   return m;

@@ -15,6 +15,8 @@
 
 #include <gtest/gtest.h>
 
+#include <dlfcn.h>
+
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
@@ -64,7 +66,25 @@ struct Kept {
 };
 
 // kvbench's method on one prompt: prefill (end_prefill included), then what each head keeps.
+// The fixtures were written with OpenBLAS on one thread: its threaded reductions move float
+// rounding, and with it the exact ties the fixtures record entry by entry (knorm's key norms).
+// Looked up at run time so the test does not link OpenBLAS itself; absent, nothing changes.
+struct OneBlasThread {
+  using SetThreads = void (*)(int);
+  using GetThreads = int (*)();
+  SetThreads set = reinterpret_cast<SetThreads>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"));
+  GetThreads get = reinterpret_cast<GetThreads>(dlsym(RTLD_DEFAULT, "openblas_get_num_threads"));
+  int before = get ? get() : 0;
+  OneBlasThread() {
+    if (set) set(1);
+  }
+  ~OneBlasThread() {
+    if (set && before > 0) set(before);
+  }
+};
+
 Kept run_kvbench(const json& method, const std::vector<int64_t>& ids) {
+  const OneBlasThread one_blas_thread;
   auto m = testbed();
   const CacheContext ctx{m->config, m->device, m->dtype};
   const json params = MethodRegistry::instance().resolve(method.at("name"), method.at("params"));
