@@ -24,10 +24,6 @@ namespace {
 
 using json = nlohmann::json;
 
-double metric_or_nan(const std::map<std::string, double>& m, const std::string& name) {
-  auto it = m.find(name);
-  return it == m.end() ? NAN : it->second;
-}
 
 // True when a is at least as good as b under `dir` (and strictly better when strict).
 bool at_least(double a, double b, Direction dir, bool strict) {

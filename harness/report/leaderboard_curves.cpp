@@ -13,14 +13,14 @@
 
 namespace kvb {
 
-namespace {
-
-using json = nlohmann::json;
-
 double metric_or_nan(const std::map<std::string, double>& m, const std::string& name) {
   auto it = m.find(name);
   return it == m.end() ? NAN : it->second;
 }
+
+namespace {
+
+using json = nlohmann::json;
 
 std::string param_text(const json& v) { return v.is_string() ? v.get<std::string>() : v.dump(); }
 

@@ -30,12 +30,16 @@
 // The full cache's own auc is its score.
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
 namespace kvb {
+
+// A run's metric by name; NaN when the run did not record it.
+double metric_or_nan(const std::map<std::string, double>& m, const std::string& name);
 
 struct LeaderTable;
 
