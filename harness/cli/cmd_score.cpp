@@ -60,6 +60,8 @@ void register_score(CLI::App& app) {
     std::string text, file;
     std::vector<int64_t> ids;
     int64_t chunk = 512;
+    int64_t top_k = 0;
+    bool per_token = false;
     bool beyond_context = false;
   };
   auto args = std::make_shared<Args>();
@@ -75,6 +77,12 @@ void register_score(CLI::App& app) {
   file->excludes(text);
   file->excludes(ids);
   sub->add_option("--prefill-chunk", args->chunk, "tokens per prefill step")->capture_default_str();
+  sub->add_flag("--per-token", args->per_token,
+                "also print each scored token's NLL (token_nll: one per token after the first)");
+  sub->add_option("--top-k", args->top_k,
+                  "also print each scored position's K highest logits as [id, logit] pairs "
+                  "(top_logits; for comparing logits with another implementation)")
+      ->check(CLI::NonNegativeNumber);
   sub->add_flag("--beyond-context", args->beyond_context,
                 "score a text longer than the model's context (max_position_embeddings): positions "
                 "past it are extrapolation, and the work grows with the square of the length");
@@ -106,8 +114,18 @@ void register_score(CLI::App& app) {
               !args->ids.empty() ? "--ids" : args->file.empty() ? "--text" : "--file " + args->file,
               ": ", ids.size(), " tokens is longer than the model's context of ", ctx,
               " (max_position_embeddings); score a shorter text, or pass --beyond-context");
-    auto r = engine.score(ids);
+    auto r = engine.score(ids, args->top_k);
     nlohmann::json j = {{"tokens", r.tokens}, {"n", r.n()}, {"nll", r.nll_sum}, {"ppl", r.ppl()}};
+    if (args->per_token) j["token_nll"] = r.token_nll;
+    if (args->top_k > 0) {
+      nlohmann::json rows = nlohmann::json::array();
+      for (const auto& row : r.top_logits) {
+        nlohmann::json pairs = nlohmann::json::array();
+        for (const auto& [id, logit] : row) pairs.push_back({id, logit});
+        rows.push_back(std::move(pairs));
+      }
+      j["top_logits"] = std::move(rows);
+    }
     std::cout << j.dump() << "\n";
   });
 }

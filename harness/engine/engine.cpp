@@ -2,8 +2,10 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <numeric>
 
 #include "harness/common/error.h"
 #include "harness/common/internal_error.h"
@@ -260,10 +262,12 @@ GenerateResult Engine::generate(const std::vector<std::vector<int64_t>>& prompts
   return r;
 }
 
-ScoreResult Engine::score(const std::vector<int64_t>& tokens) {
+ScoreResult Engine::score(const std::vector<int64_t>& tokens, int64_t top_k) {
   ScoreResult r;
   r.tokens = tokens;
   KVB_CHECK(tokens.size() >= 2, "score: need at least two tokens (got ", tokens.size(), ")");
+  KVB_CHECK(top_k >= 0 && top_k <= model_->config.vocab_size, "score: top-k ", top_k,
+            " is outside [0, ", model_->config.vocab_size, "] (the vocabulary)");
   const int64_t seq = new_sequence();
   // Rows 0..n-2 predict tokens 1..n-1; the last row predicts nothing.
   std::vector<int64_t> input(tokens.begin(), tokens.end() - 1);
@@ -278,6 +282,19 @@ ScoreResult Engine::score(const std::vector<int64_t>& tokens) {
     for (int64_t i = 0; i < n; ++i) {
       r.token_nll.push_back(nll[i].item<double>());
       r.nll_sum += r.token_nll.back();
+    }
+    if (top_k > 0) {
+      // A stable descending sort, so equal logits come lowest id first on every implementation.
+      at::Tensor rows = logits.to(at::kCPU, at::kFloat).contiguous();
+      for (int64_t i = 0; i < n; ++i) {
+        const float* row = rows.data_ptr<float>() + i * rows.size(1);
+        std::vector<int64_t> order(static_cast<size_t>(rows.size(1)));
+        std::iota(order.begin(), order.end(), int64_t{0});
+        std::partial_sort(order.begin(), order.begin() + top_k, order.end(),
+                          [&](int64_t a, int64_t b) { return row[a] > row[b] || (row[a] == row[b] && a < b); });
+        auto& top = r.top_logits.emplace_back();
+        for (int64_t k = 0; k < top_k; ++k) top.emplace_back(order[k], row[order[k]]);
+      }
     }
   });
   release(seq);

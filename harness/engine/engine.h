@@ -37,6 +37,9 @@ struct ScoreResult {
   std::vector<int64_t> tokens;
   std::vector<double> token_nll;  // [tokens.size() - 1]: -log p(tokens[i+1] | tokens[..i])
   double nll_sum = 0;
+  // With score(tokens, top_k > 0): each scored row's top_k logits, highest first (ties: lower id
+  // first), [tokens.size() - 1][top_k]; for comparing logits with another implementation.
+  std::vector<std::vector<std::pair<int64_t, float>>> top_logits;
   int64_t n() const { return static_cast<int64_t>(token_nll.size()); }
   double ppl() const;
 };
@@ -80,7 +83,7 @@ class Engine {
 
   GenerateResult generate(const std::vector<std::vector<int64_t>>& prompts,
                           const GenerateOptions& opts);
-  ScoreResult score(const std::vector<int64_t>& tokens);
+  ScoreResult score(const std::vector<int64_t>& tokens, int64_t top_k = 0);
 
  private:
   at::Tensor step(const std::vector<int64_t>& seqs, const std::vector<std::vector<int64_t>>& chunks,

@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -81,6 +82,43 @@ TEST(Cli, ScorePrintsReferenceJson) {
   EXPECT_NEAR(j["ppl"].get<double>(), 4.95364, 1e-4);
   EXPECT_EQ(j["tokens"][0], 1);
   EXPECT_EQ(j["tokens"].size(), 35u);
+}
+
+// --per-token and --top-k: with K the whole vocabulary (stories260K: 512), each token's NLL must be
+// logsumexp(row) - row[next id] of the very logits printed, and the rows come highest first.
+TEST(Cli, ScorePrintsPerTokenNllAndTopLogitsThatAgree) {
+  auto r = run_kvbench("score --model " + hf_dir() +
+                       " --text 'One day, a clever fox found a shiny key.' --per-token --top-k 512");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  auto j = nlohmann::json::parse(r.out);
+  const auto& tokens = j["tokens"];
+  const auto& nll = j["token_nll"];
+  const auto& top = j["top_logits"];
+  ASSERT_EQ(nll.size(), tokens.size() - 1);
+  ASSERT_EQ(top.size(), nll.size());
+  double sum = 0;
+  for (size_t i = 0; i < nll.size(); ++i) {
+    ASSERT_EQ(top[i].size(), 512u);
+    double max_logit = top[i][0][1].get<double>(), z = 0, target = 0;
+    for (size_t k = 0; k < top[i].size(); ++k) {
+      const double v = top[i][k][1].get<double>();
+      if (k > 0) {
+        EXPECT_LE(v, top[i][k - 1][1].get<double>()) << "row " << i << " not sorted at " << k;
+      }
+      z += std::exp(v - max_logit);
+      if (top[i][k][0] == tokens[i + 1]) target = v;
+    }
+    EXPECT_NEAR(nll[i].get<double>(), max_logit + std::log(z) - target, 1e-4) << "row " << i;
+    sum += nll[i].get<double>();
+  }
+  EXPECT_NEAR(sum, j["nll"].get<double>(), 1e-9);
+  // Without the flags the output has neither field; a K past the vocabulary is refused.
+  auto plain = nlohmann::json::parse(
+      run_kvbench("score --model " + hf_dir() + " --text 'One day, a clever fox.'").out);
+  EXPECT_FALSE(plain.contains("token_nll"));
+  EXPECT_FALSE(plain.contains("top_logits"));
+  expect_one_line_error(run_kvbench("score --model " + hf_dir() + " --text hi --top-k 513"),
+                        {"top-k 513", "vocabulary"});
 }
 
 TEST(Cli, GeneratePrintsPromptAndContinuation) {
