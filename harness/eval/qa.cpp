@@ -279,7 +279,8 @@ void check_qa_length(const nlohmann::json& p, int64_t context_tokens, const std:
 
 void check_longbench_inputs(const nlohmann::json& protocol) {
   std::string hash;
-  longbench_samples(protocol, &hash);
+  KVB_CHECK(!longbench_samples(protocol, &hash).empty(), protocol.at("path").get<std::string>(),
+            ": the qa source 'longbench' yields no samples from it");
 }
 
 QaSampleResult run_qa_sample(std::shared_ptr<Model> model, const Tokenizer& tok,

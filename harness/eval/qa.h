@@ -102,7 +102,7 @@ void check_qa_length(const nlohmann::json& protocol, int64_t context_tokens,
                      const std::string& model);
 
 // Reads a longbench qa run's JSONL and task files as the run will (every sample it answers must
-// have its task's settings); throws kvb::Error naming the file and line.
+// have its task's settings, and there must be one); throws kvb::Error naming the file (and line).
 void check_longbench_inputs(const nlohmann::json& protocol);
 
 // The samples a qa run answers, from its protocol parameters (synthetic RULER tasks, story recall,

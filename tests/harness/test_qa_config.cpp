@@ -204,6 +204,37 @@ TEST(QaConfig, GridRefusesLengthsTheModelCannotHoldBeforeAnyCell) {
   EXPECT_EQ(d.list_runs().size(), 2u);
 }
 
+// A grid reads a LongBench cell's JSONL and task files before its first cell, as the run will.
+TEST(QaConfig, GridReadsLongBenchFilesBeforeAnyCell) {
+  const std::string dir = test::make_temp_dir("qa_lb_grid");
+  const std::string fx = test::fixtures_dir() + "/longbench";
+  auto grid = [&](const std::string& jsonl) {
+    const std::string path = dir + "/grid.json";
+    write_file(
+        path,
+        R"({"name": "lb", "base": {"model": ")" + test::models_dir() +
+            R"(/stories260K", "method": "full", "protocol": {"name": "qa", "source": "longbench",
+      "length": 0, "num_samples": 2, "skip_bad_lines": true, "path": ")" +
+            jsonl + R"(", "tasks": ")" + fx + R"(/tasks.json"}},
+      "axes": {"seed": [0, 1]}})");
+    return path;
+  };
+  const std::string db = dir + "/db.sqlite";
+  auto missing = test::run_kvbench("grid -q -c " + grid(dir + "/none.jsonl") + " --db " + db);
+  EXPECT_EQ(missing.exit_code, 2) << missing.err;
+  EXPECT_NE(missing.err.find(dir + "/none.jsonl"), std::string::npos) << missing.err;
+  EXPECT_FALSE(fs::exists(db));
+  // No line is a LongBench sample: the file yields none.
+  write_file(dir + "/bad.jsonl", "{\"context\": 1}\n");
+  auto bad = test::run_kvbench("grid -q -c " + grid(dir + "/bad.jsonl") + " --db " + db);
+  EXPECT_EQ(bad.exit_code, 2) << bad.err;
+  EXPECT_NE(bad.err.find("bad.jsonl"), std::string::npos) << bad.err;
+  EXPECT_FALSE(fs::exists(db));
+  auto ok = test::run_kvbench("grid -q -c " + grid(fx + "/tiny.jsonl") + " --db " + db);
+  ASSERT_EQ(ok.exit_code, 0) << ok.err;
+  EXPECT_EQ(ResultsDb(db).list_runs().size(), 2u);
+}
+
 TEST(QaConfig, RunRefusesALengthBeyondTheContextAndWritesNoRunRow) {
   const std::string dir = test::make_temp_dir("qa_len_run");
   const std::string cfg = dir + "/run.json";

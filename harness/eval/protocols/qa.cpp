@@ -158,8 +158,8 @@ class QaProtocol : public PlannedProtocol<QaRun> {
                     const InputCheck& check) const override {
     const std::string src = proto.at("source");
     if (src == "longbench") {
-      const std::string path = proto.at("path"), tasks = proto.at("tasks");
-      check("longbench:" + path + ":" + tasks, [&] { check_longbench_inputs(proto); });
+      // Keyed by every setting the reading depends on (samples read, bad lines skipped).
+      check("longbench:" + proto.dump(), [&] { check_longbench_inputs(proto); });
     } else if (src == "recall") {
       const std::string corpus = proto.at("dataset");
       check("corpus:" + corpus, [&] { load_corpus(corpus, resolve_data_dir(data_dir)); });
