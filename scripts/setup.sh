@@ -13,6 +13,7 @@ pkgs=(
   python3-venv                          # python/run-tests.sh: the Python package tests' pinned venv
   clang libclang-rt-14-dev              # the libFuzzer targets (tests/fuzz) that ctest runs for a bounded time
   chromium                              # headless rendering test of the HTML leaderboard
+  slurm-wlm munge                       # ctest slurm_grid: a private single-node Slurm runs the sbatch array
 )
 missing=()
 for p in "${pkgs[@]}"; do

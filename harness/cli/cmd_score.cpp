@@ -92,6 +92,9 @@ void register_score(CLI::App& app) {
     auto model = load_model_from_args(args->model);
     EngineOptions eo;
     eo.prefill_chunk = args->chunk;
+    // A long text's scoring prints its progress on stderr (stdout is the result).
+    eo.prefill_progress =
+        prefill_progress_lines([](const std::string& s) { std::cerr << "kvbench: " << s << "\n"; });
     Engine engine(model, make_default_kv(*model), eo);
     std::vector<int64_t> ids = args->ids;
     if (ids.empty()) {

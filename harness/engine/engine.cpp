@@ -9,6 +9,7 @@
 
 #include "harness/common/error.h"
 #include "harness/common/internal_error.h"
+#include "harness/common/progress_eta.h"
 #include "harness/engine/transformer.h"
 #include "harness/kv/paged_kv_cache.h"
 #include "harness/kv/windowed_kv_cache.h"
@@ -98,6 +99,7 @@ at::Tensor Engine::prefill_embeds(int64_t seq, const at::Tensor& embeds, bool ca
   const int64_t n = embeds.size(0);
   guess_.erase(seq);
   at::Tensor last;
+  if (opts_.prefill_progress) opts_.prefill_progress(0, n);
   for (int64_t done = 0; done < n;) {
     const int64_t c = std::min<int64_t>(opts_.prefill_chunk, n - done);
     // Placeholder ids: only their count matters when embeddings are given.
@@ -105,6 +107,7 @@ at::Tensor Engine::prefill_embeds(int64_t seq, const at::Tensor& embeds, bool ca
     at::Tensor rows = embeds.narrow(0, done, c);
     last = step({seq}, chunk, Phase::kPrefill, false, &rows);
     done += c;
+    if (opts_.prefill_progress) opts_.prefill_progress(done, n);
   }
   if (call_end_prefill) kv_->end_prefill(seq);
   return last;
@@ -146,6 +149,9 @@ at::Tensor Engine::prefill(const std::vector<int64_t>& seqs,
   std::vector<size_t> done(B, 0);
   std::vector<at::Tensor> last(B);
   const bool all = static_cast<bool>(cb);
+  int64_t fed = 0, total = 0;
+  for (const auto& t : tokens) total += static_cast<int64_t>(t.size());
+  if (opts_.prefill_progress) opts_.prefill_progress(0, total);
   KVB_ASSERT(!all || B == 1, "engine", "per-position logits are supported for one sequence at a time");
   for (;;) {
     std::vector<int64_t> step_seqs, idx;
@@ -168,7 +174,9 @@ at::Tensor Engine::prefill(const std::vector<int64_t>& seqs,
       done[b] += chunks[i].size();
       if (!all) last[b] = logits[static_cast<int64_t>(i)];
       if (done[b] == tokens[b].size() && call_end_prefill) kv_->end_prefill(seqs[b]);
+      fed += static_cast<int64_t>(chunks[i].size());
     }
+    if (opts_.prefill_progress) opts_.prefill_progress(fed, total);
   }
   for (int64_t b = 0; b < B; ++b)
     KVB_CHECK(last[b].defined(), "engine: prefill of sequence ", seqs[b], " got no tokens");
@@ -299,6 +307,27 @@ ScoreResult Engine::score(const std::vector<int64_t>& tokens, int64_t top_k) {
   });
   release(seq);
   return r;
+}
+
+PrefillProgress prefill_progress_lines(std::function<void(const std::string&)> sink,
+                                       double first_after_s, double every_s) {
+  if (!sink) return {};
+  // One meter per prefill, made when the engine announces it (done = 0).
+  auto meter = std::make_shared<std::unique_ptr<ProgressMeter>>();
+  return [sink = std::move(sink), meter, first_after_s, every_s](int64_t done, int64_t total) {
+    if (done == 0) {
+      *meter =
+          std::make_unique<ProgressMeter>("prefill", total, "tokens", sink, first_after_s, every_s);
+      return;
+    }
+    if (!*meter) return;
+    if (done < total) {
+      (*meter)->update(done);
+    } else {
+      (*meter)->finish(done);
+      meter->reset();
+    }
+  };
 }
 
 }  // namespace kvb

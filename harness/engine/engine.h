@@ -7,6 +7,7 @@
 
 #include <functional>
 #include <memory>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
@@ -16,9 +17,20 @@
 
 namespace kvb {
 
+// Told how far a prefill has got: tokens fed so far and the prefill's total, all sequences
+// together; called with done = 0 before the first chunk and after every chunk.
+using PrefillProgress = std::function<void(int64_t done_tokens, int64_t total_tokens)>;
+
 struct EngineOptions {
   int64_t prefill_chunk = 512;  // tokens per sequence per prefill step
+  PrefillProgress prefill_progress;  // empty: none
 };
+
+// A PrefillProgress that gives every prefill its own ProgressMeter printing to `sink`
+// ("prefill 8192/32768 tokens (25%), 31s elapsed, ETA 1m33s"): silent for prefills that end within
+// `first_after_s`, then a line every `every_s`. Empty sink: an empty PrefillProgress.
+PrefillProgress prefill_progress_lines(std::function<void(const std::string&)> sink,
+                                       double first_after_s = 2.0, double every_s = 10.0);
 
 struct GenerateOptions {
   int64_t max_new_tokens = 128;

@@ -13,6 +13,7 @@
 #include <sstream>
 
 #include "harness/common/error.h"
+#include "harness/common/progress_eta.h"
 #include "harness/common/strings.h"
 #include "harness/eval/run_config.h"
 #include "harness/eval/protocol_registry.h"
@@ -182,16 +183,6 @@ std::string value_label(const std::string& key, const json& v) {
   return scalar_text(v);
 }
 
-std::string format_duration(double s) {
-  if (!std::isfinite(s) || s < 0) return "?";
-  const int64_t t = static_cast<int64_t>(std::llround(s));
-  std::ostringstream os;
-  if (t >= 3600) os << t / 3600 << "h" << std::setw(2) << std::setfill('0') << (t % 3600) / 60 << "m";
-  else if (t >= 60) os << t / 60 << "m" << std::setw(2) << std::setfill('0') << t % 60 << "s";
-  else os << t << "s";
-  return os.str();
-}
-
 struct GridInterrupted : std::runtime_error {
   GridInterrupted() : std::runtime_error("interrupted (stop requested); the next grid run resumes this run") {}
 };
@@ -207,11 +198,23 @@ class Progress {
     label_ = "#" + std::to_string(c.index) + " " + c.label;
     samples_in_cell_ = 0;
     expected_in_cell_ = c.expected_samples;
+    detail_.clear();
     draw();
   }
   void sample_done() {
     ++done_units_;
     ++samples_in_cell_;
+    detail_.clear();
+    draw();
+  }
+  // A run's own progress within a sample (a long prefill's line): on the bar, or a line of its own.
+  void detail(const std::string& s) {
+    if (!o_.progress) return;
+    if (!o_.progress_bar) {
+      *o_.progress << "kvbench: " << s << "\n" << std::flush;
+      return;
+    }
+    detail_ = s;
     draw();
   }
   void line(const std::string& s) {
@@ -267,17 +270,18 @@ class Progress {
   // not yet reached expect ("?" before a cell has finished). Per sample, not per cell, because cells
   // differ in size; cells already done before the grid started count in neither.
   std::string eta() const {
-    if (finished_samples_ == 0) return "?";
     const int64_t left = std::max<int64_t>(0, work_ - accounted_);
-    return format_duration(finished_wall_s_ / static_cast<double>(finished_samples_) * static_cast<double>(left));
+    return format_duration(eta_seconds(finished_wall_s_, static_cast<double>(finished_samples_),
+                                       static_cast<double>(finished_samples_ + left)));
   }
   void draw() {
     if (!o_.progress || !o_.progress_bar) return;
     const double elapsed = elapsed_s();
     const double frac = work_ > 0 ? std::min(1.0, static_cast<double>(done_units_) / work_) : 1.0;
-    std::string eta = "ETA ?";
-    if (done_units_ > 0 && work_ > 0)
-      eta = "ETA " + format_duration(elapsed / done_units_ * std::max<int64_t>(0, work_ - done_units_));
+    const std::string eta =
+        "ETA " + format_duration(work_ > 0 ? eta_seconds(elapsed, static_cast<double>(done_units_),
+                                                         static_cast<double>(work_))
+                                           : std::nan(""));
     const int bar_w = 24;
     const int fill = static_cast<int>(std::lround(frac * bar_w));
     std::ostringstream os;
@@ -285,6 +289,7 @@ class Progress {
        << static_cast<int>(std::lround(frac * 100)) << "%  cell " << pos_ + 1 << "/" << cells_ << "  "
        << eta << "  " << format_duration(elapsed) << " elapsed  " << label_ << " (sample "
        << samples_in_cell_ << "/" << expected_in_cell_ << ")";
+    if (!detail_.empty()) os << "  " << detail_;
     std::string s = os.str();
     const size_t w = static_cast<size_t>(width() - 1);
     if (s.size() > w) s = s.substr(0, w - 3) + "...";
@@ -296,7 +301,7 @@ class Progress {
   size_t cells_ = 0;
   int64_t work_ = 0, done_units_ = 0;
   size_t pos_ = 0;
-  std::string label_;
+  std::string label_, detail_;
   int64_t samples_in_cell_ = 0, expected_in_cell_ = 0;
   double finished_wall_s_ = 0;
   int64_t finished_samples_ = 0;  // expected samples of the cells that ran
@@ -542,14 +547,31 @@ GridPlan expand_grid(const json& grid, const GridOptions& options) {
       KVB_CHECK(it->second.empty(), "grid", plan.name.empty() ? "" : " '" + plan.name + "'", ": cell #",
                 c.index, " (", c.label, "): ", it->second);
     };
+    std::map<std::string, ModelFacts> facts;  // by model spec
     for (const auto& c : plan.cells) {
       const std::string model = c.resolved["model"];
       if (model.rfind("synthetic:", 0) != 0)
         check(c, "model:" + model, [&] { resolve_model_path(model, options.models_dir); });
       const json& proto = c.resolved["protocol"];
-      ProtocolRegistry::instance().get(proto["name"]).check_inputs(
-          proto, options.data_dir,
-          [&](const std::string& what, const std::function<void()>& fn) { check(c, what, fn); });
+      const Protocol& protocol = ProtocolRegistry::instance().get(proto["name"]);
+      auto cell_check = [&](const std::string& what, const std::function<void()>& fn) {
+        check(c, what, fn);
+      };
+      protocol.check_inputs(proto, options.data_dir, cell_check);
+      // The model as its files declare it (no weights), for the settings that depend on it.
+      check(c, "model config:" + model, [&] {
+        if (facts.count(model)) return;
+        ModelFacts f;
+        f.spec = model;
+        f.context_tokens = read_model_config(model, options.models_dir).max_seq_len;
+        try {
+          f.tokenizer_path = resolve_tokenizer_path(model, options.models_dir);
+        } catch (const Error&) {
+          // None: the protocols that need one say so (and a run's plan would).
+        }
+        facts[model] = f;
+      });
+      protocol.check_model_inputs(c.resolved, facts.at(model), options.data_dir, cell_check);
     }
   }
   return plan;
@@ -632,7 +654,10 @@ GridSummary run_grid(const std::string& grid_name, const std::vector<GridCell>& 
     env.grid = grid_name;
     env.log = [&](const std::string& s) {
       if (s.rfind("sample ", 0) == 0 || s.rfind("batch ", 0) == 0) progress.sample_done();
-      if (options.verbose || s.rfind("resuming", 0) == 0) progress.line("kvbench: " + s);
+      if (s.rfind("prefill ", 0) == 0)
+        progress.detail(s);
+      else if (options.verbose || s.rfind("resuming", 0) == 0)
+        progress.line("kvbench: " + s);
       if (stop_requested()) throw GridInterrupted();
     };
     const auto c0 = std::chrono::steady_clock::now();

@@ -16,6 +16,13 @@ int64_t Protocol::expected_samples(const nlohmann::json&) const { return 1; }
 
 void Protocol::check_inputs(const nlohmann::json&, const std::string&, const InputCheck&) const {}
 
+void Protocol::check_model_inputs(const nlohmann::json&, const ModelFacts&, const std::string&,
+                                  const InputCheck&) const {}
+
+nlohmann::json Protocol::finish_config(const nlohmann::json&, nlohmann::json resolved) const {
+  return resolved;
+}
+
 SampleMetricDef table_sample_metric(const std::string& name, const std::string& source,
                                     bool exp_transform) {
   const MetricInfo& m = metric_info(name);

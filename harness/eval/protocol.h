@@ -129,6 +129,15 @@ class ProtocolRun {
   virtual std::vector<Metric> metrics(const StoredSamples& stored) const = 0;
 };
 
+// What a grid knows of a cell's model before any weights load: read from its config and tokenizer
+// files (harness/model/model.h read_model_config), so that settings are checked against the model
+// the way a run's plan checks them against the loaded one.
+struct ModelFacts {
+  std::string spec;            // the config's "model"
+  int64_t context_tokens = 0;  // the context it declares (ModelConfig::max_seq_len)
+  std::string tokenizer_path;  // "" when it has none
+};
+
 // Calls `check` once per input a grid can verify before anything runs; `what` names the input (the
 // grid checks each one once), `fn` throws kvb::Error when it is missing or bad.
 using InputCheck = std::function<void(const std::string& what, const std::function<void()>& fn)>;
@@ -155,6 +164,19 @@ class Protocol {
   // The cheap inputs (data files, traces) a grid checks before its first run.
   virtual void check_inputs(const nlohmann::json& protocol, const std::string& data_dir,
                             const InputCheck& check) const;
+  // What a cell's settings need of its model (a length within its context; a task's minimum length
+  // with its tokenizer), checked by the grid before its first run with the checks the run's plan
+  // makes against the loaded model; `resolved` is the whole run config. Quick and writes nothing.
+  // Default: nothing to check.
+  virtual void check_model_inputs(const nlohmann::json& resolved, const ModelFacts& model,
+                                  const std::string& data_dir, const InputCheck& check) const;
+
+  // Called by resolve_run_config once config.protocol is resolved against info().params: `given`
+  // is config.protocol as written (without "name"), `resolved` has every default filled in. A
+  // protocol refuses here what its schema cannot say (a key one setting requires; a key that does
+  // not apply to the chosen setting: kvb::Error naming the key) and drops the parameters that do
+  // not apply, so that they stay out of the config hash. Default: `resolved` as it is.
+  virtual nlohmann::json finish_config(const nlohmann::json& given, nlohmann::json resolved) const;
 
   // One stored sample's sums per source name (report.sample_metrics); by default task_sample_sums.
   // A sample's "ledger" object adds bytes_per_token for every protocol (sample_stats.h).

@@ -77,6 +77,7 @@ Answers answer_all(std::shared_ptr<Model> model, const Tokenizer& tok, const std
   CacheContext ctx{model->config, model->device, model->dtype, model};
   EngineOptions eo;
   eo.prefill_chunk = opts.prefill_chunk;
+  eo.prefill_progress = prefill_progress_lines(opts.progress);
   Engine e(model, MethodRegistry::instance().create(method, ctx, params), eo);
   // [BOS] [chat: system turn + user-turn opener] context; questions get the turn's closer.
   std::vector<int64_t> ctx_ids;
@@ -212,7 +213,75 @@ std::vector<std::string> full_answers(std::shared_ptr<Model> model, const Tokeni
   return a.predictions;
 }
 
+// The samples of a LongBench-format JSONL file with its task settings (the first num_samples
+// lines).
+std::vector<QaSample> longbench_samples(const nlohmann::json& p, std::string* dataset_hash) {
+  std::vector<QaSample> out;
+  const std::string file = p["path"], tasks_file = p["tasks"];
+  KVB_CHECK(
+      !file.empty() && !tasks_file.empty(),
+      "config.protocol: source 'longbench' needs 'path' (JSONL) and 'tasks' (task config JSON)");
+  JsonlOptions jo;
+  jo.skip_bad_lines = p["skip_bad_lines"].get<bool>();
+  auto lb = read_longbench_jsonl(file, jo);
+  auto tasks = load_longbench_tasks(tasks_file);
+  std::string h;
+  for (const auto& x : lb.samples) {
+    if (static_cast<int64_t>(out.size()) >= p["num_samples"].get<int64_t>()) break;
+    auto it = tasks.find(x.dataset);
+    KVB_CHECK(it != tasks.end(), file, ":", x.line, ": no task config for dataset '", x.dataset,
+              "' in ", tasks_file);
+    const LongBenchTask& t = it->second;
+    // Query-agnostic needs the prompt split where the context ends: everything through {context}
+    // is the context part, the rest (with {input}) is the question.
+    const std::string& tmpl = t.prompt;
+    const size_t at = tmpl.find("{context}");
+    QaSample s;
+    s.context = format_longbench_prompt(tmpl.substr(0, at + 9), x.context, x.input);
+    QaItem item;
+    item.question = format_longbench_prompt(tmpl.substr(at + 9), "", x.input);
+    item.answers = x.answers;
+    item.metric = t.metric;
+    if (x.all_classes) item.all_classes = *x.all_classes;
+    s.items.push_back(item);
+    s.max_new_tokens = p["max_new_tokens"].get<int64_t>() > 0 ? p["max_new_tokens"].get<int64_t>()
+                                                              : t.max_new_tokens;
+    s.max_context_tokens = p["length"];
+    s.stop = t.first_line_only ? std::vector<std::string>{"\n"} : std::vector<std::string>{};
+    s.stop.insert(s.stop.end(), t.stop.begin(), t.stop.end());
+    s.key = sha256_hex(s.context + "\x1f" + item.question);
+    h += s.key;
+    s.meta = {{"task", x.dataset},
+              {"id", x.id},
+              {"line", x.line},
+              {"jsonl_bad_lines_skipped", lb.stats.bad_lines}};
+    out.push_back(std::move(s));
+  }
+  *dataset_hash = sha256_hex(h);
+  return out;
+}
+
 }  // namespace
+
+void check_qa_length(const nlohmann::json& p, int64_t context_tokens, const std::string& model) {
+  if (context_tokens <= 0) return;
+  const std::string source = p.at("source");
+  const int64_t length = p.at("length");
+  if (source == "synthetic")
+    KVB_CHECK(length <= context_tokens, "config.protocol.length: ", length,
+              " tokens (the prompt, question included) is longer than the context of ", model, " (",
+              context_tokens, " tokens)");
+  else if (source == "longbench")
+    KVB_CHECK(length <= context_tokens, "config.protocol.length: a context cap of ", length,
+              " tokens is longer than the context of ", model, " (", context_tokens,
+              " tokens); give at most ", context_tokens);
+}
+
+void check_longbench_inputs(const nlohmann::json& protocol) {
+  std::string hash;
+  KVB_CHECK(!longbench_samples(protocol, &hash).empty(), protocol.at("path").get<std::string>(),
+            ": the qa source 'longbench' yields no samples from it");
+}
 
 QaSampleResult run_qa_sample(std::shared_ptr<Model> model, const Tokenizer& tok,
                              const std::string& method, const nlohmann::json& method_params,
@@ -406,41 +475,7 @@ std::vector<QaSample> qa_samples(const Tokenizer& tok, const nlohmann::json& p,
       out.push_back(std::move(s));
     }
   } else if (source == "longbench") {
-    const std::string file = p["path"], tasks_file = p["tasks"];
-    KVB_CHECK(!file.empty() && !tasks_file.empty(),
-              "config.protocol: source 'longbench' needs 'path' (JSONL) and 'tasks' (task config JSON)");
-    JsonlOptions jo;
-    jo.skip_bad_lines = p["skip_bad_lines"].get<bool>();
-    auto lb = read_longbench_jsonl(file, jo);
-    auto tasks = load_longbench_tasks(tasks_file);
-    std::string h;
-    for (const auto& x : lb.samples) {
-      if (static_cast<int64_t>(out.size()) >= p["num_samples"].get<int64_t>()) break;
-      auto it = tasks.find(x.dataset);
-      KVB_CHECK(it != tasks.end(), file, ":", x.line, ": no task config for dataset '", x.dataset, "' in ", tasks_file);
-      const LongBenchTask& t = it->second;
-      // Query-agnostic needs the prompt split where the context ends: everything through {context}
-      // is the context part, the rest (with {input}) is the question.
-      const std::string& tmpl = t.prompt;
-      const size_t at = tmpl.find("{context}");
-      QaSample s;
-      s.context = format_longbench_prompt(tmpl.substr(0, at + 9), x.context, x.input);
-      QaItem item;
-      item.question = format_longbench_prompt(tmpl.substr(at + 9), "", x.input);
-      item.answers = x.answers;
-      item.metric = t.metric;
-      if (x.all_classes) item.all_classes = *x.all_classes;
-      s.items.push_back(item);
-      s.max_new_tokens = p["max_new_tokens"].get<int64_t>() > 0 ? p["max_new_tokens"].get<int64_t>() : t.max_new_tokens;
-      s.max_context_tokens = p["length"];
-      s.stop = t.first_line_only ? std::vector<std::string>{"\n"} : std::vector<std::string>{};
-      s.stop.insert(s.stop.end(), t.stop.begin(), t.stop.end());
-      s.key = sha256_hex(s.context + "\x1f" + item.question);
-      h += s.key;
-      s.meta = {{"task", x.dataset}, {"id", x.id}, {"line", x.line}, {"jsonl_bad_lines_skipped", lb.stats.bad_lines}};
-      out.push_back(std::move(s));
-    }
-    *dataset_hash = sha256_hex(h);
+    out = longbench_samples(p, dataset_hash);
   } else {
     KVB_FAIL("config.protocol.source: unknown source '", source, "'");
   }

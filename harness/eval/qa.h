@@ -8,6 +8,7 @@
 // The full cache answers the same samples under the same schedule (computed once, cached on disk by
 // content hash), so every answer is paired with the uncompressed one.
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -49,6 +50,8 @@ struct QaOptions {
   ChatTemplate chat;
   int64_t prefill_chunk = 512;
   std::string cache_dir;  // full-cache answers; "" disables caching
+  // Where a long prefill's progress lines go (prefill_progress_lines); empty: nowhere.
+  std::function<void(const std::string&)> progress;
 };
 
 struct QaItemResult {
@@ -90,6 +93,17 @@ QaSampleResult run_qa_sample(std::shared_ptr<Model> model, const Tokenizer& tok,
 // timings were recorded: ttft_ms (context ready + first question prefilled), query_prefill_tokens,
 // and with document reuse documents and document_prefill_ms.
 std::vector<Metric> qa_metrics(const std::vector<QaSampleResult>& samples, bool declared_simulated);
+
+// Refuses a qa length the model cannot hold (kvb::Error naming config.protocol.length and `model`):
+// a synthetic prompt (question included; `length` is its target) or a LongBench context cap longer
+// than the context the model declares (0: unknown, not checked). The answer may run past the
+// context, as RULER's tokens_to_generate do beyond a prompt of the full length.
+void check_qa_length(const nlohmann::json& protocol, int64_t context_tokens,
+                     const std::string& model);
+
+// Reads a longbench qa run's JSONL and task files as the run will (every sample it answers must
+// have its task's settings, and there must be one); throws kvb::Error naming the file (and line).
+void check_longbench_inputs(const nlohmann::json& protocol);
 
 // The samples a qa run answers, from its protocol parameters (synthetic RULER tasks, story recall,
 // LongBench JSONL). *dataset_hash identifies the set.

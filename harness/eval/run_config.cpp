@@ -70,7 +70,8 @@ nlohmann::json resolve_run_config(const nlohmann::json& raw) {
   const ProtocolInfo& spec = ProtocolRegistry::instance().info(p["name"]);
   nlohmann::json pp = p;
   pp.erase("name");
-  nlohmann::json resolved = resolve_params(spec.params, pp, "config.protocol");
+  nlohmann::json resolved = ProtocolRegistry::instance().get(spec.name).finish_config(
+      pp, resolve_params(spec.params, pp, "config.protocol"));
   resolved["name"] = spec.name;
   out["protocol"] = resolved;
   const MethodInfo& minfo = MethodRegistry::instance().info(mname);

@@ -593,4 +593,15 @@ std::string resolve_tokenizer_path(const std::string& spec, const std::string& m
   return tok;
 }
 
+ModelConfig read_model_config(const std::string& spec, const std::string& models_dir) {
+  // The same dispatch as load_model, reading only the parts that hold the config.
+  const std::string path = resolve_model_path(spec, models_dir);
+  if (starts_with(path, "synthetic:")) return synthetic_preset(path.substr(10));
+  const ModelFiles f = locate_model_files(path);
+  if (f.format == "hf") return load_hf_config(f.path + "/config.json");
+  if (f.format == "gguf") return gguf_model_config(GgufFile(f.path));
+  MappedFile file(f.path);
+  return parse_llama2c_header(file.data(), file.size(), f.path).config;
+}
+
 }  // namespace kvb

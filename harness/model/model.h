@@ -87,6 +87,10 @@ std::vector<std::string> model_search_dirs(const std::string& models_dir);
 // reading weights; throws naming the model when it has none.
 std::string resolve_tokenizer_path(const std::string& spec, const std::string& models_dir);
 
+// The config load_model would give the model `spec` (shapes, declared context), read without its
+// weights: config.json, the llama2.c header, the GGUF metadata or the synthetic preset.
+ModelConfig read_model_config(const std::string& spec, const std::string& models_dir);
+
 c10::Device parse_device(const std::string& s);
 c10::ScalarType parse_dtype(const std::string& s);
 std::string dtype_name(c10::ScalarType t);

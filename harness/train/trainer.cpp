@@ -29,6 +29,7 @@
 #include "harness/common/internal_error.h"
 #include "harness/common/json_parse.h"
 #include "harness/common/mapped_file.h"
+#include "harness/common/progress_eta.h"
 #include "harness/common/sha256.h"
 #include "harness/common/strings.h"
 #include "harness/engine/transformer.h"
@@ -124,13 +125,6 @@ std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string&
   }
   std::sort(out.begin(), out.end());
   return out;
-}
-
-std::string fmt_duration(double s) {
-  char buf[32];
-  if (s >= 3600) std::snprintf(buf, sizeof buf, "%dh%02dm", int(s / 3600), int(s / 60) % 60);
-  else std::snprintf(buf, sizeof buf, "%dm%02ds", int(s / 60), int(s) % 60);
-  return buf;
 }
 
 // Trains a SentencePiece BPE tokenizer with the library's own trainer (spm_train) on the training
@@ -717,7 +711,9 @@ TrainSummary run_training(const TrainOptions& opts) {
       const double dt_s = std::chrono::duration<double>(now - t_last).count();
       const double elapsed = std::chrono::duration<double>(now - t0).count();
       const double tps = tokens_since / std::max(1e-9, dt_s);
-      const double eta = elapsed / static_cast<double>(step - started_at) * static_cast<double>(total - step);
+      // From this invocation's own steps: a resumed run's earlier steps took an unknown time.
+      const double eta = eta_seconds(elapsed, static_cast<double>(step - started_at),
+                                     static_cast<double>(total - started_at));
       sum.last_loss = loss_sum / static_cast<double>(steps_since);
       nlohmann::json j = {{"step", step}, {"loss", sum.last_loss}, {"lr", lr_at(cfg, step - 1)},
                           {"grad_norm", gnorm_last}, {"seq_len", st.seq_len},
@@ -726,9 +722,10 @@ TrainSummary run_training(const TrainOptions& opts) {
       log << j.dump() << "\n" << std::flush;
       if (!opts.quiet) {
         char buf[256];
-        std::snprintf(buf, sizeof buf, "step %lld/%lld  loss %.4f  lr %.2e  |g| %.3f  %.0f tok/s  ETA %s\n",
+        std::snprintf(buf, sizeof buf,
+                      "step %lld/%lld  loss %.4f  lr %.2e  |g| %.3f  %.0f tok/s  ETA %s\n",
                       static_cast<long long>(step), static_cast<long long>(total), sum.last_loss,
-                      lr_at(cfg, step - 1), gnorm_last, tps, fmt_duration(eta).c_str());
+                      lr_at(cfg, step - 1), gnorm_last, tps, format_duration(eta).c_str());
         std::cerr << buf;
       }
       loss_sum = 0;

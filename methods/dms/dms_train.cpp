@@ -1,19 +1,20 @@
 #include "methods/dms/dms_train.h"
 
 #include <ATen/ATen.h>
-#include <ATen/core/grad_mode.h>  // at::NoGradGuard (not in ATen.h since LibTorch 2)
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/core/grad_mode.h>  // at::NoGradGuard (not in ATen.h since LibTorch 2)
 
 #include <cmath>
 #include <sstream>
 
 #include "datasets/corpus.h"
 #include "harness/common/error.h"
+#include "harness/common/progress_eta.h"
 #include "harness/formats/tokenizer.h"
 #include "harness/model/model.h"
+#include "harness/train/adapter_adam.h"
 #include "harness/train/train_config.h"
 #include "harness/train/train_data.h"
-#include "harness/train/adapter_adam.h"
 #include "harness/train/trainer.h"
 #include "methods/dms/dms_adapter.h"
 
@@ -56,6 +57,7 @@ TrainResult train_adapter(const std::shared_ptr<Model>& model, const TrainOption
   TrainResult res;
   double kl_acc = 0, frac_acc = 0, tgt_acc = 0;
   int64_t acc_n = 0;
+  const Stopwatch clock;
   for (int64_t step = 0; step < o.steps; ++step) {
     std::vector<int64_t> flat;
     for (int64_t r = 0; r < o.batch; ++r) {
@@ -100,7 +102,9 @@ TrainResult train_adapter(const std::shared_ptr<Model>& model, const TrainOption
       if (o.log) {
         std::ostringstream s;
         s << "step " << step + 1 << "/" << o.steps << ": KL " << res.kl << ", evicted fraction "
-          << res.realized_frac << " (target " << res.target_frac << ")";
+          << res.realized_frac << " (target " << res.target_frac << "), "
+          << elapsed_and_eta(clock.seconds(), static_cast<double>(step + 1),
+                             static_cast<double>(o.steps));
         o.log(s.str());
       }
       kl_acc = frac_acc = tgt_acc = 0;

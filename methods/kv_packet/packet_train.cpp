@@ -10,6 +10,7 @@
 #include "datasets/corpus.h"
 #include "datasets/synthetic_tasks.h"
 #include "harness/common/error.h"
+#include "harness/common/progress_eta.h"
 #include "harness/engine/engine.h"
 #include "harness/eval/documents.h"
 #include "harness/formats/tokenizer.h"
@@ -202,6 +203,7 @@ TrainResult train_adapter(const std::shared_ptr<Model>& model, const TrainOption
   double kl_acc = 0;
   int64_t acc_n = 0;
   bool first_interval = true;
+  const Stopwatch clock;
   for (int64_t step = 0; step < o.steps; ++step) {
     double kl_step = 0;
     for (int64_t r = 0; r < o.batch; ++r) {
@@ -220,7 +222,9 @@ TrainResult train_adapter(const std::shared_ptr<Model>& model, const TrainOption
       res.kl_last = kl;
       if (o.log) {
         std::ostringstream os;
-        os << "step " << step + 1 << "/" << o.steps << ": KL " << kl << " nats per answer token";
+        os << "step " << step + 1 << "/" << o.steps << ": KL " << kl << " nats per answer token, "
+           << elapsed_and_eta(clock.seconds(), static_cast<double>(step + 1),
+                              static_cast<double>(o.steps));
         o.log(os.str());
       }
       kl_acc = 0;

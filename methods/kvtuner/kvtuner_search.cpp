@@ -17,6 +17,7 @@
 
 #include "datasets/corpus.h"
 #include "harness/common/error.h"
+#include "harness/common/progress_eta.h"
 #include "harness/common/sha256.h"
 #include "harness/engine/engine.h"
 #include "harness/formats/tokenizer.h"
@@ -603,6 +604,12 @@ Profile profile_layers(std::shared_ptr<Model> model, const KlEvaluator& kl,
   const int64_t L = model->config.n_layers;
   Profile p;
   p.pairs = candidate_pairs();
+  // Progress in profiling passes: one per candidate pair (local errors), then one per layer (KL).
+  const Stopwatch clock;
+  const double passes = static_cast<double>(p.pairs.size() + static_cast<size_t>(L));
+  auto pass_done = [&](double done) {
+    return ", " + elapsed_and_eta(clock.seconds(), done, passes);
+  };
   p.at.assign(static_cast<size_t>(L), std::vector<PairStats>(p.pairs.size()));
   for (size_t j = 0; j < p.pairs.size(); ++j) {
     auto loc = local_errors(model, windows, p.pairs[j], o.mode, o.prefill_tokens, o.probe_every,
@@ -614,7 +621,9 @@ Profile profile_layers(std::shared_ptr<Model> model, const KlEvaluator& kl,
       s.e_v = loc[l].e_v;
       s.tv = loc[l].tv;
     }
-    if (o.log) o.log("profile: local errors at " + p.pairs[j].name() + " done");
+    if (o.log)
+      o.log("profile: local errors at " + p.pairs[j].name() + " done" +
+            pass_done(static_cast<double>(j + 1)));
   }
   const std::vector<BitPair> kv8(static_cast<size_t>(L), BitPair{8, 8});
   const auto base = kl.evaluate(kv8);
@@ -630,7 +639,9 @@ Profile profile_layers(std::shared_ptr<Model> model, const KlEvaluator& kl,
       p.at[l][j].kl = r.kl_mean;
       p.at[l][j].nll = r.nll;
     }
-    if (o.log) o.log("profile: end-to-end KL of layer " + std::to_string(l) + " done");
+    if (o.log)
+      o.log("profile: end-to-end KL of layer " + std::to_string(l) + " done" +
+            pass_done(static_cast<double>(p.pairs.size() + static_cast<size_t>(l) + 1)));
   }
   return p;
 }
@@ -799,12 +810,16 @@ nlohmann::json run_search(std::shared_ptr<Model> model, const CalibrationData& d
     return layers;
   };
   std::map<std::string, KlEvaluator::Result> results;  // by pairs string
+  double planned_evaluations = 0;  // the search's, once it is chosen (for the progress lines' ETA)
+  const Stopwatch search_clock;
   auto objective = [&](const Genome& gen) -> Objectives {
     const auto layers = decode(gen);
     const auto r = kl.evaluate(layers);
     results[pairs_string(layers)] = r;
     if (o.log && results.size() % 25 == 0)
-      o.log("search: " + std::to_string(results.size()) + " configs evaluated");
+      o.log("search: " + std::to_string(results.size()) + " configs evaluated, " +
+            elapsed_and_eta(search_clock.seconds(), static_cast<double>(results.size()),
+                            planned_evaluations));
     return {equivalent_bits(layers), r.kl_mean};
   };
   auto violation = [&](const Genome& gen) {
@@ -835,6 +850,7 @@ nlohmann::json run_search(std::shared_ptr<Model> model, const CalibrationData& d
       std::to_string(space) + ", feasible (<= " + budget_tag(max_bits) + " bits) " +
       std::to_string(feasible));
   SearchResult sr;
+  planned_evaluations = static_cast<double>(method == "exhaustive" ? space : o.trials);
   if (method == "exhaustive") {
     sr = exhaustive_search(choices, objective, violation);
   } else {

@@ -136,7 +136,7 @@ TEST(Qa, LongBenchTaskStopStringsCutTheAnswer) {
     RunOutcome o = execute_run(resolve_run_config(nlohmann::json::parse(
         "{\"model\": \"" + test::models_dir() + "/stories260K\", \"method\": \"full\", \"protocol\": "
         "{\"name\": \"qa\", \"source\": \"longbench\", \"path\": \"" + fx + "/tiny.jsonl\", \"tasks\": \"" + tasks +
-        "\", \"num_samples\": 2, \"skip_bad_lines\": true}}")), db, env);
+        "\", \"length\": 0, \"num_samples\": 2, \"skip_bad_lines\": true}}")), db, env);
     std::vector<std::string> predictions;
     for (const auto& s : db.samples(o.run_id))
       predictions.push_back(nlohmann::json::parse(s.output_json)["items"][0]["prediction"]);

@@ -179,8 +179,17 @@ TEST(Run, RunTimeInputErrorsExitTwoAndLeaveNoRunRow) {
       {R"({"name": "qa", "source": "synthetic", "task": "passkey", "length": 256, "depths": "0,1.5"})", "config.protocol.depths: '1.5'"},
       {R"({"name": "qa", "source": "synthetic", "task": "passkey", "length": 0})", "passkey"},
       {R"({"name": "qa", "source": "synthetic", "task": "passkey", "length": 32})", "passkey"},
-      {R"({"name": "qa", "source": "longbench", "path": ")" + empty_jsonl + R"(", "tasks": ")" + tasks + R"("})", "yields no samples"},
-      {R"({"name": "qa", "source": "longbench", "skip_bad_lines": true, "path": ")" + bad_jsonl + R"(", "tasks": ")" + tasks + R"("})", "yields no samples"},
+      {R"({"name": "qa", "source": "longbench", "length": 0, "path": ")" + empty_jsonl + R"(", "tasks": ")" + tasks + R"("})", "yields no samples"},
+      {R"({"name": "qa", "source": "longbench", "length": 0, "skip_bad_lines": true, "path": ")" + bad_jsonl + R"(", "tasks": ")" + tasks + R"("})", "yields no samples"},
+      // stories260K's context is 512 tokens: a longer synthetic prompt, or LongBench cap, is refused.
+      {R"({"name": "qa", "source": "synthetic", "task": "passkey", "length": 600})", "config.protocol.length: 600 tokens (the prompt, question included) is longer than the context of"},
+      {R"({"name": "qa", "source": "longbench", "length": 513, "path": ")" + empty_jsonl + R"(", "tasks": ")" + tasks + R"("})", "config.protocol.length: a context cap of 513 tokens"},
+      // The JSONL source truncates to `length`: never by a default.
+      {R"({"name": "qa", "source": "longbench", "path": ")" + empty_jsonl + R"(", "tasks": ")" + tasks + R"("})", "config.protocol.length: source 'longbench' needs it given"},
+      // A parameter of another source is refused, not ignored.
+      {R"({"name": "qa", "source": "longbench", "length": 0, "depths": "0.5", "path": ")" + empty_jsonl + R"(", "tasks": ")" + tasks + R"("})", "config.protocol.depths: applies to source 'synthetic' only, not to source 'longbench'"},
+      {R"({"name": "qa", "source": "synthetic", "task": "passkey", "length": 256, "path": "x.jsonl"})", "config.protocol.path: applies to source 'longbench' only"},
+      {R"({"name": "qa", "source": "recall", "length": 256})", "config.protocol.length: source 'recall' does not read it"},
       {R"({"name": "serve", "target": "llama-9z", "probe_lengths": "16,32"})", "config.protocol.target"},
       {R"({"name": "serve", "trace": "/nonexistent/trace.jsonl", "probe_lengths": "16,32"})", "/nonexistent/trace.jsonl"},
       {R"({"name": "serve", "trace": "generated", "probe_lengths": "16,4000"})", "config.protocol.probe_lengths: '4000'"},

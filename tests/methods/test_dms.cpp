@@ -104,8 +104,15 @@ TEST(Dms, TrainerReachesItsTargetAndWritesAnAdapterTheMethodLoads) {
   o.ramp_fraction = 0.5;
   o.lr = 1e-3;
   o.log_every = 10;
+  std::vector<std::string> lines;
+  o.log = [&](const std::string& s) { lines.push_back(s); };
   const dms::TrainResult r = dms::train_adapter(m, o);
   EXPECT_EQ(r.steps, 40);
+  // A line every log_every steps, each with the time so far and what is left.
+  ASSERT_EQ(lines.size(), 4u);
+  EXPECT_EQ(lines[0].rfind("step 10/40: KL ", 0), 0u) << lines[0];
+  for (const auto& l : lines) EXPECT_NE(l.find(" elapsed, ETA "), std::string::npos) << l;
+  EXPECT_EQ(lines[3].substr(lines[3].size() - 6), "ETA 0s") << lines[3];
   EXPECT_TRUE(std::isfinite(r.kl));
   EXPECT_GT(r.realized_frac, 0.35);  // the target is 0.5 once the ramp is done
   ASSERT_TRUE(std::filesystem::exists(o.out));

@@ -349,8 +349,17 @@ TEST(KvPacket, TrainerLowersItsKlAndWritesAnAdapterTheMethodLoads) {
   o.log_every = 4;
   o.data_dir = test::data_dir();
   o.out = test::make_temp_dir("kvpacket-train") + "/a.safetensors";
+  std::vector<std::string> lines;
+  o.log = [&](const std::string& s) { lines.push_back(s); };
   const auto r = kv_packet::train_adapter(m, o);
   EXPECT_EQ(r.steps, 16);
+  // The step lines (after the data's own lines) carry the time so far and an ETA, 0s at the end.
+  std::vector<std::string> steps;
+  for (const auto& l : lines)
+    if (l.rfind("step ", 0) == 0) steps.push_back(l);
+  ASSERT_EQ(steps.size(), 4u);
+  for (const auto& l : steps) EXPECT_NE(l.find(" elapsed, ETA "), std::string::npos) << l;
+  EXPECT_EQ(steps[3].substr(steps[3].size() - 6), "ETA 0s") << steps[3];
   EXPECT_EQ(r.samples, 2);
   EXPECT_GT(r.kl_first, 0);
   EXPECT_LT(r.kl_last, 0.8 * r.kl_first) << "first " << r.kl_first << ", last " << r.kl_last;

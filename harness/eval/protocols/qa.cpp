@@ -3,6 +3,11 @@
 
 #include "harness/eval/qa.h"
 
+#include <algorithm>
+#include <map>
+
+#include "datasets/corpus.h"
+#include "harness/common/error.h"
 #include "harness/eval/protocol_registry.h"
 #include "harness/eval/protocols/model_run.h"
 #include "harness/formats/tokenizer.h"
@@ -15,6 +20,7 @@ class QaRun : public ModelRun {
  public:
   explicit QaRun(const RunContext& ctx)
       : ModelRun(ctx), tok_(std::make_unique<Tokenizer>(model_->tokenizer_path)) {
+    check_qa_length(proto_, model_->config.max_seq_len, model_->source);
     nlohmann::json p = proto_;
     p["seed"] = ctx.resolved["seed"];
     samples_ = qa_samples(*tok_, p, ctx.env.data_dir, ctx.env.cache_dir, &dataset_hash_);
@@ -23,6 +29,7 @@ class QaRun : public ModelRun {
     opts_.mode = proto_["mode"];
     opts_.prefill_chunk = proto_["prefill_chunk"];
     opts_.cache_dir = ctx.env.cache_dir;
+    opts_.progress = ctx.env.log;  // a long context's prefill prints its progress
     opts_.chat = resolve_chat_template(proto_["chat_template"], tok_->chat_template(),
                                        "config.protocol.chat_template");
     if (opts_.chat.active()) ctx.log("chat template: " + opts_.chat.describe());
@@ -67,8 +74,9 @@ class QaProtocol : public PlannedProtocol<QaRun> {
                  "corpus (small models can do it); longbench: LongBench-format JSONL"),
              string_param("task", "niah_single_1", {}, "synthetic task name (source synthetic)"),
              int_param("length", 1024, 0, 1 << 24,
-                       "target prompt tokens (synthetic); max context tokens, middle-truncated "
-                       "(longbench; 0: none)"),
+                       "target prompt tokens, question included (synthetic; at most the model's "
+                       "context); max context tokens, middle-truncated (longbench, required; 0: "
+                       "none)"),
              int_param("num_samples", 4, 1, 1 << 20, "samples (per depth when depths are given)"),
              string_param("depths", "", {},
                           "comma-separated needle depths in [0, 1]; \"\": RULER's grid"),
@@ -106,6 +114,79 @@ class QaProtocol : public PlannedProtocol<QaRun> {
     r.secondary_needs_all_runs = true;
     r.paired_in_sample = {
         {"accuracy", "full_accuracy"}};  // each item stores the full cache's score
+  }
+
+  // The parameters only one source reads: written for another source they are refused, and a
+  // longbench config drops them (their defaults would only move its hash). Synthetic and recall
+  // configs keep every default, so that the hashes of their stored runs stay valid.
+  static const std::map<std::string, std::string>& source_only_params() {
+    static const std::map<std::string, std::string> m = {
+        {"task", "synthetic"},  {"depths", "synthetic"},        {"corpus", "synthetic"},
+        {"dataset", "recall"},  {"questions", "recall"},        {"path", "longbench"},
+        {"tasks", "longbench"}, {"skip_bad_lines", "longbench"}};
+    return m;
+  }
+
+  nlohmann::json finish_config(const nlohmann::json& given, nlohmann::json r) const override {
+    const std::string src = r.at("source");
+    for (const auto& [key, owner] : source_only_params())
+      KVB_CHECK(owner == src || !given.contains(key), "config.protocol.", key,
+                ": applies to source '", owner, "' only, not to source '", src, "'");
+    KVB_CHECK(src != "recall" || !given.contains("length"),
+              "config.protocol.length: source 'recall' does not read it (a story sets its length)");
+    if (src == "longbench") {
+      // A silent default would middle-truncate every context to it.
+      KVB_CHECK(given.contains("length"),
+                "config.protocol.length: source 'longbench' needs it given: the context is "
+                "middle-truncated to that many tokens, as LongBench does (0: not truncated)");
+      for (const auto& [key, owner] : source_only_params())
+        if (owner != src) r.erase(key);
+    }
+    return r;
+  }
+
+  int64_t expected_samples(const nlohmann::json& proto) const override {
+    const int64_t n = proto.at("num_samples");
+    if (proto.at("source") != "synthetic" || proto.at("depths").get<std::string>().empty())
+      return n;
+    const std::string depths = proto.at("depths");
+    return n * static_cast<int64_t>(std::count(depths.begin(), depths.end(), ',') + 1);
+  }
+
+  // The data files a run reads, read once by the grid before its first run.
+  void check_inputs(const nlohmann::json& proto, const std::string& data_dir,
+                    const InputCheck& check) const override {
+    const std::string src = proto.at("source");
+    if (src == "longbench") {
+      // Keyed by every setting the reading depends on (samples read, bad lines skipped).
+      check("longbench:" + proto.dump(), [&] { check_longbench_inputs(proto); });
+    } else if (src == "recall") {
+      const std::string corpus = proto.at("dataset");
+      check("corpus:" + corpus, [&] { load_corpus(corpus, resolve_data_dir(data_dir)); });
+    }
+  }
+
+  // The length against the model's context, and a synthetic task's first sample generated with the
+  // model's tokenizer (in memory): a length below the task's minimum fails here, before anything
+  // runs. (The other samples differ in their random draws, not in the fixed text that sets the
+  // minimum; a borderline length one of them misses still fails at its run's plan.)
+  void check_model_inputs(const nlohmann::json& resolved, const ModelFacts& model,
+                          const std::string& data_dir, const InputCheck& check) const override {
+    const nlohmann::json& proto = resolved.at("protocol");
+    check("qa length:" + model.spec + ":" + proto.dump(),
+          [&] { check_qa_length(proto, model.context_tokens, model.spec); });
+    if (proto.at("source") != "synthetic") return;
+    nlohmann::json p = proto;
+    p["seed"] = resolved.at("seed");
+    p["num_samples"] = 1;
+    const std::string depths = p.at("depths");
+    p["depths"] = depths.substr(0, depths.find(','));
+    check("qa task:" + model.tokenizer_path + ":" + p.dump(), [&] {
+      KVB_CHECK(!model.tokenizer_path.empty(), model.spec, ": the qa protocol needs a tokenizer");
+      const Tokenizer tok(model.tokenizer_path);
+      std::string hash;
+      qa_samples(tok, p, data_dir, /*cache_dir=*/"", &hash);
+    });
   }
 
   // The task and length, recall:<corpus> or longbench:<file>.
