@@ -626,7 +626,9 @@ TEST(Leaderboard, HtmlRendersInHeadlessChromiumWithOnePointPerMethod) {
       EXPECT_EQ(count(curves, "class=\"fullline\""), 2u);  // the line and its legend swatch
       EXPECT_EQ(count(sec, "<tr class=\"crow\""), t["curves"]["curves"].size());
     }
-    if (t["protocol"] == "stream") EXPECT_GE(n_curves, 2u);  // streaming_llm and h2o, two budgets each
+    if (t["protocol"] == "stream") {
+      EXPECT_GE(n_curves, 2u);  // streaming_llm and h2o, two budgets each
+    }
     const std::string mem = between(sec, "<svg class=\"chart chart-memory\"", "</svg>");
     ASSERT_FALSE(mem.empty()) << t["protocol"];
     EXPECT_EQ(count(mem, "<circle"), done) << t["protocol"];
