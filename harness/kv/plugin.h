@@ -31,7 +31,7 @@
 // The ABI version this header describes. (Defining it differently when building a plugin is how the
 // tests make a plugin "built for another ABI version"; kvbench itself always uses this value.)
 #ifndef KVB_PLUGIN_ABI_VERSION
-#define KVB_PLUGIN_ABI_VERSION 5
+#define KVB_PLUGIN_ABI_VERSION 6
 #endif
 // Likewise for the LibTorch version a plugin reports (the tests' "built against another LibTorch").
 #ifndef KVB_PLUGIN_TORCH_VERSION
