@@ -20,6 +20,7 @@
 #include "harness/eval/run_config.h"
 #include "harness/eval/runner.h"
 #include "harness/formats/safetensors.h"
+#include "harness/kv/context_pass.h"
 #include "harness/kv/method_registry.h"
 #include "harness/kv/paged_kv_cache.h"
 #include "harness/kv/windowed_kv_cache.h"
@@ -275,6 +276,42 @@ TEST(HfFamilies, CompressingMethodOnAnAllWindowModelRunsWithinTheWindow) {
   // The full cache keeps the window layers itself, at any length.
   EXPECT_LT(rel_err(prompt_logits(m, method_store(*m, "full"), ref.prompts[0]), ref.logits[0]),
             1e-4);
+}
+
+// KVzip's context pass reaches the global layers' store through the windowing (the qa protocol
+// finds the capability on the outer store): the pass runs, leaves no KV behind, and the compression
+// that follows keeps a quarter of the global layers' rows while the window layers keep their
+// windows.
+TEST(HfFamilies, ContextPassReachesTheGlobalLayersStore) {
+  const Reference ref = read_reference("gemma3");
+  auto m = load_dir(fixture_dir("gemma3"));
+  const ModelConfig& c = m->config;
+  Engine e(m, MethodRegistry::instance().create("kvzip", CacheContext{c, m->device, m->dtype, m},
+                                                {{"budget", 0.25}}));
+  auto* pass_cache = dynamic_cast<ContextPassCache*>(&e.kv());
+  ASSERT_NE(pass_cache, nullptr);
+  const auto& ids = ref.prompts[0];  // 20 tokens
+  const int64_t n = static_cast<int64_t>(ids.size());
+  const int64_t s = e.new_sequence();
+  e.prefill({s}, {ids}, nullptr, /*call_end_prefill=*/false);
+  const Footprint before = e.kv().footprint();
+  ContextPass pass;
+  pass.engine = &e;
+  pass.seq = s;
+  pass.context = ids;
+  pass.prefix_tokens = 1;
+  pass.turn_close = {7};
+  pass.encode = [](const std::string& text) {
+    return std::vector<int64_t>{3 + static_cast<int64_t>(text.size() % 50), 9, 11};
+  };
+  EXPECT_GT(pass_cache->run_context_pass(pass), 0);
+  EXPECT_EQ(e.kv().footprint().device_payload_bytes, before.device_payload_bytes);
+  e.kv().end_prefill(s);
+  const auto* w = dynamic_cast<const WindowedKvCache*>(&e.kv());
+  ASSERT_NE(w, nullptr);
+  // 2 global layers x 2 KV heads x n/4 entries, K and V, fp32.
+  EXPECT_EQ(w->inner()->footprint().device_payload_bytes, 2 * 2 * (n / 4) * 2 * c.head_dim * 4);
+  EXPECT_EQ(e.kv().counters().at("window_rows_held"), 2 * 5);
 }
 
 // The probe protocol's exact twin applies the windows as the method's store does, so it runs on
