@@ -1,16 +1,20 @@
 #!/usr/bin/env python3
 """Writes the GGUF family fixtures that tests/harness/test_gguf_families.cpp compares kvbench against.
 
-For each GGUF architecture kvbench maps besides llama (qwen2, qwen3, phi3, gemma3), a tiny
-random-weight model is built with Hugging Face transformers from a config (no hub download), saved
-with save_pretrained and reloaded, and its fp32 logits (eager attention) are recorded; the same
+For each GGUF architecture kvbench maps (qwen2, qwen3, phi3, gemma3; llama with llama3 RoPE scaling
+stored as rope_freqs; phi3 with LongRoPE's factor tensors), a tiny random-weight model is built
+with Hugging Face transformers from a config (no hub download), saved with save_pretrained and
+reloaded, and its fp32 logits (eager attention) are recorded; the same
 weights are then converted to GGUF here with gguf-py's GGUFWriter, following llama.cpp's converter
 (convert_hf_to_gguf.py and its conversion/ modules) rule by rule:
 
   - tensor names from gguf-py's own TensorNameMap (qkv_proj -> attn_qkv, pre_feedforward_layernorm
     -> ffn_norm, post_attention_layernorm -> post_attention_norm on Gemma 3, ...);
-  - q/k rows as Hugging Face has them: llama.cpp permutes only the llama architecture's and rotates
-    these NeoX-style (halves);
+  - q/k rows as Hugging Face has them, except llama's, which LlamaModel.permute turns into
+    adjacent pairs; the others llama.cpp rotates NeoX-style (halves);
+  - RoPE frequency factors as tensors: llama3 scaling as rope_freqs (LlamaModel.
+    generate_extra_tensors), LongRoPE as rope_factors_short / rope_factors_long with
+    rope.scaling.attn_factor and original_context_length (Phi3MiniModel);
   - Gemma 3's norm weights with the 1 of its (1 + w) RMSNorm added (Gemma3Model.norm_shift), every
     "*norm.weight" including q/k norms;
   - the metadata TextModel.set_gguf_parameters and the family's class write (Gemma 3: the global
@@ -35,6 +39,7 @@ CI has no Python torch: the C++ tests read only the committed fixtures. Regenera
 
 import argparse
 import importlib.metadata
+import math
 import importlib.util
 import json
 import os
@@ -92,14 +97,63 @@ ARCHS = {
                         "sliding_attention": dict(rope_type="default", rope_theta=10000.0),
                     }),
                gguf.MODEL_ARCH.GEMMA3),
+    # (The two below come last, so that the fixtures above keep their seeds.)
+    # Llama 3.1-style llama3 RoPE scaling, which llama.cpp's converter (LlamaModel.
+    # generate_extra_tensors) stores as per-frequency divisors in rope_freqs.weight: head_dim 8 at
+    # base 1e4 has wavelengths 6.3, 63, 628 and 6283, so with original_max_position_embeddings 1024
+    # and high_freq_factor 32 one frequency is kept, two blend and one is divided by the factor.
+    "llama3": ("LlamaConfig",
+               dict(COMMON, num_hidden_layers=2, tie_word_embeddings=False, head_dim=8,
+                    max_position_embeddings=8192,
+                    rope_parameters=dict(rope_type="llama3", rope_theta=10000.0, factor=8.0,
+                                         low_freq_factor=1.0, high_freq_factor=32.0,
+                                         original_max_position_embeddings=1024)),
+               gguf.MODEL_ARCH.LLAMA),
+    # Phi-3 128K / 3.5 LongRoPE: rope_factors_short / rope_factors_long, the attention factor and
+    # the switch point (16, between the prompts of 20 and 13) as Phi3MiniModel writes them.
+    "phi3_longrope": ("Phi3Config",
+                      dict(COMMON, num_hidden_layers=2, tie_word_embeddings=False,
+                           sliding_window=None, head_dim=8, original_max_position_embeddings=16,
+                           rope_parameters=dict(rope_type="longrope", rope_theta=10000.0,
+                                                short_factor=[1.0, 1.05, 1.15, 1.3],
+                                                long_factor=[1.0, 1.8, 5.0, 12.0])),
+                      gguf.MODEL_ARCH.PHI3),
 }
 
 PROMPT_LENS = [20, 13]
 GREEDY_STEPS = 8
 
 
-def write_gguf(arch, model_arch, cfg, state, path):
+def llama_permute(w, n_head):
+    """LlamaModel.permute: Hugging Face's q/k rows (RoPE on halves) into Meta's adjacent pairs."""
+    return (w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:])
+            .swapaxes(1, 2).reshape(w.shape))
+
+
+def llama3_rope_factors(rope, head_dim):
+    """LlamaModel.generate_extra_tensors: llama3 scaling as per-frequency divisors (float32)."""
+    base = rope.get("rope_theta", 10000.0)
+    freqs = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+    factor = rope.get("factor", 8.0)
+    low, high = rope.get("low_freq_factor", 1.0), rope.get("high_freq_factor", 4.0)
+    old = rope.get("original_max_position_embeddings", 8192)
+    low_wavelen, high_wavelen = old / low, old / high
+    out = []
+    for freq in freqs:
+        wavelen = 2 * math.pi / freq
+        if wavelen < high_wavelen:
+            out.append(1)
+        elif wavelen > low_wavelen:
+            out.append(factor)
+        else:
+            smooth = (old / wavelen - low) / (high - low)
+            out.append(1 / ((1 - smooth) / factor + smooth))
+    return np.asarray(torch.tensor(out, dtype=torch.float32).numpy(), dtype=np.float32)
+
+
+def write_gguf(fixture, model_arch, cfg, state, path):
     """The conversion: metadata and tensors as llama.cpp's converter writes them."""
+    arch = gguf.MODEL_ARCH_NAMES[model_arch]
     w = gguf.GGUFWriter(path, arch)
     n_layers = cfg["num_hidden_layers"]
     w.add_block_count(n_layers)
@@ -117,11 +171,26 @@ def write_gguf(arch, model_arch, cfg, state, path):
     w.add_rope_freq_base(full["rope_theta"])
     if "sliding_attention" in rope:
         w.add_rope_freq_base_swa(rope["sliding_attention"]["rope_theta"])
+    extra = {}
     if arch == "phi3":
         # Phi3MiniModel: rope_dims = partial_rotary_factor * hidden // heads, written always.
         w.add_rope_dimension_count(int(1.0 * cfg["hidden_size"]) // cfg["num_attention_heads"])
-        w.add_rope_scaling_orig_ctx_len(cfg["original_max_position_embeddings"])
+        orig = rope.get("original_max_position_embeddings", cfg["original_max_position_embeddings"])
+        w.add_rope_scaling_orig_ctx_len(orig)
         w.add_sliding_window(cfg.get("sliding_window") or 0)
+        if rope.get("long_factor"):
+            # Phi3MiniModel.generate_extra_tensors: the attention factor from the context ratio,
+            # both factor sets as F32 tensors.
+            scale = cfg["max_position_embeddings"] / orig
+            w.add_rope_scaling_attn_factors(
+                math.sqrt(1 + math.log(scale) / math.log(orig)) if scale > 1.0 else 1.0)
+            extra["rope_factors_long.weight"] = np.asarray(rope["long_factor"], dtype=np.float32)
+            extra["rope_factors_short.weight"] = np.asarray(rope["short_factor"], dtype=np.float32)
+    if arch == "llama":
+        head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+        w.add_rope_dimension_count(head_dim)
+        if full.get("rope_type") == "llama3":
+            extra["rope_freqs.weight"] = llama3_rope_factors(full, head_dim)
     if cfg.get("head_dim") is not None and arch != "phi3":
         w.add_key_length(cfg["head_dim"])
         w.add_value_length(cfg["head_dim"])
@@ -141,6 +210,10 @@ def write_gguf(arch, model_arch, cfg, state, path):
         if new is None:
             raise SystemExit(f"{arch}: no GGUF name for {name}")
         data = t.detach().float().numpy()
+        if arch == "llama" and name.endswith("q_proj.weight"):
+            data = llama_permute(data, cfg["num_attention_heads"])
+        elif arch == "llama" and name.endswith("k_proj.weight"):
+            data = llama_permute(data, cfg["num_key_value_heads"])
         if arch == "gemma3" and name.endswith("norm.weight"):
             data = data + np.float32(1.0)  # Gemma3Model.norm_shift
         if data.ndim == 1:
@@ -148,6 +221,8 @@ def write_gguf(arch, model_arch, cfg, state, path):
         else:
             q = gguf.quants.quantize(np.ascontiguousarray(data, dtype=np.float32), T.BF16)
             w.add_tensor(new, q, raw_dtype=T.BF16)
+    for name, data in extra.items():
+        w.add_tensor(name, data)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

@@ -123,10 +123,33 @@ ARCHS = {
         dict(rope_theta=1000000.0, rope_local_base_freq=10000.0, sliding_window_pattern=2,
              rope_scaling=dict(rope_type="linear", factor=8.0)),
     ),
+    # Phi-3 128K / Phi-3.5: LongRoPE (last, so that the other fixtures keep their seeds). The
+    # switch point (original_max_position_embeddings 16) lies between the prompts (20: long
+    # factors; 13: short), max_position_embeddings / 16 = 16 gives the attention factor sqrt(2);
+    # heads x head_dim = hidden, as Phi3Config's factor check needs. The transformers 4 layout
+    # names the type "su", as Phi-3-mini-128k's first config did.
+    "phi3_longrope": (
+        "Phi3Config",
+        dict(COMMON, num_hidden_layers=2, tie_word_embeddings=False, sliding_window=None,
+             head_dim=8, original_max_position_embeddings=16,
+             rope_parameters=dict(rope_type="longrope", rope_theta=10000.0,
+                                  short_factor=[1.0, 1.05, 1.15, 1.3],
+                                  long_factor=[1.0, 1.8, 5.0, 12.0])),
+        dict(rope_theta=10000.0,
+             rope_scaling=dict(type="su", short_factor=[1.0, 1.05, 1.15, 1.3],
+                               long_factor=[1.0, 1.8, 5.0, 12.0])),
+    ),
 }
 
 PROMPT_LENS = [20, 13]
 GREEDY_STEPS = 8
+# arch -> (prompt length, steps): a cached decode across LongRoPE's switch point, one token per
+# forward call with the cache kept, as transformers' forward and kvpress's decoding loop run it.
+# transformers' rotary embedding picks the factor set per call from the call's last position, so
+# the steps past the switch rotate with the long factors while the cached keys keep the short
+# ones. (generate() alone recomputes the whole cache at the crossing:
+# Phi3ForCausalLM.prepare_inputs_for_generation.)
+CACHED_DECODE = {"phi3_longrope": (14, 5)}
 
 
 def randomize(model, arch, gen):
@@ -198,6 +221,26 @@ def build(arch, out_dir, seed):
             nxt = int(model(torch.tensor([ids]), use_cache=False).logits[0, -1].argmax())
             greedy.append(nxt)
             ids.append(nxt)
+    cached = None
+    if arch in CACHED_DECODE:
+        n, steps = CACHED_DECODE[arch]
+        ids = torch.randint(3, VOCAB, (n,), generator=gen).tolist()
+        fed, rows = [], []
+        with torch.no_grad():
+            out = model(torch.tensor([ids]), use_cache=True)
+            past = out.past_key_values
+            for _ in range(steps):
+                nxt = int(out.logits[0, -1].argmax())
+                fed.append(nxt)
+                out = model(torch.tensor([[nxt]]), past_key_values=past, use_cache=True)
+                past = out.past_key_values
+                rows.append(out.logits[0, -1].float())
+            # The same sequence in one forward (every position on the long factors): how far the
+            # per-call switch is from a recomputation, so the test can tell them apart.
+            full = model(torch.tensor([ids + fed]), use_cache=False).logits[0, n:].float()
+        logits["decode"] = torch.stack(rows).contiguous()
+        logits["decode.recomputed"] = full.contiguous()
+        cached = {"prompt": ids, "tokens": fed}
     save_file(logits, os.path.join(out_dir, "logits.safetensors"))
     ref = {
         "arch": arch,
@@ -209,6 +252,8 @@ def build(arch, out_dir, seed):
         "greedy_prompt": 0,
         "greedy": greedy,
     }
+    if cached is not None:
+        ref["cached_decode"] = cached
     with open(os.path.join(out_dir, "reference.json"), "w") as f:
         json.dump(ref, f, indent=1)
         f.write("\n")
@@ -272,6 +317,7 @@ docstring says what each file holds. Do not edit by hand: regenerate.
 | mistral | Mistral without a window |
 | mistral_sw | Mistral with sliding_window 6 on every layer (prompts of 13 and 20) |
 | phi3 | Phi-3: fused qkv_proj and gate_up_proj |
+| phi3_longrope | Phi-3 128K / 3.5: LongRoPE short and long factors on either side of original_max_position_embeddings 16 (prompts of 20 and 13), attention factor sqrt(2), a cached decode across the switch (logits "decode", and "decode.recomputed": the same positions in one forward); config.v4.json names the type "su" |
 | real/stories260K-hf.json | transformers' NLL, argmax and last logits of the real stories260K-hf checkpoint (weights not committed: `../shared/models`) |
 | gemma3 | Gemma 3 text: sliding (window 6, RoPE base 1e4) and global (1e6, linear x8) layers alternating, (1 + w) norms, post-attention/post-FFN norms, q/k norms, sqrt(hidden) embedding scale, GeGLU (tanh), query_pre_attn_scalar 24, final logit softcapping 5 |
 """

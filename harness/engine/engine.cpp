@@ -68,7 +68,8 @@ int64_t Engine::position(int64_t seq) const {
 at::Tensor Engine::step(const std::vector<int64_t>& seqs,
                         const std::vector<std::vector<int64_t>>& chunks, Phase phase,
                         bool all_logits, const at::Tensor* embeds,
-                        const std::vector<uint8_t>* lookahead) {
+                        const std::vector<uint8_t>* lookahead,
+                        const std::vector<int64_t>* call_lengths) {
   StepBatch batch;
   batch.phase = phase;
   if (lookahead) batch.lookahead = *lookahead;
@@ -90,7 +91,7 @@ at::Tensor Engine::step(const std::vector<int64_t>& seqs,
     batch.q_indptr.push_back(static_cast<int64_t>(tokens.size()));
     if (!all_logits) rows.push_back(batch.q_indptr.back() - 1);
   }
-  return transformer_forward(*model_, *kv_, tokens, batch, rows, embeds);
+  return transformer_forward(*model_, *kv_, tokens, batch, rows, embeds, call_lengths);
 }
 
 at::Tensor Engine::prefill_embeds(int64_t seq, const at::Tensor& embeds, bool call_end_prefill) {
@@ -98,6 +99,7 @@ at::Tensor Engine::prefill_embeds(int64_t seq, const at::Tensor& embeds, bool ca
              "prefill_embeds needs [n > 0, ", model_->config.dim, "] rows");
   const int64_t n = embeds.size(0);
   guess_.erase(seq);
+  const std::vector<int64_t> call_length = {position(seq) + n};
   at::Tensor last;
   if (opts_.prefill_progress) opts_.prefill_progress(0, n);
   for (int64_t done = 0; done < n;) {
@@ -105,7 +107,7 @@ at::Tensor Engine::prefill_embeds(int64_t seq, const at::Tensor& embeds, bool ca
     // Placeholder ids: only their count matters when embeddings are given.
     std::vector<std::vector<int64_t>> chunk = {std::vector<int64_t>(c, 0)};
     at::Tensor rows = embeds.narrow(0, done, c);
-    last = step({seq}, chunk, Phase::kPrefill, false, &rows);
+    last = step({seq}, chunk, Phase::kPrefill, false, &rows, nullptr, &call_length);
     done += c;
     if (opts_.prefill_progress) opts_.prefill_progress(done, n);
   }
@@ -148,23 +150,29 @@ at::Tensor Engine::prefill(const std::vector<int64_t>& seqs,
   for (int64_t s : seqs) guess_.erase(s);  // a guess is for the token after the last one
   std::vector<size_t> done(B, 0);
   std::vector<at::Tensor> last(B);
+  // The length each sequence reaches in this call: its chunks rotate as one forward over the whole
+  // prompt would (LongRoPE's frequency set is chosen per call, not per chunk).
+  std::vector<int64_t> end_len(B);
+  for (int64_t b = 0; b < B; ++b)
+    end_len[b] = position(seqs[b]) + static_cast<int64_t>(tokens[b].size());
   const bool all = static_cast<bool>(cb);
   int64_t fed = 0, total = 0;
   for (const auto& t : tokens) total += static_cast<int64_t>(t.size());
   if (opts_.prefill_progress) opts_.prefill_progress(0, total);
   KVB_ASSERT(!all || B == 1, "engine", "per-position logits are supported for one sequence at a time");
   for (;;) {
-    std::vector<int64_t> step_seqs, idx;
+    std::vector<int64_t> step_seqs, idx, step_len;
     std::vector<std::vector<int64_t>> chunks;
     for (int64_t b = 0; b < B; ++b) {
       if (done[b] >= tokens[b].size()) continue;
       const size_t n = std::min<size_t>(opts_.prefill_chunk, tokens[b].size() - done[b]);
       step_seqs.push_back(seqs[b]);
       idx.push_back(b);
+      step_len.push_back(end_len[b]);
       chunks.emplace_back(tokens[b].begin() + done[b], tokens[b].begin() + done[b] + n);
     }
     if (step_seqs.empty()) break;
-    at::Tensor logits = step(step_seqs, chunks, Phase::kPrefill, all);
+    at::Tensor logits = step(step_seqs, chunks, Phase::kPrefill, all, nullptr, nullptr, &step_len);
     if (all) {
       cb(logits, static_cast<int64_t>(done[0]));
       last[0] = logits[logits.size(0) - 1];

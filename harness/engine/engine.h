@@ -98,9 +98,12 @@ class Engine {
   ScoreResult score(const std::vector<int64_t>& tokens, int64_t top_k = 0);
 
  private:
+  // call_lengths: [seqs], the length each sequence reaches in the call (prefill) this step is a
+  // chunk of; null for a step that is the whole call (decode). See transformer_forward.
   at::Tensor step(const std::vector<int64_t>& seqs, const std::vector<std::vector<int64_t>>& chunks,
                   Phase phase, bool all_logits, const at::Tensor* embeds = nullptr,
-                  const std::vector<uint8_t>* lookahead = nullptr);
+                  const std::vector<uint8_t>* lookahead = nullptr,
+                  const std::vector<int64_t>* call_lengths = nullptr);
   at::Tensor decode_with_lookahead(const std::vector<int64_t>& seqs, const std::vector<int64_t>& tokens);
 
   std::shared_ptr<Model> model_;

@@ -38,13 +38,36 @@ float attention_scale(const ModelConfig& c) {
                                      : 1.0f / std::sqrt(static_cast<float>(c.head_dim));
 }
 
+// The row of the global RoPE tables each token of the step reads: its position, or, on a LongRoPE
+// model whose sequence rotates with the long factors in this engine call, position + the long
+// table's first row (ModelWeights::rope_long_row).   [T]; the step's positions themselves (no copy)
+// on any other model, else `*rows` filled.
+const std::vector<int64_t>& rope_table_rows(const Model& model, const StepBatch& batch,
+                                            const std::vector<int64_t>* call_lengths,
+                                            std::vector<int64_t>* rows_out) {
+  const int64_t offset = model.weights.rope_long_row;
+  if (offset == 0) return batch.positions;
+  std::vector<int64_t>& rows = *rows_out;
+  rows = batch.positions;
+  KVB_ASSERT(!call_lengths || static_cast<int64_t>(call_lengths->size()) == batch.batch_size(),
+             "transformer", "call_lengths needs one entry per sequence");
+  for (int64_t b = 0; b < batch.batch_size(); ++b) {
+    const int64_t first = batch.q_indptr[b], last = batch.q_indptr[b + 1];
+    if (first == last) continue;
+    const int64_t length = call_lengths ? (*call_lengths)[b] : batch.positions[last - 1] + 1;
+    if (rope_factors_for_length(model.config, length) == RopeFactors::kLong)
+      for (int64_t t = first; t < last; ++t) rows[t] += offset;
+  }
+  return rows;
+}
+
 // The CPU fp32 forward: the same computation as the generic path below, on raw pointers with BLAS
 // matmuls and fused row loops, so that a decode step of a small model costs microseconds, not the
 // ~30 LibTorch dispatches per layer of the generic path. The KV seam is unchanged: the cache gets the
 // same tensors (views of this step's buffers) and returns the attention output.
 at::Tensor forward_cpu_f32(Model& model, KvCache& kv, const std::vector<int64_t>& tokens,
                            const StepBatch& batch, const std::vector<int64_t>& logit_rows,
-                           const at::Tensor* input_embeds) {
+                           const at::Tensor* input_embeds, const std::vector<int64_t>& rope_rows) {
   namespace k = kernels;
   const ModelConfig& c = model.config;
   const ModelWeights& w = model.weights;
@@ -106,10 +129,13 @@ at::Tensor forward_cpu_f32(Model& model, KvCache& kv, const std::vector<int64_t>
       k::rms_norm_f32(kr, L.k_norm.data_ptr<float>(), kr, T * c.n_kv_heads, HD, eps);
       std::copy(kr, kr + T * KV, k_pre);
     }
-    const float* cos = w.layer_cos(c, l).data_ptr<float>();
+    const at::Tensor& cos_t = w.layer_cos(c, l);
+    const float* cos = cos_t.data_ptr<float>();
     const float* sin = w.layer_sin(c, l).data_ptr<float>();
-    k::rope_f32(q, T, c.n_heads, HD, Q, cos, sin, batch.positions.data(), inter);
-    k::rope_f32(kr, T, c.n_kv_heads, HD, KV, cos, sin, batch.positions.data(), inter);
+    // The window layers' own tables (Gemma 3) are indexed by position; the global ones by row.
+    const int64_t* rows = cos_t.is_same(w.rope_cos) ? rope_rows.data() : batch.positions.data();
+    k::rope_f32(q, T, c.n_heads, HD, Q, cos, sin, rows, inter);
+    k::rope_f32(kr, T, c.n_kv_heads, HD, KV, cos, sin, rows, inter);
     LayerInput in;
     in.layer = static_cast<int>(l);
     in.q = &q_t;
@@ -194,7 +220,8 @@ at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tens
 
 at::Tensor transformer_forward(Model& model, KvCache& kv, const std::vector<int64_t>& tokens,
                                const StepBatch& batch, const std::vector<int64_t>& logit_rows,
-                               const at::Tensor* input_embeds) {
+                               const at::Tensor* input_embeds,
+                               const std::vector<int64_t>* call_lengths) {
   const ModelConfig& c = model.config;
   const ModelWeights& w = model.weights;
   const int64_t T = static_cast<int64_t>(tokens.size());
@@ -213,13 +240,17 @@ at::Tensor transformer_forward(Model& model, KvCache& kv, const std::vector<int6
     KVB_ASSERT(input_embeds->dim() == 2 && input_embeds->size(0) == T && input_embeds->size(1) == c.dim,
                "transformer", "input_embeds must be [", T, ", ", c.dim, "]");
   }
+  std::vector<int64_t> long_rope_rows;
+  const std::vector<int64_t>& rope_rows =
+      rope_table_rows(model, batch, call_lengths, &long_rope_rows);
   if (g_cpu_f32_fast_path && dev.is_cpu() && model.dtype == at::kFloat) {
-    return forward_cpu_f32(model, kv, tokens, batch, logit_rows, input_embeds);
+    return forward_cpu_f32(model, kv, tokens, batch, logit_rows, input_embeds, rope_rows);
   }
 
   at::Tensor pos = at::tensor(batch.positions, at::kLong).to(dev);
-  at::Tensor cos = w.rope_cos.index_select(0, pos);  // [T, head_dim / 2]
-  at::Tensor sin = w.rope_sin.index_select(0, pos);
+  at::Tensor rows = at::tensor(rope_rows, at::kLong).to(dev);
+  at::Tensor cos = w.rope_cos.index_select(0, rows);  // [T, head_dim / 2]
+  at::Tensor sin = w.rope_sin.index_select(0, rows);
   at::Tensor cos_local, sin_local;
   if (w.rope_cos_local.defined()) {
     cos_local = w.rope_cos_local.index_select(0, pos);

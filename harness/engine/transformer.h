@@ -14,10 +14,14 @@ namespace kvb {
 // tokens: [T] ids in the batch's packed order. logit_rows: which of the T rows need logits (empty:
 // all). Returns [rows, vocab] fp32 logits on the model's device. input_embeds: optional [T, dim]
 // rows fed instead of the tokens' embeddings (soft tokens such as KV Packet's header and trailer;
-// `tokens` then only counts the rows).
+// `tokens` then only counts the rows). call_lengths: optional [batch], the length each sequence
+// reaches in the engine call this step belongs to (a chunked prefill's whole prompt; default: this
+// step's last position + 1), which picks LongRoPE's frequency set as transformers picks it per
+// forward call.
 at::Tensor transformer_forward(Model& model, KvCache& kv, const std::vector<int64_t>& tokens,
                                const StepBatch& batch, const std::vector<int64_t>& logit_rows,
-                               const at::Tensor* input_embeds = nullptr);
+                               const at::Tensor* input_embeds = nullptr,
+                               const std::vector<int64_t>* call_lengths = nullptr);
 
 // Whether CPU fp32 steps take the raw-pointer fast path (default) or the generic LibTorch path; the
 // two compute the same thing, and tests check that by running both. Not thread-safe.

@@ -17,7 +17,7 @@ namespace {
 // recorded at probe steps.
 class ProbeKvCache : public TwinKvCache {
  public:
-  ProbeKvCache(std::unique_ptr<KvCache> method, std::unique_ptr<PagedKvCache> exact, int64_t n_layers,
+  ProbeKvCache(std::unique_ptr<KvCache> method, std::unique_ptr<KvCache> exact, int64_t n_layers,
                int64_t every, int64_t first_decode_pos)
       : TwinKvCache(std::move(method), std::move(exact), every, first_decode_pos,
                     /*follow_exact=*/false) {
@@ -37,6 +37,9 @@ class ProbeKvCache : public TwinKvCache {
     at::Tensor a = om.to(at::kFloat), e = ox.to(at::kFloat);
     r_.out_err[l] += ((a - e).norm() / e.norm().clamp_min(1e-30)).item<double>();
     r_.out_n[l] += 1;
+    // A window layer holds the same window rows on both sides (WindowedKvCache, whatever the
+    // method), indexed by sequence position rather than by row: nothing to compare there.
+    if (in.window > 0) return;
     const int64_t seq = exact_batch().seq_ids[0];
     auto mv = method().probe_view(l, seq);
     if (mv.empty()) return;
@@ -75,7 +78,8 @@ ProbeSampleResult run_probe_sample(std::shared_ptr<Model> model, const std::stri
                                    const std::vector<int64_t>& tokens, const ProbeOptions& opts) {
   const auto& c = model->config;
   CacheContext ctx{c, model->device, model->dtype, model};
-  auto exact = std::make_unique<PagedKvCache>(c, model->device, model->dtype, PagedKvCache::Options{});
+  // The exact twin applies the model's windows as the method's store does (make_default_kv).
+  std::unique_ptr<KvCache> exact = make_default_kv(*model, PagedKvCache::Options{}.block_size);
   const int64_t P = std::min<int64_t>(std::max<int64_t>(1, opts.prefill_tokens), tokens.size() - 1);
   auto probe = std::make_unique<ProbeKvCache>(MethodRegistry::instance().create(method, ctx, method_params),
                                               std::move(exact), c.n_layers, std::max<int64_t>(1, opts.every), P);

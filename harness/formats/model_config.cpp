@@ -130,15 +130,45 @@ void ModelConfig::validate(const std::string& source) const {
   } else if (rope_scaling.type == "linear") {
     KVB_CHECK(rope_scaling.factor > 0, source, ": 'rope_scaling.factor' must be positive");
   }
+  // Per-frequency divisors: one per rotated pair, each a positive finite number.
+  auto check_factors = [&](const std::vector<double>& f, const char* key) {
+    KVB_CHECK(static_cast<int64_t>(f.size()) == head_dim / 2, source, ": '", key, "' has ",
+              f.size(), " entries, but RoPE rotates head_dim / 2 = ", head_dim / 2, " pairs");
+    for (size_t i = 0; i < f.size(); ++i)
+      KVB_CHECK(std::isfinite(f[i]) && f[i] > 0, source, ": '", key, "' entry ", i, " (", f[i],
+                ") must be a positive finite number");
+  };
+  if (rope_scaling.type == "longrope") {
+    check_factors(rope_scaling.factors, "rope_scaling.short_factor");
+    check_factors(rope_scaling.long_factors, "rope_scaling.long_factor");
+    KVB_CHECK(std::isfinite(rope_scaling.attention_factor) && rope_scaling.attention_factor > 0,
+              source, ": 'rope_scaling.attention_factor' (", rope_scaling.attention_factor,
+              ") must be a positive finite number");
+    KVB_CHECK(rope_scaling.original_max_position_embeddings > 0, source,
+              ": 'original_max_position_embeddings' must be positive for longrope");
+  } else if (rope_scaling.type == "factors") {
+    check_factors(rope_scaling.factors, "rope_freqs");
+  } else {
+    KVB_CHECK(rope_scaling.factors.empty() && rope_scaling.long_factors.empty(), source,
+              ": per-frequency RoPE factors are given with scaling '", rope_scaling.type, "'");
+  }
 }
 
 nlohmann::json ModelConfig::to_json() const {
   nlohmann::json rs = {{"type", rope_scaling.type}};
-  if (rope_scaling.type != "none") rs["factor"] = rope_scaling.factor;
+  if (rope_scaling.type == "linear" || rope_scaling.type == "llama3")
+    rs["factor"] = rope_scaling.factor;
   if (rope_scaling.type == "llama3") {
     rs["low_freq_factor"] = rope_scaling.low_freq_factor;
     rs["high_freq_factor"] = rope_scaling.high_freq_factor;
     rs["original_max_position_embeddings"] = rope_scaling.original_max_position_embeddings;
+  } else if (rope_scaling.type == "longrope") {
+    rs["short_factor"] = rope_scaling.factors;
+    rs["long_factor"] = rope_scaling.long_factors;
+    rs["attention_factor"] = rope_scaling.attention_factor;
+    rs["original_max_position_embeddings"] = rope_scaling.original_max_position_embeddings;
+  } else if (rope_scaling.type == "factors") {
+    rs["factors"] = rope_scaling.factors;
   }
   nlohmann::json j = {{"name", name},
           {"format", format},
@@ -216,10 +246,24 @@ struct Reader {
 
 namespace {
 
+// A list of numbers under `key` of the object `s` (named `where` in errors).
+std::vector<double> number_list(const nlohmann::json& s, const std::string& source,
+                                const std::string& where, const char* key) {
+  KVB_CHECK(s.contains(key) && s[key].is_array(), source, ": '", where, ".", key,
+            "' must be a list of numbers");
+  std::vector<double> out;
+  for (const auto& x : s[key]) {
+    KVB_CHECK(x.is_number(), source, ": '", where, ".", key, "' entries must be numbers (got ",
+              x.dump(), ")");
+    out.push_back(x.get<double>());
+  }
+  return out;
+}
+
 // One RoPE specification: transformers 4's rope_scaling object, or one of transformers 5's
 // rope_parameters objects (which carry rope_theta too). `where` names the object in errors.
-// Only the types the engine computes are accepted; any other (dynamic, yarn, longrope, su, ...)
-// is refused by name, since running it as default RoPE would give silently wrong logits.
+// Only the types the engine computes are accepted; any other (dynamic, yarn, ...) is refused by
+// name, since running it as default RoPE would give silently wrong logits.
 void parse_rope_object(const nlohmann::json& s, const std::string& source, const std::string& where,
                        RopeScaling* out, double* theta) {
   KVB_CHECK(s.is_object(), source, ": '", where, "' must be an object or null");
@@ -237,6 +281,16 @@ void parse_rope_object(const nlohmann::json& s, const std::string& source, const
   }
   if (type == "default") {
     out->type = "none";
+  } else if (type == "longrope" || type == "su") {
+    // "su" is what Phi-3-128K's first configs called it; transformers reads it as longrope. What
+    // the object leaves out (factor, attention_factor, the switch point) is settled by
+    // finish_longrope, which sees the whole config; NaN / -1 mark it absent here.
+    out->type = "longrope";
+    out->factors = number_list(s, source, where, "short_factor");
+    out->long_factors = number_list(s, source, where, "long_factor");
+    out->factor = rs.num_opt("factor", std::nan(""));
+    out->attention_factor = rs.num_opt("attention_factor", std::nan(""));
+    out->original_max_position_embeddings = rs.int_opt("original_max_position_embeddings", -1);
   } else if (type == "linear" || type == "llama3") {
     out->type = type;
     out->factor = rs.num_opt("factor", 1.0);
@@ -247,7 +301,37 @@ void parse_rope_object(const nlohmann::json& s, const std::string& source, const
     }
   } else {
     KVB_FAIL(source, ": '", where, "' has rope_type '", type,
-             "', which is not supported (default, linear, llama3)");
+             "', which is not supported (default, linear, llama3, longrope / su)");
+  }
+}
+
+// LongRoPE's switch point, factor and attention factor, settled as transformers 5 settles them
+// (PreTrainedConfig.standardize_rope_params, _compute_longrope_parameters):
+//   - the switch point is the top-level original_max_position_embeddings where the config has one
+//     (Phi3Config always does: 4096 by default), else the RoPE object's, else
+//     max_position_embeddings; a config whose two values disagree is refused rather than read as
+//     transformers would silently read it;
+//   - factor defaults to max_position_embeddings / the switch point, and the attention factor to
+//     sqrt(1 + ln(factor) / ln(switch point)) (1 where factor <= 1).
+void finish_longrope(const Reader& r, const std::string& model_type, int64_t max_pos,
+                     RopeScaling* rs) {
+  const int64_t top = r.has("original_max_position_embeddings")
+                          ? r.int_at("original_max_position_embeddings")
+                          : (model_type == "phi3" ? 4096 : -1);
+  const int64_t inner = rs->original_max_position_embeddings;
+  KVB_CHECK(top <= 0 || inner <= 0 || top == inner, r.src, ": original_max_position_embeddings is ",
+            top, r.has("original_max_position_embeddings") ? "" : " (Phi3Config's default)",
+            " at the top level but ", inner,
+            " in the RoPE parameters; transformers would use the top-level one: make them agree");
+  const int64_t orig = top > 0 ? top : inner > 0 ? inner : max_pos;
+  KVB_CHECK(orig > 1, r.src, ": original_max_position_embeddings (", orig, ") must be above 1");
+  rs->original_max_position_embeddings = orig;
+  if (std::isnan(rs->factor)) rs->factor = static_cast<double>(max_pos) / static_cast<double>(orig);
+  if (std::isnan(rs->attention_factor)) {
+    rs->attention_factor =
+        rs->factor <= 1.0
+            ? 1.0
+            : std::sqrt(1.0 + std::log(rs->factor) / std::log(static_cast<double>(orig)));
   }
 }
 
@@ -380,6 +464,8 @@ ModelConfig parse_hf_config(const std::string& json_text, const std::string& sou
     }
     KVB_CHECK(local_scaling.type == "none", source, ": RoPE scaling '", local_scaling.type,
               "' on the sliding-window layers is not supported (Gemma 3 scales the global layers)");
+    KVB_CHECK(!c.rope_scaling.switches(), source, ": RoPE scaling '", c.rope_scaling.type,
+              "' on gemma3_text is not supported");
     KVB_CHECK(local_theta > 0, source, ": 'rope_local_base_freq' must be positive");
     c.rope_local_theta = local_theta;
   } else {
@@ -399,6 +485,7 @@ ModelConfig parse_hf_config(const std::string& json_text, const std::string& sou
       if (r.has("rope_scaling"))
         parse_rope_object(j["rope_scaling"], source, "rope_scaling", &c.rope_scaling, nullptr);
     }
+    if (c.rope_scaling.switches()) finish_longrope(r, model_type, c.max_seq_len, &c.rope_scaling);
   }
   if (r.has("partial_rotary_factor")) {
     const double f = r.num_opt("partial_rotary_factor", 1.0);
@@ -556,15 +643,52 @@ ModelConfig gguf_model_config(const GgufFile& f) {
     KVB_FAIL(src, ": '", p, "rope.scaling.type' is '", scaling,
              "', which is not supported (none, linear)");
   }
-  // Llama 3.1-style conversions store the per-frequency divisors as a tensor rather than the
-  // parameters; the engine computes llama3 scaling from the parameters only.
-  KVB_CHECK(!f.has_tensor("rope_freqs.weight"), src,
-            ": tensor 'rope_freqs.weight' (llama3 RoPE frequency factors) is not supported");
-  // Phi-3's 128K models carry LongRoPE's per-frequency factors as tensors.
-  for (const char* t : {"rope_factors_long.weight", "rope_factors_short.weight",
-                        "blk.0.rope_factors_long.weight", "blk.0.rope_factors_short.weight"}) {
+  // Per-frequency divisors stored as tensors of head_dim / 2 floats. llama.cpp's llama graph
+  // reads rope_freqs (the converter's form of Llama 3.1's llama3 scaling), its phi3 graph
+  // rope_factors_short / rope_factors_long (LongRoPE: Phi-3 128K, Phi-3.5), no other graph
+  // either; load_gguf takes them as read.
+  auto factors = [&](const char* name) {
+    const GgufTensor& t = f.tensor(name);
+    KVB_CHECK(t.dims.size() == 1 && t.numel() == c.head_dim / 2, src, ": tensor '", name, "' has ",
+              t.numel(), " entries, but RoPE rotates head_dim / 2 = ", c.head_dim / 2, " pairs");
+    std::vector<float> v(static_cast<size_t>(t.numel()));
+    gguf_dequantize(t, v.data());
+    return std::vector<double>(v.begin(), v.end());
+  };
+  for (const char* t : {"blk.0.rope_freqs.weight", "blk.0.rope_factors_long.weight",
+                        "blk.0.rope_factors_short.weight"}) {
     KVB_CHECK(!f.has_tensor(t), src, ": tensor '", t,
-              "' (LongRoPE frequency factors) is not supported");
+              "': per-layer RoPE frequency factors are not supported (llama.cpp reads one set)");
+  }
+  if (f.has_tensor("rope_freqs.weight")) {
+    KVB_CHECK(arch == "llama", src, ": tensor 'rope_freqs.weight' on ", arch, ": llama.cpp's ",
+              arch, " graph does not read it");
+    KVB_CHECK(c.rope_scaling.type == "none", src, ": tensor 'rope_freqs.weight' together with '", p,
+              "rope.scaling.type' ", c.rope_scaling.type, " is not supported");
+    c.rope_scaling.type = "factors";
+    c.rope_scaling.factors = factors("rope_freqs.weight");
+  }
+  const bool has_long = f.has_tensor("rope_factors_long.weight");
+  if (has_long || f.has_tensor("rope_factors_short.weight")) {
+    KVB_CHECK(arch == "phi3", src, ": tensors 'rope_factors_long/short.weight' on ", arch,
+              ": llama.cpp's ", arch, " graph does not read them");
+    KVB_CHECK(has_long && f.has_tensor("rope_factors_short.weight"), src, ": tensor '",
+              has_long ? "rope_factors_short.weight" : "rope_factors_long.weight",
+              "' is missing: LongRoPE needs both factor sets");
+    KVB_CHECK(c.rope_scaling.type == "none", src, ": LongRoPE factors together with '", p,
+              "rope.scaling.type' ", c.rope_scaling.type, " are not supported");
+    // The converter writes the switch point and the attention factor it computed from the
+    // config.json (convert_hf_to_gguf.py, Phi3MiniModel); llama.cpp's defaults where absent: the
+    // training context (so the long factors never apply) and 1. Which set a sequence rotates with
+    // follows transformers (per engine call, by the length it reaches), not llama.cpp's choice by
+    // the context size it was started with, so the GGUF of a model computes what its Hugging Face
+    // directory does.
+    c.rope_scaling.type = "longrope";
+    c.rope_scaling.factors = factors("rope_factors_short.weight");
+    c.rope_scaling.long_factors = factors("rope_factors_long.weight");
+    c.rope_scaling.original_max_position_embeddings =
+        f.get_int_or(p + "rope.scaling.original_context_length", c.max_seq_len);
+    c.rope_scaling.attention_factor = f.get_float_or(p + "rope.scaling.attn_factor", 1.0);
   }
 
   if (arch == "qwen3" || gemma) {

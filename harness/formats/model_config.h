@@ -17,11 +17,24 @@ namespace kvb {
 enum class RopeStyle { kInterleaved, kHalf };
 
 struct RopeScaling {
-  std::string type = "none";  // none | linear | llama3
+  // none | linear | llama3 | longrope | factors. `factors` is a GGUF's rope_freqs tensor:
+  // llama.cpp's form of Llama 3.1's scaling, per-frequency divisors instead of the parameters.
+  std::string type = "none";
   double factor = 1.0;
   double low_freq_factor = 1.0;                 // llama3
   double high_freq_factor = 4.0;                // llama3
-  int64_t original_max_position_embeddings = 8192;  // llama3
+  int64_t original_max_position_embeddings = 8192;  // llama3; longrope: where it switches
+  // Divisors of the base inverse frequencies, [head_dim / 2] each: longrope's short_factor (or a
+  // GGUF's rope_freqs), and longrope's long_factor, which a sequence rotates with in an engine call
+  // that takes it past original_max_position_embeddings tokens (transformers picks per forward
+  // call).
+  std::vector<double> factors;
+  std::vector<double> long_factors;
+  double attention_factor = 1.0;  // longrope: cos and sin multiplied by it (in both regimes)
+
+  // Whether the frequencies depend on the sequence's length (longrope): rope_inv_freq then needs
+  // to be told which set.
+  bool switches() const { return type == "longrope"; }
 };
 
 // The feed-forward's gate activation: SiLU (SwiGLU) or GELU with the tanh approximation (GeGLU,
@@ -98,9 +111,10 @@ struct ModelConfig {
   nlohmann::json to_json() const;
 };
 
-// Parses a Hugging Face config.json (model_type llama, mistral, qwen2, qwen3, phi3, gemma3_text), in
-// either layout: transformers 4's top-level rope_theta / rope_scaling (and Gemma 3's
-// rope_local_base_freq) or transformers 5's rope_parameters. Throws kvb::Error naming the file and
+// Parses a Hugging Face config.json (model_type llama, mistral, qwen2, qwen3, phi3, gemma3_text),
+// in either layout: transformers 4's top-level rope_theta / rope_scaling (and Gemma 3's
+// rope_local_base_freq) or transformers 5's rope_parameters. RoPE types: default, linear, llama3,
+// longrope (and its first name, su). Throws kvb::Error naming the file and
 // the key on any missing, mistyped or unsupported field, and on any field that changes the
 // computation and is not implemented (a RoPE type, a window, an attention variant): never a silent
 // fallback to something else.
@@ -109,10 +123,11 @@ ModelConfig load_hf_config(const std::string& path);
 
 class GgufFile;
 // The config of a GGUF model from its metadata (general.architecture llama, qwen2, qwen3, phi3 or
-// gemma3: <arch>.* keys, read by llama.cpp's rules for that architecture) and its tensor index (tied
-// embeddings when output.weight is absent, q/k biases where present). Refuses what the engine does
-// not implement (another architecture, partial rotary, YaRN, llama3 or LongRoPE frequency factors, a
-// window or softcapping where llama.cpp has none) naming the file and the key or tensor.
+// gemma3: <arch>.* keys, read by llama.cpp's rules for that architecture) and its tensor index
+// (tied embeddings when output.weight is absent, q/k biases where present, RoPE frequency factors
+// from rope_freqs (llama) or rope_factors_short/long (phi3, LongRoPE)). Refuses what the engine
+// does not implement (another architecture, partial rotary, YaRN, factor tensors a graph does not
+// read, a window or softcapping where llama.cpp has none) naming the file and the key or tensor.
 ModelConfig gguf_model_config(const GgufFile& f);
 
 const char* rope_style_name(RopeStyle s);

@@ -404,9 +404,53 @@ namespace kvb {
 
 SentencePieceBackend::SentencePieceBackend(std::shared_ptr<const SentencePieceModel> model,
                                            std::string kind, bool add_bos,
-                                           std::string chat_template)
-    : m_(std::move(model)), kind_(std::move(kind)), add_bos_(add_bos),
-      chat_template_(std::move(chat_template)) {}
+                                           std::string chat_template,
+                                           const std::vector<int64_t>& text_specials)
+    : m_(std::move(model)),
+      kind_(std::move(kind)),
+      add_bos_(add_bos),
+      chat_template_(std::move(chat_template)) {
+  for (int64_t id : text_specials) {
+    const std::string& t = m_->piece(id);
+    if (t.empty()) continue;
+    specials_by_byte_[static_cast<uint8_t>(t[0])].emplace_back(t, id);
+    any_specials_ = true;
+  }
+  for (auto& v : specials_by_byte_)
+    std::stable_sort(v.begin(), v.end(),
+                     [](const auto& a, const auto& b) { return a.first.size() > b.first.size(); });
+}
+
+std::vector<int64_t> SentencePieceBackend::encode(const std::string& text) const {
+  if (!any_specials_) return m_->encode(text);
+  std::vector<int64_t> out;
+  size_t start = 0;  // of the text stretch not yet encoded
+  auto flush = [&](size_t end) {
+    if (end > start) {
+      const std::vector<int64_t> ids = m_->encode(text.substr(start, end - start));
+      out.insert(out.end(), ids.begin(), ids.end());
+    }
+  };
+  for (size_t i = 0; i < text.size();) {
+    const std::pair<std::string, int64_t>* hit = nullptr;
+    for (const auto& c : specials_by_byte_[static_cast<uint8_t>(text[i])]) {
+      if (text.compare(i, c.first.size(), c.first) == 0) {
+        hit = &c;
+        break;
+      }
+    }
+    if (!hit) {
+      ++i;
+      continue;
+    }
+    flush(i);
+    out.push_back(hit->second);
+    i += hit->first.size();
+    start = i;
+  }
+  flush(text.size());
+  return out;
+}
 
 std::string SentencePieceBackend::decode(const std::vector<int64_t>& ids, bool skip_special) const {
   // Control pieces are invisible in spm_decode already; skipping drops <unk> as well.

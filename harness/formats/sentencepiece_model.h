@@ -72,12 +72,22 @@ class SentencePieceModel {
 namespace kvb {
 
 // SentencePieceModel behind the TokenizerBackend interface. Special ids are the control and unknown
-// pieces; add_bos is true (Llama 2's rule) unless the source says otherwise (a GGUF's add_bos_token).
+// pieces; add_bos is true (Llama 2's rule) unless the source says otherwise (a GGUF's
+// add_bos_token).
+//
+// `text_specials`: pieces matched where the raw text spells them, before SentencePiece sees it (a
+// GGUF vocabulary's control, unknown and user-defined tokens: Gemma's <start_of_turn>, <bos>, runs
+// of spaces, as Hugging Face's tokenizer.json matches its added tokens and llama.cpp its special
+// and user-defined tokens). The
+// longest one at the leftmost position wins; each stretch of text between them is encoded as a
+// text of its own (a dummy prefix included where the model adds one, as llama.cpp does).
+// `spm_encode` matches none (a plain tokenizer.model gets none).
 class SentencePieceBackend : public TokenizerBackend {
  public:
   SentencePieceBackend(std::shared_ptr<const SentencePieceModel> model, std::string kind,
-                       bool add_bos = true, std::string chat_template = "");
-  std::vector<int64_t> encode(const std::string& text) const override { return m_->encode(text); }
+                       bool add_bos = true, std::string chat_template = "",
+                       const std::vector<int64_t>& text_specials = {});
+  std::vector<int64_t> encode(const std::string& text) const override;
   std::string decode(const std::vector<int64_t>& ids, bool skip_special) const override;
   const std::string& piece(int64_t id) const override { return m_->piece(id); }
   int64_t piece_id(const std::string& p) const override { return m_->piece_id(p); }
@@ -96,6 +106,9 @@ class SentencePieceBackend : public TokenizerBackend {
   std::string kind_;
   bool add_bos_;
   std::string chat_template_;
+  // text_specials by the first byte of their text, longest first.
+  std::vector<std::pair<std::string, int64_t>> specials_by_byte_[256];
+  bool any_specials_ = false;
 };
 
 }  // namespace kvb

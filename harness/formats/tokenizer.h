@@ -31,8 +31,9 @@ class Tokenizer {
   // A BPE tokenizer from an already-read vocabulary (tokenizer_spec.h); `spec.source` names it.
   explicit Tokenizer(const TokenizerSpec& spec);
 
-  // Text to ids. Added/special tokens written in the text become their ids (tokenizer.json / GGUF
-  // BPE, as HF `tokenizers` with add_special_tokens=False). `add_special`: also prepend BOS when
+  // Text to ids. Added/special tokens written in the text become their ids (tokenizer.json, GGUF
+  // BPE and GGUF SentencePiece vocabularies, as HF `tokenizers` with add_special_tokens=False; a
+  // plain tokenizer.model matches none, as spm_encode). `add_special`: also prepend BOS when
   // add_bos() and append EOS when add_eos() (add_special_tokens=True).
   std::vector<int64_t> encode(const std::string& text, bool add_special = false) const;
   // Ids to text. Special tokens are written out unless `skip_special` (SentencePiece control pieces

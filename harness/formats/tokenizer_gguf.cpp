@@ -106,6 +106,14 @@ std::shared_ptr<const TokenizerBackend> sentencepiece_from_gguf(const GgufFile& 
   KVB_CHECK(scores.size() == n, f.path(), ": tokenizer.ggml.scores has ", scores.size(),
             " entries for ", n, " tokens");
   auto types = token_types(f, n);
+  // Control, unknown and user-defined tokens spelled in the raw text are those tokens (as the file
+  // types them, before the unknown id is retyped below): Hugging Face's added tokens, llama.cpp's
+  // special and user-defined tokens. Gemma's runs of spaces are user-defined pieces stored as
+  // spaces, which SentencePiece's normalized text (spaces as U+2581) would never hold.
+  std::vector<int64_t> text_specials;
+  for (size_t i = 0; i < n; ++i)
+    if (types[i] == kTypeControl || types[i] == kTypeUnknown || types[i] == kTypeUserDefined)
+      text_specials.push_back(static_cast<int64_t>(i));
   // llama.cpp takes the unknown, BOS and EOS tokens from the id keys, whatever their token type and
   // text: Gemma's <unk> is typed control and its BOS/EOS are <bos>/<eos>. The ModelProto says the
   // same with an unknown-typed piece and TrainerSpec's bos_piece/eos_piece.
@@ -148,9 +156,9 @@ std::shared_ptr<const TokenizerBackend> sentencepiece_from_gguf(const GgufFile& 
               " but the vocabulary's own ", "piece is ", id,
               " (the vocabulary names one <unk>, one BOS and one EOS)");
   }
-  return std::make_shared<SentencePieceBackend>(model, "gguf:sentencepiece",
-                                                f.get_bool_or("tokenizer.ggml.add_bos_token", true),
-                                                f.get_string_or("tokenizer.chat_template", ""));
+  return std::make_shared<SentencePieceBackend>(
+      model, "gguf:sentencepiece", f.get_bool_or("tokenizer.ggml.add_bos_token", true),
+      f.get_string_or("tokenizer.chat_template", ""), text_specials);
 }
 
 }  // namespace

@@ -105,9 +105,8 @@ std::unique_ptr<KvCache> MethodRegistry::create(const std::string& name, const C
   CacheContext ctx = ctx_in;
   if (e.calibrator && !ctx.calibration) ctx.calibration = calibrate(name, ctx.model, resolved);
   // A model with sliding-window layers: the method's store serves the global layers, the window
-  // layers keep their window (windowed_kv_cache.h).
-  // Only the exact stores may run on a model that is all windows: any other method would have
-  // nothing to act on and would silently measure the window.
+  // layers keep their window (windowed_kv_cache.h). On a model that is all windows the exact
+  // stores keep the windows; any other method's store takes every layer and runs within the window.
   const bool exact = name == baseline_method() || name == "paged" || name == "static";
   return make_window_aware(
       ctx, [&](const CacheContext& c) { return e.factory(c, resolved); }, !exact,

@@ -2,7 +2,7 @@
 
 namespace kvb {
 
-TwinKvCache::TwinKvCache(std::unique_ptr<KvCache> method, std::unique_ptr<PagedKvCache> exact,
+TwinKvCache::TwinKvCache(std::unique_ptr<KvCache> method, std::unique_ptr<KvCache> exact,
                          int64_t every, int64_t first_decode_pos, bool follow_exact)
     : method_(std::move(method)),
       exact_(std::move(exact)),

@@ -1,10 +1,11 @@
 #pragma once
-// TwinKvCache: a method's cache and an exact paged twin that receive the SAME q/k/v at every layer
-// (the twin with its own past lengths: it holds every token). At sampled decode positions a subclass
-// sees both attention outputs (on_layer) and can read both stores. The engine continues with the
-// method's output (the probe protocol: the method's own trajectory) or with the exact one
-// (follow_exact; KVTuner's profiler: every layer's inputs are full precision, so one run measures
-// each layer as if it alone were compressed).
+// TwinKvCache: a method's cache and an exact twin (the paged cache; on a model with sliding-window
+// layers, the paged cache inside a WindowedKvCache, as the method's is) that receive the SAME
+// q/k/v at every layer (the twin with its own past lengths: it holds every token). At sampled
+// decode positions a subclass sees both attention outputs (on_layer) and can read both stores. The
+// engine continues with the method's output (the probe protocol: the method's own trajectory) or
+// with the exact one (follow_exact; KVTuner's profiler: every layer's inputs are full precision, so
+// one run measures each layer as if it alone were compressed).
 
 #include <ATen/core/Tensor.h>
 
@@ -19,7 +20,7 @@ namespace kvb {
 class TwinKvCache : public KvCache {
  public:
   // Samples decode positions first_decode_pos, first_decode_pos + every, ...
-  TwinKvCache(std::unique_ptr<KvCache> method, std::unique_ptr<PagedKvCache> exact, int64_t every,
+  TwinKvCache(std::unique_ptr<KvCache> method, std::unique_ptr<KvCache> exact, int64_t every,
               int64_t first_decode_pos, bool follow_exact);
 
   void begin_step(const StepBatch& b) override;
@@ -31,6 +32,9 @@ class TwinKvCache : public KvCache {
   void truncate(int64_t seq, int64_t n) override;
   int64_t seq_len(int64_t seq) const override { return method_->seq_len(seq); }
   Footprint footprint() const override { return method_->footprint(); }
+  bool serves_windows() const override {
+    return method_->serves_windows() && exact_->serves_windows();
+  }
 
  protected:
   // Called at sampled positions, after both stores attended layer in.layer.
@@ -38,12 +42,12 @@ class TwinKvCache : public KvCache {
                         const at::Tensor& exact_out) = 0;
   KvCache& method() { return *method_; }
   const KvCache& method() const { return *method_; }
-  PagedKvCache& exact() { return *exact_; }
+  KvCache& exact() { return *exact_; }
   const StepBatch& exact_batch() const { return xb_; }
 
  private:
   std::unique_ptr<KvCache> method_;
-  std::unique_ptr<PagedKvCache> exact_;
+  std::unique_ptr<KvCache> exact_;
   int64_t every_, first_;
   bool follow_exact_;
   StepBatch xb_;

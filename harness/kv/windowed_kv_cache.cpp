@@ -53,11 +53,12 @@ std::unique_ptr<KvCache> make_window_aware(
   std::unique_ptr<KvCache> inner;
   if (ctx.config.n_window_layers() < ctx.config.n_layers) {
     inner = make(global_layer_context(ctx));
-  } else {
-    // Nothing is left for a compressing method to act on; running it would measure the window.
-    KVB_CHECK(!needs_global, what, ": every layer of ", ctx.config.name,
-              " is a sliding-window layer (window ", ctx.config.layer_windows[0],
-              "), so there is no global layer for the method to compress");
+  } else if (needs_global) {
+    // No global layer: the method's store takes every layer, as the model is while no sequence
+    // passes the window (the class comment says why not beyond).
+    CacheContext all = ctx;
+    all.config.layer_windows.clear();
+    return std::make_unique<WindowedKvCache>(ctx, make(all), /*inner_within_window=*/true);
   }
   return std::make_unique<WindowedKvCache>(ctx, std::move(inner));
 }
@@ -67,18 +68,31 @@ void WindowedKvCache::set_question_tokens(int64_t seq_id, int64_t question_token
     q->set_question_tokens(seq_id, question_tokens);
 }
 
-WindowedKvCache::WindowedKvCache(const CacheContext& ctx, std::unique_ptr<KvCache> inner)
+int64_t WindowedKvCache::run_context_pass(const ContextPass& pass) {
+  auto* c = dynamic_cast<ContextPassCache*>(inner_.get());
+  return c ? c->run_context_pass(pass) : 0;
+}
+
+WindowedKvCache::WindowedKvCache(const CacheContext& ctx, std::unique_ptr<KvCache> inner,
+                                 bool inner_within_window)
     : ctx_(ctx), inner_(std::move(inner)) {
   const ModelConfig& c = ctx_.config;
   KVB_ASSERT(c.n_window_layers() > 0, "windowed_kv_cache", c.name, " has no window layers");
   const int64_t globals = c.n_layers - c.n_window_layers();
+  inner_layer_.assign(c.n_layers, -1);
+  held_.resize(c.n_layers);
+  if (inner_within_window) {
+    KVB_ASSERT(globals == 0 && inner_ != nullptr, "windowed_kv_cache",
+               "a store within the window needs a model of window layers only, and the store");
+    within_window_ = *std::min_element(c.layer_windows.begin(), c.layer_windows.end());
+    for (int64_t l = 0; l < c.n_layers; ++l) inner_layer_[l] = l;
+    return;
+  }
   KVB_ASSERT((globals > 0) == (inner_ != nullptr), "windowed_kv_cache", c.name, " has ", globals,
              " global layers but ", inner_ ? "an" : "no", " inner store");
-  inner_layer_.assign(c.n_layers, -1);
   int64_t g = 0;
   for (int64_t l = 0; l < c.n_layers; ++l)
     if (!c.is_window_layer(l)) inner_layer_[l] = g++;
-  held_.resize(c.n_layers);
 }
 
 std::string WindowedKvCache::name() const {
@@ -92,6 +106,14 @@ void WindowedKvCache::begin_step(const StepBatch& batch) {
     const int64_t have = it == len_.end() ? 0 : it->second;
     KVB_ASSERT(have == batch.past_lens[b], "windowed_kv_cache", "sequence ", s, " holds ", have,
                " tokens but the step says ", batch.past_lens[b]);
+    // Within the window every query sees every earlier token; past it, it would not, and the
+    // store of every layer has no way to let rows go as the window does.
+    KVB_CHECK(within_window_ == 0 || have + batch.new_tokens(b) <= within_window_, ctx_.config.name,
+              ": a sequence reaches ", have + batch.new_tokens(b),
+              " tokens, past the sliding window (", within_window_,
+              ") that every layer of the model has; the method's store (", inner_->name(),
+              ") compresses every layer and runs only while no sequence passes the window (the "
+              "full cache runs at any length)");
   }
   if (inner_) inner_->begin_step(batch);
 }
@@ -169,7 +191,7 @@ void WindowedKvCache::truncate(int64_t seq_id, int64_t new_len) {
     r.k = r.k.narrow(0, 0, keep).clone();
     r.v = r.v.narrow(0, 0, keep).clone();
   }
-  it->second = new_len;
+  len_[seq_id] = new_len;
   if (inner_) inner_->truncate(seq_id, new_len);
 }
 

@@ -8,6 +8,16 @@
 // cache of such a model is its windowed footprint (ModelConfig::full_kv_bytes), and compression
 // ratios are against it.
 //
+// A model whose every layer is a window (Phi-3-mini-4k: 2047, Mistral-7B-v0.1: 4096) has no global
+// layer for a method to compress. There the method's store serves every layer (built for the model
+// without its windows) for as long as the windows do not bind: while a sequence holds at most
+// `window` tokens, every query sees every earlier token, so the model is plain causal attention and
+// the method compresses it as it would any model. A step that would take a sequence past the
+// window is refused (kvb::Error naming the model, the window and the store): what the window hides
+// from a query would have to leave the method's store too, and stores do not drop their oldest
+// rows on request. The exact stores (full, paged, static) keep the window layers here as above, at
+// any length.
+//
 // MethodRegistry::create and make_default_kv wrap every store of such a model; the engine refuses a
 // model with window layers on a store that does not apply them (KvCache::serves_windows).
 
@@ -16,20 +26,27 @@
 #include <string>
 #include <vector>
 
+#include "harness/kv/context_pass.h"
 #include "harness/kv/method.h"
 #include "harness/kv/question_aware.h"
 
 namespace kvb {
 
-class WindowedKvCache : public KvCache, public QuestionAwareCache {
+class WindowedKvCache : public KvCache, public QuestionAwareCache, public ContextPassCache {
  public:
   // ctx: the whole model's context (config.layer_windows set). inner: the store of the global
-  // layers, built for global_layer_context(ctx); null when the model has no global layer.
-  WindowedKvCache(const CacheContext& ctx, std::unique_ptr<KvCache> inner);
+  // layers, built for global_layer_context(ctx); null when the model has no global layer. Or, with
+  // `inner_within_window` on a model whose every layer is a window: a store of every layer, built
+  // for the model without windows, which serves them while no sequence passes the window.
+  WindowedKvCache(const CacheContext& ctx, std::unique_ptr<KvCache> inner,
+                  bool inner_within_window = false);
 
   std::string name() const override;
-  // Passed on to the global layers' store when it has the capability.
+  // Passed on to the global layers' store when it has the capability (a store without the context
+  // pass does nothing here and returns 0, so the protocol's end_prefill after it compresses as a
+  // plain prefill would).
   void set_question_tokens(int64_t seq_id, int64_t question_tokens) override;
+  int64_t run_context_pass(const ContextPass& pass) override;
   void begin_step(const StepBatch& batch) override;
   at::Tensor attend(const LayerInput& in) override;
   void end_step(const StepBatch& batch) override;
@@ -60,6 +77,9 @@ class WindowedKvCache : public KvCache, public QuestionAwareCache {
 
   CacheContext ctx_;
   std::unique_ptr<KvCache> inner_;
+  // > 0: inner_ serves every layer and sequences may hold at most this many tokens (the smallest
+  // window); 0: the window layers are kept here.
+  int64_t within_window_ = 0;
   std::vector<int64_t> inner_layer_;  // [n_layers]: the inner store's layer, -1 for a window layer
   std::vector<std::map<int64_t, Rows>> held_;  // [n_layers]: per window layer, per sequence
   std::map<int64_t, int64_t> len_;             // tokens each sequence has seen
@@ -70,9 +90,9 @@ class WindowedKvCache : public KvCache, public QuestionAwareCache {
 CacheContext global_layer_context(const CacheContext& ctx);
 
 // Wraps `make(inner ctx)` in a WindowedKvCache when ctx's model has window layers (the inner store
-// is built for the global layers; none when there are none and `needs_global` is false); otherwise
-// returns make(ctx) as it is. `what` names the store in the error for a model without global
-// layers.
+// is built for the global layers; on a model without global layers none when `needs_global` is
+// false, else one of every layer that runs within the window); otherwise returns make(ctx) as it
+// is. `what` names the store in errors.
 std::unique_ptr<KvCache> make_window_aware(
     const CacheContext& ctx,
     const std::function<std::unique_ptr<KvCache>(const CacheContext&)>& make, bool needs_global,

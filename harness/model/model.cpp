@@ -370,6 +370,10 @@ void load_gguf(Model& m, const std::string& path) {
     L.w2 = get(p + "ffn_down.weight", {D, F});
     w.layers.push_back(std::move(L));
   }
+  // RoPE frequency factors were read into the config (gguf_model_config).
+  for (const char* t :
+       {"rope_freqs.weight", "rope_factors_short.weight", "rope_factors_long.weight"})
+    if (f.has_tensor(t)) used.insert(t);
   // A tensor the mapping did not read is a part of the model the engine would leave out (a bias,
   // a norm, a rerank head): refuse the file rather than run something else.
   for (const GgufTensor& t : f.tensors()) {
@@ -453,7 +457,26 @@ ModelFiles locate_model_files(const std::string& path) {
 
 }  // namespace
 
+namespace {
+void refuse_switching_rope(const ModelConfig& c) {
+  KVB_CHECK(!c.rope_scaling.switches(), c.name, ": RoPE scaling '", c.rope_scaling.type,
+            "' switches between two frequency sets with the sequence length, so rotating keys "
+            "outside the engine (re-rotation, splicing, calibration) is not supported on it");
+}
+}  // namespace
+
+RopeFactors rope_factors_for_length(const ModelConfig& c, int64_t length) {
+  return c.rope_scaling.switches() && length > c.rope_scaling.original_max_position_embeddings
+             ? RopeFactors::kLong
+             : RopeFactors::kShort;
+}
+
 std::vector<double> rope_inv_freq(const ModelConfig& c) {
+  refuse_switching_rope(c);
+  return rope_inv_freq(c, RopeFactors::kShort);
+}
+
+std::vector<double> rope_inv_freq(const ModelConfig& c, RopeFactors set) {
   const int64_t half = c.head_dim / 2;
   std::vector<double> inv_freq(half);
   for (int64_t i = 0; i < half; ++i) {
@@ -478,21 +501,38 @@ std::vector<double> rope_inv_freq(const ModelConfig& c) {
     }
   } else if (rs.type == "linear") {
     for (auto& f : inv_freq) f /= rs.factor;
+  } else if (rs.type == "factors" || rs.type == "longrope") {
+    // One divisor per frequency: a GGUF's rope_freqs (llama.cpp divides theta by it), or
+    // LongRoPE's short / long set (transformers: 1 / (factor * base^(2i/d))).
+    const std::vector<double>& d =
+        set == RopeFactors::kLong && rs.type == "longrope" ? rs.long_factors : rs.factors;
+    KVB_ASSERT(static_cast<int64_t>(d.size()) == half, "rope", "frequency factors of size ",
+               d.size(), " for head_dim ", c.head_dim);
+    for (int64_t i = 0; i < half; ++i) inv_freq[i] /= d[i];
   }
   return inv_freq;
 }
 
 void compute_rope_tables(const ModelConfig& c, int64_t n_pos, at::Tensor* cos, at::Tensor* sin) {
+  refuse_switching_rope(c);
+  compute_rope_tables(c, n_pos, RopeFactors::kShort, cos, sin);
+}
+
+void compute_rope_tables(const ModelConfig& c, int64_t n_pos, RopeFactors set, at::Tensor* cos,
+                         at::Tensor* sin) {
   const int64_t half = c.head_dim / 2;
-  const std::vector<double> inv_freq = rope_inv_freq(c);
+  const std::vector<double> inv_freq = rope_inv_freq(c, set);
+  // LongRoPE's attention factor scales cos and sin (so q and k) in both regimes, as transformers'
+  // rotary embedding and llama.cpp's rope attn_factor do.
+  const double scale = c.rope_scaling.switches() ? c.rope_scaling.attention_factor : 1.0;
   at::Tensor cs = at::empty({n_pos, half}, at::kFloat), sn = at::empty({n_pos, half}, at::kFloat);
   float* pc = cs.data_ptr<float>();
   float* ps = sn.data_ptr<float>();
   for (int64_t p = 0; p < n_pos; ++p) {
     for (int64_t i = 0; i < half; ++i) {
       const double a = static_cast<double>(p) * inv_freq[i];
-      pc[p * half + i] = static_cast<float>(std::cos(a));
-      ps[p * half + i] = static_cast<float>(std::sin(a));
+      pc[p * half + i] = static_cast<float>(scale * std::cos(a));
+      ps[p * half + i] = static_cast<float>(scale * std::sin(a));
     }
   }
   *cos = cs;
@@ -507,11 +547,20 @@ ModelConfig local_rope_config(const ModelConfig& c) {
 }
 
 void Model::ensure_rope_len(int64_t n) {
-  if (weights.rope_cos.defined() && weights.rope_cos.size(0) >= n) return;
-  int64_t len = weights.rope_cos.defined() ? weights.rope_cos.size(0) : 0;
-  len = std::max<int64_t>(n, std::max<int64_t>(2 * len, 1024));
+  if (weights.rope_cos.defined() && weights.rope_positions() >= n) return;
+  const int64_t len = std::max<int64_t>(n, std::max<int64_t>(2 * weights.rope_positions(), 1024));
   at::Tensor c, s;
-  compute_rope_tables(config, len, &c, &s);
+  if (config.rope_scaling.switches()) {
+    // Both of LongRoPE's tables, one after the other (ModelWeights::rope_long_row).
+    at::Tensor cl, sl;
+    compute_rope_tables(config, len, RopeFactors::kShort, &c, &s);
+    compute_rope_tables(config, len, RopeFactors::kLong, &cl, &sl);
+    c = at::cat({c, cl});
+    s = at::cat({s, sl});
+    weights.rope_long_row = len;
+  } else {
+    compute_rope_tables(config, len, &c, &s);
+  }
   weights.rope_cos = c.to(device);
   weights.rope_sin = s.to(device);
   if (config.rope_local_theta > 0 && config.n_window_layers() > 0) {

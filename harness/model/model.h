@@ -38,8 +38,16 @@ struct ModelWeights {
   at::Tensor final_norm;  // [dim], fp32
   at::Tensor lm_head;     // [vocab, dim]; the same storage as embedding when tied
   std::vector<LayerWeights> layers;
-  at::Tensor rope_cos;    // [max_pos, head_dim / 2], fp32
+  at::Tensor rope_cos;    // [max_pos, head_dim / 2], fp32 (LongRoPE: [2 * max_pos, ...], below)
   at::Tensor rope_sin;    // [max_pos, head_dim / 2], fp32
+  // LongRoPE (ModelConfig::rope_scaling.switches()): rows [0, rope_long_row) of rope_cos/rope_sin
+  // are the short factors' table and rows [rope_long_row, 2 * rope_long_row) the long factors',
+  // so a token that rotates with the long set reads row position + rope_long_row. 0 otherwise.
+  int64_t rope_long_row = 0;
+  // Positions the RoPE tables cover.
+  int64_t rope_positions() const {
+    return rope_long_row > 0 ? rope_long_row : (rope_cos.defined() ? rope_cos.size(0) : 0);
+  }
   // The window layers' tables where they rotate with their own base (ModelConfig::rope_local_theta);
   // undefined otherwise (every layer uses rope_cos/rope_sin).
   at::Tensor rope_cos_local;  // [max_pos, head_dim / 2], fp32
@@ -96,11 +104,25 @@ c10::ScalarType parse_dtype(const std::string& s);
 std::string dtype_name(c10::ScalarType t);
 int64_t dtype_bytes(c10::ScalarType t);
 
-// RoPE's per-pair angular frequencies for a config (head_dim / 2 of them), with linear or Llama-3
-// frequency scaling applied.
+// Which of LongRoPE's two frequency sets a rotation uses; every other RoPE has one (kShort).
+enum class RopeFactors { kShort, kLong };
+
+// RoPE's per-pair angular frequencies for a config (head_dim / 2 of them), with its scaling
+// applied: linear, llama3, per-frequency divisors (a GGUF's rope_freqs), or LongRoPE's `set`.
+std::vector<double> rope_inv_freq(const ModelConfig& c, RopeFactors set);
+// The same for a RoPE whose frequencies do not depend on the sequence length. A LongRoPE model is
+// refused (kvb::Error naming it): code that rotates keys outside the engine (re-rotation, splicing,
+// calibration) cannot know which set the engine rotated a sequence with.
 std::vector<double> rope_inv_freq(const ModelConfig& c);
-// RoPE tables for a config: cos/sin of pos * inv_freq[i].
+// RoPE tables for a config: cos/sin of pos * inv_freq[i], times LongRoPE's attention factor (as
+// transformers scales them). The three-argument form refuses LongRoPE as rope_inv_freq(c) does.
+void compute_rope_tables(const ModelConfig& c, int64_t n_pos, RopeFactors set, at::Tensor* cos,
+                         at::Tensor* sin);
 void compute_rope_tables(const ModelConfig& c, int64_t n_pos, at::Tensor* cos, at::Tensor* sin);
+// Which set a sequence rotates with in an engine call that takes it to `length` tokens: LongRoPE's
+// long factors above original_max_position_embeddings (transformers' choice per forward call),
+// else the short ones.
+RopeFactors rope_factors_for_length(const ModelConfig& c, int64_t length);
 // The config the window layers rotate with: rope_local_theta and no scaling (Gemma 3).
 ModelConfig local_rope_config(const ModelConfig& c);
 

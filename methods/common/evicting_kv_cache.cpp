@@ -174,6 +174,10 @@ EvictingKvCache::EvictingKvCache(const CacheContext& ctx, Options opts,
   fast_ = ctx_.device.is_cpu() && ctx_.dtype == at::kFloat && !opts_.force_generic;
   host_is_device_ = ctx_.device.is_cpu();
   sm_scale_ = 1.0f / std::sqrt(static_cast<float>(D_));
+  // Re-rotated keys and the RoPE angles ahead are this store's own rotations: refused at once on
+  // a RoPE whose frequencies switch with the length (LongRoPE), not at the first compression.
+  if (opts_.position_mode == PositionMode::kRerotated || needs_.query_stats_from >= 0)
+    (void)rope_inv_freq(c);
   KVB_CHECK(!opts_.codec || fast_, opts_.name, ": the codec '", opts_.codec ? opts_.codec->name() : "",
             "' stores kept entries on the host and runs on the CPU fp32 path only (device cpu, ",
             "dtype fp32)");

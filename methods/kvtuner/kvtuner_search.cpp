@@ -439,6 +439,7 @@ class ExactTrajectoryProbe : public TwinKvCache {
                        int64_t n_layers, int64_t every, int64_t first_decode_pos)
       : TwinKvCache(std::move(method), std::move(exact), every, first_decode_pos,
                     /*follow_exact=*/true) {
+    paged_ = dynamic_cast<PagedKvCache*>(&this->exact());
     codec_ = dynamic_cast<CodecKvCache*>(&this->method());
     KVB_CHECK(codec_ != nullptr, "kvtuner-search: the kvtuner cache is not a codec cache");
     sum_.assign(static_cast<size_t>(n_layers), PairStats{});
@@ -475,7 +476,7 @@ class ExactTrajectoryProbe : public TwinKvCache {
     // The paged cache's length grows at end_step: gather() returns the rows before this step's
     // token, which the quantized cache already holds (at full precision, in its residual).
     auto exact_rows = [&](bool keys) {
-      at::Tensor g = exact().gather(l, seq, keys).to(at::kFloat).cpu();
+      at::Tensor g = paged_->gather(l, seq, keys).to(at::kFloat).cpu();
       if (g.size(0) < ks.rows()) g = at::cat({g, (keys ? in.k : in.v)->to(at::kFloat).cpu()});
       return g.contiguous();  // [T, Hk, D]
     };
@@ -543,6 +544,7 @@ class ExactTrajectoryProbe : public TwinKvCache {
   }
 
   CodecKvCache* codec_ = nullptr;
+  PagedKvCache* paged_ = nullptr;  // the exact twin
   std::vector<PairStats> sum_;
   std::vector<int64_t> n_;
   std::vector<float> km_, vm_;
@@ -555,6 +557,12 @@ std::vector<PairStats> local_errors(std::shared_ptr<Model> model,
                                     const BitPair& pair, const std::string& mode,
                                     int64_t prefill_tokens, int64_t every, int64_t* probed) {
   const auto& c = model->config;
+  // The profiler quantizes every layer beside an exact paged twin and reads the codec's streams
+  // per model layer; a window layer has no codec (WindowedKvCache keeps it dense), so a model with
+  // window layers would need the profile of its global layers alone, which is not written.
+  KVB_CHECK(c.n_window_layers() == 0, "kvtuner-search: ", c.name, " has ", c.n_window_layers(),
+            " sliding-window layers; the profiler measures every layer of a model without them "
+            "(the kvtuner method itself runs on window models, on their global layers)");
   const size_t L = static_cast<size_t>(c.n_layers);
   std::vector<PairStats> sum(L);
   std::vector<int64_t> n(L, 0);

@@ -48,6 +48,11 @@ GgBuild tiny_llama(const std::string& skip = "", void (*extra)(GgBuild&) = nullp
   return b;
 }
 
+// The bytes of float32 values (a small F32 tensor's data).
+std::string f32_bytes(const std::vector<float>& v) {
+  return std::string(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(float));
+}
+
 ModelConfig config_of(const GgBuild& b, const std::string& source = "<tiny>") {
   return gguf_model_config(GgufFile(b.bytes(), source));
 }
@@ -149,10 +154,37 @@ TEST(GgufModelConfig, RefusesWhatTheEngineDoesNotImplement) {
                      b.str("llama.rope.scaling.type", "linear");
                    })); },
                    {"<tiny>", "missing metadata key 'llama.rope.scaling.factor'"});
-  expect_kvb_error([&] { config_of(tiny_llama("", [](GgBuild& b) {
-                     b.tensors.push_back({"rope_freqs.weight", {4}, 0, std::string(16, '\0')});
-                   })); },
-                   {"<tiny>", "tensor 'rope_freqs.weight' (llama3 RoPE frequency factors)"});
+  // rope_freqs (Llama 3.1's llama3 scaling as llama.cpp stores it): one divisor per frequency,
+  // each a positive number.
+  expect_kvb_error(
+      [&] {
+        config_of(tiny_llama("", [](GgBuild& b) {
+          b.tensors.push_back({"rope_freqs.weight", {4}, 0, std::string(16, '\0')});
+        }));
+      },
+      {"<tiny>", "'rope_freqs' entry 0 (0) must be a positive finite number"});
+  expect_kvb_error(
+      [&] {
+        config_of(tiny_llama("", [](GgBuild& b) {
+          b.tensors.push_back({"rope_freqs.weight", {3}, 0, f32_bytes({1, 2, 4})});
+        }));
+      },
+      {"<tiny>",
+       "tensor 'rope_freqs.weight' has 3 entries, but RoPE rotates "
+       "head_dim / 2 = 4"});
+  expect_kvb_error(
+      [&] {
+        config_of(tiny_llama("", [](GgBuild& b) {
+          b.tensors.push_back({"blk.0.rope_freqs.weight", {4}, 0, f32_bytes({1, 2, 4, 8})});
+        }));
+      },
+      {"<tiny>", "'blk.0.rope_freqs.weight': per-layer RoPE frequency factors"});
+  const ModelConfig rf = config_of(tiny_llama("", [](GgBuild& b) {
+    b.tensors.push_back({"rope_freqs.weight", {4}, 0, f32_bytes({1, 1.5, 4, 8})});
+  }));
+  EXPECT_EQ(rf.rope_scaling.type, "factors");
+  EXPECT_EQ(rf.rope_scaling.factors, (std::vector<double>{1, 1.5, 4, 8}));
+  EXPECT_EQ(rf.to_json()["rope_scaling"]["factors"], nlohmann::json({1, 1.5, 4, 8}));
   expect_kvb_error([&] { config_of(tiny_llama("", [](GgBuild& b) {
                      b.u32("llama.vocab_size", 11);
                    })); },
@@ -296,11 +328,43 @@ TEST(GgufModelConfig, QwenAndPhi3) {
   EXPECT_TRUE(config_of(tiny("phi3", [](GgBuild& b) {
                 b.u32("phi3.attention.sliding_window", 0);
               })).layer_windows.empty());
-  expect_kvb_error([&] { config_of(tiny("phi3", [](GgBuild& b) {
-                     b.tensors.push_back({"rope_factors_long.weight", {4}, 0,
-                                          std::string(16, '\0')});
-                   })); },
-                   {"<tiny>", "tensor 'rope_factors_long.weight' (LongRoPE frequency factors)"});
+  // LongRoPE (Phi-3 128K, Phi-3.5): both factor sets, the switch point and the attention factor.
+  const ModelConfig lr = config_of(tiny("phi3", [](GgBuild& b) {
+    b.u32("phi3.rope.scaling.original_context_length", 16);
+    b.f32("phi3.rope.scaling.attn_factor", 1.25f);
+    b.tensors.push_back({"rope_factors_long.weight", {4}, 0, f32_bytes({1, 2, 4, 8})});
+    b.tensors.push_back({"rope_factors_short.weight", {4}, 0, f32_bytes({1, 1, 1.5, 2})});
+  }));
+  EXPECT_EQ(lr.rope_scaling.type, "longrope");
+  EXPECT_EQ(lr.rope_scaling.factors, (std::vector<double>{1, 1, 1.5, 2}));
+  EXPECT_EQ(lr.rope_scaling.long_factors, (std::vector<double>{1, 2, 4, 8}));
+  EXPECT_EQ(lr.rope_scaling.original_max_position_embeddings, 16);
+  EXPECT_EQ(lr.rope_scaling.attention_factor, 1.25);
+  expect_kvb_error(
+      [&] {
+        config_of(tiny("phi3", [](GgBuild& b) {
+          b.tensors.push_back({"rope_factors_long.weight", {4}, 0, f32_bytes({1, 2, 4, 8})});
+        }));
+      },
+      {"<tiny>",
+       "tensor 'rope_factors_short.weight' is missing: LongRoPE needs "
+       "both factor sets"});
+  expect_kvb_error(
+      [&] {
+        config_of(tiny("qwen2", [](GgBuild& b) {
+          b.tensors.push_back({"rope_freqs.weight", {4}, 0, f32_bytes({1, 2, 4, 8})});
+        }));
+      },
+      {"<tiny>",
+       "tensor 'rope_freqs.weight' on qwen2: llama.cpp's qwen2 graph "
+       "does not read it"});
+  expect_kvb_error(
+      [&] {
+        config_of(tiny("qwen3", [](GgBuild& b) {
+          b.tensors.push_back({"rope_factors_long.weight", {4}, 0, f32_bytes({1, 2, 4, 8})});
+        }));
+      },
+      {"<tiny>", "on qwen3: llama.cpp's qwen3 graph does not read them"});
 }
 
 TEST(GgufModelConfig, RealFiles) {

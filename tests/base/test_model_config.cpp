@@ -225,8 +225,9 @@ TEST(ModelConfig, UnsupportedModelTypeActivationAndRopeScaling) {
   j = base_config();
   j["rope_scaling"] = {{"type", "yarn"}, {"factor", 4.0}};
   expect_kvb_error([&] { parse(j); },
-                   {kSrc, "'rope_scaling' has rope_type 'yarn', which is not supported "
-                          "(default, linear, llama3)"});
+                   {kSrc,
+                    "'rope_scaling' has rope_type 'yarn', which is not supported "
+                    "(default, linear, llama3, longrope / su)"});
   j["rope_scaling"] = {{"rope_type", "dynamic"}, {"factor", 2.0}};
   expect_kvb_error([&] { parse(j); }, {kSrc, "'rope_scaling' has rope_type 'dynamic'"});
   j["rope_scaling"] = {{"rope_type", 3}};
@@ -361,12 +362,20 @@ TEST(ModelConfigFamilies, BothRopeLayoutsGiveTheSameConfig) {
   EXPECT_EQ(b.rope_scaling.type, "llama3");
   EXPECT_DOUBLE_EQ(b.rope_scaling.factor, 8.0);
   // Unsupported types are refused in the v5 layout too, naming where.
-  for (const char* t : {"yarn", "longrope", "su", "dynamic", "ntk"}) {
+  for (const char* t : {"yarn", "dynamic", "ntk"}) {
     json j = v5;
     j["rope_parameters"]["rope_type"] = t;
     SCOPED_TRACE(t);
     expect_kvb_error([&] { parse(j); },
                      {kSrc, std::string("'rope_parameters' has rope_type '") + t + "'"});
+  }
+  // longrope / su need their factor lists.
+  for (const char* t : {"longrope", "su"}) {
+    json j = v5;
+    j["rope_parameters"]["rope_type"] = t;
+    SCOPED_TRACE(t);
+    expect_kvb_error([&] { parse(j); },
+                     {kSrc, "'rope_parameters.short_factor' must be a list of numbers"});
   }
   json j = v5;
   j["rope_parameters"]["partial_rotary_factor"] = 0.5;

@@ -1,9 +1,10 @@
-// GGUF checkpoints of the Qwen2, Qwen3, Phi-3 and Gemma 3 architectures against Hugging Face
-// transformers: tests/fixtures/gguf/<arch>/model.gguf is a tiny random-weight model converted with
-// llama.cpp's rules (scripts/gguf-families-reference.py: its names, no q/k permutation, Gemma's
-// norms with the 1 added, BF16 matrices), and kvbench must give the logits transformers computed for
-// the same weights (max |diff| / max |ref| <= 1e-4 per prompt) and the same greedy tokens, on the
-// fast CPU path and the generic LibTorch path, whole and chunked.
+// GGUF checkpoints of the Qwen2, Qwen3, Phi-3 (also with LongRoPE's factor tensors), Gemma 3 and
+// Llama (llama3 RoPE scaling as rope_freqs) architectures against Hugging Face transformers:
+// tests/fixtures/gguf/<arch>/model.gguf is a tiny random-weight model converted with llama.cpp's
+// rules (scripts/gguf-families-reference.py: its names, q/k permuted for llama only, Gemma's norms
+// with the 1 added, BF16 matrices, the RoPE factor tensors), and kvbench must give the logits
+// transformers computed for the same weights (max |diff| / max |ref| <= 1e-4 per prompt) and the
+// same greedy tokens, on the fast CPU path and the generic LibTorch path, whole and chunked.
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
@@ -77,9 +78,11 @@ TEST_P(GgufFamily, LogitsAndGreedyMatchTransformers) {
   const Reference ref = read_reference(arch);
   auto m = load_gguf_fixture(arch);
   EXPECT_EQ(m->config.format, "gguf");
-  EXPECT_EQ(m->config.arch, arch == "gemma3" ? "gemma3_text" : arch);
-  // Not llama: llama.cpp leaves these q/k rows in Hugging Face's order and rotates halves.
-  EXPECT_EQ(m->config.rope_style, RopeStyle::kHalf);
+  EXPECT_EQ(m->config.arch, parse_hf_config(ref.hf_config.dump(), "hf_config").arch);
+  // llama.cpp's converter permutes llama's q/k rows into adjacent pairs; the others keep Hugging
+  // Face's order and rotate halves.
+  EXPECT_EQ(m->config.rope_style,
+            m->config.arch == "llama" ? RopeStyle::kInterleaved : RopeStyle::kHalf);
   double worst = 0;
   for (size_t i = 0; i < ref.prompts.size(); ++i) {
     const double err = rel_err(prompt_logits(m, ref.prompts[i]), ref.logits[i]);
@@ -121,8 +124,23 @@ TEST_P(GgufFamily, ConfigIsTheHuggingFaceOne) {
   EXPECT_EQ(g.head_dim, h.head_dim);
   EXPECT_EQ(g.vocab_size, h.vocab_size);
   EXPECT_EQ(g.rope_theta, h.rope_theta);
-  EXPECT_EQ(g.rope_scaling.type, h.rope_scaling.type);
-  EXPECT_EQ(g.rope_scaling.factor, h.rope_scaling.factor);
+  if (h.rope_scaling.type == "llama3") {
+    // llama.cpp's converter stores llama3 scaling as per-frequency divisors (rope_freqs).
+    EXPECT_EQ(g.rope_scaling.type, "factors");
+  } else {
+    EXPECT_EQ(g.rope_scaling.type, h.rope_scaling.type);
+  }
+  if (h.rope_scaling.type == "linear") EXPECT_EQ(g.rope_scaling.factor, h.rope_scaling.factor);
+  // The frequencies themselves, each set: the GGUF's factors are float32.
+  for (RopeFactors set : {RopeFactors::kShort, RopeFactors::kLong}) {
+    const std::vector<double> gf = rope_inv_freq(g, set), hf = rope_inv_freq(h, set);
+    ASSERT_EQ(gf.size(), hf.size());
+    for (size_t i = 0; i < gf.size(); ++i) EXPECT_NEAR(gf[i] / hf[i], 1.0, 1e-6) << i;
+  }
+  EXPECT_NEAR(g.rope_scaling.attention_factor, h.rope_scaling.attention_factor, 1e-6);
+  if (h.rope_scaling.switches())
+    EXPECT_EQ(g.rope_scaling.original_max_position_embeddings,
+              h.rope_scaling.original_max_position_embeddings);
   EXPECT_EQ(g.rope_local_theta, h.rope_local_theta);
   EXPECT_EQ(g.layer_windows, h.layer_windows);
   EXPECT_EQ(g.qkv_bias, h.qkv_bias);
@@ -142,8 +160,56 @@ TEST_P(GgufFamily, ConfigIsTheHuggingFaceOne) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Archs, GgufFamily,
-                         ::testing::Values("qwen2", "qwen3", "phi3", "gemma3"),
+                         ::testing::Values("qwen2", "qwen3", "phi3", "gemma3", "llama3",
+                                           "phi3_longrope"),
                          [](const auto& info) { return info.param; });
+
+// Llama 3.1's GGUF form of llama3 scaling: rope_freqs holds one divisor per frequency, and those
+// give the frequencies the config.json path computes from the parameters: one kept, two blended,
+// one divided by the factor (8).
+TEST(GgufFamilies, RopeFreqsGiveTheLlama3Frequencies) {
+  const ModelConfig g = load_gguf_fixture("llama3")->config;
+  const ModelConfig h =
+      parse_hf_config(read_reference("llama3").hf_config.dump(), "llama3 hf_config");
+  ASSERT_EQ(h.rope_scaling.type, "llama3");
+  ASSERT_EQ(g.rope_scaling.factors.size(), 4u);
+  EXPECT_EQ(g.rope_scaling.factors[0], 1.0);
+  EXPECT_GT(g.rope_scaling.factors[1], 1.0);
+  EXPECT_LT(g.rope_scaling.factors[2], 8.0);
+  EXPECT_GT(g.rope_scaling.factors[2], g.rope_scaling.factors[1]);
+  EXPECT_EQ(g.rope_scaling.factors[3], 8.0);
+  const std::vector<double> gf = rope_inv_freq(g), hf = rope_inv_freq(h);
+  // The converter computes the divisors in float32 and stores them so: within 1e-6.
+  for (size_t i = 0; i < 4; ++i) EXPECT_NEAR(gf[i] / hf[i], 1.0, 1e-6) << i;
+}
+
+// Half of LongRoPE's pair, or a factor tensor under another name, is refused by name.
+TEST(GgufFamilies, RefusesFactorTensorsTheGraphDoesNotRead) {
+  auto rename = [](const std::string& fixture, const std::string& from, const std::string& to) {
+    std::string bytes = read_text_file(fixture_dir(fixture) + "/model.gguf");
+    const size_t at = bytes.find(from);
+    EXPECT_NE(at, std::string::npos) << from;
+    bytes.replace(at, from.size(), to);
+    const std::string path = test::make_temp_dir("gguf_factors") + "/" + fixture + ".gguf";
+    std::ofstream(path, std::ios::binary) << bytes;
+    return path;
+  };
+  auto refused = [](const std::string& path, const std::string& what) {
+    try {
+      load_model(path);
+      ADD_FAILURE() << "expected an error: " << what;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+    }
+  };
+  // Same-length renames keep the file valid.
+  refused(rename("phi3_longrope", "rope_factors_long.weight", "rope_factors_lonX.weight"),
+          "tensor 'rope_factors_long.weight' is missing: LongRoPE needs both factor sets");
+  // A rope_freqs tensor renamed away: the loader reads no factors, and the stray tensor is refused
+  // rather than left out of the computation.
+  refused(rename("llama3", "rope_freqs.weight", "rope_freqX.weight"),
+          "tensor 'rope_freqX.weight' is not part of the llama model");
+}
 
 // A tensor the mapping does not read is refused, naming the file and the tensor, rather than left
 // out of the computation: the Qwen2 fixture with its output.weight renamed reads as a tied model

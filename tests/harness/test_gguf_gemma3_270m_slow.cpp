@@ -14,6 +14,9 @@
 #include "harness/common/asset_cache.h"
 #include "harness/common/mapped_file.h"
 #include "harness/engine/engine.h"
+#include "harness/eval/run_config.h"
+#include "harness/eval/runner.h"
+#include "harness/store/results_db.h"
 #include "tests/support/test_support.h"
 
 namespace kvb {
@@ -68,6 +71,42 @@ TEST(GgufGemma3_270M, MatchesTransformersOnTheSameFile) {
             << "\n";
   RecordProperty("max_rel_logit_err", std::to_string(worst));
   EXPECT_LT(worst, 1e-4);
+}
+
+// The qa protocol end to end on the real model in Gemma's turn format (its GGUF has no template,
+// so `auto` would be none): a passkey at 256 tokens, one depth, snapkv at half the context beside
+// the full cache. The full cache answers it (results/gemma3-270m.md: 3 of 3 depths at 256), the
+// sample records the template, and the ledger holds the windowed full cache's bytes.
+TEST(GgufGemma3_270M, PasskeyInGemmasTurnFormat) {
+  if (!file_exists(gemma_path()))
+    GTEST_SKIP() << gemma_path() << " not fetched (KVB_FETCH_GEMMA3=1 scripts/fetch-assets.sh)";
+  const std::string dir = test::make_temp_dir("gemma3_qa");
+  ResultsDb db(dir + "/db.sqlite");
+  RunEnv env;
+  env.data_dir = test::data_dir();
+  const json cfg =
+      resolve_run_config({{"model", gemma_path()},
+                          {"threads", 2},
+                          {"method", {{"name", "snapkv"}, {"params", {{"budget", 0.5}}}}},
+                          {"protocol",
+                           {{"name", "qa"},
+                            {"source", "synthetic"},
+                            {"task", "passkey"},
+                            {"length", 256},
+                            {"num_samples", 1},
+                            {"depths", "0.5"},
+                            {"chat_template", "gemma"}}}});
+  const RunOutcome o = execute_run(cfg, db, env);
+  ASSERT_EQ(o.samples_total, 1);
+  EXPECT_EQ(test::metric(o.metrics, "full_accuracy"), 1.0);
+  EXPECT_GT(test::metric(o.metrics, "compression_ratio"), 1.0);
+  const auto samples = db.samples(o.run_id);
+  ASSERT_EQ(samples.size(), 1u);
+  const json out = json::parse(samples[0].output_json);
+  EXPECT_EQ(out.at("chat_template"), "gemma") << samples[0].output_json.substr(0, 400);
+  std::cout << "[ gemma-3-270m ] passkey at 256 in Gemma's turn format: full "
+            << test::metric(o.metrics, "full_accuracy") << ", snapkv 0.5 "
+            << test::metric(o.metrics, "accuracy") << "\n";
 }
 
 }  // namespace

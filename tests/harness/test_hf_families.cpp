@@ -16,9 +16,11 @@
 #include "harness/common/mapped_file.h"
 #include "harness/engine/engine.h"
 #include "harness/engine/transformer.h"
+#include "harness/eval/probe.h"
 #include "harness/eval/run_config.h"
 #include "harness/eval/runner.h"
 #include "harness/formats/safetensors.h"
+#include "harness/kv/context_pass.h"
 #include "harness/kv/method_registry.h"
 #include "harness/kv/paged_kv_cache.h"
 #include "harness/kv/windowed_kv_cache.h"
@@ -31,8 +33,8 @@ namespace {
 
 using nlohmann::json;
 
-const std::vector<std::string> kArchs = {"llama3",     "qwen2", "qwen3", "mistral",
-                                         "mistral_sw", "phi3",  "gemma3"};
+const std::vector<std::string> kArchs = {"llama3",     "qwen2", "qwen3",         "mistral",
+                                         "mistral_sw", "phi3",  "phi3_longrope", "gemma3"};
 
 std::string fixture_dir(const std::string& arch) { return test::fixtures_dir() + "/hf/" + arch; }
 
@@ -239,16 +241,222 @@ TEST(HfFamilies, ForkContinuesExactlyAndTruncationBeyondTheWindowIsRefused) {
   }
 }
 
-// An eviction method on a model whose every layer is a window has nothing to compress: refused.
-TEST(HfFamilies, CompressingMethodWithoutGlobalLayersIsRefused) {
+// A compressing method on a model whose every layer is a window (Mistral's sliding_window 6 here):
+// its store takes every layer while no sequence passes the window, where the model is plain causal
+// attention; a sequence past the window is refused, naming the model, the window and the store.
+// The full cache runs at any length.
+TEST(HfFamilies, CompressingMethodOnAnAllWindowModelRunsWithinTheWindow) {
+  const Reference ref = read_reference("mistral_sw");
   auto m = load_dir(fixture_dir("mistral_sw"));
+  const std::vector<int64_t> six(ref.prompts[0].begin(), ref.prompts[0].begin() + 6);
+  for (const char* method : {"snapkv", "kivi", "streaming_llm"}) {
+    SCOPED_TRACE(method);
+    Engine e(m, method_store(*m, method,
+                             std::string(method) == "kivi"
+                                 ? json{{"group_size", 2}, {"residual_length", 2}}
+                                 : json{{"budget", 0.5}}));
+    ASSERT_NE(dynamic_cast<const WindowedKvCache*>(&e.kv()), nullptr);
+    const int64_t s = e.new_sequence();
+    std::vector<at::Tensor> rows;
+    e.prefill({s}, {six}, [&](const at::Tensor& l, int64_t) { rows.push_back(l.clone()); });
+    // Within the window the prompt's logits are the model's (compression comes after them).
+    EXPECT_LT(rel_err(at::cat(rows), ref.logits[0].narrow(0, 0, 6)), 1e-4);
+    // The method's store holds every layer, and compressed: below the full cache of 6 tokens.
+    EXPECT_LT(e.kv().footprint().physical_bytes(), m->config.full_kv_bytes(6, 4));
+    try {
+      e.decode({s}, {ref.prompts[0][6]});
+      ADD_FAILURE() << "expected an error";
+    } catch (const Error& err) {
+      const std::string msg = err.what();
+      EXPECT_NE(msg.find("reaches 7 tokens, past the sliding window (6)"), std::string::npos)
+          << msg;
+      EXPECT_NE(msg.find("mistral_sw"), std::string::npos) << msg;
+    }
+  }
+  // The full cache keeps the window layers itself, at any length.
+  EXPECT_LT(rel_err(prompt_logits(m, method_store(*m, "full"), ref.prompts[0]), ref.logits[0]),
+            1e-4);
+}
+
+// KVzip's context pass reaches the global layers' store through the windowing (the qa protocol
+// finds the capability on the outer store): the pass runs, leaves no KV behind, and the compression
+// that follows keeps a quarter of the global layers' rows while the window layers keep their
+// windows.
+TEST(HfFamilies, ContextPassReachesTheGlobalLayersStore) {
+  const Reference ref = read_reference("gemma3");
+  auto m = load_dir(fixture_dir("gemma3"));
+  const ModelConfig& c = m->config;
+  Engine e(m, MethodRegistry::instance().create("kvzip", CacheContext{c, m->device, m->dtype, m},
+                                                {{"budget", 0.25}}));
+  auto* pass_cache = dynamic_cast<ContextPassCache*>(&e.kv());
+  ASSERT_NE(pass_cache, nullptr);
+  const auto& ids = ref.prompts[0];  // 20 tokens
+  const int64_t n = static_cast<int64_t>(ids.size());
+  const int64_t s = e.new_sequence();
+  e.prefill({s}, {ids}, nullptr, /*call_end_prefill=*/false);
+  const Footprint before = e.kv().footprint();
+  ContextPass pass;
+  pass.engine = &e;
+  pass.seq = s;
+  pass.context = ids;
+  pass.prefix_tokens = 1;
+  pass.turn_close = {7};
+  pass.encode = [](const std::string& text) {
+    return std::vector<int64_t>{3 + static_cast<int64_t>(text.size() % 50), 9, 11};
+  };
+  EXPECT_GT(pass_cache->run_context_pass(pass), 0);
+  EXPECT_EQ(e.kv().footprint().device_payload_bytes, before.device_payload_bytes);
+  e.kv().end_prefill(s);
+  const auto* w = dynamic_cast<const WindowedKvCache*>(&e.kv());
+  ASSERT_NE(w, nullptr);
+  // 2 global layers x 2 KV heads x n/4 entries, K and V, fp32.
+  EXPECT_EQ(w->inner()->footprint().device_payload_bytes, 2 * 2 * (n / 4) * 2 * c.head_dim * 4);
+  EXPECT_EQ(e.kv().counters().at("window_rows_held"), 2 * 5);
+}
+
+// The probe protocol's exact twin applies the windows as the method's store does, so it runs on
+// a model with window layers; a window layer is the same on both sides.
+TEST(HfFamilies, ProbeRunsOnAModelWithWindowLayers) {
+  const Reference ref = read_reference("gemma3");
+  auto m = load_dir(fixture_dir("gemma3"));
+  ProbeOptions o;
+  o.prefill_tokens = 12;
+  o.every = 2;
+  const ProbeSampleResult r = run_probe_sample(m, "snapkv", {{"budget", 0.25}}, ref.prompts[0], o);
+  ASSERT_EQ(r.out_err.size(), 4u);
+  for (int64_t l : {0, 2}) {  // window layers
+    EXPECT_GT(r.out_n[l], 0) << l;
+    EXPECT_EQ(r.out_err[l], 0.0) << l;
+    EXPECT_EQ(r.kv_n[l], 0) << l;
+  }
+  // The global layers hold a quarter of the prompt: their attention differs.
+  EXPECT_GT(r.out_err[1] + r.out_err[3], 0.0);
+  EXPECT_GT(r.kv_n[1], 0);
+}
+
+// LongRoPE (Phi-3 128K, Phi-3.5): the config as transformers settles it, in both layouts.
+TEST(HfFamilies, LongRopeFieldsAsParsed) {
+  const ModelConfig c = load_hf_config(fixture_dir("phi3_longrope") + "/config.json");
+  EXPECT_EQ(c.rope_scaling.type, "longrope");
+  EXPECT_EQ(c.rope_scaling.factors, (std::vector<double>{1.0, 1.05, 1.15, 1.3}));
+  EXPECT_EQ(c.rope_scaling.long_factors, (std::vector<double>{1.0, 1.8, 5.0, 12.0}));
+  EXPECT_EQ(c.rope_scaling.original_max_position_embeddings, 16);
+  // max_position_embeddings / original = 16: sqrt(1 + ln 16 / ln 16).
+  EXPECT_NEAR(c.rope_scaling.attention_factor, std::sqrt(2.0), 1e-15);
+  EXPECT_EQ(rope_factors_for_length(c, 16), RopeFactors::kShort);
+  EXPECT_EQ(rope_factors_for_length(c, 17), RopeFactors::kLong);
+  // Each set divides the base frequencies entry by entry.
+  const std::vector<double> s = rope_inv_freq(c, RopeFactors::kShort);
+  const std::vector<double> l = rope_inv_freq(c, RopeFactors::kLong);
+  ASSERT_EQ(s.size(), 4u);
+  for (size_t i = 0; i < 4; ++i) {
+    const double base = std::pow(10000.0, -2.0 * static_cast<double>(i) / 8);
+    EXPECT_DOUBLE_EQ(s[i], base / c.rope_scaling.factors[i]);
+    EXPECT_DOUBLE_EQ(l[i], base / c.rope_scaling.long_factors[i]);
+  }
+  // The transformers 4 layout ("su", top-level original_max_position_embeddings) is the same model.
+  EXPECT_EQ(load_hf_config(fixture_dir("phi3_longrope") + "/config.v4.json").to_json(),
+            c.to_json());
+}
+
+// A decode across the switch point, one token per call with the cache kept: the steps that take
+// the sequence past original_max_position_embeddings rotate with the long factors while the cached
+// keys keep the short ones, as transformers' forward computes it (and kvpress's decoding loop runs
+// it). generate() in transformers recomputes the cache at the crossing instead; the fixture's
+// "decode.recomputed" holds that, and it is far from both.
+TEST(HfFamilies, LongRopeSwitchesPerCallAsTransformersForwardDoes) {
+  const std::string dir = fixture_dir("phi3_longrope");
+  const json ref = json::parse(read_text_file(dir + "/reference.json"));
+  const auto prompt = ref.at("cached_decode").at("prompt").get<std::vector<int64_t>>();
+  const auto fed = ref.at("cached_decode").at("tokens").get<std::vector<int64_t>>();
+  SafetensorsFile f(dir + "/logits.safetensors");
+  auto read = [&](const char* name) {
+    const StTensor& t = f.get(name);
+    return at::from_blob(const_cast<uint8_t*>(t.data), t.shape, at::kFloat).clone();
+  };
+  const at::Tensor want = read("decode"), recomputed = read("decode.recomputed");
+  auto m = load_dir(dir);
+  ASSERT_LE(static_cast<int64_t>(prompt.size()) + 1, 16);  // the prompt and first step: short
+  ASSERT_GT(static_cast<int64_t>(prompt.size() + fed.size()), 16);  // the last steps: long
+  for (bool fast : {true, false}) {
+    set_cpu_f32_fast_path(fast);
+    // Prefill in chunks of 4: the chunks of one call rotate as the whole call does.
+    EngineOptions eo;
+    eo.prefill_chunk = 4;
+    Engine e(m, make_default_kv(*m), eo);
+    const int64_t s = e.new_sequence();
+    at::Tensor last = e.prefill({s}, {prompt})[0];
+    std::vector<at::Tensor> rows;
+    for (size_t i = 0; i < fed.size(); ++i) {
+      EXPECT_EQ(last.argmax().item<int64_t>(), fed[i]) << "step " << i;
+      last = e.decode({s}, {fed[i]})[0];
+      rows.push_back(last.clone());
+    }
+    const at::Tensor got = at::stack(rows);
+    const double err = rel_err(got, want);
+    std::cout << "[phi3_longrope] cached decode across the switch (" << (fast ? "fast" : "generic")
+              << " path): max relative logit error " << err << "\n";
+    EXPECT_LT(err, 1e-4);
+    EXPECT_GT(rel_err(got, recomputed), 1e-2);
+  }
+  set_cpu_f32_fast_path(true);
+}
+
+// LongRoPE configs that cannot be read as transformers reads them are refused by name, and so is
+// a store that rotates keys itself (it cannot know which frequency set the engine used).
+TEST(HfFamilies, LongRopeRefusesWhatItCannotComputeExactly) {
+  const json base = json::parse(read_text_file(fixture_dir("phi3_longrope") + "/config.json"));
+  auto refused = [&](json cfg, const std::string& what) {
+    try {
+      parse_hf_config(cfg.dump(), "cfg.json");
+      ADD_FAILURE() << "expected an error: " << what;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+    }
+  };
+  json c = base;
+  c["rope_parameters"]["long_factor"] = {1.0, 2.0, 3.0};
+  refused(c, "'rope_scaling.long_factor' has 3 entries");
+  c = base;
+  c["rope_parameters"]["short_factor"][1] = 0.0;
+  refused(c, "'rope_scaling.short_factor' entry 1");
+  c = base;
+  c["rope_parameters"]["original_max_position_embeddings"] = 32;
+  refused(c, "original_max_position_embeddings is 16 at the top level but 32");
+  c = base;
+  c.erase("original_max_position_embeddings");
+  refused(c, "4096 (Phi3Config's default)");
+  c = base;
+  c["rope_parameters"].erase("long_factor");
+  refused(c, "'rope_parameters.long_factor' must be a list of numbers");
+  c = base;
+  c["rope_parameters"]["rope_type"] = "yarn";
+  refused(c, "rope_type 'yarn'");
+  // An explicit attention_factor and factor are taken as given.
+  c = base;
+  c["rope_parameters"]["attention_factor"] = 1.25;
+  EXPECT_DOUBLE_EQ(parse_hf_config(c.dump(), "cfg.json").rope_scaling.attention_factor, 1.25);
+  c = base;
+  c["rope_parameters"]["factor"] = 4.0;
+  EXPECT_NEAR(parse_hf_config(c.dump(), "cfg.json").rope_scaling.attention_factor,
+              std::sqrt(1 + std::log(4.0) / std::log(16.0)), 1e-15);
+
+  auto m = load_dir(fixture_dir("phi3_longrope"));
   try {
-    method_store(*m, "snapkv");
+    method_store(*m, "streaming_llm", {{"position_mode", "rerotated"}});
     ADD_FAILURE() << "expected an error";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("no global layer"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("switches between two frequency sets"), std::string::npos)
+        << e.what();
   }
-  EXPECT_TRUE(method_store(*m, "full") != nullptr);
+  // Kept keys in their original rotation need no rotation of the store's own: that runs, and its
+  // prompt logits are the model's.
+  const Reference ref = read_reference("phi3_longrope");
+  EXPECT_LT(rel_err(prompt_logits(m, method_store(*m, "streaming_llm",
+                                                  {{"position_mode", "absolute"}, {"budget", 0.5}}),
+                                  ref.prompts[0]),
+                    ref.logits[0]),
+            1e-4);
 }
 
 // The real stories260K-hf checkpoint against transformers' figures for it (the weights come from
@@ -414,13 +622,10 @@ TEST(HfFamilies, InspectPrintsTheFamiliesAndRefusesUnimplementedFields) {
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(json::parse(r.out)["layer_windows"], json::array({6, 0, 6, 0}));
 
-  // A Phi-3 config with longrope scaling: refused by name, exit 2.
+  // A Phi-3 config with YaRN scaling: refused by name, exit 2.
   const std::string dir = test::make_temp_dir("families_refuse");
   json cfg = json::parse(read_text_file(fixture_dir("phi3") + "/config.json"));
-  cfg["rope_parameters"] = {{"rope_type", "longrope"},
-                            {"rope_theta", 10000.0},
-                            {"short_factor", json::array()},
-                            {"long_factor", json::array()}};
+  cfg["rope_parameters"] = {{"rope_type", "yarn"}, {"rope_theta", 10000.0}, {"factor", 4.0}};
   std::ofstream(dir + "/config.json") << cfg.dump();
   {
     std::ifstream in(fixture_dir("phi3") + "/model.safetensors", std::ios::binary);
@@ -429,7 +634,7 @@ TEST(HfFamilies, InspectPrintsTheFamiliesAndRefusesUnimplementedFields) {
   }
   r = test::run_kvbench("inspect --model " + dir);
   EXPECT_EQ(r.exit_code, 2) << r.out << r.err;
-  EXPECT_NE(r.err.find("rope_type 'longrope'"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("rope_type 'yarn'"), std::string::npos) << r.err;
 }
 
 }  // namespace
