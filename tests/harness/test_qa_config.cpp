@@ -71,13 +71,13 @@ TEST(QaConfig, AParameterOfAnotherSourceIsRefused) {
     std::string needle;
   };
   const std::vector<Case> cases = {
-      {{{"name", "qa"}, {"source", "synthetic"}, {"dataset", "tinystories-valid-sample"}},
+      {{{"name", "qa"}, {"source", "synthetic"}, {"dataset", "wikitext2-test"}},
        "config.protocol.dataset: applies to source 'recall' only, not to source 'synthetic'"},
-      {{{"name", "qa"}, {"source", "synthetic"}, {"skip_bad_lines", false}},
+      {{{"name", "qa"}, {"source", "synthetic"}, {"skip_bad_lines", true}},
        "config.protocol.skip_bad_lines: applies to source 'longbench' only"},
       {{{"name", "qa"}, {"source", "recall"}, {"depths", "0.5"}},
        "config.protocol.depths: applies to source 'synthetic' only, not to source 'recall'"},
-      {{{"name", "qa"}, {"source", "recall"}, {"length", 1024}},
+      {{{"name", "qa"}, {"source", "recall"}, {"length", 512}},
        "config.protocol.length: source 'recall' does not read it"},
   };
   for (const auto& c : cases) {
@@ -104,6 +104,28 @@ TEST(QaConfig, AParameterOfAnotherSourceIsRefused) {
                         {"corpus", ""},
                         {"length", 256}}}}),
             "");
+}
+
+// A stored run's config_json (the resolved config, every default of synthetic and recall written
+// out) resolves again to itself, with the same hash: `kvbench run` on it skips the finished run
+// instead of refusing its own output.
+TEST(QaConfig, AResolvedConfigResolvesToItselfForEverySource) {
+  json longbench = longbench_protocol();
+  longbench["length"] = 0;
+  const std::vector<json> protocols = {
+      {{"name", "qa"}, {"task", "passkey"}, {"length", 256}},
+      {{"name", "qa"}, {"source", "recall"}, {"questions", 3}},
+      longbench,
+  };
+  for (const json& proto : protocols) {
+    const json raw = {{"model", "stories260K"}, {"method", "full"}, {"protocol", proto}};
+    const json once = resolve_run_config(raw);
+    SCOPED_TRACE(once.dump());
+    ASSERT_EQ(error_of(once), "");
+    const json twice = resolve_run_config(once);
+    EXPECT_EQ(twice, once);
+    EXPECT_EQ(run_config_hash(twice), run_config_hash(once));
+  }
 }
 
 // Synthetic and recall configs keep every default (the hashes of their stored results predate the
