@@ -40,11 +40,14 @@ void linear_f32(const float* x, const float* w, const float* bias, float* y, int
   if (rows == 1) {
     // One row: our GEMV, whose every output is a dot product of its own (gemv_cpu.cpp), so the
     // rows can be split evenly over the threads (in multiples of 8, its row block) without
-    // changing a bit.
+    // changing a bit. A matrix beyond the L2 cache is streamed row by row (gemv_stream_n); the
+    // choice depends on the matrix alone, not on the threads.
+    constexpr double kStreamBytes = 1 << 20;
+    const auto gemv = 4.0 * macs >= kStreamBytes ? detail::gemv_stream_n : detail::gemv_n;
     const int threads = macs >= kMinParallelMacs && out >= 16 ? cpu_threads() : 1;
     if (threads <=
         1) {  // (an OpenMP region, even an inactive one, costs a few thousand instructions)
-      detail::gemv_n(out, in, w, in, x, beta, y);
+      gemv(out, in, w, in, x, beta, y);
       add_bias(0, out);
       return;
     }
@@ -54,7 +57,7 @@ void linear_f32(const float* x, const float* w, const float* bias, float* y, int
       const int64_t o0 = std::min(out, omp_get_thread_num() * chunk),
                     o1 = std::min(out, o0 + chunk);
       if (o1 > o0) {
-        detail::gemv_n(o1 - o0, in, w + o0 * in, in, x, beta, y + o0);
+        gemv(o1 - o0, in, w + o0 * in, in, x, beta, y + o0);
         add_bias(o0, o1);
       }
     }

@@ -202,20 +202,58 @@ TEST(CpuClones, GemvIsDotF32PerRowBitForBit) {
     }
 }
 
+// The streaming GEMV's order as scalar code: eight accumulators over 8-column blocks in strides of
+// 64, the column tail into lane 0 of the first, a pairwise tree over the accumulators, then the
+// lanes as dot_f32's.
+float stream_row_in_order(const float* w, const float* x, int64_t k) {
+  float acc[8][8] = {};
+  const int64_t k8 = k / 8 * 8;
+  for (int64_t c = 0; c < k8; ++c) acc[(c / 8) % 8][c % 8] += w[c] * x[c];
+  for (int64_t c = k8; c < k; ++c) acc[0][0] += w[c] * x[c];
+  float lane[8];
+  for (int l = 0; l < 8; ++l)
+    lane[l] = ((acc[0][l] + acc[1][l]) + (acc[2][l] + acc[3][l])) +
+              ((acc[4][l] + acc[5][l]) + (acc[6][l] + acc[7][l]));
+  return ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
+}
+
+TEST(CpuClones, StreamingGemvIsItsInOrderSumBitForBit) {
+  std::mt19937 rng(9);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  for (int64_t k : {1, 7, 8, 20, 64, 72, 172, 576, 1536}) {
+    const int64_t n = 11, ld = k + 5;
+    std::vector<float> w(n * ld), x(k), y0(n), y(n);
+    for (auto* v : {&w, &x, &y0})
+      for (auto& f : *v) f = nd(rng);
+    for (float beta : {0.f, 1.f}) {
+      y = beta == 0.f ? std::vector<float>(n, NAN) : y0;
+      detail::gemv_stream_n(n, k, w.data(), ld, x.data(), beta, y.data());
+      for (int64_t j = 0; j < n; ++j) {
+        const float t = stream_row_in_order(w.data() + j * ld, x.data(), k);
+        ASSERT_EQ(y[j], beta == 0.f ? t : beta * y0[j] + t) << "row " << j << ", k " << k;
+      }
+    }
+  }
+}
+
 // One activation row through linear_f32 (slices of 256 outputs, bias, accumulate) is the GEMV.
 TEST(CpuClones, LinearOneRowIsTheGemv) {
   std::mt19937 rng(6);
   std::normal_distribution<float> nd(0.f, 1.f);
-  const int64_t in = 100, out = 600;
-  std::vector<float> w(out * in), x(in), bias(out), y(out), want(out);
-  for (auto* v : {&w, &x, &bias})
-    for (auto& f : *v) f = nd(rng);
-  for (bool accumulate : {false, true}) {
-    for (int64_t o = 0; o < out; ++o) y[o] = want[o] = nd(rng);
-    linear_f32(x.data(), w.data(), bias.data(), y.data(), 1, in, out, accumulate);
-    for (int64_t o = 0; o < out; ++o) {
-      const float t = detail::dot_f32(w.data() + o * in, x.data(), in);
-      ASSERT_EQ(y[o], (accumulate ? want[o] + t : t) + bias[o]) << o;
+  // 100 x 600: in cache, gemv_n; 576 x 600 (1.4 MB of weights): streamed, gemv_stream_n.
+  for (int64_t in : {100, 576}) {
+    const int64_t out = 600;
+    std::vector<float> w(out * in), x(in), bias(out), y(out), want(out);
+    for (auto* v : {&w, &x, &bias})
+      for (auto& f : *v) f = nd(rng);
+    for (bool accumulate : {false, true}) {
+      for (int64_t o = 0; o < out; ++o) y[o] = want[o] = nd(rng);
+      linear_f32(x.data(), w.data(), bias.data(), y.data(), 1, in, out, accumulate);
+      for (int64_t o = 0; o < out; ++o) {
+        const float t = in == 100 ? detail::dot_f32(w.data() + o * in, x.data(), in)
+                                  : stream_row_in_order(w.data() + o * in, x.data(), in);
+        ASSERT_EQ(y[o], (accumulate ? want[o] + t : t) + bias[o]) << "in " << in << " out " << o;
+      }
     }
   }
 }

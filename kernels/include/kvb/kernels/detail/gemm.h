@@ -21,5 +21,9 @@ void gemm_nn(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const
 // every call, and the BLAS's sgemv streams the weights slower than this on a large matrix and
 // spends more on call overhead than on products on a small one.
 void gemv_n(int64_t n, int64_t k, const float* b, int64_t ldb, const float* x, float beta, float* y);
+// The same product for a weight matrix streamed from memory (larger than the caches): one row at a
+// time, a single sequential stream; a different summation order (gemv_cpu.cpp).
+void gemv_stream_n(int64_t n, int64_t k, const float* b, int64_t ldb, const float* x, float beta,
+                   float* y);
 
 }  // namespace kvb::kernels::detail
