@@ -80,13 +80,40 @@ w("and residual they read; an fp16 cache of the same context reads 4x (KIVI-4) t
 w("")
 w("How the kernels are built (kernels/cpu, kernels/include/kvb/kernels/detail): AVX2 clones of each")
 w("work item chosen at load time (`cpu_clones.h`, GCC `target_clones`; `-ffp-contract=off` so a clone")
-w("computes the baseline's bits), prefetch of every line of a tile's K/V rows, value sums in registers")
-w("(`accumulate_rows`), KIVI codes straight to floats (a 256-entry table at 2 bits), a vectorisable exp")
-w("(`fast_exp.h`) in the fp16/bf16/KIVI softmax, and work items over token ranges of >= 512 positions")
-w("across all KV heads (whole token rows prefetched, the ranges' softmax states merged at the end).")
-w("What bounds them on two cores: converting every element to fp32 and multiplying it into the query")
-w("heads' dot products and value sums, not memory; KIVI-2 reads fewer bytes than KIVI-4 but spends")
-w("the saving on unpacking.")
+w("computes the baseline's bits); work items over token ranges of >= 512 positions across all KV heads")
+w("(the ranges' softmax states merged at the end); per tile of 32 positions the next tile's token rows")
+w("prefetched whole, the K and V rows widened to fp32 tiles in memory order (F16C, `widen_rows.h`; KIVI:")
+w("codes spread over lanes by shifts, values dequantized in registers), then per KV head the query")
+w("group's scores in register blocks of 4 heads x 2 rows and its value sums in blocks of 4 heads x 16")
+w("channels (`tile_attention.h`, an 8-lane vector type), between them an online softmax with a")
+w("vectorisable exp (`fast_exp.h`).")
+w("")
+# The arithmetic floor: every cached token and KV head costs group x head_dim multiply-adds for its
+# key and as many for its value, whatever the storage; 2 FP multiply and 2 FP add pipes of 8 lanes
+# per core (no FMA: the clones keep the same bits) do 16 a cycle.
+mhz = float(ctx.get("mhz_per_cpu") or 0)
+cpus = int(ctx.get("num_cpus") or 0)
+if mhz and cpus and copy_gbs:
+    macs = 32768 * 8 * 4 * 128 * 2
+    floor_ms = macs / (cpus * mhz * 1e6 * 16) * 1e3
+    w(f"What bounds them: at 32K a batch-1 call does {macs / 1e6:.0f}M multiply-adds (8 KV heads x GQA 4 x")
+    w(f"head_dim 128, keys and values), {floor_ms:.1f} ms at the arithmetic peak of {cpus} cores at {mhz:.0f} MHz")
+    w("(16 multiply-adds a cycle each: two multiply and two add pipes of 8 lanes; no FMA, so that the")
+    w("AVX2 and baseline clones compute the same bits). Half the copy figure is")
+    rows_ms = []
+    for name, label in [("BM_Decode/batch:1/ctx:32768/gather:0/bf16:0/real_time", "paged fp16"),
+                        ("BM_KiviDecode/batch:1/ctx:32768/bits:4/real_time", "KIVI-4"),
+                        ("BM_KiviDecode/batch:1/ctx:32768/bits:2/real_time", "KIVI-2")]:
+        b = rows.get(name)
+        if not b:
+            continue
+        need = (b.get("bytes", 0) * ms(b) / 1e3) / (0.5 * copy_gbs * 1e9) * 1e3
+        below = ", below that floor" if need < floor_ms else ""
+        rows_ms.append(f"{need:.1f} ms a call for {label} ({ms(b):.1f} ms measured{below})")
+    w("; ".join(rows_ms) + ".")
+    w("A KIVI call reads 4x to 8x fewer bytes than an fp16 one but does the same arithmetic (plus")
+    w("unpacking the codes), so its share of the copy bandwidth is bounded by that peak, not by memory:")
+    w("where half the copy figure asks for less than the floor, no fp32 code on these cores meets it.")
 open(out, "w").write("\n".join(lines) + "\n")
 print(open(out).read())
 PY

@@ -16,6 +16,9 @@
 #   KVB_PEER_MODEL      model directory (models/kvb-testbed)
 #   KVB_PEER_VENV       Python venv for kvpress ($HOME/.cache/kvbench/peer-venv); an existing one
 #                       is reused after `pip install` of the pins (a no-op when they are there)
+#   KVB_PEER_TORCH_INDEX  where torch comes from (PyTorch's CPU wheel index; `pypi`: the CUDA
+#                       build from PyPI, also the fallback when the index cannot be reached);
+#                       scripts/peer/kvpress-venv.sh
 #   KVB_PEER_WORK       scratch directory, emptied first ($HOME/.cache/kvbench/peers/eval-speed)
 #   KVB_PEER_OUT        page to write (results/eval-speed.md)
 set -euo pipefail
@@ -33,11 +36,9 @@ PINS=(torch==2.15.0 transformers==5.2.0 kvpress==0.5.5 sentencepiece==0.2.3)
 [ -f "$MODEL/tokenizer.model" ] || { echo "bench-vs-kvpress: $MODEL has no tokenizer.model" >&2; exit 1; }
 KVB=$(realpath "$KVB")
 MODEL_SHOWN=$(realpath --relative-to="$PWD" "$MODEL")
-if [ ! -x "$VENV/bin/python" ]; then
-  echo "bench-vs-kvpress: creating $VENV" >&2
-  python3 -m venv "$VENV"
-fi
-"$VENV/bin/python" -m pip install -q "${PINS[@]}" >&2
+TAG=bench-vs-kvpress
+. scripts/peer/kvpress-venv.sh
+kvpress_venv
 
 loadavg=$(cut -d' ' -f1-3 /proc/loadavg)
 rm -rf "$WORK"

@@ -48,11 +48,9 @@ PINS=(torch==2.15.0 transformers==5.2.0 kvpress==0.5.5 sentencepiece==0.2.3)
 [ -f "$MODEL/tokenizer.model" ] || { echo "peer-kvpress: $MODEL has no tokenizer.model" >&2; exit 1; }
 KVB=$(realpath "$KVB")
 MODEL_SHOWN=$(realpath --relative-to="$PWD" "$MODEL")
-if [ ! -x "$VENV/bin/python" ]; then
-  echo "peer-kvpress: creating $VENV" >&2
-  python3 -m venv "$VENV"
-fi
-"$VENV/bin/python" -m pip install -q "${PINS[@]}" >&2
+TAG=peer-kvpress
+. scripts/peer/kvpress-venv.sh
+kvpress_venv
 PY="$VENV/bin/python"
 PEER=scripts/peer
 

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "harness/common/error.h"
+#include "kvb/kernels/cpu_ops.h"
 
 namespace kvb {
 
@@ -16,7 +17,7 @@ Sampler::Sampler(SamplingOptions opts, int64_t stream)
 
 int64_t Sampler::next(const float* logits, int64_t vocab) {
   if (opts_.temperature == 0.0) {
-    return std::max_element(logits, logits + vocab) - logits;  // first maximum on ties
+    return kernels::argmax_f32(logits, vocab);  // std::max_element's: the first maximum on ties
   }
   const float mx = *std::max_element(logits, logits + vocab);
   buf_.resize(vocab);

@@ -1,6 +1,7 @@
 #include "harness/engine/transformer.h"
 
 #include <ATen/ATen.h>
+#include <ATen/EmptyTensor.h>
 
 #include <cmath>
 
@@ -63,8 +64,9 @@ const std::vector<int64_t>& rope_table_rows(const Model& model, const StepBatch&
 
 // The CPU fp32 forward: the same computation as the generic path below, on raw pointers with BLAS
 // matmuls and fused row loops, so that a decode step of a small model costs microseconds, not the
-// ~30 LibTorch dispatches per layer of the generic path. The KV seam is unchanged: the cache gets the
-// same tensors (views of this step's buffers) and returns the attention output.
+// ~30 LibTorch dispatches per layer of the generic path. The KV seam is unchanged: the cache gets
+// the same tensors (views of this step's buffer, valid during the step: a store copies what it
+// keeps) and returns the attention output.
 at::Tensor forward_cpu_f32(Model& model, KvCache& kv, const std::vector<int64_t>& tokens,
                            const StepBatch& batch, const std::vector<int64_t>& logit_rows,
                            const at::Tensor* input_embeds, const std::vector<int64_t>& rope_rows) {
@@ -76,10 +78,17 @@ at::Tensor forward_cpu_f32(Model& model, KvCache& kv, const std::vector<int64_t>
   const int64_t QKV = Q + 2 * KV;
   const float eps = static_cast<float>(c.norm_eps);
   const auto f32 = at::TensorOptions().dtype(at::kFloat);
-  // One allocation for the step's activations: x | h | qkv | k_pre | v | act(2F) | ffn(F).
-  // A sublayer output buffer `post` (T x D) follows where the config norms it before the add.
+  std::vector<int64_t> rows = logit_rows;
+  if (rows.empty())
+    for (int64_t t = 0; t < T; ++t) rows.push_back(t);
+  const int64_t R = static_cast<int64_t>(rows.size());
+  // One allocation for the step's activations: x | h | qkv | k_pre | v | act(2F) | ffn(F) | q | k |
+  // normed (R x D), then a sublayer output buffer `post` (T x D) where the config norms it before
+  // the add. (at::detail::empty_cpu: the dispatcher's at::empty costs a few thousand instructions,
+  // a noticeable share of a small model's decode step.)
   const bool post = c.post_norms;
-  at::Tensor buf = at::empty({T * (2 * D + QKV + 2 * KV + 3 * F + (post ? D : 0))}, f32);
+  at::Tensor buf = at::detail::empty_cpu(
+      {T * (2 * D + QKV + 2 * KV + 3 * F + Q + KV + (post ? D : 0)) + R * D}, at::kFloat);
   float* x = buf.data_ptr<float>();
   float* h = x + T * D;
   float* qkv = h + T * D;
@@ -87,7 +96,10 @@ at::Tensor forward_cpu_f32(Model& model, KvCache& kv, const std::vector<int64_t>
   float* v = k_pre + T * KV;
   float* gu = v + T * KV;
   float* act = gu + T * 2 * F;
-  float* sub = act + T * F;  // [T, D] where post
+  float* q = act + T * F;
+  float* kr = q + T * Q;
+  float* normed = kr + T * KV;  // [R, D]
+  float* sub = normed + R * D;  // [T, D] where post
   const float* emb = w.embedding.data_ptr<float>();
   if (input_embeds) {
     // Soft rows enter as given (the embedding scale belongs to the token lookup, as in HF).
@@ -100,8 +112,8 @@ at::Tensor forward_cpu_f32(Model& model, KvCache& kv, const std::vector<int64_t>
       for (int64_t i = 0; i < T * D; ++i) x[i] *= s;
     }
   }
-  at::Tensor q_t = at::empty({T, c.n_heads, HD}, f32);
-  at::Tensor k_t = at::empty({T, c.n_kv_heads, HD}, f32);
+  at::Tensor q_t = at::from_blob(q, {T, c.n_heads, HD}, f32);
+  at::Tensor k_t = at::from_blob(kr, {T, c.n_kv_heads, HD}, f32);
   at::Tensor kpre_t = at::from_blob(k_pre, {T, c.n_kv_heads, HD}, f32);
   at::Tensor v_t = at::from_blob(v, {T, c.n_kv_heads, HD}, f32);
   at::Tensor x_t = at::from_blob(x, {T, D}, f32);
@@ -112,10 +124,8 @@ at::Tensor forward_cpu_f32(Model& model, KvCache& kv, const std::vector<int64_t>
   for (int64_t l = 0; l < c.n_layers; ++l) {
     const LayerWeights& L = w.layers[l];
     k::rms_norm_f32(x, L.attn_norm.data_ptr<float>(), h, T, D, eps);
-    k::linear_f32(h, L.wqkv.data_ptr<float>(), L.bqkv.defined() ? L.bqkv.data_ptr<float>() : nullptr,
-                  qkv, T, D, QKV, false);
-    float* q = q_t.data_ptr<float>();
-    float* kr = k_t.data_ptr<float>();
+    k::linear_f32(h, L.wqkv.data_ptr<float>(),
+                  L.bqkv.defined() ? L.bqkv.data_ptr<float>() : nullptr, qkv, T, D, QKV, false);
     for (int64_t t = 0; t < T; ++t) {
       const float* row = qkv + t * QKV;
       std::copy(row, row + Q, q + t * Q);
@@ -171,17 +181,11 @@ at::Tensor forward_cpu_f32(Model& model, KvCache& kv, const std::vector<int64_t>
   }
   kv.end_step(batch);
 
-  std::vector<int64_t> rows = logit_rows;
-  if (rows.empty())
-    for (int64_t t = 0; t < T; ++t) rows.push_back(t);
-  const int64_t R = static_cast<int64_t>(rows.size());
-  at::Tensor normed = at::empty({R, D}, f32);
   for (int64_t r = 0; r < R; ++r)
-    k::rms_norm_f32(x + rows[r] * D, w.final_norm.data_ptr<float>(), normed.data_ptr<float>() + r * D,
-                    1, D, eps);
-  at::Tensor logits = at::empty({R, c.vocab_size}, f32);
-  k::linear_f32(normed.data_ptr<float>(), w.lm_head.data_ptr<float>(), nullptr,
-                logits.data_ptr<float>(), R, D, c.vocab_size, false);
+    k::rms_norm_f32(x + rows[r] * D, w.final_norm.data_ptr<float>(), normed + r * D, 1, D, eps);
+  at::Tensor logits = at::detail::empty_cpu({R, c.vocab_size}, at::kFloat);
+  k::linear_f32(normed, w.lm_head.data_ptr<float>(), nullptr, logits.data_ptr<float>(), R, D,
+                c.vocab_size, false);
   if (c.final_logit_softcap > 0) {
     const float cap = static_cast<float>(c.final_logit_softcap);
     float* p = logits.data_ptr<float>();

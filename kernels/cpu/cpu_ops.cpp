@@ -1,10 +1,15 @@
+#include "kvb/kernels/cpu_ops.h"
+
+#include <omp.h>
+
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
-#include "kvb/kernels/cpu_ops.h"
 #include "kvb/kernels/detail/cpu_clones.h"
 #include "kvb/kernels/detail/fast_exp.h"
 #include "kvb/kernels/detail/gemm.h"
+#include "kvb/kernels/detail/simd8.h"
 #include "kvb/kernels/threads.h"
 
 namespace kvb::kernels {
@@ -24,27 +29,58 @@ void rms_norm_f32(const float* x, const float* w, float* out, int64_t rows, int6
 
 void linear_f32(const float* x, const float* w, const float* bias, float* y, int64_t rows,
                 int64_t in, int64_t out, bool accumulate) {
-  // Output channels in fixed slices of kSlice, the slices shared out over the OpenMP threads, each a
-  // single-threaded GEMM (threads.h). The slicing does not depend on the thread count, so neither do
-  // the bits (the BLAS picks its kernels and blocking by shape: one GEMM over all channels and one
-  // over a part of them may round differently).
-  constexpr int64_t kSlice = 256;
-  const double macs = static_cast<double>(rows) * static_cast<double>(in) * static_cast<double>(out);
-  const int64_t slices = (out + kSlice - 1) / kSlice;
-  const bool parallel = macs >= kMinParallelMacs && slices > 1 && cpu_threads() > 1;
+  const double macs =
+      static_cast<double>(rows) * static_cast<double>(in) * static_cast<double>(out);
   const float beta = accumulate ? 1.f : 0.f;
-#pragma omp parallel for schedule(static) if (parallel)
-  for (int64_t s = 0; s < slices; ++s) {
-    const int64_t o0 = s * kSlice, o1 = std::min(out, o0 + kSlice);
-    if (rows == 1)
-      detail::gemv_n(o1 - o0, in, w + o0 * in, in, x, beta, y + o0);
-    else
-      detail::gemm_nt(rows, o1 - o0, in, x, in, w + o0 * in, in, beta, y + o0, out);
-    if (bias) {
+  auto add_bias = [&](int64_t o0, int64_t o1) {
+    if (bias)
       for (int64_t r = 0; r < rows; ++r)
         for (int64_t o = o0; o < o1; ++o) y[r * out + o] += bias[o];
+  };
+  if (rows == 1) {
+    // One row: our GEMV, whose every output is a dot product of its own (gemv_cpu.cpp), so the
+    // rows can be split evenly over the threads (in multiples of 8, its row block) without
+    // changing a bit. A matrix beyond the L2 cache is streamed row by row (gemv_stream_n); the
+    // choice depends on the matrix alone, not on the threads.
+    constexpr double kStreamBytes = 1 << 20;
+    const auto gemv = 4.0 * macs >= kStreamBytes ? detail::gemv_stream_n : detail::gemv_n;
+    const int threads = macs >= kMinParallelMacs && out >= 16 ? cpu_threads() : 1;
+    if (threads <=
+        1) {  // (an OpenMP region, even an inactive one, costs a few thousand instructions)
+      gemv(out, in, w, in, x, beta, y);
+      add_bias(0, out);
+      return;
     }
+    const int64_t chunk = ((out + threads - 1) / threads + 7) / 8 * 8;
+#pragma omp parallel num_threads(threads)
+    {
+      const int64_t o0 = std::min(out, omp_get_thread_num() * chunk),
+                    o1 = std::min(out, o0 + chunk);
+      if (o1 > o0) {
+        gemv(o1 - o0, in, w + o0 * in, in, x, beta, y + o0);
+        add_bias(o0, o1);
+      }
+    }
+    return;
   }
+  // Several rows: output channels in fixed slices of kSlice, the slices shared out over the OpenMP
+  // threads, each a single-threaded GEMM (threads.h). The slicing does not depend on the thread
+  // count, so neither do the bits (the BLAS picks its kernels and blocking by shape: one GEMM over
+  // all channels and one over a part of them may round differently).
+  constexpr int64_t kSlice = 256;
+  const int64_t slices = (out + kSlice - 1) / kSlice;
+  const bool parallel = macs >= kMinParallelMacs && slices > 1 && cpu_threads() > 1;
+  auto slice = [&](int64_t s) {
+    const int64_t o0 = s * kSlice, o1 = std::min(out, o0 + kSlice);
+    detail::gemm_nt(rows, o1 - o0, in, x, in, w + o0 * in, in, beta, y + o0, out);
+    add_bias(o0, o1);
+  };
+  if (!parallel) {
+    for (int64_t s = 0; s < slices; ++s) slice(s);
+    return;
+  }
+#pragma omp parallel for schedule(static)
+  for (int64_t s = 0; s < slices; ++s) slice(s);
 }
 
 void rope_f32(float* x, int64_t tokens, int64_t heads, int64_t head_dim, int64_t token_stride,
@@ -74,6 +110,39 @@ KVB_CPU_CLONES void silu_mul_f32(const float* gu, float* out, int64_t rows, int6
     float* o = out + r * F;
     for (int64_t i = 0; i < F; ++i) o[i] = g[i] / (1.f + detail::exp_f32(-g[i])) * u[i];
   }
+}
+
+KVB_CPU_CLONES int64_t argmax_f32(const float* x, int64_t n) {
+  // Lane k keeps the first maximum of x[k], x[k + 8], ... (strictly greater replaces), starting
+  // from -inf at no index; the lanes' best values tie-break to the smallest index, which is the
+  // first maximum overall. What std::max_element does differently only with NaNs and all -inf:
+  // x[0] is its answer when nothing compares greater than x[0].
+  if (!(x[0] == x[0])) return 0;  // NaN first
+  float best[8];
+  int32_t at[8];  // (32-bit, so that the lanes are one vector; longer rows go 2^30 at a time)
+  int64_t base = 0, n8 = n & ~int64_t{7};
+  float m = -INFINITY;
+  int64_t idx = -1;
+  for (; base < n8; base += int64_t{1} << 30) {
+    const int32_t len = static_cast<int32_t>(std::min<int64_t>(n8 - base, int64_t{1} << 30));
+    const float* xb = x + base;
+    detail::f32x8 bv = detail::splat8(-INFINITY);
+    detail::i32x8 av = {-1, -1, -1, -1, -1, -1, -1, -1}, iv = {0, 1, 2, 3, 4, 5, 6, 7};
+    for (int32_t i = 0; i < len; i += 8, iv += 8) {
+      const detail::f32x8 xv = detail::load8(xb + i);
+      const detail::i32x8 gt = xv > bv;
+      bv = gt ? xv : bv;
+      av = gt ? iv : av;
+    }
+    detail::store8(best, bv);
+    std::memcpy(at, &av, sizeof at);
+    for (int k = 0; k < 8; ++k)
+      if (at[k] >= 0 && (best[k] > m || (best[k] == m && base + at[k] < idx)))
+        m = best[k], idx = base + at[k];
+  }
+  for (int64_t i = n8; i < n; ++i)
+    if (x[i] > m) m = x[i], idx = i;
+  return idx < 0 ? 0 : idx;
 }
 
 }  // namespace kvb::kernels

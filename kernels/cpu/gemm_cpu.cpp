@@ -4,9 +4,6 @@
 extern "C" void sgemm_(const char* transa, const char* transb, const int* m, const int* n,
                        const int* k, const float* alpha, const float* a, const int* lda,
                        const float* b, const int* ldb, const float* beta, float* c, const int* ldc);
-extern "C" void sgemv_(const char* trans, const int* m, const int* n, const float* alpha,
-                       const float* a, const int* lda, const float* x, const int* incx,
-                       const float* beta, float* y, const int* incy);
 #endif
 
 namespace kvb::kernels::detail {
@@ -44,22 +41,6 @@ void gemm_nt(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const
 void gemm_nn(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b,
              int64_t ldb, float beta, float* c, int64_t ldc) {
   gemm_rowmajor(false, m, n, k, a, lda, b, ldb, beta, c, ldc);
-}
-
-void gemv_n(int64_t n, int64_t k, const float* b, int64_t ldb, const float* x, float beta, float* y) {
-  if (n == 0) return;
-#if KVB_HAVE_BLAS
-  // b row-major [n, k] is column-major [k, n]: y = (b')^T x.
-  const int M = static_cast<int>(k), N = static_cast<int>(n), lb = static_cast<int>(ldb), one_i = 1;
-  const float one = 1.f;
-  sgemv_("T", &M, &N, &one, b, &lb, x, &one_i, &beta, y, &one_i);
-#else
-  for (int64_t j = 0; j < n; ++j) {
-    float acc = 0.f;
-    for (int64_t p = 0; p < k; ++p) acc += b[j * ldb + p] * x[p];
-    y[j] = beta == 0.f ? acc : beta * y[j] + acc;
-  }
-#endif
 }
 
 }  // namespace kvb::kernels::detail

@@ -1,19 +1,24 @@
 // Optimised CPU decode attention over the KIVI store and its quantize-and-append (kivi_cache.h).
 // Decode: one work item per (sequence, kv head); a quantized key page is scored without
 // dequantizing it: with per-channel scale s_c and min m_c, q . k_r = sum_c (q_c s_c) code_rc +
-// sum_c q_c m_c, so the scale is folded into q once per page. Value rows are dequantized one row at
-// a time. The item is compiled for AVX2 as well as the baseline (cpu_clones.h) and its softmax uses
-// the vectorisable exp of fast_exp.h.
+// sum_c q_c m_c, so the scale is folded into q once per page and the page's codes, as floats, are
+// scored like an fp32 tile (tile_attention.h: every head of the query group in register blocks).
+// Value rows are dequantized one row at a time into a tile that the group's value sums read the
+// same way. The item is compiled for AVX2 as well as the baseline (cpu_clones.h) and its softmax
+// uses the vectorisable exp of fast_exp.h.
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "kvb/kernels/detail/cpu_clones.h"
 #include "kvb/kernels/detail/dtype_io.h"
 #include "kvb/kernels/detail/fast_exp.h"
 #include "kvb/kernels/detail/kivi_detail.h"
+#include "kvb/kernels/detail/tile_attention.h"
+#include "kvb/kernels/detail/widen_rows.h"
 #include "kvb/kernels/half.h"
 #include "kvb/kernels/kivi_cache.h"
 #include "kvb/kernels/quantize.h"
@@ -24,41 +29,70 @@ namespace {
 
 constexpr int64_t kResidualTile = 64;
 
-// Byte -> its 4 two-bit codes as floats (low bits first, as pack_codes lays them).
-struct CodeTables {
-  float b2[256][4];
-  CodeTables() {
-    for (int x = 0; x < 256; ++x)
-      for (int k = 0; k < 4; ++k) b2[x][k] = static_cast<float>((x >> (2 * k)) & 3);
+// Eight codes of BITS bits (2, 4 or 8) from the stream at src as int32 lanes: one load, spread
+// over the lanes by per-lane shifts, masked.
+template <int BITS>
+KVB_SIMD_INLINE detail::i32x8 eight_codes(const uint8_t* src) {
+  using detail::i32x8;
+  constexpr int32_t kMask = (1 << BITS) - 1;
+  const i32x8 mask = i32x8{kMask, kMask, kMask, kMask, kMask, kMask, kMask, kMask};
+  if constexpr (BITS == 8) {
+    uint32_t w[2];
+    std::memcpy(w, src, 8);
+    const int32_t a = static_cast<int32_t>(w[0]), b = static_cast<int32_t>(w[1]);
+    return (i32x8{a, a, a, a, b, b, b, b} >> i32x8{0, 8, 16, 24, 0, 8, 16, 24}) & mask;
+  } else {
+    using Word = std::conditional_t<BITS == 2, uint16_t, uint32_t>;  // the 8 codes' bytes
+    Word w;
+    std::memcpy(&w, src, sizeof w);
+    const int32_t x = static_cast<int32_t>(w);
+    return (i32x8{x, x, x, x, x, x, x, x} >> (i32x8{0, 1, 2, 3, 4, 5, 6, 7} * BITS)) & mask;
   }
-};
-const CodeTables& code_tables() {
-  static const CodeTables t;
-  return t;
 }
 
-// The n codes packed at `bits` in `packed` as floats in out[n] (n a multiple of 8 / bits), without
-// unpacking to bytes first (that was a quarter of KIVI-2's decode time): at 2 bits one table read
-// per byte, at 4 bits a loop that vectorises.
-inline void codes_to_float(const uint8_t* packed, int64_t n, int32_t bits, float* out,
-                           const CodeTables& t, std::vector<uint8_t>& tmp) {
-  if (bits == 2) {
-    for (int64_t o = 0; o < n / 4; ++o) std::memcpy(out + 4 * o, t.b2[packed[o]], 16);
-  } else if (bits == 4) {
-    for (int64_t o = 0; o < n / 2; ++o) {  // (vectorises; the table is slower at 4 bits)
-      out[2 * o] = static_cast<float>(packed[o] & 15);
-      out[2 * o + 1] = static_cast<float>(packed[o] >> 4);
+template <int BITS>
+KVB_SIMD_INLINE void codes_to_float_bits(const uint8_t* packed, int64_t n8, float* out) {
+  for (int64_t o = 0; o < n8; o += 8)
+    detail::store8(
+        out + o, __builtin_convertvector(eight_codes<BITS>(packed + o * BITS / 8), detail::f32x8));
+}
+
+// A value row of hd codes at BITS, groups of vg channels (a multiple of 8) with fp16 scale and min
+// each: out[c] = code_c * scale + min, eight channels at a time.
+template <int BITS>
+KVB_SIMD_INLINE void dequant_row(const uint8_t* codes, const uint16_t* scales, const uint16_t* mins,
+                                 int64_t vg, int64_t hd, float* out) {
+  for (int64_t g0 = 0; g0 < hd; g0 += vg) {
+    const detail::f32x8 sc = detail::splat8(half_to_float(scales[g0 / vg]));
+    const detail::f32x8 mn = detail::splat8(half_to_float(mins[g0 / vg]));
+    for (int64_t c = g0; c < g0 + vg; c += 8) {
+      const detail::f32x8 f =
+          __builtin_convertvector(eight_codes<BITS>(codes + c * BITS / 8), detail::f32x8);
+      detail::store8(out + c, f * sc + mn);
     }
-  } else {
-    tmp.resize(static_cast<size_t>(n));
-    unpack_codes_cpu(packed, n, bits, tmp.data());
-    for (int64_t i = 0; i < n; ++i) out[i] = static_cast<float>(tmp[i]);
+  }
+}
+
+// The n codes packed at `bits` in `packed` (quantize.h's stream: low bits first) as floats in
+// out[n], without unpacking to bytes first (eight_codes); a tail of fewer than eight codes goes
+// through unpack_codes_cpu.
+KVB_SIMD_INLINE void codes_to_float(const uint8_t* packed, int64_t n, int32_t bits, float* out,
+                                    std::vector<uint8_t>& tmp) {
+  const int64_t n8 = n & ~int64_t{7};
+  if (bits == 2) codes_to_float_bits<2>(packed, n8, out);
+  if (bits == 4) codes_to_float_bits<4>(packed, n8, out);
+  if (bits == 8) codes_to_float_bits<8>(packed, n8, out);
+  if (n8 < n) {
+    tmp.resize(static_cast<size_t>(n - n8));
+    unpack_codes_cpu(packed + n8 * bits / 8, n - n8, bits, tmp.data());
+    for (int64_t i = n8; i < n; ++i) out[i] = static_cast<float>(tmp[i - n8]);
   }
 }
 
 struct KiviScratch {
-  std::vector<float> q, qs, bias, acc, m, l, s, e, k, v;
+  std::vector<float> q, qs, bias, acc, m, l, s, k, v, sc, mn;
   std::vector<uint8_t> codes, vcodes;
+  std::vector<int64_t> rows;
 };
 
 KVB_CPU_CLONES void kivi_item(const KiviDecodeParams& p, int b, int kvh, KiviScratch& w) {
@@ -81,22 +115,32 @@ KVB_CPU_CLONES void kivi_item(const KiviDecodeParams& p, int b, int kvh, KiviScr
   w.m.assign(group, -INFINITY);
   w.l.assign(group, 0.f);
   w.s.resize(group * tile_max);
-  w.e.resize(tile_max);
   w.v.resize(tile_max * hd);
   w.k.resize(tile_max * hd);
-  const CodeTables& tables = code_tables();
+  w.sc.resize(hd);
+  w.mn.resize(hd);
+  w.rows.resize(kResidualTile);
   detail::load_row(p.q, p.dtype, qo, group * hd, w.q.data());
   for (float& x : w.q) x *= p.sm_scale;
 
   // Value row j into out[hd]: dequantized (j < vq) or from the ring.
-  auto value_row = [&](int64_t j, float* out) {
+  auto value_row = [&](int64_t j, float* out) KVB_SIMD_INLINE_LAMBDA {
     if (j >= vq) {
       detail::load_row(p.v_residual, p.dtype, ring(j), hd, out);
       return;
     }
     const int64_t row = blk(j) * ps + j % ps;
-    codes_to_float(p.v_codes + blk(j) * kivi_v_page_bytes(L) + (j % ps) * hd * L.v_bits / 8, hd,
-                   L.v_bits, out, tables, w.vcodes);
+    const uint8_t* codes = p.v_codes + blk(j) * kivi_v_page_bytes(L) + (j % ps) * hd * L.v_bits / 8;
+    if (L.v_group_size % 8 == 0) {  // eight codes at a time, dequantized in registers
+      if (L.v_bits == 2)
+        dequant_row<2>(codes, p.v_scales + row * G, p.v_mins + row * G, L.v_group_size, hd, out);
+      if (L.v_bits == 4)
+        dequant_row<4>(codes, p.v_scales + row * G, p.v_mins + row * G, L.v_group_size, hd, out);
+      if (L.v_bits == 8)
+        dequant_row<8>(codes, p.v_scales + row * G, p.v_mins + row * G, L.v_group_size, hd, out);
+      return;
+    }
+    codes_to_float(codes, hd, L.v_bits, out, w.vcodes);
     for (int64_t g = 0; g < G; ++g) {
       const float sc = half_to_float(p.v_scales[row * G + g]),
                   mn = half_to_float(p.v_mins[row * G + g]);
@@ -105,57 +149,41 @@ KVB_CPU_CLONES void kivi_item(const KiviDecodeParams& p, int b, int kvh, KiviScr
     }
   };
   // Online-softmax update with scores w.s [group, tile_max] and values w.v [cnt, hd].
-  auto update = [&](int64_t cnt) {
-    for (int g = 0; g < group; ++g) {
-      const float* s = w.s.data() + g * tile_max;
-      float mx = w.m[g];
-      for (int64_t i = 0; i < cnt; ++i) mx = std::max(mx, s[i]);
-      const float corr = detail::exp_f32(w.m[g] - mx);
-      float* a = w.acc.data() + g * hd;
-      for (int64_t d = 0; d < hd; ++d) a[d] *= corr;
-      float sum = w.l[g] * corr;
-      float* e_row = w.e.data();
-      for (int64_t i = 0; i < cnt; ++i) e_row[i] = detail::exp_f32(s[i] - mx);  // vectorises
-      for (int64_t i = 0; i < cnt; ++i) sum += e_row[i];
-      detail::accumulate_rows(a, e_row, w.v.data(), cnt, hd, hd);
-      w.m[g] = mx;
-      w.l[g] = sum;
-    }
+  auto update = [&](int64_t cnt) KVB_SIMD_INLINE_LAMBDA {
+    for (int g = 0; g < group; ++g)
+      detail::tile_softmax(w.s.data() + g * tile_max, cnt, &w.m[g], &w.l[g], w.acc.data() + g * hd,
+                           hd);
+    detail::tile_values(w.acc.data(), group, hd, w.s.data(), tile_max, w.v.data(), hd, cnt);
   };
 
-  // Quantized key pages.
+  // Quantized key pages: the codes as floats, scored against q scaled by the page's channel
+  // scales, plus q . mins.
   for (int64_t j0 = 0; j0 < kq; j0 += ps) {
     const int64_t bk = blk(j0);
-    codes_to_float(p.k_codes + bk * kivi_k_page_bytes(L), ps * hd, L.k_bits, w.k.data(), tables,
-                   w.codes);  // codes as floats
-    const uint16_t* sc = p.k_scales + bk * hd;
-    const uint16_t* mn = p.k_mins + bk * hd;
+    codes_to_float(p.k_codes + bk * kivi_k_page_bytes(L), ps * hd, L.k_bits, w.k.data(), w.codes);
+    for (int64_t c = 0; c < hd; ++c) {
+      w.sc[c] = detail::half_to_float_fast(p.k_scales[bk * hd + c]);
+      w.mn[c] = detail::half_to_float_fast(p.k_mins[bk * hd + c]);
+    }
     for (int g = 0; g < group; ++g) {
-      float bias = 0.f;
-      for (int64_t c = 0; c < hd; ++c) {
-        w.qs[g * hd + c] = w.q[g * hd + c] * half_to_float(sc[c]);
-        bias += w.q[g * hd + c] * half_to_float(mn[c]);
-      }
-      w.bias[g] = bias;
+      for (int64_t c = 0; c < hd; ++c) w.qs[g * hd + c] = w.q[g * hd + c] * w.sc[c];
+      w.bias[g] = detail::dot_f32(w.q.data() + g * hd, w.mn.data(), hd);
     }
-    for (int64_t r = 0; r < ps; ++r) {
-      for (int g = 0; g < group; ++g)
-        w.s[g * tile_max + r] =
-            w.bias[g] + detail::dot_f32(w.qs.data() + g * hd, w.k.data() + r * hd, hd);
-      value_row(j0 + r, w.v.data() + r * hd);
-    }
+    detail::tile_scores(w.qs.data(), group, hd, w.k.data(), hd, ps, w.s.data(), tile_max);
+    for (int g = 0; g < group; ++g)
+      for (int64_t r = 0; r < ps; ++r) w.s[g * tile_max + r] += w.bias[g];
+    for (int64_t r = 0; r < ps; ++r) value_row(j0 + r, w.v.data() + r * hd);
     update(ps);
   }
   // Keys in the residual ring.
   for (int64_t j0 = kq; j0 < n; j0 += kResidualTile) {
     const int64_t cnt = std::min(kResidualTile, n - j0);
     for (int64_t i = 0; i < cnt; ++i) {
-      detail::load_row(p.k_residual, p.dtype, ring(j0 + i), hd, w.k.data() + i * hd);
+      w.rows[i] = ring(j0 + i);
       value_row(j0 + i, w.v.data() + i * hd);
     }
-    for (int g = 0; g < group; ++g)
-      for (int64_t i = 0; i < cnt; ++i)
-        w.s[g * tile_max + i] = detail::dot_f32(w.q.data() + g * hd, w.k.data() + i * hd, hd);
+    detail::widen_rows(p.k_residual, p.dtype, w.rows.data(), cnt, 1, hd, w.k.data());
+    detail::tile_scores(w.q.data(), group, hd, w.k.data(), hd, cnt, w.s.data(), tile_max);
     update(cnt);
   }
   for (int g = 0; g < group; ++g) {

@@ -6,6 +6,7 @@
 #include "kvb/kernels/detail/dtype_io.h"
 #include "kvb/kernels/detail/fast_exp.h"
 #include "kvb/kernels/detail/gemm.h"
+#include "kvb/kernels/detail/tile_attention.h"
 #include "kvb/kernels/paged_attention.h"
 #include "kvb/kernels/threads.h"
 
@@ -14,10 +15,14 @@ namespace kvb::kernels {
 namespace {
 
 // ---- Decode-shaped work: one (token, kv head) ----
-// The query group's heads share each K/V row read. Online softmax keeps one pass over the keys;
-// scores for a page are computed first so the exp/rescale runs once per page. Compiled for AVX2 as
-// well (cpu_clones.h); the same bits either way (dot_f32's eight fixed partial sums, exp_f32, the
-// value rows added in order).
+// The query group's heads share each K/V row read. The keys go in tiles of kKeyTile (across page
+// boundaries, so that small pages do not cost a softmax step each): the whole group's scores
+// against a tile (tile_attention.h: register blocks, rows read in place with their token stride),
+// one online-softmax step per head, then the group's value sums. Compiled for AVX2 as well
+// (cpu_clones.h), with the same bits either way. Arithmetic: q scaled by sm_scale first (as the
+// tiled path below does), dot_f32's order, tile_softmax, value rows added in order.
+constexpr int64_t kKeyTile = 256;
+
 KVB_CPU_CLONES void attend_group(const PagedAttentionParams& p, int b, int64_t t, int kvh,
                                  float* scratch) {
   const int group = p.num_qo_heads / p.num_kv_heads;
@@ -27,39 +32,38 @@ KVB_CPU_CLONES void attend_group(const PagedAttentionParams& p, int b, int64_t t
   const int32_t* pages = p.page_indices + p.page_indptr[b];
   const int64_t n_keys = p.past_lens[b] + (t - p.q_indptr[b]) + 1;
 
-  float* acc = scratch;                         // [group, hd]
-  float* m = acc + group * hd;                  // [group]
-  float* l = m + group;                         // [group]
-  float* s = l + group;                         // [group, page_size]
+  float* acc = scratch;         // [group, hd]
+  float* q = acc + group * hd;  // [group, hd], scaled
+  float* m = q + group * hd;    // [group]
+  float* l = m + group;         // [group]
+  float* s = l + group;         // [group, kKeyTile]
+  const float* qsrc = p.q + t * p.qo_stride() + kvh * group * hd;
+  for (int i = 0; i < group * hd; ++i) q[i] = qsrc[i] * p.sm_scale;
   for (int g = 0; g < group; ++g) {
     m[g] = -INFINITY;
     l[g] = 0.f;
   }
   std::fill(acc, acc + group * hd, 0.f);
-  const float* qbase = p.q + t * p.qo_stride() + kvh * group * hd;
 
-  for (int64_t j0 = 0; j0 < n_keys; j0 += p.page_size) {
-    const int64_t n = std::min<int64_t>(p.page_size, n_keys - j0);
-    const float* kpage = p.k_pages + pages[j0 / p.page_size] * page_stride + kvh * hd;
-    const float* vpage = p.v_pages + pages[j0 / p.page_size] * page_stride + kvh * hd;
-    for (int g = 0; g < group; ++g) {
-      const float* q = qbase + g * hd;
-      float* sg = s + g * p.page_size;
-      float mx = m[g];
-      for (int64_t j = 0; j < n; ++j) {
-        sg[j] = detail::dot_f32(q, kpage + j * tok_stride, hd) * p.sm_scale;
-        mx = std::max(mx, sg[j]);
-      }
-      const float corr = detail::exp_f32(m[g] - mx);  // exp(-inf) = 0 on the first page
-      float* a = acc + g * hd;
-      for (int d = 0; d < hd; ++d) a[d] *= corr;
-      float sum = l[g] * corr;
-      for (int64_t j = 0; j < n; ++j) sg[j] = detail::exp_f32(sg[j] - mx);  // vectorises
-      for (int64_t j = 0; j < n; ++j) sum += sg[j];
-      detail::accumulate_rows(a, sg, vpage, n, tok_stride, hd);
-      m[g] = mx;
-      l[g] = sum;
+  // Calls fn(first key, key count, its page's rows from that key) for each page's share of the
+  // keys [j0, j1).
+  auto for_segments = [&](int64_t j0, int64_t j1, auto&& fn) KVB_SIMD_INLINE_LAMBDA {
+    for (int64_t j = j0; j < j1;) {
+      const int64_t off = j % p.page_size, cnt = std::min(p.page_size - off, j1 - j);
+      fn(j, cnt, pages[j / p.page_size] * page_stride + off * tok_stride + kvh * hd);
+      j += cnt;
     }
+  };
+  for (int64_t j0 = 0; j0 < n_keys; j0 += kKeyTile) {
+    const int64_t j1 = std::min(n_keys, j0 + kKeyTile);
+    for_segments(j0, j1, [&](int64_t j, int64_t cnt, int64_t row) KVB_SIMD_INLINE_LAMBDA {
+      detail::tile_scores(q, group, hd, p.k_pages + row, tok_stride, cnt, s + (j - j0), kKeyTile);
+    });
+    for (int g = 0; g < group; ++g)
+      detail::tile_softmax(s + g * kKeyTile, j1 - j0, m + g, l + g, acc + g * hd, hd);
+    for_segments(j0, j1, [&](int64_t j, int64_t cnt, int64_t row) KVB_SIMD_INLINE_LAMBDA {
+      detail::tile_values(acc, group, hd, s + (j - j0), kKeyTile, p.v_pages + row, tok_stride, cnt);
+    });
   }
   float* obase = p.o + t * p.qo_stride() + kvh * group * hd;
   for (int g = 0; g < group; ++g) {
@@ -190,14 +194,27 @@ struct Item {
   int64_t t0, t1;
 };
 
+// Per-thread buffers, kept between calls: a small model's decode step calls this kernel once per
+// layer, and allocating (and zeroing) them each time cost more than its attention.
+struct ThreadScratch {
+  std::vector<float> decode;  // attend_group's
+  TiledScratch tiled;
+  std::vector<Item> items;  // the calling thread's work list
+};
+ThreadScratch& thread_scratch() {
+  static thread_local ThreadScratch t;
+  return t;
+}
+
 }  // namespace
 
 void paged_attention_cpu(const PagedAttentionParams& p) {
   const int group = p.num_qo_heads / p.num_kv_heads;
-  const size_t scratch_floats = static_cast<size_t>(group) * (p.head_dim + 2 + p.page_size);
+  const size_t scratch_floats = static_cast<size_t>(group) * (2 * p.head_dim + 2 + kKeyTile);
   // Sequences with many new tokens (prefill chunks) go in query blocks through the tiled path; the
   // rest (decode steps, short chunks) token by token.
-  std::vector<Item> items;
+  std::vector<Item>& items = thread_scratch().items;
+  items.clear();
   double macs = 0;
   for (int b = 0; b < p.batch_size; ++b) {
     const int64_t q0 = p.q_indptr[b], q1 = p.q_indptr[b + 1];
@@ -210,20 +227,22 @@ void paged_attention_cpu(const PagedAttentionParams& p) {
         items.push_back({b, kvh, t, tiled ? std::min(q1, t + kQueryBlock) : t + 1});
   }
   const int64_t n_items = static_cast<int64_t>(items.size());
-  const bool parallel = macs >= kMinParallelMacs && n_items > 1;
-#pragma omp parallel if (parallel)
-  {
-    std::vector<float> scratch(scratch_floats);
-    TiledScratch tiled;
-#pragma omp for schedule(dynamic, 1)
-    for (int64_t i = 0; i < n_items; ++i) {
-      const Item& it = items[i];
-      if (it.t1 - it.t0 > 1 || p.q_indptr[it.b + 1] - p.q_indptr[it.b] >= kMinTiledTokens)
-        attend_tiled(p, it.b, it.t0, it.t1, it.kvh, tiled);
-      else
-        attend_group(p, it.b, it.t0, it.kvh, scratch.data());
+  auto run = [&](int64_t i) {
+    ThreadScratch& w = thread_scratch();
+    const Item& it = items[i];
+    if (it.t1 - it.t0 > 1 || p.q_indptr[it.b + 1] - p.q_indptr[it.b] >= kMinTiledTokens) {
+      attend_tiled(p, it.b, it.t0, it.t1, it.kvh, w.tiled);
+    } else {
+      if (w.decode.size() < scratch_floats) w.decode.resize(scratch_floats);
+      attend_group(p, it.b, it.t0, it.kvh, w.decode.data());
     }
+  };
+  if (!(macs >= kMinParallelMacs && n_items > 1)) {  // (no OpenMP region at all: cheaper)
+    for (int64_t i = 0; i < n_items; ++i) run(i);
+    return;
   }
+#pragma omp parallel for schedule(dynamic, 1)
+  for (int64_t i = 0; i < n_items; ++i) run(i);
 }
 
 }  // namespace kvb::kernels

@@ -53,6 +53,21 @@ TEST(PagedDecodeCpu, MatchesOracleOnOddSizes) {
         }
 }
 
+// The register blocks of tile_attention.h on groups that are not a multiple of 4 (3 = 2 + 1,
+// 5 = 4 + 1, 7 = 4 + 2 + 1) and head dims with channel tails (20, 40, 72), split into ranges.
+TEST(PagedDecodeCpu, MatchesOracleOnOddGroupsAndHeadDims) {
+  uint32_t seed = 40;
+  for (int group : {2, 3, 5, 7})
+    for (int hd : {20, 40, 72}) {
+      std::mt19937 rng(seed++);
+      auto c = testing::make_paged_cache(KvDtype::kF16, {1, 33, 1500}, 2, group, hd, 16, rng);
+      const auto ref = run_decode(c, decode_attention_ref);
+      const auto cpu = run_decode(c, decode_attention_cpu);
+      EXPECT_LE(rel_err(cpu, ref, KvDtype::kF16), tolerance(KvDtype::kF16))
+          << "hd " << hd << " group " << group;
+    }
+}
+
 // The fp16/bf16 oracle is the fp32 paged_attention_ref on the same (exactly converted) values.
 TEST(PagedDecodeCpu, OracleAgreesWithFp32PagedAttention) {
   std::mt19937 rng(7);
@@ -314,7 +329,8 @@ struct KiviCase {
 
 std::vector<KiviCase> kivi_cases() {
   return {{2, 128, 4, 32, 128, 32}, {4, 64, 1, 16, 0, 32},   {8, 128, 8, 32, 64, 32},
-          {2, 64, 8, 16, 32, 8},    {4, 128, 4, 16, 48, 16}, {8, 64, 4, 32, 0, 64}};
+          {2, 64, 8, 16, 32, 8},    {4, 128, 4, 16, 48, 16}, {8, 64, 4, 32, 0, 64},
+          {4, 72, 3, 16, 32, 8},    {2, 64, 2, 32, 64, 4}};
 }
 
 KiviLayout layout_of(const KiviCase& k, int kv_heads = 2) {

@@ -26,4 +26,8 @@ void rope_f32(float* x, int64_t tokens, int64_t heads, int64_t head_dim, int64_t
 // out[r, i] = silu(gu[r, i]) * gu[r, F + i].   gu: [rows, 2F]; out: [rows, F]
 void silu_mul_f32(const float* gu, float* out, int64_t rows, int64_t F);
 
+// The index std::max_element(x, x + n) returns (n >= 1): the first maximum; a NaN is never
+// greater than anything, so it is returned only from x[0]. Eight lanes at a time.
+int64_t argmax_f32(const float* x, int64_t n);
+
 }  // namespace kvb::kernels
