@@ -1,7 +1,9 @@
 #include "harness/store/results_db.h"
 
 #include <sqlite3.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 
 #include <cerrno>
 #include <chrono>
@@ -128,6 +130,28 @@ void make_parent_dirs(const std::string& path) {
   struct stat st {};
   KVB_CHECK(::stat(parent.c_str(), &st) == 0 && S_ISDIR(st.st_mode), "results DB ", path, ": ",
             parent, " is not a directory");
+}
+
+// Whether the DB at `path` (with its -wal and -journal files) cannot grow: under 1 MiB free for
+// this user on its file system, or one of its files within 64 KiB of the process's file size limit.
+bool no_room_to_grow(const std::string& path) {
+  const size_t slash = path.find_last_of('/');
+  const std::string dir = slash == std::string::npos ? "."
+                          : slash == 0               ? "/"
+                                                     : path.substr(0, slash);
+  struct statvfs fs {};
+  if (::statvfs(dir.c_str(), &fs) == 0 &&
+      static_cast<unsigned long long>(fs.f_bavail) * fs.f_frsize < (1ull << 20))
+    return true;
+  struct rlimit lim {};
+  if (::getrlimit(RLIMIT_FSIZE, &lim) != 0 || lim.rlim_cur == RLIM_INFINITY) return false;
+  for (const char* suffix : {"", "-wal", "-journal"}) {
+    struct stat st {};
+    if (::stat((path + suffix).c_str(), &st) == 0 &&
+        static_cast<unsigned long long>(st.st_size) + (64u << 10) >= lim.rlim_cur)
+      return true;
+  }
+  return false;
 }
 
 void check_json(const std::string& db_path, const std::string& text, const std::string& what) {
@@ -334,14 +358,16 @@ void ResultsDb::fail_sqlite(const std::string& what, int rc) {
   if (primary == SQLITE_CORRUPT) {
     KVB_FAIL("results DB ", path_, ": the database file is corrupt (", detail, ")");
   }
-  // SQLITE_FULL is ENOSPC; a file size limit (EFBIG) or a quota (EDQUOT) comes back as an I/O
-  // error whose errno says the same.
+  // SQLite reports ENOSPC on a write as SQLITE_FULL, but EFBIG (a file size limit), EDQUOT and
+  // ENOSPC elsewhere as a plain I/O error, and the errno it saved may be a later call's by the time
+  // the error arrives; so an I/O error is also checked against the file system and the limit.
   const int err = db_ != nullptr ? sqlite3_system_errno(db_) : 0;
-  if (primary == SQLITE_FULL || (primary == SQLITE_IOERR && is_disk_full_errno(err))) {
-    throw DiskFullError(detail::concat("results DB ", path_, ": ", what,
-                                       ": no room left to write it (", detail,
-                                       err != 0 ? std::string(", ") + std::strerror(err) : "",
-                                       "); what was committed before is kept"));
+  if (primary == SQLITE_FULL ||
+      (primary == SQLITE_IOERR && (is_disk_full_errno(err) || no_room_to_grow(path_)))) {
+    throw DiskFullError(
+        detail::concat("results DB ", path_, ": ", what, ": no room left to write it (", detail,
+                       is_disk_full_errno(err) ? std::string(", ") + std::strerror(err) : "",
+                       "); what was committed before is kept"));
   }
   if (primary == SQLITE_BUSY) {
     KVB_FAIL("results DB ", path_, ": ", what, ": locked by another process (", detail, ", code ",

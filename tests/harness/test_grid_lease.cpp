@@ -101,8 +101,9 @@ TEST(GridLease, ThreeProcessesOnOneDbComputeEveryRunOnceAndAllExitZero) {
   }
   int64_t computed = 0, ran = 0, held = 0;
   for (int p = 0; p < 3; ++p) {
-    if (pids[p] != first)
+    if (pids[p] != first) {
       EXPECT_EQ(wait_exit(pids[p]), 0) << read_file(dir + "/err" + std::to_string(p));
+    }
     const json summary = json::parse(read_file(dir + "/out" + std::to_string(p)));
     EXPECT_EQ(summary["failed"], 0);
     EXPECT_EQ(summary["held"], 0);
