@@ -148,6 +148,14 @@ RunOutcome execute_run(const nlohmann::json& resolved, ResultsDb& db, const RunE
     // samples).
     KVB_CHECK(!protocol_info.needs_tokenizer || !model->tokenizer_path.empty(), model->source,
               ": the ", protocol_name, " protocol needs a tokenizer");
+    // A method checks what depends on the model or on several parameters at once (a kept ratio
+    // above 1, a budget in the wrong unit) when its store is built: build one here, so that such a
+    // config also fails before the run row exists.
+    {
+      CacheContext check_ctx{model->config, model->device, model->dtype, model};
+      check_ctx.calibration = calibration;
+      MethodRegistry::instance().create(method, check_ctx, method_params);
+    }
     const RunContext ctx{resolved, model, method_info, method_params, env, calibration};
     std::unique_ptr<ProtocolRun> plan = protocol.plan(ctx);
 
