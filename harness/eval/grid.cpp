@@ -118,20 +118,14 @@ std::string scalar_text(const json& v) {
   return v.dump();
 }
 
-// The most cells a grid may expand to. Counted before anything is expanded (method parameter lists
-// included), so a small file of long lists fails at once instead of building millions of configs.
-// Every cell is resolved and held before the first runs (about 10 KB and 0.1-0.2 ms each): three
-// 100-value axes, a 1.3 KB file, would otherwise take minutes and gigabytes to plan.
-constexpr size_t kMaxGridCells = 100000;
-
 // How many methods `v` expands to: the product of its parameter lists' lengths, saturating at
-// kMaxGridCells + 1 so that no product overflows. Checks nothing else; expand_method_value does.
-size_t method_value_count(const json& v) {
+// `limit` + 1 so that no product overflows. Checks nothing else; expand_method_value does.
+size_t method_value_count(const json& v, size_t limit) {
   if (!v.is_object() || !v.contains("params") || !v["params"].is_object()) return 1;
   size_t n = 1;
   for (const auto& p : v["params"]) {
     if (!p.is_array() || p.empty()) continue;
-    n = p.size() > (kMaxGridCells + 1) / n ? kMaxGridCells + 1 : n * p.size();
+    n = p.size() > (limit + 1) / n ? limit + 1 : n * p.size();
   }
   return n;
 }
@@ -407,19 +401,21 @@ GridPlan expand_grid(const json& grid, const GridOptions& options) {
     }
   }
   // Cartesian product size, method lists counted unexpanded (saturating: no overflow).
+  const size_t limit = options.max_cells;
   {
     size_t total = 1;
     for (const auto& [k, v] : axes) {
       size_t n = 0;
       if (k == "method") {
-        for (const auto& m : v) n = std::min(kMaxGridCells + 1, n + method_value_count(m));
+        for (const auto& m : v) n = std::min(limit + 1, n + method_value_count(m, limit));
       } else {
         n = v.size();
       }
-      total = n > (kMaxGridCells + 1) / total ? kMaxGridCells + 1 : total * n;
+      total = n > (limit + 1) / total ? limit + 1 : total * n;
     }
-    KVB_CHECK(total <= kMaxGridCells, "grid: the axes (method parameter lists included) expand to more than ",
-              kMaxGridCells, " cells; split the grid or shorten its lists");
+    KVB_CHECK(total <= limit,
+              "grid: the axes (method parameter lists included) expand to more than ", limit,
+              " cells; split the grid or shorten its lists");
   }
   if (axes.count("method")) {
     std::vector<json> expanded;
@@ -452,7 +448,7 @@ GridPlan expand_grid(const json& grid, const GridOptions& options) {
   size_t total = 1;
   for (const auto& [k, v] : axes) {
     total *= v.size();
-    KVB_CHECK(total <= kMaxGridCells, "grid: the axes expand to more than ", kMaxGridCells, " cells");
+    KVB_CHECK(total <= limit, "grid: the axes expand to more than ", limit, " cells");
   }
   plan.expanded = total;
 
