@@ -174,7 +174,10 @@ std::string value_label(const std::string& key, const json& v) {
     std::vector<std::string> parts;
     for (auto it = v.begin(); it != v.end(); ++it)
       if (it.key() != "name") parts.push_back(it.key() + "=" + scalar_text(it.value()));
-    return v.value("name", std::string("?")) + (parts.empty() ? "" : "(" + join(parts, ", ") + ")");
+    // Any JSON may stand where a name belongs until the cell is resolved (which refuses it naming
+    // the key): a label shows what was written.
+    return (v.contains("name") ? scalar_text(v["name"]) : std::string("?")) +
+           (parts.empty() ? "" : "(" + join(parts, ", ") + ")");
   }
   if (v.is_object() || v.is_array()) return v.dump();
   return scalar_text(v);
@@ -330,7 +333,8 @@ RunSpec spec_for(const GridCell& c, const std::string& grid) {
 
 std::string method_label(const json& method, const json& show) {
   if (method.is_string()) return method.get<std::string>();
-  std::string name = method.value("name", std::string("?"));
+  if (!method.is_object()) return method.dump();  // refused when the config is resolved
+  std::string name = method.contains("name") ? scalar_text(method["name"]) : std::string("?");
   std::vector<std::string> parts;
   if (method.contains("params") && method["params"].is_object())
     for (auto it = method["params"].begin(); it != method["params"].end(); ++it) {

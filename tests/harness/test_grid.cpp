@@ -320,6 +320,34 @@ TEST(Grid, LongMethodListsAreCountedBeforeExpansion) {
   ASSERT_EQ(plan.cells.size(), 4u);
 }
 
+// Found by fuzz_run_config: a protocol axis value whose name is not a string made the cell's label
+// throw the JSON library's exception (an internal error, exit 1) before the cell was resolved.
+TEST(Grid, AnyValueWhereANameBelongsIsAConfigError) {
+  for (const char* axes :
+       {R"({"protocol": [{"name": 2, "window": 64}]})", R"({"protocol": [{"name": null}]})",
+        R"({"method": [{"name": 5}]})", R"({"method": [7]})", R"({"method": [["full"]]})"}) {
+    json grid = {{"base", {{"model", "stories260K"}, {"method", "full"}, {"protocol", "stream"}}},
+                 {"axes", json::parse(axes)}};
+    try {
+      expand_grid(grid, no_input_checks());
+      ADD_FAILURE() << axes << ": accepted";
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      EXPECT_TRUE(what.find("protocol") != std::string::npos ||
+                  what.find("method") != std::string::npos)
+          << axes << ": " << what;
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << axes << ": not a kvb::Error: " << e.what();
+    }
+  }
+  const std::string dir = test::make_temp_dir("grid_names");
+  write_file(dir + "/g.json", R"({"base": {"model": ")" + model_path() +
+                                  R"("}, "axes": {"protocol": [{"name": 2}]}})");
+  auto r = test::run_kvbench("grid --dry-run --schema-only -c " + dir + "/g.json");
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_EQ(r.err.find("internal error"), std::string::npos) << r.err;
+}
+
 TEST(Grid, DryRunPlansWithoutWritingAndShowsWhatIsDone) {
   const std::string dir = test::make_temp_dir("grid_dry");
   const std::string cfg = dir + "/grid.json";
