@@ -1,6 +1,7 @@
 #include "harness/common/atomic_file.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -23,6 +24,17 @@ void throw_write_error(const std::string& path, const std::string& what, int err
     throw DiskFullError(detail::concat(path, ": ", what, ": ", std::strerror(err),
                                        " (no room left to write it; nothing was left behind)"));
   KVB_FAIL(path, ": ", what, ": ", std::strerror(err));
+}
+
+void make_directories(const std::string& dir) {
+  for (size_t pos = 1; pos <= dir.size(); ++pos) {
+    if (pos != dir.size() && dir[pos] != '/') continue;
+    const std::string prefix = dir.substr(0, pos);
+    if (::mkdir(prefix.c_str(), 0755) != 0 && errno != EEXIST)
+      throw_write_error(prefix, "cannot create the directory", errno);
+  }
+  struct stat st {};
+  KVB_CHECK(::stat(dir.c_str(), &st) == 0 && S_ISDIR(st.st_mode), dir, ": not a directory");
 }
 
 void write_file_atomically(const std::string& path, const void* bytes, size_t size) {

@@ -19,6 +19,10 @@ inline void write_file_atomically(const std::string& path, const std::string& by
 // writers that must produce the file through a library call: write there, then rename).
 std::string atomic_temp_path(const std::string& path);
 
+// mkdir -p: creates every missing directory of `dir` (existing ones are fine); throws naming the
+// directory that cannot be created (DiskFullError for no room).
+void make_directories(const std::string& dir);
+
 // Throws the error write_file_atomically would for errno `err` while writing `path`.
 [[noreturn]] void throw_write_error(const std::string& path, const std::string& what, int err);
 

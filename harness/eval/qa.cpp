@@ -190,7 +190,7 @@ std::string baseline_path(const Model& model, const QaSample& s, const QaOptions
 void store_baseline(const std::string& path, const std::string& dir,
                     const std::vector<std::string>& predictions) {
   if (path.empty()) return;
-  ::mkdir(dir.c_str(), 0755);
+  make_directories(dir);
   write_file_atomically(path, nlohmann::json(predictions).dump());
 }
 

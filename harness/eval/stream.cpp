@@ -47,16 +47,6 @@ std::string baseline_key(const Model& m, const std::vector<int64_t>& tokens, con
   return sha256_hex(k.dump());
 }
 
-void mkdirs(const std::string& dir) {
-  std::string cur;
-  for (size_t i = 0; i <= dir.size(); ++i) {
-    if (i == dir.size() || dir[i] == '/') {
-      if (!cur.empty()) ::mkdir(cur.c_str(), 0755);
-    }
-    if (i < dir.size()) cur += dir[i];
-  }
-}
-
 }  // namespace
 
 std::vector<float> stream_baseline_logprobs(std::shared_ptr<Model> model,
@@ -87,7 +77,7 @@ std::vector<float> stream_baseline_logprobs(std::shared_ptr<Model> model,
   });
   if (!path.empty()) {
     // Write-then-rename: a killed process never leaves a half-written baseline behind.
-    mkdirs(opts.cache_dir);
+    make_directories(opts.cache_dir);
     write_file_atomically(path, out.data(), static_cast<size_t>(want_bytes));
   }
   return out;
