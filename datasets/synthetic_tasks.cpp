@@ -24,6 +24,7 @@
 #include "datasets/corpus.h"
 #include "datasets/token_counter.h"
 #include "datasets/word_lists.h"
+#include "harness/common/atomic_file.h"
 #include "harness/common/error.h"
 #include "harness/common/json_parse.h"
 #include "harness/common/mapped_file.h"
@@ -1749,17 +1750,9 @@ SampleSet generate_task_cached(const Tokenizer& tokenizer, const TaskSpec& spec,
       }
     }
   }
-  // Write to a temporary name, then rename: a killed run never leaves a half-written cache file.
-  const std::string tmp = path + ".tmp" + std::to_string(::getpid());
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    KVB_CHECK(out.good(), "cannot write task cache file ", tmp, ": ", std::strerror(errno));
-    out << sample_set_to_json(set).dump();
-    out.close();
-    KVB_CHECK(out.good(), "cannot write task cache file ", tmp);
-  }
-  KVB_CHECK(std::rename(tmp.c_str(), path.c_str()) == 0, "cannot rename ", tmp, " to ", path, ": ",
-            std::strerror(errno));
+  // Written whole or not at all: a killed run or a full disk never leaves a half-written cache
+  // file.
+  write_file_atomically(path, sample_set_to_json(set).dump());
   return set;
 }
 

@@ -186,13 +186,16 @@ void register_grid(CLI::App& app) {
                       {"samples_computed", r.samples_computed},
                       {"wall_s", r.wall_s}});
       std::cout << nlohmann::json({{"grid", plan.name},
-                                   {"shard", args->shard.empty() ? nlohmann::json(nullptr) : nlohmann::json(args->shard)},
+                                   {"shard", args->shard.empty() ? nlohmann::json(nullptr)
+                                                                 : nlohmann::json(args->shard)},
                                    {"db", args->db},
                                    {"cells", jc},
                                    {"ran", sum.ran},
                                    {"skipped", sum.skipped},
                                    {"failed", sum.failed},
                                    {"not_reached", sum.not_reached},
+                                   {"held", sum.held},
+                                   {"disk_full", sum.disk_full},
                                    {"interrupted", sum.interrupted},
                                    {"wall_s", sum.wall_s}})
                        .dump(2)
@@ -201,6 +204,9 @@ void register_grid(CLI::App& app) {
       std::cout << "grid '" << plan.name << "'" << shard_text << ": " << cells.size() << " cells: " << sum.ran
                 << " ran, " << sum.skipped << " already done, " << sum.failed << " failed";
       if (sum.interrupted) std::cout << ", interrupted with " << sum.not_reached << " not reached";
+      if (sum.held > 0) std::cout << ", " << sum.held << " still held by other processes";
+      if (sum.disk_full)
+        std::cout << ", stopped for want of disk space with " << sum.not_reached << " not reached";
       std::cout << " (" << std::fixed << std::setprecision(1) << sum.wall_s << " s) -> " << args->db << "\n";
       for (const auto& r : sum.cells)
         if (r.status == "failed")

@@ -11,12 +11,14 @@
 #include <map>
 #include <set>
 #include <sstream>
+#include <thread>
 
+#include "harness/common/disk_full_error.h"
 #include "harness/common/error.h"
 #include "harness/common/progress_eta.h"
 #include "harness/common/strings.h"
-#include "harness/eval/run_config.h"
 #include "harness/eval/protocol_registry.h"
+#include "harness/eval/run_config.h"
 #include "harness/kv/method_registry.h"
 #include "harness/model/model.h"
 #include "harness/store/config_hash.h"
@@ -117,18 +119,14 @@ std::string scalar_text(const json& v) {
   return v.dump();
 }
 
-// The most cells a grid may expand to. Counted before anything is expanded (method parameter lists
-// included), so a small file of long lists fails at once instead of building millions of configs.
-constexpr size_t kMaxGridCells = 1000000;
-
 // How many methods `v` expands to: the product of its parameter lists' lengths, saturating at
-// kMaxGridCells + 1 so that no product overflows. Checks nothing else; expand_method_value does.
-size_t method_value_count(const json& v) {
+// `limit` + 1 so that no product overflows. Checks nothing else; expand_method_value does.
+size_t method_value_count(const json& v, size_t limit) {
   if (!v.is_object() || !v.contains("params") || !v["params"].is_object()) return 1;
   size_t n = 1;
   for (const auto& p : v["params"]) {
     if (!p.is_array() || p.empty()) continue;
-    n = p.size() > (kMaxGridCells + 1) / n ? kMaxGridCells + 1 : n * p.size();
+    n = p.size() > (limit + 1) / n ? limit + 1 : n * p.size();
   }
   return n;
 }
@@ -177,7 +175,10 @@ std::string value_label(const std::string& key, const json& v) {
     std::vector<std::string> parts;
     for (auto it = v.begin(); it != v.end(); ++it)
       if (it.key() != "name") parts.push_back(it.key() + "=" + scalar_text(it.value()));
-    return v.value("name", std::string("?")) + (parts.empty() ? "" : "(" + join(parts, ", ") + ")");
+    // Any JSON may stand where a name belongs until the cell is resolved (which refuses it naming
+    // the key): a label shows what was written.
+    return (v.contains("name") ? scalar_text(v["name"]) : std::string("?")) +
+           (parts.empty() ? "" : "(" + join(parts, ", ") + ")");
   }
   if (v.is_object() || v.is_array()) return v.dump();
   return scalar_text(v);
@@ -186,6 +187,15 @@ std::string value_label(const std::string& key, const json& v) {
 struct GridInterrupted : std::runtime_error {
   GridInterrupted() : std::runtime_error("interrupted (stop requested); the next grid run resumes this run") {}
 };
+
+// How a cell's line names its outcome.
+const char* status_word(const std::string& status) {
+  if (status == "failed") return "FAILED";
+  if (status == "interrupted") return "interrupted";
+  if (status == "skipped") return "done before";
+  if (status == "held") return "held elsewhere";
+  return "done";
+}
 
 // Progress output: a redrawn bar with ETA on a terminal, plain lines otherwise.
 class Progress {
@@ -226,25 +236,26 @@ class Progress {
   void end_cell(const CellResult& r) {
     if (!o_.progress) return;
     std::ostringstream os;
-    os << "grid: [" << pos_ + 1 << "/" << cells_ << "] ";
-    if (r.status == "failed") os << "FAILED ";
-    else if (r.status == "interrupted") os << "interrupted ";
-    else if (r.status == "skipped") os << "done before ";
-    else os << "done ";
+    os << "grid: [" << pos_ + 1 << "/" << cells_ << "] " << status_word(r.status) << " ";
     os << std::fixed << std::setprecision(1) << r.wall_s << "s  #" << r.index << " " << r.label;
     // Counted in the cell's expected samples, the unit `work_` is in: a cell may compute more
     // samples than it expects (stream windows, perf repeats), which would exhaust work_ early.
-    if (r.status != "skipped") accounted_ += expected_in_cell_;
+    if (r.status != "skipped" && r.status != "held") accounted_ += expected_in_cell_;
     if (r.status == "ran" && expected_in_cell_ > 0) {
       finished_wall_s_ += r.wall_s;
       finished_samples_ += expected_in_cell_;
     }
     os << "  (elapsed " << format_duration(elapsed_s()) << ", ETA " << eta() << ")";
     if (r.status == "failed") os << "\n      error: " << r.error;
+    if (r.status == "held")
+      os << "\n      held by " << r.error << "; the grid waits for it at the end";
     if (o_.progress_bar) {
-      // On a terminal only failures and interruptions get a permanent line; the bar shows the rest.
-      if (r.status == "failed" || r.status == "interrupted") line(os.str());
-      else draw();
+      // On a terminal only failures, interruptions and held cells get a permanent line; the bar
+      // shows the rest.
+      if (r.status == "failed" || r.status == "interrupted" || r.status == "held")
+        line(os.str());
+      else
+        draw();
     } else {
       *o_.progress << os.str() << "\n" << std::flush;
     }
@@ -327,7 +338,8 @@ RunSpec spec_for(const GridCell& c, const std::string& grid) {
 
 std::string method_label(const json& method, const json& show) {
   if (method.is_string()) return method.get<std::string>();
-  std::string name = method.value("name", std::string("?"));
+  if (!method.is_object()) return method.dump();  // refused when the config is resolved
+  std::string name = method.contains("name") ? scalar_text(method["name"]) : std::string("?");
   std::vector<std::string> parts;
   if (method.contains("params") && method["params"].is_object())
     for (auto it = method["params"].begin(); it != method["params"].end(); ++it) {
@@ -398,19 +410,21 @@ GridPlan expand_grid(const json& grid, const GridOptions& options) {
     }
   }
   // Cartesian product size, method lists counted unexpanded (saturating: no overflow).
+  const size_t limit = options.max_cells;
   {
     size_t total = 1;
     for (const auto& [k, v] : axes) {
       size_t n = 0;
       if (k == "method") {
-        for (const auto& m : v) n = std::min(kMaxGridCells + 1, n + method_value_count(m));
+        for (const auto& m : v) n = std::min(limit + 1, n + method_value_count(m, limit));
       } else {
         n = v.size();
       }
-      total = n > (kMaxGridCells + 1) / total ? kMaxGridCells + 1 : total * n;
+      total = n > (limit + 1) / total ? limit + 1 : total * n;
     }
-    KVB_CHECK(total <= kMaxGridCells, "grid: the axes (method parameter lists included) expand to more than ",
-              kMaxGridCells, " cells; split the grid or shorten its lists");
+    KVB_CHECK(total <= limit,
+              "grid: the axes (method parameter lists included) expand to more than ", limit,
+              " cells; split the grid or shorten its lists");
   }
   if (axes.count("method")) {
     std::vector<json> expanded;
@@ -443,7 +457,7 @@ GridPlan expand_grid(const json& grid, const GridOptions& options) {
   size_t total = 1;
   for (const auto& [k, v] : axes) {
     total *= v.size();
-    KVB_CHECK(total <= kMaxGridCells, "grid: the axes expand to more than ", kMaxGridCells, " cells");
+    KVB_CHECK(total <= limit, "grid: the axes expand to more than ", limit, " cells");
   }
   plan.expanded = total;
 
@@ -638,13 +652,10 @@ GridSummary run_grid(const std::string& grid_name, const std::vector<GridCell>& 
   }
   Progress progress(options, cells.size(), work);
   auto stop_requested = [&] { return options.stop && options.stop->load() != 0; };
-  for (size_t pos = 0; pos < cells.size(); ++pos) {
-    const GridCell& c = cells[pos];
-    if (stop_requested()) {
-      summary.interrupted = true;
-      summary.not_reached = cells.size() - pos;
-      break;
-    }
+  bool disk_full = false;  // a cell failed for want of room: the grid stops
+  // One attempt at a cell: "ran", "skipped" (done before), "failed", "interrupted", or "held"
+  // (another live process computes it).
+  auto run_cell = [&](size_t pos, const GridCell& c) {
     progress.begin_cell(pos, c);
     CellResult r;
     r.index = c.index;
@@ -656,7 +667,7 @@ GridSummary run_grid(const std::string& grid_name, const std::vector<GridCell>& 
       if (s.rfind("sample ", 0) == 0 || s.rfind("batch ", 0) == 0) progress.sample_done();
       if (s.rfind("prefill ", 0) == 0)
         progress.detail(s);
-      else if (options.verbose || s.rfind("resuming", 0) == 0)
+      else if (options.verbose || s.rfind("resuming", 0) == 0 || s.rfind("taking over", 0) == 0)
         progress.line("kvbench: " + s);
       if (stop_requested()) throw GridInterrupted();
     };
@@ -669,16 +680,26 @@ GridSummary run_grid(const std::string& grid_name, const std::vector<GridCell>& 
     } catch (const GridInterrupted& e) {
       r.status = "interrupted";
       r.error = e.what();
+    } catch (const RunHeldElsewhere& e) {
+      r.status = "held";
+      r.error = e.holder();
+    } catch (const DiskFullError& e) {
+      // Every later cell would fail the same way (and each write a failure row, while there is
+      // room for one): stop here; what is committed stays, and a re-run resumes.
+      r.status = "failed";
+      r.error = e.what();
+      disk_full = true;
     } catch (const std::exception& e) {
       r.status = "failed";
       r.error = e.what();
       // execute_run records failures once the run has begun; record earlier ones (e.g. a model that
-      // does not load) too, so the database shows every cell's fate.
+      // does not load) too, so the database shows every cell's fate; never on a run another live
+      // process holds (begin_run reports it and changes nothing).
       try {
         auto existing = db.find_run_by_hash(c.config_hash);
         if (!existing || existing->status == RunStatus::kRunning) {
           RunInfo info = db.begin_run(spec_for(c, grid_name));
-          if (!info.already_done) db.fail_run(info.id, r.error);
+          if (!info.already_done && info.held_by.empty()) db.fail_run(info.id, r.error);
           r.run_id = info.id;
         } else {
           r.run_id = existing->id;
@@ -688,17 +709,92 @@ GridSummary run_grid(const std::string& grid_name, const std::vector<GridCell>& 
       }
     }
     r.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - c0).count();
-    summary.cells.push_back(r);
     progress.end_cell(r);
-    if (r.status == "ran") summary.ran++;
-    else if (r.status == "skipped") summary.skipped++;
-    else if (r.status == "failed") summary.failed++;
-    if (r.status == "interrupted") {
+    return r;
+  };
+  auto count = [&](const CellResult& r) {
+    if (r.status == "ran")
+      summary.ran++;
+    else if (r.status == "skipped")
+      summary.skipped++;
+    else if (r.status == "failed")
+      summary.failed++;
+  };
+  std::vector<size_t> held;  // positions (in `cells` and summary.cells) of cells others hold
+  for (size_t pos = 0; pos < cells.size(); ++pos) {
+    if (stop_requested()) {
       summary.interrupted = true;
+      summary.not_reached = cells.size() - pos;
+      break;
+    }
+    summary.cells.push_back(run_cell(pos, cells[pos]));
+    const CellResult& r = summary.cells.back();
+    count(r);
+    if (r.status == "held") held.push_back(pos);
+    if (r.status == "interrupted" || disk_full) {
+      summary.interrupted = r.status == "interrupted";
       summary.not_reached = cells.size() - pos - 1;
       break;
     }
   }
+  if (disk_full) {
+    progress.line("grid: stopped: no room left to write (" + std::to_string(summary.not_reached) +
+                  " cells not reached); free space and re-run the same command, which resumes");
+    summary.disk_full = true;
+    held.clear();  // nothing can be taken over without room to write
+  }
+  // Cells another live process held when reached: wait for them, so that a grid exits 0 only with
+  // every cell done. A cell is checked in the DB (cheaply, nothing loaded) until its holder
+  // finishes it, or is gone or failed it, and then run here (taken over or resumed from its
+  // samples).
+  if (!held.empty() && !summary.interrupted)
+    progress.line("grid: " + std::to_string(held.size()) + " cell" + (held.size() == 1 ? "" : "s") +
+                  " held by other processes; waiting for them");
+  while (!held.empty() && !summary.interrupted) {
+    std::vector<size_t> still;
+    for (size_t k = 0; k < held.size(); ++k) {
+      const size_t pos = held[k];
+      if (stop_requested()) {
+        summary.interrupted = true;
+        still.insert(still.end(), held.begin() + static_cast<std::ptrdiff_t>(k), held.end());
+        break;
+      }
+      const GridCell& c = cells[pos];
+      CellResult& r = summary.cells[pos];
+      if (auto run = db.find_run_by_hash(c.config_hash); run && run->status != RunStatus::kFailed) {
+        if (run->status == RunStatus::kDone) {
+          r.status = "skipped";
+          r.error.clear();
+          r.run_id = run->id;
+          count(r);
+          progress.line("grid: #" + std::to_string(c.index) + " " + c.label + ": done by " +
+                        (run->worker.empty() ? std::string("another process") : run->worker));
+          continue;
+        }
+        if (auto l = db.lease(run->id); l && l->live && !l->ours) {
+          still.push_back(pos);
+          continue;
+        }
+      }
+      r = run_cell(pos, c);
+      count(r);
+      if (r.status == "held") still.push_back(pos);
+      if (r.status == "interrupted") summary.interrupted = true;
+      if (disk_full) {
+        summary.disk_full = true;
+        still.clear();
+        break;
+      }
+    }
+    held = std::move(still);
+    if (summary.interrupted || summary.disk_full || held.empty()) break;
+    // Sleep in slices, so that a stop request is seen at once.
+    const auto wake =
+        std::chrono::steady_clock::now() + std::chrono::milliseconds(options.held_poll_ms);
+    while (std::chrono::steady_clock::now() < wake && !stop_requested())
+      std::this_thread::sleep_for(std::chrono::milliseconds(std::min(50, options.held_poll_ms)));
+  }
+  summary.held = held.size();
   progress.finish();
   summary.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return summary;

@@ -10,6 +10,7 @@
 #include "datasets/corpus.h"
 #include "datasets/recall_task.h"
 #include "datasets/synthetic_tasks.h"
+#include "harness/common/atomic_file.h"
 #include "harness/common/error.h"
 #include "harness/common/json_parse.h"
 #include "harness/common/mapped_file.h"
@@ -190,10 +191,8 @@ std::string baseline_path(const Model& model, const QaSample& s, const QaOptions
 void store_baseline(const std::string& path, const std::string& dir,
                     const std::vector<std::string>& predictions) {
   if (path.empty()) return;
-  ::mkdir(dir.c_str(), 0755);
-  const std::string tmp = path + ".tmp" + std::to_string(::getpid());
-  std::ofstream(tmp) << nlohmann::json(predictions).dump();
-  std::rename(tmp.c_str(), path.c_str());
+  make_directories(dir);
+  write_file_atomically(path, nlohmann::json(predictions).dump());
 }
 
 // The full-cache answers a method's answers are paired with: from the baseline cache when a `full`

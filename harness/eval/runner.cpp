@@ -1,20 +1,23 @@
-#include "harness/engine/thread_policy.h"
 #include "harness/eval/runner.h"
 
 #include <ATen/Parallel.h>
 #include <torch/csrc/api/include/torch/version.h>
 
 #include <chrono>
+#include <optional>
 
+#include "harness/common/disk_full_error.h"
 #include "harness/common/error.h"
 #include "harness/common/json_parse.h"
 #include "harness/common/sha256.h"
+#include "harness/engine/thread_policy.h"
 #include "harness/eval/ledger.h"
 #include "harness/eval/protocol_registry.h"
 #include "harness/eval/run_config.h"
 #include "harness/kv/method_registry.h"
 #include "harness/model/model.h"
 #include "harness/store/config_hash.h"
+#include "harness/store/lease_heartbeat.h"
 #include "harness/store/provenance.h"
 
 #ifndef KVB_SOURCE_DIR
@@ -47,6 +50,16 @@ class DbSamples : public StoredSamples {
   ResultsDb& db_;
   int64_t run_id_;
 };
+
+[[noreturn]] void throw_held(const std::string& config_hash, int64_t run_id,
+                             const std::string& holder) {
+  throw RunHeldElsewhere(
+      "run " + config_hash.substr(0, 12) + " (id " + std::to_string(run_id) + ") is held by " +
+          holder +
+          ", which is computing it; it is left to that process (kvbench grid waits for "
+          "it; a run whose holder is gone is taken over)",
+      holder);
+}
 
 std::string provenance_json(const RunEnv& env, const Model& m) {
   Provenance p = collect_provenance(env.source_dir.empty() ? KVB_SOURCE_DIR : env.source_dir);
@@ -95,6 +108,10 @@ RunOutcome execute_run(const nlohmann::json& resolved, ResultsDb& db, const RunE
     out.metrics = db.metrics(existing->id);
     log("run " + out.config_hash.substr(0, 12) + " already done (id " + std::to_string(existing->id) + "): skipped");
     return out;
+  } else if (existing && existing->status == RunStatus::kRunning) {
+    // Another live process computing it: skip before loading anything (begin_run checks again).
+    if (auto held = db.lease(existing->id); held && held->live && !held->ours)
+      throw_held(out.config_hash, existing->id, held->describe());
   }
 
   const auto t0 = std::chrono::steady_clock::now();
@@ -131,17 +148,29 @@ RunOutcome execute_run(const nlohmann::json& resolved, ResultsDb& db, const RunE
     // samples).
     KVB_CHECK(!protocol_info.needs_tokenizer || !model->tokenizer_path.empty(), model->source,
               ": the ", protocol_name, " protocol needs a tokenizer");
+    // A method checks what depends on the model or on several parameters at once (a kept ratio
+    // above 1, a budget in the wrong unit) when its store is built: build one here, so that such a
+    // config also fails before the run row exists.
+    {
+      CacheContext check_ctx{model->config, model->device, model->dtype, model};
+      check_ctx.calibration = calibration;
+      MethodRegistry::instance().create(method, check_ctx, method_params);
+    }
     const RunContext ctx{resolved, model, method_info, method_params, env, calibration};
     std::unique_ptr<ProtocolRun> plan = protocol.plan(ctx);
 
     RunInfo info = db.begin_run(spec);
-    run_id = info.id;
-    out.run_id = run_id;
+    out.run_id = info.id;
     if (info.already_done) {  // another process finished it meanwhile
       out.skipped = true;
-      out.metrics = db.metrics(run_id);
+      out.metrics = db.metrics(info.id);
       return out;
     }
+    if (!info.held_by.empty()) throw_held(out.config_hash, info.id, info.held_by);
+    run_id = info.id;  // from here on this process holds the run: a failure is recorded as its own
+    std::optional<LeaseHeartbeat> heartbeat(std::in_place, db, run_id);
+    if (!info.taken_over_from.empty())
+      log("taking over run " + std::to_string(run_id) + " from " + info.taken_over_from);
     if (calibration && !calibration->path.empty()) {
       Artifact row;
       row.hash = sha256_file_hex(calibration->path);
@@ -175,15 +204,26 @@ RunOutcome execute_run(const nlohmann::json& resolved, ResultsDb& db, const RunE
     out.metrics = plan->metrics(stored);
     for (auto& m : device_allocator_metrics(resolved["device"])) out.metrics.push_back(m);
     const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    heartbeat.reset();
     db.finish_run(run_id, out.metrics, wall);
     return out;
+  } catch (const RunHeldElsewhere&) {
+    throw;  // the run is another process's: neither skipped as done nor failed by this one
   } catch (const std::exception& e) {
     if (run_id > 0) {
       const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      bool recorded = false;
       try {
         db.fail_run(run_id, e.what(), wall);
+        recorded = true;
       } catch (...) {
       }
+      // A full disk may refuse the failure record too: the run keeps its 'running' row, and its
+      // lease dies with this process, so the next run or grid takes it over from its samples.
+      if (!recorded && dynamic_cast<const DiskFullError*>(&e) != nullptr)
+        throw DiskFullError(std::string(e.what()) + "; run " + std::to_string(run_id) +
+                            " stays 'running' and resumes from its stored samples on the next "
+                            "kvbench run or grid");
     }
     throw;
   }

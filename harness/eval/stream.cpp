@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <fstream>
 
+#include "harness/common/atomic_file.h"
 #include "harness/common/error.h"
 #include "harness/common/mapped_file.h"
 #include "harness/common/sha256.h"
@@ -46,16 +47,6 @@ std::string baseline_key(const Model& m, const std::vector<int64_t>& tokens, con
   return sha256_hex(k.dump());
 }
 
-void mkdirs(const std::string& dir) {
-  std::string cur;
-  for (size_t i = 0; i <= dir.size(); ++i) {
-    if (i == dir.size() || dir[i] == '/') {
-      if (!cur.empty()) ::mkdir(cur.c_str(), 0755);
-    }
-    if (i < dir.size()) cur += dir[i];
-  }
-}
-
 }  // namespace
 
 std::vector<float> stream_baseline_logprobs(std::shared_ptr<Model> model,
@@ -86,14 +77,8 @@ std::vector<float> stream_baseline_logprobs(std::shared_ptr<Model> model,
   });
   if (!path.empty()) {
     // Write-then-rename: a killed process never leaves a half-written baseline behind.
-    mkdirs(opts.cache_dir);
-    const std::string tmp = path + ".tmp" + std::to_string(::getpid());
-    {
-      std::ofstream f(tmp, std::ios::binary);
-      f.write(reinterpret_cast<const char*>(out.data()), static_cast<std::streamsize>(want_bytes));
-      KVB_CHECK(f.good(), tmp, ": cannot write the baseline cache (disk full?)");
-    }
-    KVB_CHECK(std::rename(tmp.c_str(), path.c_str()) == 0, path, ": cannot move the baseline into place");
+    make_directories(opts.cache_dir);
+    write_file_atomically(path, out.data(), static_cast<size_t>(want_bytes));
   }
   return out;
 }

@@ -3,45 +3,48 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <nlohmann/json.hpp>
 #include <set>
 
-#include <nlohmann/json.hpp>
-
+#include "harness/common/atomic_file.h"
 #include "harness/common/error.h"
 
 namespace kvb {
 
 namespace {
 
-// Writes all of `bytes` to `f`; throws naming `path` (a full disk shows up here or at fclose).
+// Writes all of `bytes` to `f`; throws naming `path` (a full disk shows up here or at fclose) after
+// removing the temporary file.
 void write_all(std::FILE* f, const void* bytes, size_t n, const std::string& path) {
   if (n == 0) return;
   if (std::fwrite(bytes, 1, n, f) != n) {
     const int err = errno;
     std::fclose(f);
-    std::remove((path + ".tmp").c_str());
-    KVB_FAIL(path, ": write failed: ", std::strerror(err));
+    std::remove(atomic_temp_path(path).c_str());
+    throw_write_error(path, "write failed", err);
   }
 }
 
 void finish(std::FILE* f, const std::string& path) {
-  const std::string tmp = path + ".tmp";
+  const std::string tmp = atomic_temp_path(path);
   const bool flushed = std::fflush(f) == 0;
   const int err = errno;
   if (std::fclose(f) != 0 || !flushed) {
+    const int close_err = errno;
     std::remove(tmp.c_str());
-    KVB_FAIL(path, ": write failed: ", std::strerror(flushed ? errno : err));
+    throw_write_error(path, "write failed", flushed ? close_err : err);
   }
   if (std::rename(tmp.c_str(), path.c_str()) != 0) {
     const int e = errno;
     std::remove(tmp.c_str());
-    KVB_FAIL(path, ": cannot rename the temporary file into place: ", std::strerror(e));
+    throw_write_error(path, "cannot rename the temporary file into place", e);
   }
 }
 
+// The temporary file is this process's own, so two processes writing one path never collide.
 std::FILE* open_tmp(const std::string& path) {
-  std::FILE* f = std::fopen((path + ".tmp").c_str(), "wb");
-  KVB_CHECK(f != nullptr, path, ": cannot open for writing: ", std::strerror(errno));
+  std::FILE* f = std::fopen(atomic_temp_path(path).c_str(), "wb");
+  if (f == nullptr) throw_write_error(path, "cannot open for writing", errno);
   return f;
 }
 
@@ -81,9 +84,7 @@ void write_safetensors(const std::string& path, const std::vector<StWriteEntry>&
 }
 
 void write_text_file_atomic(const std::string& path, const std::string& text) {
-  std::FILE* f = open_tmp(path);
-  write_all(f, text.data(), text.size(), path);
-  finish(f, path);
+  write_file_atomically(path, text);
 }
 
 }  // namespace kvb

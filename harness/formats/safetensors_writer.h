@@ -1,8 +1,9 @@
 #pragma once
-// Writes a safetensors file (the format safetensors.h reads): 8-byte little-endian header length, the
-// JSON header padded with spaces to a multiple of 8, then the tensors' bytes in the order given.
-// Torch-free. The file appears atomically: it is written to `path + ".tmp"` and renamed, so a full
-// disk or a crash never leaves a truncated checkpoint under the final name.
+// Writes a safetensors file (the format safetensors.h reads): 8-byte little-endian header length,
+// the JSON header padded with spaces to a multiple of 8, then the tensors' bytes in the order
+// given. Torch-free. The file appears atomically: it is written to a temporary file of this process
+// (atomic_file.h) and renamed, so a full disk or a crash never leaves a truncated checkpoint under
+// the final name, and a failed write removes the temporary (a full disk: DiskFullError).
 
 #include <cstdint>
 #include <map>

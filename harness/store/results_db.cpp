@@ -1,7 +1,9 @@
 #include "harness/store/results_db.h"
 
 #include <sqlite3.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 
 #include <cerrno>
 #include <chrono>
@@ -13,8 +15,10 @@
 #include <thread>
 #include <utility>
 
+#include "harness/common/disk_full_error.h"
 #include "harness/common/error.h"
 #include "harness/common/internal_error.h"
+#include "harness/store/process_identity.h"
 #include "harness/store/provenance.h"
 
 namespace kvb {
@@ -83,6 +87,21 @@ CREATE TABLE artifacts (
   meta_json  TEXT    NOT NULL DEFAULT '{}' CHECK (json_valid(meta_json))
 );
 )sql"},
+      // Run leases: which process computes a running run, so that another one on the same DB skips
+      // it while that process lives and takes it over once it is gone. One row per held run;
+      // merge_from copies none (a lease names a process of the DB it was taken in).
+      {2, R"sql(
+CREATE TABLE run_leases (
+  run_id       INTEGER PRIMARY KEY REFERENCES runs (id) ON DELETE CASCADE,
+  host         TEXT    NOT NULL,
+  machine      TEXT    NOT NULL,
+  pid          INTEGER NOT NULL,
+  pid_start    INTEGER NOT NULL,
+  acquired_at  TEXT    NOT NULL,
+  heartbeat_at TEXT    NOT NULL,
+  expires_at   TEXT    NOT NULL
+);
+)sql"},
   };
   return kMigrations;
 }
@@ -111,6 +130,28 @@ void make_parent_dirs(const std::string& path) {
   struct stat st {};
   KVB_CHECK(::stat(parent.c_str(), &st) == 0 && S_ISDIR(st.st_mode), "results DB ", path, ": ",
             parent, " is not a directory");
+}
+
+// Whether the DB at `path` (with its -wal and -journal files) cannot grow: under 1 MiB free for
+// this user on its file system, or one of its files within 64 KiB of the process's file size limit.
+bool no_room_to_grow(const std::string& path) {
+  const size_t slash = path.find_last_of('/');
+  const std::string dir = slash == std::string::npos ? "."
+                          : slash == 0               ? "/"
+                                                     : path.substr(0, slash);
+  struct statvfs fs {};
+  if (::statvfs(dir.c_str(), &fs) == 0 &&
+      static_cast<unsigned long long>(fs.f_bavail) * fs.f_frsize < (1ull << 20))
+    return true;
+  struct rlimit lim {};
+  if (::getrlimit(RLIMIT_FSIZE, &lim) != 0 || lim.rlim_cur == RLIM_INFINITY) return false;
+  for (const char* suffix : {"", "-wal", "-journal"}) {
+    struct stat st {};
+    if (::stat((path + suffix).c_str(), &st) == 0 &&
+        static_cast<unsigned long long>(st.st_size) + (64u << 10) >= lim.rlim_cur)
+      return true;
+  }
+  return false;
 }
 
 void check_json(const std::string& db_path, const std::string& text, const std::string& what) {
@@ -317,6 +358,17 @@ void ResultsDb::fail_sqlite(const std::string& what, int rc) {
   if (primary == SQLITE_CORRUPT) {
     KVB_FAIL("results DB ", path_, ": the database file is corrupt (", detail, ")");
   }
+  // SQLite reports ENOSPC on a write as SQLITE_FULL, but EFBIG (a file size limit), EDQUOT and
+  // ENOSPC elsewhere as a plain I/O error, and the errno it saved may be a later call's by the time
+  // the error arrives; so an I/O error is also checked against the file system and the limit.
+  const int err = db_ != nullptr ? sqlite3_system_errno(db_) : 0;
+  if (primary == SQLITE_FULL ||
+      (primary == SQLITE_IOERR && (is_disk_full_errno(err) || no_room_to_grow(path_)))) {
+    throw DiskFullError(
+        detail::concat("results DB ", path_, ": ", what, ": no room left to write it (", detail,
+                       is_disk_full_errno(err) ? std::string(", ") + std::strerror(err) : "",
+                       "); what was committed before is kept"));
+  }
   if (primary == SQLITE_BUSY) {
     KVB_FAIL("results DB ", path_, ": ", what, ": locked by another process (", detail, ", code ",
              rc, "; waited up to ", options_.busy_timeout_ms, " ms)");
@@ -473,6 +525,84 @@ void ResultsDb::require_running(int64_t run_id, const char* operation) {
             "' (it must be 'running'; call begin_run)");
 }
 
+std::string RunLease::describe() const {
+  if (ours) return holder.display() + " (this process)";
+  if (!live) return holder.display() + " (gone: " + gone_reason + ")";
+  if (liveness_of(holder) == Liveness::kAlive) return holder.display() + " (alive on this machine)";
+  return holder.display() + " (another machine; its lease runs until " + expires_at + ")";
+}
+
+std::optional<RunLease> ResultsDb::lease(int64_t run_id) {
+  std::lock_guard<std::recursive_mutex> lock(mutex_);
+  Stmt s(*this,
+         "SELECT host, machine, pid, pid_start, acquired_at, heartbeat_at, expires_at "
+         "FROM run_leases WHERE run_id = ?1");
+  s.bind_int(1, run_id);
+  if (!s.step()) return std::nullopt;
+  RunLease l;
+  l.holder.host = s.col_text(0);
+  l.holder.machine = s.col_text(1);
+  l.holder.pid = s.col_int(2);
+  l.holder.start_ticks = s.col_int(3);
+  l.acquired_at = s.col_text(4);
+  l.heartbeat_at = s.col_text(5);
+  l.expires_at = s.col_text(6);
+  l.ours = l.holder == this_process();
+  switch (l.ours ? Liveness::kAlive : liveness_of(l.holder)) {
+    case Liveness::kAlive:
+      l.live = true;
+      break;
+    case Liveness::kGone:
+      l.gone_reason = gone_reason(l.holder);
+      break;
+    case Liveness::kOtherMachine: {
+      // ISO-8601 UTC strings of one format sort as the times they name.
+      const std::string now = utc_now_iso8601();
+      l.live = now < l.expires_at;
+      if (!l.live) l.gone_reason = "its lease expired at " + l.expires_at + " (now " + now + ")";
+      break;
+    }
+  }
+  return l;
+}
+
+void ResultsDb::write_lease(int64_t run_id, const std::string& acquired_at) {
+  const ProcessIdentity& me = this_process();
+  const auto now = std::chrono::system_clock::now();
+  Stmt up(*this,
+          "INSERT OR REPLACE INTO run_leases (run_id, host, machine, pid, pid_start, acquired_at, "
+          "heartbeat_at, expires_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)");
+  up.bind_int(1, run_id)
+      .bind_text(2, me.host)
+      .bind_text(3, me.machine)
+      .bind_int(4, me.pid)
+      .bind_int(5, me.start_ticks)
+      .bind_text(6, acquired_at)
+      .bind_text(7, format_utc_iso8601(now))
+      .bind_text(8, format_utc_iso8601(now + std::chrono::seconds(options_.lease_ttl_s)));
+  up.run();
+}
+
+bool ResultsDb::renew_lease(int64_t run_id) {
+  Txn txn(*this);
+  const std::optional<RunLease> l = lease(run_id);
+  if (!l || !l->ours) return false;  // rolled back: nothing was written
+  write_lease(run_id, l->acquired_at);
+  txn.commit();
+  return true;
+}
+
+void ResultsDb::require_lease(int64_t run_id, const char* operation) {
+  const std::optional<RunLease> l = lease(run_id);
+  if (!l || l->ours) return;
+  throw RunHeldElsewhere(
+      detail::concat("results DB ", path_, ": ", operation, " on run ", run_id, ", which ",
+                     l->describe(), " holds since ", l->acquired_at,
+                     l->live ? "; it is computing the run, so this process leaves it alone"
+                             : "; this process lost the run (begin_run takes it over)"),
+      l->describe());
+}
+
 RunInfo ResultsDb::begin_run(const RunSpec& spec) {
   KVB_ASSERT(!spec.config_hash.empty(), "results_db", path_, ": begin_run with an empty config hash");
   check_json(path_, spec.config_json, "config_json of run " + spec.config_hash);
@@ -503,6 +633,7 @@ RunInfo ResultsDb::begin_run(const RunSpec& spec) {
         .bind_text(11, spec.provenance_json);
     ins.run();
     info.id = sqlite3_last_insert_rowid(db_);
+    write_lease(info.id, now);
     txn.commit();
     return info;
   }
@@ -524,6 +655,16 @@ RunInfo ResultsDb::begin_run(const RunSpec& spec) {
     txn.commit();
     return info;
   }
+  if (const std::optional<RunLease> held = lease(info.id); held && !held->ours) {
+    if (held->live) {
+      info.status = status;
+      info.held_by = held->describe();
+      txn.commit();  // nothing written
+      return info;
+    }
+    if (status == RunStatus::kRunning)
+      info.taken_over_from = held->holder.display() + ": " + held->gone_reason;
+  }
   Stmt upd(*this,
            "UPDATE runs SET status = 'running', error = NULL, finished_at = NULL, wall_s = NULL, "
            "attempts = attempts + 1, worker = ?2, started_at = ?3, provenance_json = ?4 "
@@ -533,6 +674,7 @@ RunInfo ResultsDb::begin_run(const RunSpec& spec) {
       .bind_text(3, now)
       .bind_text(4, spec.provenance_json);
   upd.run();
+  write_lease(info.id, now);
   info.status = RunStatus::kRunning;
   info.resumed = true;
   info.attempts += 1;
@@ -540,10 +682,18 @@ RunInfo ResultsDb::begin_run(const RunSpec& spec) {
   return info;
 }
 
+void ResultsDb::drop_lease(int64_t run_id) {
+  Stmt del(*this, "DELETE FROM run_leases WHERE run_id = ?1");
+  del.bind_int(1, run_id);
+  del.run();
+}
+
 void ResultsDb::finish_run(int64_t run_id, const std::vector<Metric>& metrics, double wall_s) {
   Txn txn(*this);
   require_running(run_id, "finish_run");
+  require_lease(run_id, "finish_run");
   insert_metrics(run_id, metrics);
+  drop_lease(run_id);
   Stmt upd(*this,
            "UPDATE runs SET status = 'done', error = NULL, finished_at = ?2, wall_s = ?3 "
            "WHERE id = ?1");
@@ -555,6 +705,8 @@ void ResultsDb::finish_run(int64_t run_id, const std::vector<Metric>& metrics, d
 void ResultsDb::fail_run(int64_t run_id, const std::string& error, std::optional<double> wall_s) {
   Txn txn(*this);
   require_running(run_id, "fail_run");
+  require_lease(run_id, "fail_run");
+  drop_lease(run_id);
   Stmt upd(*this,
            "UPDATE runs SET status = 'failed', error = ?2, finished_at = ?3, wall_s = ?4 "
            "WHERE id = ?1");
@@ -658,6 +810,7 @@ void ResultsDb::insert_sample(int64_t run_id, int64_t index, const std::string& 
       path_, output_json,
       "output_json of sample " + std::to_string(index) + " of run " + std::to_string(run_id));
   require_running(run_id, "add_sample");
+  require_lease(run_id, "add_sample");
   Stmt ins(*this,
            "INSERT OR REPLACE INTO samples (run_id, sample_index, sample_key, output_json, "
            "created_at) VALUES (?1, ?2, ?3, ?4, ?5)");
@@ -948,7 +1101,7 @@ MergeStats ResultsDb::merge_from(const std::string& other_path) {
     if (dst_status == RunStatus::kDone) {
       ++stats.runs_skipped;
     } else if (src.status == RunStatus::kDone) {
-      for (const char* table : {"main.samples", "main.metrics"}) {
+      for (const char* table : {"main.samples", "main.metrics", "main.run_leases"}) {
         Stmt del(*this, std::string("DELETE FROM ") + table + " WHERE run_id = ?1");
         del.bind_int(1, dst_id);
         del.run();

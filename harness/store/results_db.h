@@ -9,6 +9,13 @@
 //
 // Thread safety: one ResultsDb may be used from several threads (calls are serialized by a mutex),
 // but parallel writers are better served by one ResultsDb each.
+//
+// Leases: the process that begins a run holds it (a row in run_leases naming the process, renewed
+// by a heartbeat, see lease_heartbeat.h) until it finishes or fails it, so that several processes
+// on one DB (two `kvbench grid` on one --db) never compute a run twice or fail another's live run.
+// begin_run on a run another live process holds changes nothing and reports the holder (held_by);
+// a run whose holder is gone (same machine: its pid exited or was reused; another machine: its
+// lease expired) is taken over. Writes to a run (samples, finish, fail) need its lease.
 
 #include <cstdint>
 #include <functional>
@@ -19,6 +26,9 @@
 #include <string>
 #include <utility>
 #include <vector>
+
+#include "harness/common/error.h"
+#include "harness/store/process_identity.h"
 
 struct sqlite3;
 
@@ -46,6 +56,32 @@ struct RunSpec {
   std::string provenance_json = "{}";
 };
 
+// A write to (or begin of) a run that another process holds, or held and took over after this one's
+// lease lapsed. The caller should leave the run alone: its holder computes, finishes or fails it.
+class RunHeldElsewhere : public Error {
+ public:
+  RunHeldElsewhere(std::string message, std::string holder)
+      : Error(std::move(message)), holder_(std::move(holder)) {}
+  const std::string& holder() const { return holder_; }  // RunLease::describe() of the holder
+
+ private:
+  std::string holder_;
+};
+
+// Who holds a run, read from run_leases and judged from the calling process.
+struct RunLease {
+  ProcessIdentity holder;
+  std::string acquired_at;   // when the holder began (or took over) the run
+  std::string heartbeat_at;  // the holder's last renewal
+  std::string
+      expires_at;     // heartbeat_at + the holder's lease time; judges holders on other machines
+  bool ours = false;  // held by the calling process
+  bool live = false;  // ours, alive on this machine, or (another machine) not yet expired
+  std::string gone_reason;  // when !live: why the holder counts as gone
+  // "host:pid (alive on this machine)", "host:pid (another machine; lease until T)", ...
+  std::string describe() const;
+};
+
 // begin_run's answer.
 struct RunInfo {
   int64_t id = 0;
@@ -55,6 +91,12 @@ struct RunInfo {
   int64_t done_samples = 0;                // samples already stored for this run
   int64_t attempts = 1;                    // how many times begin_run has (re)opened this run
   std::string previous_worker;             // resumed runs: "host:pid" that held the run before
+  // Non-empty: another live process holds the run (RunLease::describe()); nothing was changed and
+  // the caller must not compute it.
+  std::string held_by;
+  // Non-empty: the run was 'running' under a holder that is gone, and this call took it over; says
+  // who and why ("host:pid: pid 123 no longer exists").
+  std::string taken_over_from;
 };
 
 // One row of `runs`.
@@ -153,6 +195,11 @@ class ResultsDb {
  public:
   struct Options {
     int busy_timeout_ms = 30000;  // how long a writer waits for another process's transaction
+    // How long a run's lease lasts after its holder's last renewal (LeaseHeartbeat renews it every
+    // quarter of this). Decides only for holders on another machine: on this one, a holder counts
+    // as alive exactly as long as its process exists. Hosts sharing a DB must agree on the time to
+    // well within this.
+    int lease_ttl_s = 60;
     // Replaces the built-in schema; for tests of the migration mechanism only.
     const std::vector<store_detail::Migration>* migrations = nullptr;
   };
@@ -168,6 +215,7 @@ class ResultsDb {
   ResultsDb& operator=(const ResultsDb&) = delete;
 
   const std::string& path() const { return path_; }
+  const Options& options() const { return options_; }
   static int latest_schema_version();  // the version a DB has after opening with the built-in list
   int schema_version();                // PRAGMA user_version of this file
   // PRAGMA quick_check (O(pages), no index cross-check): throws kvb::Error naming the file and
@@ -181,17 +229,24 @@ class ResultsDb {
   void transaction(const std::function<void()>& fn);
 
   // --- runs ---
-  // Registers the run identified by spec.config_hash. A new hash inserts a 'running' run. An
-  // existing 'running' or 'failed' run is resumed: status back to 'running', error and finish
-  // fields cleared, attempts + 1, provenance and worker updated, stored samples kept. A 'done' run
-  // is left untouched and reported with already_done. Throws if the hash exists with a different
+  // Registers the run identified by spec.config_hash and takes its lease. A new hash inserts a
+  // 'running' run. An existing 'running' or 'failed' run is resumed: status back to 'running',
+  // error and finish fields cleared, attempts + 1, provenance and worker updated, stored samples
+  // kept. A 'done' run is left untouched and reported with already_done. A run another live process
+  // holds is left untouched and reported with held_by. Throws if the hash exists with a different
   // config_json.
   RunInfo begin_run(const RunSpec& spec);
-  // Writes run-level metrics and marks the run 'done' in one transaction. The run must be
-  // 'running'.
+  // Writes run-level metrics and marks the run 'done' in one transaction, releasing its lease. The
+  // run must be 'running' and not held by another process (RunHeldElsewhere).
   void finish_run(int64_t run_id, const std::vector<Metric>& metrics, double wall_s);
-  // Marks the run 'failed' with `error`; its samples stay so a later begin_run resumes them.
+  // Marks the run 'failed' with `error`, releasing its lease; its samples stay so a later begin_run
+  // resumes them. Throws RunHeldElsewhere rather than fail a run another process holds.
   void fail_run(int64_t run_id, const std::string& error, std::optional<double> wall_s = {});
+  // The run's lease; empty when nobody holds it (finished, failed, or begun before leases existed).
+  std::optional<RunLease> lease(int64_t run_id);
+  // Extends the calling process's lease on the run; false (changing nothing) when the run is not
+  // held by this process any more.
+  bool renew_lease(int64_t run_id);
   // Deletes a run with its samples and metrics (for re-running from scratch). Returns false if
   // absent.
   bool delete_run(int64_t run_id);
@@ -201,8 +256,9 @@ class ResultsDb {
   std::vector<RunRow> list_runs(const RunFilter& filter = {});  // ordered by id
 
   // --- samples ---
-  // Stores sample `index` of a 'running' run. Writing an index that is already stored REPLACES that
-  // row (the latest result wins; there is never a duplicate), so a retried sample is harmless.
+  // Stores sample `index` of a 'running' run this process holds. Writing an index that is already
+  // stored REPLACES that row (the latest result wins; there is never a duplicate), so a retried
+  // sample is harmless.
   void add_sample(int64_t run_id, int64_t index, const std::string& key,
                   const std::string& output_json);
   // The same plus metric rows (e.g. running aggregates) in one transaction, so the two cannot
@@ -245,6 +301,11 @@ class ResultsDb {
   [[noreturn]] void fail_sqlite(const std::string& what, int rc);
   RunStatus run_status_or_throw(int64_t run_id);
   void require_running(int64_t run_id, const char* operation);
+  // Throws RunHeldElsewhere when another process holds the run (live or not: a gone holder's run is
+  // taken over by begin_run, never written to directly).
+  void require_lease(int64_t run_id, const char* operation);
+  void write_lease(int64_t run_id, const std::string& acquired_at);  // this process, now
+  void drop_lease(int64_t run_id);
   void insert_sample(int64_t run_id, int64_t index, const std::string& key,
                      const std::string& output_json);
   void insert_metrics(int64_t run_id, const std::vector<Metric>& metrics);

@@ -127,13 +127,13 @@ TEST(ResultsDbOpen, CreatesParentDirsSchemaAndWal) {
   {
     ResultsDb db(path);
     EXPECT_EQ(db.schema_version(), ResultsDb::latest_schema_version());
-    EXPECT_EQ(ResultsDb::latest_schema_version(), 1);
+    EXPECT_EQ(ResultsDb::latest_schema_version(), 2);
   }
   ASSERT_TRUE(std::filesystem::is_regular_file(path));
-  EXPECT_EQ(raw_one(path, "PRAGMA user_version"), "1");
+  EXPECT_EQ(raw_one(path, "PRAGMA user_version"), "2");
   EXPECT_EQ(raw_one(path, "PRAGMA journal_mode"), "wal");
   EXPECT_EQ(raw_query(path, "SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name"),
-            (std::vector<std::string>{"artifacts", "metrics", "runs", "samples"}));
+            (std::vector<std::string>{"artifacts", "metrics", "run_leases", "runs", "samples"}));
 }
 
 TEST(ResultsDbOpen, ReopenChangesNothing) {
@@ -148,7 +148,7 @@ TEST(ResultsDbOpen, ReopenChangesNothing) {
   const auto schema_before = raw_query(path, "SELECT sql FROM sqlite_master ORDER BY name");
   {
     ResultsDb db(path);
-    EXPECT_EQ(db.schema_version(), 1);
+    EXPECT_EQ(db.schema_version(), 2);
     auto run = db.find_run(id);
     ASSERT_TRUE(run.has_value());
     EXPECT_EQ(run->status, RunStatus::kRunning);
@@ -675,10 +675,11 @@ TEST(ResultsDbMerge, RefusesGarbageMissingAndSelf) {
 
 constexpr int64_t kPerWriter = 200;
 
-// Writes samples [first, first + kPerWriter) of the shared run, one transaction each.
-void write_samples(const std::string& path, int64_t first, int64_t* run_id_out) {
+// Writes samples [first, first + kPerWriter) of run `variant`, one transaction each (threads of one
+// process share a run: they are one lease holder).
+void write_samples(const std::string& path, int64_t first, int64_t* run_id_out, int variant = 0) {
   ResultsDb db(path);
-  const RunInfo info = db.begin_run(make_spec("concurrent", 0));
+  const RunInfo info = db.begin_run(make_spec("concurrent", variant));
   *run_id_out = info.id;
   for (int64_t i = first; i < first + kPerWriter; ++i) {
     db.add_sample(info.id, i, "k" + std::to_string(i), sample_json(i));
@@ -727,7 +728,7 @@ TEST(ResultsDbConcurrency, TwoProcessesLoseNothing) {
       int code = 0;
       try {
         int64_t id = 0;
-        write_samples(path, c * kPerWriter, &id);
+        write_samples(path, c * kPerWriter, &id, c);  // one run each: a run has one holder
       } catch (const std::exception& e) {
         std::fprintf(stderr, "child %d: %s\n", c, e.what());
         code = 1;
@@ -744,8 +745,12 @@ TEST(ResultsDbConcurrency, TwoProcessesLoseNothing) {
   }
   ResultsDb db(path);
   auto runs = db.list_runs();
-  ASSERT_EQ(runs.size(), 1u);
-  EXPECT_EQ(db.done_sample_indices(runs[0].id), range_set(0, 2 * kPerWriter));
+  ASSERT_EQ(runs.size(), 2u);
+  for (const auto& run : runs) {
+    const int variant = json::parse(run.config_json)["variant"];
+    EXPECT_EQ(db.done_sample_indices(run.id),
+              range_set(variant * kPerWriter, (variant + 1) * kPerWriter));
+  }
   EXPECT_EQ(raw_one(path, "PRAGMA integrity_check"), "ok");
 }
 
@@ -757,6 +762,7 @@ TEST(ResultsDbKillSafety, ProcessKilledMidTransactionLeavesNoPartialRows) {
     ResultsDb db(path);
     id = db.begin_run(make_spec("kill", 0)).id;
     for (int64_t i = 0; i < 10; ++i) db.add_sample(id, i, "k", sample_json(i));
+    db.fail_run(id, "handed to the child");  // releases this process's lease on the run
   }  // closed before fork: a SQLite connection must not be shared with a child
 
   pid_t pid = ::fork();
@@ -764,6 +770,7 @@ TEST(ResultsDbKillSafety, ProcessKilledMidTransactionLeavesNoPartialRows) {
   if (pid == 0) {
     try {
       ResultsDb db(path);
+      db.begin_run(make_spec("kill", 0));  // resumed: the child holds it
       db.transaction([&] {
         // Enough rows that SQLite spills pages into the WAL before the (never reached) commit.
         const std::string big(20000, 'x');
@@ -786,7 +793,13 @@ TEST(ResultsDbKillSafety, ProcessKilledMidTransactionLeavesNoPartialRows) {
   EXPECT_EQ(db.done_sample_indices(id), range_set(0, 10));
   EXPECT_TRUE(db.metrics(id).empty());
   EXPECT_EQ(raw_one(path, "PRAGMA integrity_check"), "ok");
-  // The lock died with the child: this process can write and finish the run.
+  // The lock died with the child, and so did its lease: this process takes the run over and can
+  // write and finish it.
+  EXPECT_EQ(error_of([&] { db.add_sample(id, 10, "k", sample_json(10)); }).find("lost the run") !=
+                std::string::npos,
+            true);
+  const RunInfo again = db.begin_run(make_spec("kill", 0));
+  EXPECT_TRUE(contains(again.taken_over_from, "no longer exists")) << again.taken_over_from;
   db.add_sample(id, 10, "k", sample_json(10));
   db.finish_run(id, {{"ppl", 3.0}}, 1.0);
   EXPECT_EQ(db.find_run(id)->status, RunStatus::kDone);
@@ -800,12 +813,14 @@ TEST(ResultsDbKillSafety, ProcessKilledBeforeFinishCommitKeepsRunResumable) {
     ResultsDb db(path);
     id = db.begin_run(make_spec("kill", 1)).id;
     db.add_sample(id, 0, "k", sample_json(0));
+    db.fail_run(id, "handed to the child");
   }
   pid_t pid = ::fork();
   ASSERT_GE(pid, 0);
   if (pid == 0) {
     try {
       ResultsDb db(path);
+      db.begin_run(make_spec("kill", 1));
       db.transaction([&] {
         db.finish_run(id, {{"ppl", 1.0}}, 1.0);  // joins the transaction: not yet committed
         db.begin_run(make_spec("kill", 2));
@@ -828,6 +843,7 @@ TEST(ResultsDbKillSafety, ProcessKilledBeforeFinishCommitKeepsRunResumable) {
   EXPECT_EQ(resumed.id, id);
   EXPECT_TRUE(resumed.resumed);
   EXPECT_EQ(resumed.done_samples, 1);
+  EXPECT_TRUE(contains(resumed.taken_over_from, std::to_string(pid))) << resumed.taken_over_from;
 }
 
 }  // namespace

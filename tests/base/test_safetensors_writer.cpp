@@ -3,12 +3,14 @@
 // under the final name when a write fails.
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cstdint>
 #include <fstream>
-#include <unistd.h>
 #include <vector>
 
+#include "harness/common/atomic_file.h"
+#include "harness/common/disk_full_error.h"
 #include "harness/common/error.h"
 #include "harness/common/mapped_file.h"
 #include "harness/formats/safetensors.h"
@@ -40,7 +42,7 @@ TEST(SafetensorsWriter, RoundTripsThroughTheReader) {
   EXPECT_EQ(tb.dtype, StDtype::kF16);
   EXPECT_EQ(reinterpret_cast<const uint16_t*>(tb.data)[2], 1);
   EXPECT_EQ(f.get("empty").numel(), 0);
-  EXPECT_FALSE(file_exists(path + ".tmp"));
+  EXPECT_FALSE(file_exists(atomic_temp_path(path)));
 }
 
 TEST(SafetensorsWriter, RefusesBadEntriesAndPaths) {
@@ -65,11 +67,16 @@ TEST(SafetensorsWriter, RefusesBadEntriesAndPaths) {
   // file is left under the final name.
   std::ifstream probe("/dev/full");
   if (probe.good()) {
-    // The temporary file is path + ".tmp": point it at /dev/full through a symlink.
+    // Point the temporary file at /dev/full through a symlink.
     const std::string full = dir + "/full.safetensors";
-    ASSERT_EQ(::symlink("/dev/full", (full + ".tmp").c_str()), 0);
+    ASSERT_EQ(::symlink("/dev/full", atomic_temp_path(full).c_str()), 0);
     std::vector<float> big(1 << 16);
     expect({{"a", StDtype::kF32, {1 << 16}, big.data(), big.size() * 4}}, full, "write failed");
+    EXPECT_FALSE(file_exists(atomic_temp_path(full)));  // the temporary is removed
+    ASSERT_EQ(::symlink("/dev/full", atomic_temp_path(full).c_str()), 0);
+    EXPECT_THROW(
+        write_safetensors(full, {{"a", StDtype::kF32, {1 << 16}, big.data(), big.size() * 4}}),
+        DiskFullError);
     EXPECT_FALSE(file_exists(full));
   }
 }

@@ -297,8 +297,20 @@ TEST(Grid, LongMethodListsAreCountedBeforeExpansion) {
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   EXPECT_EQ(r.exit_code, 2) << r.err;
   EXPECT_NE(r.err.find("method parameter lists included"), std::string::npos) << r.err;
-  EXPECT_NE(r.err.find("more than 1000000 cells"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("more than 100000 cells"), std::string::npos) << r.err;
   EXPECT_LT(s, 10.0);
+  // Plain axes too: three lists of 100 values (1.3 KB) are 10^6 cells, refused before any is built.
+  json big = {{"base", {{"model", model_path()}, {"protocol", "stream"}}},
+              {"axes", json::object()}};
+  for (const char* axis : {"seed", "protocol.window", "protocol.max_windows"})
+    for (int i = 1; i <= 100; ++i) big["axes"][axis].push_back(16 + i);
+  ASSERT_LT(big.dump().size(), 1500u);
+  write_file(cfg, big.dump());
+  const auto t1 = std::chrono::steady_clock::now();
+  r = test::run_kvbench("grid --dry-run --schema-only -c " + cfg);
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_NE(r.err.find("more than 100000 cells"), std::string::npos) << r.err;
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count(), 10.0);
   // In the library too: the same grid through expand_grid throws at once.
   EXPECT_THROW(expand_grid(json::parse(read_file(cfg)), GridOptions{}), Error);
   // Lists whose product is within the limit still expand, in the same order as before.
@@ -306,6 +318,34 @@ TEST(Grid, LongMethodListsAreCountedBeforeExpansion) {
     "axes": {"method": [{"name": "paged", "params": {"block_size": [4, 8, 16]}}, "full"]}})");
   GridPlan plan = expand_grid(json::parse(read_file(cfg)), GridOptions{});
   ASSERT_EQ(plan.cells.size(), 4u);
+}
+
+// Found by fuzz_run_config: a protocol axis value whose name is not a string made the cell's label
+// throw the JSON library's exception (an internal error, exit 1) before the cell was resolved.
+TEST(Grid, AnyValueWhereANameBelongsIsAConfigError) {
+  for (const char* axes :
+       {R"({"protocol": [{"name": 2, "window": 64}]})", R"({"protocol": [{"name": null}]})",
+        R"({"method": [{"name": 5}]})", R"({"method": [7]})", R"({"method": [["full"]]})"}) {
+    json grid = {{"base", {{"model", "stories260K"}, {"method", "full"}, {"protocol", "stream"}}},
+                 {"axes", json::parse(axes)}};
+    try {
+      expand_grid(grid, no_input_checks());
+      ADD_FAILURE() << axes << ": accepted";
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      EXPECT_TRUE(what.find("protocol") != std::string::npos ||
+                  what.find("method") != std::string::npos)
+          << axes << ": " << what;
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << axes << ": not a kvb::Error: " << e.what();
+    }
+  }
+  const std::string dir = test::make_temp_dir("grid_names");
+  write_file(dir + "/g.json", R"({"base": {"model": ")" + model_path() +
+                                  R"("}, "axes": {"protocol": [{"name": 2}]}})");
+  auto r = test::run_kvbench("grid --dry-run --schema-only -c " + dir + "/g.json");
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_EQ(r.err.find("internal error"), std::string::npos) << r.err;
 }
 
 TEST(Grid, DryRunPlansWithoutWritingAndShowsWhatIsDone) {

@@ -1,0 +1,873 @@
+#!/usr/bin/env python3
+"""Runs hostile and careless inputs against a built kvbench and writes results/reliability.md from
+what it observed: for every case the exit status, wall time, peak memory (the child's maximum
+resident set) and the rows the results database holds afterwards, against what the case expects.
+
+    scripts/attack.py [--kvbench build/kvbench] [--out results/reliability.md] [--only CLASS]
+                      [--fuzz-log FILE] [--sanitize-log FILE] [--keep]
+
+Attack classes: crashes from nested JSON, hangs from FIFOs, devices and huge files, unbounded
+resources from small inputs, exit 2 with nothing written for config errors found at run time,
+silent acceptance, several processes on one DB, a full disk, plus the fuzzers' and the sanitized
+suite's last runs when their logs are given (scripts/fuzz.sh and scripts/sanitize.sh output). The
+page is written only when every case ran (a case that does not behave as expected is reported as
+FAIL on the page and makes the exit status 1). Models and data: $KVBENCH_MODELS / $KVBENCH_DATA,
+else ../shared beside the checkout (stories260K, tinystories-valid-sample), and the repository's
+kvb-testbed. Standard library only.
+"""
+import argparse
+import datetime
+import json
+import os
+import platform
+import re
+import resource
+import shutil
+import signal
+import sqlite3
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+class Obs:
+    """What one kvbench process did."""
+
+    def __init__(self, code, wall_s, peak_mb, out, err):
+        self.code, self.wall_s, self.peak_mb, self.out, self.err = code, wall_s, peak_mb, out, err
+
+    def first_err_line(self):
+        lines = [l for l in self.err.splitlines() if l.strip()]
+        return lines[-1] if lines else ""
+
+
+class Ctx:
+    def __init__(self, kvbench, work):
+        self.kvbench = os.path.abspath(kvbench)
+        self.work = work
+        shared = os.path.join(os.path.dirname(ROOT), "shared")
+        self.models = os.environ.get("KVBENCH_MODELS") or os.path.join(shared, "models")
+        self.data = os.environ.get("KVBENCH_DATA") or os.path.join(shared, "data")
+        self.stories = os.path.join(self.models, "stories260K")
+        self.testbed = os.path.join(ROOT, "models", "kvb-testbed")
+        self.n = 0
+        self.seen = []  # every stderr, for sanitizer reports
+
+    def dir(self, tag):
+        self.n += 1
+        d = os.path.join(self.work, "%02d-%s" % (self.n, tag))
+        os.makedirs(d)
+        return d
+
+    def write(self, path, text, mode="w"):
+        with open(path, mode) as f:
+            f.write(text)
+        return path
+
+    def run(self, args, timeout=120, fsize=None, env=None, stdin=None):
+        """Runs kvbench with `args`; peak memory from wait4's rusage of that one child."""
+        def limits():
+            if fsize is not None:
+                signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+                resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
+        e = dict(os.environ, OMP_NUM_THREADS="2")
+        e.update(env or {})
+        out_f = tempfile.TemporaryFile()
+        err_f = tempfile.TemporaryFile()
+        t0 = time.monotonic()
+        p = subprocess.Popen([self.kvbench] + args, stdout=out_f, stderr=err_f, env=e,
+                             stdin=stdin if stdin is not None else subprocess.DEVNULL,
+                             preexec_fn=limits, cwd=self.work)
+        deadline = t0 + timeout
+        while True:
+            pid, status, ru = os.wait4(p.pid, os.WNOHANG)
+            if pid:
+                break
+            if time.monotonic() > deadline:
+                p.kill()
+                pid, status, ru = os.wait4(p.pid, 0)
+                break
+            time.sleep(0.005)
+        p.returncode = status
+        wall = time.monotonic() - t0
+        code = os.waitstatus_to_exitcode(status)
+        if code < 0:
+            code = 128 - code
+        out_f.seek(0)
+        err_f.seek(0)
+        o = Obs(code, wall, ru.ru_maxrss / 1024.0, out_f.read().decode(errors="replace"),
+                err_f.read().decode(errors="replace"))
+        self.seen.append(o.err)
+        return o
+
+    def spawn(self, args, tag):
+        out = open(os.path.join(self.work, tag + ".out"), "w")
+        err = open(os.path.join(self.work, tag + ".err"), "w")
+        return subprocess.Popen([self.kvbench] + args, stdout=out, stderr=err,
+                                stdin=subprocess.DEVNULL, cwd=self.work,
+                                env=dict(os.environ, OMP_NUM_THREADS="1"))
+
+
+SANITIZER_REPORT = re.compile(r"ERROR: (AddressSanitizer|LeakSanitizer)|runtime error: ")
+
+
+def sanitizer_reports(ctx):
+    """Sanitizer reports in every stderr the cases produced (captured, and spawned processes' logs)."""
+    texts = list(ctx.seen)
+    for dirpath, _, files in os.walk(ctx.work):
+        for f in files:
+            if f.endswith(".err") or f == "err":
+                texts.append(open(os.path.join(dirpath, f), errors="replace").read())
+    return [line for t in texts for line in t.splitlines() if SANITIZER_REPORT.search(line)]
+
+
+def db_rows(path):
+    """'no DB', or 'R runs, S samples' as another program reads the file."""
+    if not os.path.exists(path):
+        return "no DB"
+    c = sqlite3.connect(path)
+    try:
+        runs = c.execute("SELECT count(*) FROM runs").fetchone()[0]
+        samples = c.execute("SELECT count(*) FROM samples").fetchone()[0]
+    except sqlite3.DatabaseError:
+        return "unreadable"
+    finally:
+        c.close()
+    return "%d runs, %d samples" % (runs, samples)
+
+
+def one_line(text):
+    """The error is one line, the last one ("kvbench: loaded ..." notes may come before it)."""
+    lines = [l for l in text.splitlines() if l.strip()]
+    errors = [l for l in lines if l.startswith("kvbench: error") or l.startswith("kvbench: internal")]
+    return len(errors) == 1 and lines[-1] == errors[0] and errors[0].startswith("kvbench: error")
+
+
+# ------------------------------------------------------------------------------------------------
+# Cases. Each returns (Obs or None, rows text, ok, outcome note). `expect` is what passes.
+
+CASES = []
+
+
+def case(cls, name, expect):
+    def wrap(fn):
+        CASES.append((cls, name, expect, fn))
+        return fn
+    return wrap
+
+
+def nested(depth, open_="[", close="]"):
+    return open_ * depth + close * depth
+
+
+def stream_cfg(ctx, method="full", window=64, windows=2, extra=""):
+    return ('{"model": "%s", "method": "%s", "protocol": {"name": "stream", '
+            '"dataset": "tinystories-valid-sample", "window": %d, "max_windows": %d%s}}'
+            % (ctx.stories, method, window, windows, extra))
+
+
+def expect_exit2(ctx, d, args, needles=(), max_s=10.0, db=None):
+    o = ctx.run(args)
+    rows = db_rows(db) if db else "-"
+    msg = o.first_err_line()
+    ok = (o.code == 2 and one_line(o.err) and o.wall_s < max_s and
+          all(n in o.err for n in needles) and (db is None or rows in ("no DB", "0 runs, 0 samples")))
+    return o, rows, ok, msg
+
+
+CRASH = "crash: nested JSON"
+
+
+@case(CRASH, "run config, 10^6 nested arrays", "exit 2, one line, nothing written")
+def _(ctx):
+    d = ctx.dir("nest-run")
+    cfg = ctx.write(d + "/c.json", '{"model": "x", "method": ' + nested(1000000) + "}")
+    return expect_exit2(ctx, d, ["run", "-c", cfg, "--db", d + "/db.sqlite"], ["nest"], db=d + "/db.sqlite")
+
+
+@case(CRASH, "grid config, 10^6 nested objects in base", "exit 2, one line, nothing written")
+def _(ctx):
+    d = ctx.dir("nest-grid")
+    cfg = ctx.write(d + "/g.json", '{"base": ' + '{"a":' * 1000000 + "1" + "}" * 1000000 + "}")
+    return expect_exit2(ctx, d, ["grid", "-c", cfg, "--db", d + "/db.sqlite"], ["nest"], db=d + "/db.sqlite")
+
+
+@case(CRASH, "--set value, 30,000 nested arrays", "exit 2, one line, nothing written")
+def _(ctx):
+    d = ctx.dir("nest-set")
+    cfg = ctx.write(d + "/c.json", stream_cfg(ctx))
+    return expect_exit2(ctx, d, ["run", "-c", cfg, "--set", "method.params.x=" + nested(30000),
+                                 "--db", d + "/db.sqlite"], ["nest"], db=d + "/db.sqlite")
+
+
+@case(CRASH, "model config.json, 10^6 nested arrays", "exit 2, one line")
+def _(ctx):
+    d = ctx.dir("nest-model")
+    m = d + "/model"
+    shutil.copytree(ctx.testbed, m)
+    ctx.write(m + "/config.json", '{"hidden_size": ' + nested(1000000) + "}")
+    return expect_exit2(ctx, d, ["inspect", "--model", m], ["config.json"])
+
+
+@case(CRASH, "LongBench JSONL line, 10^6 nested arrays", "exit 2, one line, nothing written")
+def _(ctx):
+    d = ctx.dir("nest-jsonl")
+    data = ctx.write(d + "/lb.jsonl", '{"input": ' + nested(1000000) + "}\n")
+    tasks = os.path.join(ROOT, "tests", "fixtures", "longbench", "tasks.json")
+    cfg = ctx.write(d + "/c.json", '{"model": "%s", "method": "full", "protocol": {"name": "qa", '
+                    '"source": "longbench", "path": "%s", "tasks": "%s"}}' % (ctx.stories, data, tasks))
+    return expect_exit2(ctx, d, ["run", "-c", cfg, "--db", d + "/db.sqlite"], ["lb.jsonl"], db=d + "/db.sqlite")
+
+
+@case(CRASH, "request trace, 10^6 nested arrays", "exit 2, one line, nothing written")
+def _(ctx):
+    d = ctx.dir("nest-trace")
+    trace = ctx.write(d + "/t.jsonl", '{"timestamp": ' + nested(1000000) + "}\n")
+    cfg = ctx.write(d + "/c.json", '{"model": "%s", "method": "full", "protocol": {"name": "serve", '
+                    '"trace": "%s", "probe_lengths": "16,32"}}' % (ctx.stories, trace))
+    return expect_exit2(ctx, d, ["run", "-c", cfg, "--db", d + "/db.sqlite"], ["t.jsonl"], db=d + "/db.sqlite")
+
+
+@case(CRASH, "results DB config_json column, 900 nested arrays (valid for SQLite)",
+      "leaderboard exits 2 naming the run, nothing changed")
+def _(ctx):
+    d = ctx.dir("nest-db")
+    db = d + "/db.sqlite"
+    cfg = ctx.write(d + "/c.json", stream_cfg(ctx))
+    o = ctx.run(["run", "-q", "-c", cfg, "--db", db, "--data-dir", ctx.data])
+    if o.code != 0:
+        return o, db_rows(db), False, "setup run failed: " + o.first_err_line()
+    c = sqlite3.connect(db)
+    c.execute("UPDATE runs SET config_json = ?", (json.dumps({"method": {"name": "full"}})[:-1] +
+                                                   ', "x": ' + nested(900) + "}",))
+    c.commit()
+    c.close()
+    before = db_rows(db)
+    o = ctx.run(["leaderboard", "--db", db])
+    rows = db_rows(db)
+    ok = o.code == 2 and one_line(o.err) and "run 1" in o.err and "nested" in o.err and rows == before
+    return o, rows, ok, o.first_err_line()
+
+
+HANG = "hang: FIFOs, devices, huge files"
+
+
+def fifo(path):
+    os.mkfifo(path)
+    return path
+
+
+@case(HANG, "FIFO as the run config", "exit 2 at once (nobody writes the FIFO)")
+def _(ctx):
+    d = ctx.dir("fifo-config")
+    return expect_exit2(ctx, d, ["run", "-c", fifo(d + "/c.json"), "--db", d + "/db.sqlite"],
+                        ["c.json"], db=d + "/db.sqlite")
+
+
+@case(HANG, "FIFO as a LongBench data file", "exit 2 at once, nothing written")
+def _(ctx):
+    d = ctx.dir("fifo-data")
+    data = fifo(d + "/lb.jsonl")
+    tasks = os.path.join(ROOT, "tests", "fixtures", "longbench", "tasks.json")
+    cfg = ctx.write(d + "/c.json", '{"model": "%s", "method": "full", "protocol": {"name": "qa", '
+                    '"source": "longbench", "path": "%s", "tasks": "%s"}}' % (ctx.stories, data, tasks))
+    return expect_exit2(ctx, d, ["run", "-c", cfg, "--db", d + "/db.sqlite"], ["lb.jsonl"], db=d + "/db.sqlite")
+
+
+@case(HANG, "FIFO as a serve request trace", "exit 2 at once, nothing written")
+def _(ctx):
+    d = ctx.dir("fifo-trace")
+    trace = fifo(d + "/t.jsonl")
+    cfg = ctx.write(d + "/c.json", '{"model": "%s", "method": "full", "protocol": {"name": "serve", '
+                    '"trace": "%s", "probe_lengths": "16,32"}}' % (ctx.stories, trace))
+    return expect_exit2(ctx, d, ["run", "-c", cfg, "--db", d + "/db.sqlite"], ["t.jsonl"], db=d + "/db.sqlite")
+
+
+@case(HANG, "/dev/zero as the grid config", "exit 2 at once")
+def _(ctx):
+    d = ctx.dir("devzero")
+    return expect_exit2(ctx, d, ["grid", "-c", "/dev/zero", "--db", d + "/db.sqlite"], ["/dev/zero"],
+                        db=d + "/db.sqlite")
+
+
+@case(HANG, "a 4 GiB sparse file as the run config", "exit 2 at once, small memory")
+def _(ctx):
+    d = ctx.dir("huge")
+    p = d + "/c.json"
+    with open(p, "wb") as f:
+        f.truncate(4 << 30)
+    o, rows, ok, msg = expect_exit2(ctx, d, ["run", "-c", p, "--db", d + "/db.sqlite"], ["c.json"],
+                                    db=d + "/db.sqlite")
+    return o, rows, ok and o.peak_mb < 400, msg
+
+
+@case(HANG, "--threads 1000000", "exit 2 at once")
+def _(ctx):
+    d = ctx.dir("threads")
+    cfg = ctx.write(d + "/c.json", stream_cfg(ctx))
+    return expect_exit2(ctx, d, ["run", "-c", cfg, "--threads", "1000000", "--db", d + "/db.sqlite"],
+                        ["threads", "1024"], db=d + "/db.sqlite")
+
+
+@case(HANG, "score a text 40x the model's context", "exit 2 at once")
+def _(ctx):
+    d = ctx.dir("score-long")
+    text = ctx.write(d + "/t.txt", "Once upon a time there was a cat. " * 2500)
+    return expect_exit2(ctx, d, ["score", "--model", ctx.stories, "--file", text], ["context"])
+
+
+RES = "unbounded resources from small inputs"
+
+
+@case(RES, "grid whose method parameter lists multiply to 216,000 cells (1 KB)",
+      "exit 2 fast, small memory")
+def _(ctx):
+    d = ctx.dir("grid-params")
+    vals = list(range(1, 61))
+    g = {"base": json.loads(stream_cfg(ctx)), "axes": {"method": [
+        {"name": "snapkv", "params": {"window": vals, "kernel_size": vals, "budget": vals}}]}}
+    cfg = ctx.write(d + "/g.json", json.dumps(g))
+    o, rows, ok, msg = expect_exit2(ctx, d, ["grid", "-n", "-c", cfg], ["cells"], max_s=5)
+    return o, rows, ok and o.peak_mb < 400, msg
+
+
+@case(RES, "grid of three 100-value axes (10^6 cells, 1.3 KB)", "exit 2 fast (over the 100,000-cell limit)")
+def _(ctx):
+    d = ctx.dir("grid-axes")
+    g = {"base": json.loads(stream_cfg(ctx)),
+         "axes": {"seed": list(range(100)), "protocol.max_windows": list(range(1, 101)),
+                  "protocol.window": list(range(16, 116))}}
+    cfg = ctx.write(d + "/g.json", json.dumps(g))
+    o, rows, ok, msg = expect_exit2(ctx, d, ["grid", "-n", "--schema-only", "-c", cfg], ["100000 cells"])
+    return o, rows, ok and o.peak_mb < 400, msg
+
+
+@case(RES, "grid of exactly 100,000 cells (the limit; 1 KB)", "planned: exit 0, time and memory as measured")
+def _(ctx):
+    d = ctx.dir("grid-limit")
+    g = {"base": json.loads(stream_cfg(ctx)),
+         "axes": {"seed": list(range(100)), "protocol.max_windows": list(range(1, 101)),
+                  "protocol.window": list(range(16, 26))}}
+    cfg = ctx.write(d + "/g.json", json.dumps(g))
+    o = ctx.run(["grid", "-n", "--schema-only", "-c", cfg], timeout=600)
+    m = re.match(r"grid '\w+': (\d+) of", o.out)
+    cells = int(m.group(1)) if o.code == 0 and m else 0
+    return o, "-", o.code == 0 and cells == 100000, "%d cells planned" % cells if cells else o.first_err_line()
+
+
+@case(RES, "model config.json with max_position_embeddings 2^40", "exit 2 at once, small memory")
+def _(ctx):
+    d = ctx.dir("maxpos")
+    m = d + "/model"
+    shutil.copytree(ctx.testbed, m)
+    c = json.load(open(m + "/config.json"))
+    c["max_position_embeddings"] = 1 << 40
+    ctx.write(m + "/config.json", json.dumps(c))
+    o, rows, ok, msg = expect_exit2(ctx, d, ["inspect", "--model", m], ["max_position_embeddings"])
+    return o, rows, ok and o.peak_mb < 600, msg
+
+
+@case(RES, "perf batch size 10^9", "exit 2 at once, nothing written")
+def _(ctx):
+    d = ctx.dir("perf-batch")
+    cfg = ctx.write(d + "/c.json", '{"model": "%s", "method": "full", "protocol": {"name": "perf", '
+                    '"context": 32, "decode_tokens": 4, "batch_sizes": "1000000000"}}' % ctx.stories)
+    o, rows, ok, msg = expect_exit2(ctx, d, ["run", "-c", cfg, "--db", d + "/db.sqlite"],
+                                    ["batch_sizes"], db=d + "/db.sqlite")
+    return o, rows, ok and o.peak_mb < 600, msg
+
+
+NOTHING = "exit 2, nothing written"
+
+
+def nothing_written(ctx, tag, protocol, needles, method='"snapkv"'):
+    d = ctx.dir(tag)
+    cfg = ctx.write(d + "/c.json", '{"model": "%s", "method": %s, "protocol": %s}'
+                    % (ctx.stories, method, protocol))
+    return expect_exit2(ctx, d, ["run", "-q", "-c", cfg, "--db", d + "/db.sqlite", "--data-dir",
+                                 ctx.data], needles, db=d + "/db.sqlite")
+
+
+NOTHING_CASES = [
+    ("budget 7 (a ratio)", "budget", "{\"name\": \"stream\", \"window\": 64}",
+     ["budget"], '{"name": "snapkv", "params": {"budget": 7}}'),
+    ("unknown method parameter", "param", "{\"name\": \"stream\", \"window\": 64}",
+     ["blok_size"], '{"name": "paged", "params": {"blok_size": 8}}'),
+    ("unknown dataset", "dataset", "{\"name\": \"stream\", \"dataset\": \"no-such-corpus\", \"window\": 64}",
+     ["no-such-corpus"], '"full"'),
+    ("window longer than the context", "window", "{\"name\": \"stream\", \"window\": 4096}",
+     ["window"], '"full"'),
+    ("perf batch list '1,x'", "batches", "{\"name\": \"perf\", \"context\": 32, \"decode_tokens\": 4, \"batch_sizes\": \"1,x\"}",
+     ["batch_sizes"], '"full"'),
+    ("qa depths '0,1.5'", "depths", "{\"name\": \"qa\", \"source\": \"synthetic\", \"task\": \"passkey\", \"length\": 256, \"depths\": \"0,1.5\"}",
+     ["depths"], '"full"'),
+    ("qa task that does not exist", "task", "{\"name\": \"qa\", \"source\": \"synthetic\", \"task\": \"passkee\", \"length\": 256}",
+     ["passkee"], '"full"'),
+    ("serve target preset that does not exist", "target", "{\"name\": \"serve\", \"target\": \"llama-9z\", \"probe_lengths\": \"16,32\"}",
+     ["target"], '"full"'),
+    ("serve trace that does not exist", "trace", "{\"name\": \"serve\", \"trace\": \"/nonexistent/t.jsonl\", \"probe_lengths\": \"16,32\"}",
+     ["/nonexistent/t.jsonl"], '"full"'),
+    ("integer parameter given as 1e300", "int1e300", "{\"name\": \"stream\", \"window\": 1e300}",
+     ["window"], '"full"'),
+]
+
+for _label, _tag, _proto, _needles, _method in NOTHING_CASES:
+    case(NOTHING, _label, "exit 2, one line naming the input, no DB or no run row")(
+        lambda ctx, t=_tag, p=_proto, n=_needles, m=_method: nothing_written(ctx, t, p, n, m))
+
+
+SILENT = "silent acceptance"
+
+
+@case(SILENT, "a weight holding NaN", "exit 2 naming the tensor, nothing written")
+def _(ctx):
+    d = ctx.dir("nan")
+    m = d + "/model"
+    shutil.copytree(ctx.testbed, m)
+    p = m + "/model.safetensors"
+    with open(p, "r+b") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        header = json.loads(f.read(n))
+        name = sorted(k for k in header if k != "__metadata__")[0]
+        f.seek(8 + n + header[name]["data_offsets"][0])
+        f.write(struct.pack("<f", float("nan")))
+    cfg = ctx.write(d + "/c.json", stream_cfg(ctx).replace(ctx.stories, m))
+    return expect_exit2(ctx, d, ["run", "-c", cfg, "--db", d + "/db.sqlite", "--data-dir", ctx.data],
+                        [name], db=d + "/db.sqlite", max_s=20)
+
+
+@case(SILENT, "a LongBench file of only blank lines", "exit 2 'yields no samples', nothing written")
+def _(ctx):
+    d = ctx.dir("empty-jsonl")
+    data = ctx.write(d + "/lb.jsonl", "\n\n\n")
+    tasks = os.path.join(ROOT, "tests", "fixtures", "longbench", "tasks.json")
+    cfg = ctx.write(d + "/c.json", '{"model": "%s", "method": "full", "protocol": {"name": "qa", '
+                    '"source": "longbench", "path": "%s", "tasks": "%s"}}' % (ctx.stories, data, tasks))
+    return expect_exit2(ctx, d, ["run", "-c", cfg, "--db", d + "/db.sqlite"], ["no samples"],
+                        db=d + "/db.sqlite")
+
+
+@case(SILENT, "--db :memory:", "exit 2 (results would be lost)")
+def _(ctx):
+    d = ctx.dir("memdb")
+    cfg = ctx.write(d + "/c.json", stream_cfg(ctx))
+    return expect_exit2(ctx, d, ["run", "-c", cfg, "--db", ":memory:"], ["results would be lost"])
+
+
+@case(SILENT, "leaderboard over a DB with a damaged page", "exit 2 naming the DB and quick_check")
+def _(ctx):
+    d = ctx.dir("corrupt-db")
+    db = d + "/db.sqlite"
+    cfg = ctx.write(d + "/c.json", stream_cfg(ctx, windows=6))
+    o = ctx.run(["run", "-q", "-c", cfg, "--db", db, "--data-dir", ctx.data])
+    if o.code != 0:
+        return o, db_rows(db), False, "setup run failed: " + o.first_err_line()
+    c = sqlite3.connect(db)
+    c.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    c.close()
+    size = os.path.getsize(db)
+    with open(db, "r+b") as f:  # scribble over the middle of the last page
+        f.seek(size - 4096 + 1000)
+        f.write(b"\xff" * 2000)
+    o = ctx.run(["leaderboard", "--db", db])
+    ok = o.code == 2 and db in o.err and one_line(o.err)
+    return o, "damaged", ok, o.first_err_line()
+
+
+CONC = "several processes, one DB"
+
+
+def lease_grid(ctx, d, windows):
+    g = {"name": "lease", "base": json.loads(stream_cfg(ctx, window=192, windows=windows)),
+         "axes": {"method": ["full", "static", {"name": "paged", "params": {"block_size": [4, 16]}}]}}
+    return ctx.write(d + "/g.json", json.dumps(g))
+
+
+@case(CONC, "three `kvbench grid` on one grid and DB at once",
+      "all exit 0; every run done, computed once (attempts 1), samples = a lone run's")
+def _(ctx):
+    d = ctx.dir("three-grids")
+    cfg = lease_grid(ctx, d, 16)
+    db = d + "/db.sqlite"
+    t0 = time.monotonic()
+    ps = [ctx.spawn(["grid", "--json", "--progress", "lines", "-c", cfg, "--db", db, "--data-dir",
+                     ctx.data], "three-%d" % i) for i in range(3)]
+    codes = [p.wait(timeout=600) for p in ps]
+    wall = time.monotonic() - t0
+    c = sqlite3.connect(db)
+    runs = c.execute("SELECT status, attempts FROM runs").fetchall()
+    samples = c.execute("SELECT count(*) FROM samples").fetchone()[0]
+    c.close()
+    held = sum(open(os.path.join(ctx.work, "three-%d.err" % i)).read().count("held elsewhere")
+               for i in range(3))
+    computed = 0
+    for i in range(3):
+        for cell in json.load(open(os.path.join(ctx.work, "three-%d.out" % i)))["cells"]:
+            computed += cell["samples_computed"]
+    ok = (codes == [0, 0, 0] and len(runs) == 4 and all(r == ("done", 1) for r in runs) and
+          samples == 64 and computed == 64 and held > 0)
+    o = Obs(max(codes), wall, float("nan"), "", "")
+    note = "exits %s; %d runs done, attempts %s; %d samples computed in all; %d held-elsewhere lines" % (
+        codes, len(runs), sorted(set(r[1] for r in runs)), computed, held)
+    return o, "%d runs, %d samples" % (len(runs), samples), ok, note
+
+
+@case(CONC, "a holder SIGKILLed while a second grid waits for its cell",
+      "the second takes it over from its samples, exits 0; nothing lost or redone")
+def _(ctx):
+    d = ctx.dir("kill-holder")
+    cfg = lease_grid(ctx, d, 16)
+    db = d + "/db.sqlite"
+    args = ["grid", "--json", "--progress", "lines", "-c", cfg, "--db", db, "--data-dir", ctx.data]
+    t0 = time.monotonic()
+    a = ctx.spawn(args, "holder-a")
+
+    def stored():
+        try:
+            c = sqlite3.connect(db)
+            n = c.execute("SELECT count(*) FROM samples").fetchone()[0]
+            c.close()
+            return n
+        except sqlite3.Error:
+            return 0
+    while stored() < 3 and time.monotonic() - t0 < 120:
+        time.sleep(0.01)
+    b = ctx.spawn(args, "holder-b")
+    err_b = os.path.join(ctx.work, "holder-b.err")
+    while "held elsewhere" not in open(err_b).read() and time.monotonic() - t0 < 120:
+        time.sleep(0.01)
+    a.send_signal(signal.SIGKILL)
+    code_a = a.wait()
+    code_b = b.wait(timeout=600)
+    wall = time.monotonic() - t0
+    text_b = open(err_b).read()
+    c = sqlite3.connect(db)
+    runs = c.execute("SELECT status, attempts FROM runs").fetchall()
+    samples = c.execute("SELECT count(*) FROM samples").fetchone()[0]
+    c.close()
+    computed = sum(cell["samples_computed"] for cell in
+                   json.load(open(os.path.join(ctx.work, "holder-b.out")))["cells"])
+    ok = (code_a == -signal.SIGKILL and code_b == 0 and "taking over run" in text_b and
+          len(runs) == 4 and all(r[0] == "done" for r in runs) and samples == 64 and computed < 64)
+    taken = [l for l in text_b.splitlines() if "taking over" in l]
+    return (Obs(code_b, wall, float("nan"), "", ""), "%d runs, %d samples" % (len(runs), samples), ok,
+            (taken[0].replace("kvbench: ", "") if taken else "no takeover line") +
+            "; B computed %d of 64 samples" % computed)
+
+
+DISK = "disk full"
+
+
+@case(DISK, "baseline cache file past the file size limit (RLIMIT_FSIZE 200 KiB, EFBIG)",
+      "exit 2, one line naming the cache file; run failed with it; no temporary file")
+def _(ctx):
+    d = ctx.dir("fsize-cache")
+    cfg = ctx.write(d + "/c.json", stream_cfg(ctx, window=192, windows=3))
+    db = d + "/db.sqlite"
+    o = ctx.run(["run", "-q", "-c", cfg, "--db", db, "--cache-dir", d + "/cache", "--data-dir",
+                 ctx.data], fsize=200 * 1024)
+    tmp = [f for _, _, fs in os.walk(d) for f in fs if ".tmp" in f]
+    c = sqlite3.connect(db)
+    status, error = c.execute("SELECT status, error FROM runs").fetchone()
+    c.close()
+    ok = (o.code == 2 and one_line(o.err) and (d + "/cache/") in o.err and status == "failed" and
+          (d + "/cache/") in error and not tmp)
+    return o, db_rows(db) + ", run " + status, ok, o.first_err_line()
+
+
+@case(DISK, "results DB that cannot grow (RLIMIT_FSIZE 160 KiB, EFBIG)",
+      "grid stops, exit 3, message naming the DB; samples kept; a re-run finishes")
+def _(ctx):
+    d = ctx.dir("fsize-db")
+    g = {"name": "full", "base": json.loads(stream_cfg(ctx, window=32, windows=120)),
+         "axes": {"method": ["full", "static"]}}
+    cfg = ctx.write(d + "/g.json", json.dumps(g))
+    db = d + "/db.sqlite"
+    o = ctx.run(["grid", "-c", cfg, "--db", db, "--data-dir", ctx.data], fsize=160 * 1024)
+    rows = db_rows(db)
+    tmp = [f for _, _, fs in os.walk(d) for f in fs if ".tmp" in f]
+    again = ctx.run(["grid", "-q", "-c", cfg, "--db", db, "--data-dir", ctx.data])
+    final = db_rows(db)
+    ok = (o.code == 3 and "no room left to write it" in o.out and db in o.out and not tmp and
+          again.code == 0 and final == "2 runs, 240 samples")
+    failed = [l.strip() for l in o.out.splitlines() if "FAILED" in l]
+    return o, rows + " (re-run: " + final + ")", ok, failed[0][:200] if failed else o.first_err_line()
+
+
+@case(DISK, "results DB on a full 256 KiB tmpfs (ENOSPC; needs unshare -rm)",
+      "grid stops, exit 3, message naming the DB; nothing else written there")
+def _(ctx):
+    d = ctx.dir("tmpfs")
+    if shutil.which("unshare") is None or subprocess.call(
+            ["unshare", "-rm", "true"], stderr=subprocess.DEVNULL) != 0:
+        return None, "-", None, "skipped: no user and mount namespaces here"
+    g = {"name": "full", "base": json.loads(stream_cfg(ctx, window=32, windows=120)),
+         "axes": {"method": ["full", "static"]}}
+    cfg = ctx.write(d + "/g.json", json.dumps(g))
+    mnt = d + "/mnt"
+    os.makedirs(mnt)
+    script = ("mount -t tmpfs -o size=256k kvbench-full %s && cd %s && %s grid -c %s --db %s/db.sqlite "
+              "--cache-dir %s/cache --data-dir %s > %s/out 2> %s/err; echo $? > %s/code; "
+              "ls -a %s > %s/ls; cp %s/db.sqlite* %s/ 2>/dev/null; true" %
+              (mnt, d, ctx.kvbench, cfg, mnt, d, ctx.data, d, d, d, mnt, d, mnt, d))
+    t0 = time.monotonic()
+    subprocess.call(["unshare", "-rm", "sh", "-c", script])
+    wall = time.monotonic() - t0
+    code = int(open(d + "/code").read())
+    out = open(d + "/out").read()
+    listing = open(d + "/ls").read().split()
+    rows = db_rows(d + "/db.sqlite")
+    ok = (code == 3 and "no room left to write it" in out and
+          all(f in (".", "..", "db.sqlite", "db.sqlite-wal", "db.sqlite-shm") for f in listing))
+    failed = [l.strip() for l in out.splitlines() if "FAILED" in l]
+    return Obs(code, wall, float("nan"), out, ""), rows, ok, failed[0][:200] if failed else out[-200:]
+
+
+# ------------------------------------------------------------------------------------------------
+# Logs of the expensive runs: the fuzzers (scripts/fuzz.sh) and the sanitized suite
+# (scripts/sanitize.sh), summarised from their output.
+
+def fuzz_summary(path):
+    rows, cur = [], None
+    for line in open(path, errors="replace"):
+        m = re.match(r"== (fuzz_\w+): (\d+)s", line)
+        if m:
+            cur = {"name": m.group(1), "seconds": int(m.group(2)), "execs": None, "finding": False,
+                   "cov": None, "corpus": None}
+            rows.append(cur)
+            continue
+        if cur is None:
+            continue
+        m = re.match(r"stat::number_of_executed_units: (\d+)", line)
+        if m:
+            cur["execs"] = int(m.group(1))
+        m = re.search(r"#\d+\s+DONE\s+(?:cov: (\d+) )?ft: (\d+) corp: (\d+)/", line)
+        if m:
+            cur["cov"] = m.group(2)
+            cur["corpus"] = m.group(3)
+        if "FINDING" in line:
+            cur["finding"] = True
+    return rows
+
+
+def sanitize_summary(path):
+    text = open(path, errors="replace").read()
+    out = {}
+    m = re.search(r"sanitize: build (\d+) s, tests (\d+) s, (\d+) tests run, (\d+) failed, "
+                  r"(\d+) not started, exit (\d+)", text)
+    if m:
+        out.update(build_s=int(m.group(1)), tests_s=int(m.group(2)), total=int(m.group(3)),
+                   failed=int(m.group(4)), not_run=int(m.group(5)), exit=int(m.group(6)))
+    out["failed_names"] = re.findall(r"^\s*\d+ - (\S+) \((?:Failed|SEGFAULT|Subprocess aborted|"
+                                     r"Timeout|Child aborted)\)", text, re.M)
+    return out
+
+
+# ------------------------------------------------------------------------------------------------
+
+def fmt_s(x):
+    return "%.2f" % x if x == x else "-"
+
+
+def fmt_mb(x):
+    return "%.0f" % x if x == x else "-"
+
+
+def git(*args):
+    try:
+        return subprocess.check_output(["git", "-C", ROOT] + list(args), text=True,
+                                       stderr=subprocess.DEVNULL).strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def machine():
+    cpu = "unknown"
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return "%s, %d cores (%s)" % (cpu, os.cpu_count() or 0, platform.platform())
+
+
+def md_cell(text):
+    return text.replace("|", "\\|").replace("\n", " ")[:220]
+
+
+def write_page(path, results, args, started, load, sanitized):
+    lines = []
+    add = lines.append
+    add("# Reliability: hostile and careless input")
+    add("")
+    add("Generated by `scripts/attack.py` from what it observed running the cases below against the "
+        "built binary; do not edit by hand. Re-run: `python3 scripts/attack.py` (after `scripts/build.sh`;"
+        " `--only CLASS` for one class, `--fuzz-log` / `--sanitize-log` to summarise those runs).")
+    add("")
+    add("- commit `%s`%s, binary `%s`" % (git("rev-parse", "--short=12", "HEAD"),
+                                         " (dirty tree)" if git("status", "--porcelain") else "",
+                                         os.path.relpath(args.kvbench, ROOT)))
+    add("- machine: %s; load average when started %s (times are wall clock on a shared machine: "
+        "upper bounds)" % (machine(), load))
+    add("- run %s UTC" % started)
+    add("")
+    add("Each case passes when kvbench does what *expected* says. Time is the whole process's wall "
+        "time, memory its peak resident set (MiB), rows what the results DB holds afterwards, read by "
+        "another program.")
+    classes = []
+    for r in results:
+        if r["cls"] not in classes:
+            classes.append(r["cls"])
+    total = sum(1 for r in results if r["ok"] is not None)
+    passed = sum(1 for r in results if r["ok"])
+    add("")
+    add("**%d of %d cases behave as expected**%s." % (
+        passed, total, "" if passed == total else " (FAIL rows below)"))
+    for cls in classes:
+        add("")
+        add("## %s" % cls)
+        add("")
+        add("| case | expected | exit | time s | peak MiB | rows afterwards | outcome | what kvbench said |")
+        add("|---|---|---:|---:|---:|---|---|---|")
+        for r in results:
+            if r["cls"] != cls:
+                continue
+            o = r["obs"]
+            outcome = "skipped" if r["ok"] is None else ("pass" if r["ok"] else "**FAIL**")
+            add("| %s | %s | %s | %s | %s | %s | %s | %s |" % (
+                md_cell(r["name"]), md_cell(r["expect"]), o.code if o else "-",
+                fmt_s(o.wall_s) if o else "-", fmt_mb(o.peak_mb) if o else "-", md_cell(r["rows"]),
+                outcome, "`%s`" % md_cell(r["note"]).replace("`", "'") if r["note"] else ""))
+    add("")
+    add("## The same cases against an ASan + UBSan build")
+    add("")
+    if sanitized:
+        res, reports = sanitized
+        add("Every case again against `%s` (KVB_SANITIZE=ON, `scripts/sanitize.sh`), with "
+            "LeakSanitizer on and `halt_on_error`:" % os.path.relpath(args.sanitized_kvbench, ROOT))
+        add("")
+        add("| class | cases | behave as expected | sanitizer reports |")
+        add("|---|---:|---:|---:|")
+        for cls in classes:
+            rs = [r for r in res if r["cls"] == cls and r["ok"] is not None]
+            add("| %s | %d | %d | - |" % (cls, len(rs), sum(1 for r in rs if r["ok"])))
+        add("| **all** | %d | %d | %d |" % (sum(1 for r in res if r["ok"] is not None),
+                                           sum(1 for r in res if r["ok"]), len(reports)))
+        for r in res:
+            if r["ok"] is False:
+                add("")
+                add("- %s / %s: `%s`" % (r["cls"], r["name"], md_cell(r["note"]).replace("`", "'")))
+        for line in reports[:10]:
+            add("")
+            add("- report: `%s`" % md_cell(line).replace("`", "'"))
+    else:
+        add("Not run (`--sanitized-kvbench build-sanitize/kvbench` after `scripts/sanitize.sh`).")
+    add("")
+    add("## Fuzzing")
+    add("")
+    if args.fuzz_log and os.path.exists(args.fuzz_log):
+        rows = fuzz_summary(args.fuzz_log)
+        add("From `%s` (`scripts/fuzz.sh`: libFuzzer, ASan + UBSan; the corpus grows in "
+            "`~/.cache/kvbench/fuzz-corpus/<fuzzer>`):" % os.path.basename(args.fuzz_log))
+        add("")
+        add("| fuzzer | seconds | executions | features | corpus | finding |")
+        add("|---|---:|---:|---:|---:|---|")
+        for f in rows:
+            add("| %s | %d | %s | %s | %s | %s |" % (f["name"], f["seconds"], f["execs"] or "-",
+                                                   f["cov"] or "-", f["corpus"] or "-",
+                                                   "**yes**" if f["finding"] else "none"))
+    else:
+        add("No fuzz log given (`scripts/fuzz.sh SECONDS 2>&1 | tee fuzz.log`, then "
+            "`--fuzz-log fuzz.log`).")
+    add("")
+    add("## Sanitizers over the whole suite")
+    add("")
+    if args.sanitize_log and os.path.exists(args.sanitize_log):
+        s = sanitize_summary(args.sanitize_log)
+        add("From `%s` (`scripts/sanitize.sh`: every target built with ASan + UBSan, the ctest suite "
+            "without the fuzz label):" % os.path.basename(args.sanitize_log))
+        add("")
+        add("| build s | tests s | tests run | failed | not started (budget) | exit |")
+        add("|---:|---:|---:|---:|---:|---:|")
+        add("| %s | %s | %s | %s | %s | %s |" % (s.get("build_s", "-"), s.get("tests_s", "-"),
+                                                s.get("total", "-"), s.get("failed", "-"),
+                                                s.get("not_run", "-"), s.get("exit", "-")))
+        if s.get("failed_names"):
+            add("")
+            add("Failed: " + ", ".join("`%s`" % n for n in s["failed_names"]))
+    else:
+        add("No sanitizer log given (`scripts/sanitize.sh 2>&1 | tee sanitize.log`, then "
+            "`--sanitize-log sanitize.log`).")
+    add("")
+    with open(path, "w") as f:
+        f.write("\n".join(lines))
+
+
+def run_cases(kvbench, only, keep):
+    """Every case against `kvbench`; returns (results, sanitizer report lines)."""
+    work = tempfile.mkdtemp(prefix="kvb-attack-")
+    ctx = Ctx(kvbench, work)
+    results = []
+    for cls, name, expect, fn in CASES:
+        if only and not any(o in cls for o in only.split(",")):
+            continue
+        try:
+            obs, rows, ok, note = fn(ctx)
+        except Exception as e:  # the harness itself failed: report it as a failed case
+            obs, rows, ok, note = None, "-", False, "attack.py: %s: %s" % (type(e).__name__, e)
+        results.append(dict(cls=cls, name=name, expect=expect, obs=obs, rows=rows, ok=ok, note=note))
+        print("%-6s %-40s %-60s %s" % ("skip" if ok is None else "pass" if ok else "FAIL", cls[:40],
+                                      name[:60], note[:160]), flush=True)
+    reports = sanitizer_reports(ctx)
+    if keep:
+        print("attack.py: scratch kept in %s" % work)
+    else:
+        shutil.rmtree(work, ignore_errors=True)
+    return results, reports
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--kvbench", default=os.path.join(ROOT, "build", "kvbench"))
+    ap.add_argument("--sanitized-kvbench",
+                    help="also run every case against this ASan + UBSan build of kvbench "
+                         "(build-sanitize/kvbench from scripts/sanitize.sh) and report its findings")
+    ap.add_argument("--out", default=os.path.join(ROOT, "results", "reliability.md"))
+    ap.add_argument("--only", help="run only the cases of these classes (comma-separated substrings); "
+                    "writes no page")
+    ap.add_argument("--fuzz-log")
+    ap.add_argument("--sanitize-log")
+    ap.add_argument("--keep", action="store_true", help="keep the scratch directory")
+    args = ap.parse_args()
+    for b in [args.kvbench] + ([args.sanitized_kvbench] if args.sanitized_kvbench else []):
+        if not os.access(b, os.X_OK):
+            sys.exit("attack.py: no kvbench binary at %s (scripts/build.sh)" % b)
+    load = "%.2f" % os.getloadavg()[0]
+    started = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M")
+    results, _ = run_cases(args.kvbench, args.only, args.keep)
+    sanitized = None
+    if args.sanitized_kvbench:
+        supp = os.path.join(ROOT, "tests", "sanitize")
+        os.environ.update(
+            ASAN_OPTIONS="detect_leaks=1:halt_on_error=1:abort_on_error=1:suppressions=%s/asan.supp" % supp,
+            LSAN_OPTIONS="suppressions=%s/lsan.supp:print_suppressions=0" % supp,
+            UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1:suppressions=%s/ubsan.supp" % supp)
+        print("attack.py: the same cases against %s" % args.sanitized_kvbench, flush=True)
+        sanitized = run_cases(args.sanitized_kvbench, args.only, args.keep)
+    if not args.only:
+        write_page(args.out, results, args, started, load, sanitized)
+        print("attack.py: wrote %s" % args.out)
+    ok = all(r["ok"] is not False for r in results)
+    if sanitized:
+        ok = ok and not sanitized[1] and all(r["ok"] is not False for r in sanitized[0])
+    sys.exit(0 if ok else 1)
+
+
+if __name__ == "__main__":
+    main()
