@@ -147,9 +147,9 @@ TEST(CudaVirtualArena, DecodeKernelReadsContiguousSlotsUnmodified) {
 
   uint16_t *dq = nullptr, *dout = nullptr;
   int32_t* dtab = nullptr;
-  ASSERT_EQ(cudaMalloc(&dq, q.size() * 2), cudaSuccess);
-  ASSERT_EQ(cudaMalloc(&dout, q.size() * 2), cudaSuccess);
-  ASSERT_EQ(cudaMalloc(&dtab, 10 * sizeof(int32_t)), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&dq), q.size() * 2), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&dout), q.size() * 2), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&dtab), 10 * sizeof(int32_t)), cudaSuccess);
   std::vector<int32_t> tab = indptr;
   tab.insert(tab.end(), indices.begin(), indices.end());
   tab.insert(tab.end(), lens.begin(), lens.end());
