@@ -495,6 +495,11 @@ class Instance {
         return true;
       }
       if (r.fresh) {
+        // Admitted counting on compression (predicted admission under on_pressure): the room is
+        // made by compressing running requests before the admission is given up.
+        if (cfg_.kv_policy == KvPolicy::kOnPressure && cfg_.admission == Admission::kPredicted &&
+            compress_one())
+          continue;
         // Fresh requests sit at the end of running_ in arrival order: return them all from i on.
         while (running_.size() > i) unadmit_last();
         return false;
