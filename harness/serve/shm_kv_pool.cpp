@@ -21,7 +21,9 @@
 #include <unordered_map>
 
 #if defined(__x86_64__) || defined(__i386__)
-#include <emmintrin.h>
+#include <cpuid.h>
+#include <immintrin.h>
+#define KVB_SHM_X86 1
 #endif
 
 #include "harness/common/error.h"
@@ -79,19 +81,75 @@ bool process_alive(int64_t pid) {
   return state != 'Z' && state != 'X';
 }
 
-// Writes the lines of [p, p + n) back to memory (and out of this core's caches), then fences:
-// what a writer to non-coherent shared memory must do before its release store.
+#if KVB_SHM_X86
+// CPUID leaf 7: EBX bit 23 CLFLUSHOPT, bit 24 CLWB.
+bool cpu_has_leaf7_ebx(unsigned bit) {
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
+  return (b >> bit) & 1u;
+}
+const bool kHasClwb = cpu_has_leaf7_ebx(24);
+const bool kHasClflushopt = cpu_has_leaf7_ebx(23);
+
+__attribute__((target("clwb"))) void lines_clwb(uintptr_t lo, uintptr_t hi) {
+  for (uintptr_t a = lo; a < hi; a += kLine) _mm_clwb(reinterpret_cast<void*>(a));
+}
+__attribute__((target("clflushopt"))) void lines_clflushopt(uintptr_t lo, uintptr_t hi) {
+  for (uintptr_t a = lo; a < hi; a += kLine) _mm_clflushopt(reinterpret_cast<void*>(a));
+}
+void lines_clflush(uintptr_t lo, uintptr_t hi) {
+  for (uintptr_t a = lo; a < hi; a += kLine) _mm_clflush(reinterpret_cast<const void*>(a));
+}
+#endif
+
+// Writes the lines of [p, p + n) back to memory, then fences: what a writer to non-coherent shared
+// memory must do before its release store. CLWB (write back, keep the line) where the CPU has it,
+// else CLFLUSHOPT, else CLFLUSH (the serialising legacy form).
 void write_back(const void* p, size_t n) {
-#if defined(__x86_64__) || defined(__i386__)
+#if KVB_SHM_X86
   const uintptr_t lo = reinterpret_cast<uintptr_t>(p) & ~(kLine - 1);
   const uintptr_t hi = reinterpret_cast<uintptr_t>(p) + n;
-  for (uintptr_t a = lo; a < hi; a += kLine) _mm_clflush(reinterpret_cast<const void*>(a));
+  if (kHasClwb)
+    lines_clwb(lo, hi);
+  else if (kHasClflushopt)
+    lines_clflushopt(lo, hi);
+  else
+    lines_clflush(lo, hi);
+  _mm_sfence();
+#else
+  (void)p;
+  (void)n;
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+#endif
+}
+
+// Drops the lines of [p, p + n) from this core's caches (written back if dirty), so the next loads
+// come from memory: what a reader of non-coherent shared memory does before reading a block.
+void drop_lines(const void* p, size_t n) {
+#if KVB_SHM_X86
+  const uintptr_t lo = reinterpret_cast<uintptr_t>(p) & ~(kLine - 1);
+  const uintptr_t hi = reinterpret_cast<uintptr_t>(p) + n;
+  if (kHasClflushopt)
+    lines_clflushopt(lo, hi);
+  else
+    lines_clflush(lo, hi);
   _mm_mfence();
 #else
   (void)p;
   (void)n;
   std::atomic_thread_fence(std::memory_order_seq_cst);
 #endif
+}
+
+// Waits politely: spins with yields for a while, then sleeps in short naps, so that a waiting
+// process does not take the CPU from the one it waits for on a small machine.
+void pause_wait(int64_t& spins) {
+  if (++spins < 2000) {
+    sched_yield();
+  } else {
+    timespec ts{0, 20000};  // 20 us
+    nanosleep(&ts, nullptr);
+  }
 }
 
 double now_s() {
@@ -522,7 +580,7 @@ ShmKvPool::Read ShmKvPool::acquire(uint64_t key) {
 }
 
 void ShmKvPool::invalidate(const Read& r) const {
-  if (r.data) write_back(r.data, r.bytes);  // clflush also drops the line: the next load misses
+  if (r.data) drop_lines(r.data, r.bytes);
 }
 
 bool ShmKvPool::verify(const Read& r) const {
@@ -592,13 +650,16 @@ ShmKvPool::Stats ShmKvPool::stats() const {
 namespace {
 
 constexpr int kMaxRepeats = 1024;
+constexpr int kLatencyBlocks = 64;         // small blocks for the publish-to-visible latency
+constexpr size_t kLatencyBlockBytes = 64;  // one cache line
+constexpr uint64_t kLatencyKeyBase = uint64_t{1} << 40;
 
 // What the reader child reports back, in an anonymous shared mapping made before the fork.
 struct ReaderReport {
-  std::atomic<int32_t> consumed;
+  std::atomic<int32_t> consumed;  // blocks taken so far, both phases
   std::atomic<int32_t> failed;
   double get_s[kMaxRepeats];
-  double visible_us[kMaxRepeats];
+  double visible_us[kLatencyBlocks];
   char error[512];
 };
 
@@ -609,6 +670,58 @@ void fill_block(std::vector<uint8_t>& buf, uint64_t seed, int i) {
     std::memcpy(buf.data() + k, &w, 8);
   }
   for (size_t k = buf.size() / 8 * 8; k < buf.size(); ++k) buf[k] = static_cast<uint8_t>(k + 1);
+}
+
+// The reader: phase 1 takes `repeats` large blocks (timing each get), phase 2 kLatencyBlocks small
+// ones (timing publish -> visible). Only _exit leaves: the parent's objects are not ours.
+[[noreturn]] void run_reader(const std::string& name, int64_t value_bytes, int repeats,
+                             uint64_t seed, ReaderReport* report, double timeout_s) {
+  int status = 0;
+  try {
+    auto reader = ShmKvPool::attach(name);
+    std::vector<uint8_t> got(static_cast<size_t>(value_bytes)),
+        want(static_cast<size_t>(value_bytes));
+    auto take = [&](uint64_t key) {
+      const double deadline = now_s() + timeout_s;
+      ShmKvPool::Read r;
+      int64_t spins = 0;
+      while (!(r = reader->acquire(key)).data) {
+        if (now_s() > deadline) throw std::runtime_error("block never became visible");
+        pause_wait(spins);
+      }
+      return r;
+    };
+    for (int i = 0; i < repeats; ++i) {
+      const ShmKvPool::Read r = take(static_cast<uint64_t>(i));
+      const double t0 = now_s();
+      reader->invalidate(r);
+      std::memcpy(got.data(), r.data, r.bytes);
+      const bool ok = shm_block_checksum(got.data(), got.size()) == r.checksum;
+      reader->release(r);
+      report->get_s[i] = now_s() - t0;
+      if (!ok) throw std::runtime_error("checksum mismatch");
+      fill_block(want, seed, i);
+      if (got != want) throw std::runtime_error("payload differs from what was written");
+      report->consumed.store(i + 1, std::memory_order_release);
+    }
+    for (int i = 0; i < kLatencyBlocks; ++i) {
+      const ShmKvPool::Read r = take(kLatencyKeyBase + static_cast<uint64_t>(i));
+      const int64_t seen_ns = mono_ns();
+      reader->invalidate(r);
+      int64_t published_ns = 0;
+      std::memcpy(&published_ns, r.data, 8);
+      const bool ok = reader->verify(r);
+      reader->release(r);
+      if (!ok) throw std::runtime_error("checksum mismatch (latency block)");
+      report->visible_us[i] = static_cast<double>(seen_ns - published_ns) / 1e3;
+      report->consumed.store(repeats + i + 1, std::memory_order_release);
+    }
+  } catch (const std::exception& e) {
+    std::snprintf(report->error, sizeof(report->error), "%s", e.what());
+    report->failed.store(1);
+    status = 1;
+  }
+  _exit(status);
 }
 
 }  // namespace
@@ -623,7 +736,7 @@ ShmBandwidth measure_shm_bandwidth(int64_t value_bytes, int repeats, uint64_t se
   ShmPoolGeometry g;
   g.chunk_bytes = 4096;
   g.data_bytes = 2 * ((value_bytes + g.chunk_bytes - 1) / g.chunk_bytes * g.chunk_bytes);
-  g.max_blocks = 64;
+  g.max_blocks = 256;
   auto pool = ShmKvPool::create(name, g);
   auto* report = static_cast<ReaderReport*>(mmap(
       nullptr, sizeof(ReaderReport), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
@@ -639,55 +752,26 @@ ShmBandwidth measure_shm_bandwidth(int64_t value_bytes, int repeats, uint64_t se
     ShmKvPool::unlink(name);
     KVB_FAIL("shm measurement: fork failed (", std::strerror(errno), ")");
   }
-  if (child == 0) {
-    // The decode-side reader. Only _exit leaves: the parent's objects are not ours to destroy.
-    int status = 0;
-    try {
-      auto reader = ShmKvPool::attach(name);
-      std::vector<uint8_t> got(static_cast<size_t>(value_bytes)),
-          want(static_cast<size_t>(value_bytes));
-      for (int i = 0; i < repeats; ++i) {
-        const double deadline = now_s() + timeout_s;
-        ShmKvPool::Read r;
-        while (!(r = reader->acquire(static_cast<uint64_t>(i))).data) {
-          if (now_s() > deadline) throw std::runtime_error("block never became visible");
-          sched_yield();
-        }
-        const int64_t seen_ns = mono_ns();
-        const double t0 = now_s();
-        reader->invalidate(r);
-        std::memcpy(got.data(), r.data, r.bytes);
-        const bool ok = shm_block_checksum(got.data(), got.size()) == r.checksum;
-        reader->release(r);
-        report->get_s[i] = now_s() - t0;
-        if (!ok) throw std::runtime_error("checksum mismatch");
-        int64_t published_ns = 0;
-        std::memcpy(&published_ns, got.data(), 8);
-        report->visible_us[i] = static_cast<double>(seen_ns - published_ns) / 1e3;
-        fill_block(want, seed, i);
-        if (std::memcmp(got.data() + 8, want.data() + 8, got.size() - 8) != 0)
-          throw std::runtime_error("payload differs from what was written");
-        report->consumed.store(i + 1, std::memory_order_release);
-      }
-    } catch (const std::exception& e) {
-      std::snprintf(report->error, sizeof(report->error), "%s", e.what());
-      report->failed.store(1);
-      status = 1;
-    }
-    _exit(status);
-  }
+  if (child == 0) run_reader(name, value_bytes, repeats, seed, report, timeout_s);
+
   std::vector<double> put_s;
   std::string failure;
-  std::vector<uint8_t> buf(static_cast<size_t>(value_bytes));
-  for (int i = 0; i < repeats && failure.empty(); ++i) {
-    // One block in flight: the next is written once the reader has taken this one.
+  // One block in flight: block i is written once the reader has taken block i - 1.
+  auto wait_consumed = [&](int n) {
     const double deadline = now_s() + timeout_s;
-    while (report->consumed.load(std::memory_order_acquire) < i && !report->failed.load()) {
-      if (now_s() > deadline) failure = "the reader did not take block " + std::to_string(i - 1);
-      if (!failure.empty()) break;
-      sched_yield();
+    int64_t spins = 0;
+    while (report->consumed.load(std::memory_order_acquire) < n && !report->failed.load()) {
+      if (now_s() > deadline) {
+        failure = "the reader did not take block " + std::to_string(n - 1);
+        return false;
+      }
+      pause_wait(spins);
     }
-    if (report->failed.load() || !failure.empty()) break;
+    return !report->failed.load();
+  };
+  std::vector<uint8_t> buf(static_cast<size_t>(value_bytes));
+  for (int i = 0; i < repeats; ++i) {
+    if (!wait_consumed(i)) break;
     fill_block(buf, seed, i);
     const double t0 = now_s();
     ShmKvPool::Write w = pool->begin_write(static_cast<uint64_t>(i), buf.size());
@@ -696,16 +780,23 @@ ShmBandwidth measure_shm_bandwidth(int64_t value_bytes, int repeats, uint64_t se
       break;
     }
     std::memcpy(w.data, buf.data(), buf.size());
-    const int64_t published_ns = mono_ns();
-    std::memcpy(w.data, &published_ns, 8);
     pool->publish(w);
     put_s.push_back(now_s() - t0);
   }
-  const double deadline = now_s() + timeout_s;
-  while (failure.empty() && report->consumed.load() < repeats && !report->failed.load()) {
-    if (now_s() > deadline) failure = "the reader did not finish";
-    sched_yield();
+  for (int i = 0; i < kLatencyBlocks && failure.empty(); ++i) {
+    if (!wait_consumed(repeats + i)) break;
+    ShmKvPool::Write w =
+        pool->begin_write(kLatencyKeyBase + static_cast<uint64_t>(i), kLatencyBlockBytes);
+    if (!w.data) {
+      failure = "no room for latency block " + std::to_string(i);
+      break;
+    }
+    std::memset(w.data, 0x5a, kLatencyBlockBytes);
+    const int64_t published_ns = mono_ns();
+    std::memcpy(w.data, &published_ns, 8);
+    pool->publish(w);
   }
+  if (failure.empty()) wait_consumed(repeats + kLatencyBlocks);
   if (!failure.empty()) kill(child, SIGKILL);
   int status = 0;
   waitpid(child, &status, 0);
@@ -716,7 +807,7 @@ ShmBandwidth measure_shm_bandwidth(int64_t value_bytes, int repeats, uint64_t se
   out.value_bytes = value_bytes;
   out.repeats = repeats;
   std::vector<double> get_s(report->get_s, report->get_s + repeats);
-  std::vector<double> visible(report->visible_us, report->visible_us + repeats);
+  std::vector<double> visible(report->visible_us, report->visible_us + kLatencyBlocks);
   munmap(report, sizeof(ReaderReport));
   pool.reset();
   ShmKvPool::unlink(name);

@@ -130,9 +130,11 @@ uint64_t shm_block_checksum(const void* data, size_t bytes);
 
 // Two real processes on this machine: a prefill-side writer (this process) publishes `repeats`
 // blocks of value_bytes into a fresh private pool, a decode-side reader (a forked child) acquires
-// each as soon as it is visible, reads it with the non-coherent protocol and verifies it. GB/s are
-// 1e9 payload bytes/s over the summed put (or get) calls; the latency is from the writer's publish
-// to the reader seeing the block (CLOCK_MONOTONIC, one clock for both). kvb::Error when the reader
+// each as soon as it is visible, reads it with the non-coherent protocol and verifies it byte for
+// byte. GB/s are 1e9 payload bytes/s over the summed put (or get) calls (a put: allocate, copy,
+// checksum, write back, release; a get: invalidate, copy, checksum). The latency comes from 64
+// one-line blocks published after them: from just before the writer's publish to the reader
+// seeing the block (CLOCK_MONOTONIC, one clock for both processes). kvb::Error when the reader
 // fails, times out or reads a wrong byte.
 struct ShmBandwidth {
   int64_t value_bytes = 0, repeats = 0;
