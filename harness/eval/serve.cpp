@@ -331,7 +331,8 @@ nlohmann::json serve_simulation_sample(const nlohmann::json& proto, const nlohma
                   {"put_gbps", bw.put_gbps},
                   {"get_ms_p50", bw.get_ms_p50},
                   {"put_ms_p50", bw.put_ms_p50},
-                  {"visible_us_p50", bw.visible_us_p50}};
+                  {"visible_us_p50", bw.visible_us_p50},
+                  {"copy_gbps", bw.copy_gbps}};
     // A block crosses the tier twice on its way to the device (written, then read), pipelined:
     // the slower side bounds it; the host-to-device link still applies after.
     const double tier_gbps = std::min(bw.get_gbps, bw.put_gbps);
@@ -491,6 +492,8 @@ std::vector<Metric> serve_metrics(const nlohmann::json& footprint, const nlohman
         {"serve_shm_put_gbps", sim["shm"].at("put_gbps").get<double>(), "GB/s", D::kHigher});
     m.push_back(
         {"serve_shm_visible_us", sim["shm"].at("visible_us_p50").get<double>(), "us", D::kLower});
+    m.push_back(
+        {"serve_shm_copy_gbps", sim["shm"].at("copy_gbps").get<double>(), "GB/s", D::kNone});
   }
   if (sim.contains("pd_gbps"))
     m.push_back({"serve_pd_gbps", sim.at("pd_gbps").get<double>(), "GB/s", D::kNone});

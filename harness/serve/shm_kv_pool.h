@@ -134,13 +134,15 @@ uint64_t shm_block_checksum(const void* data, size_t bytes);
 // byte. GB/s are 1e9 payload bytes/s over the summed put (or get) calls (a put: allocate, copy,
 // checksum, write back, release; a get: invalidate, copy, checksum). The latency comes from 64
 // one-line blocks published after them: from just before the writer's publish to the reader
-// seeing the block (CLOCK_MONOTONIC, one clock for both processes). kvb::Error when the reader
-// fails, times out or reads a wrong byte.
+// seeing the block (CLOCK_MONOTONIC, one clock for both processes). copy_gbps: a plain memcpy of
+// the same blocks in this process, the ceiling both rates are read against. kvb::Error when the
+// reader fails, times out or reads a wrong byte.
 struct ShmBandwidth {
   int64_t value_bytes = 0, repeats = 0;
   double put_gbps = 0, get_gbps = 0;
   double put_ms_p50 = 0, get_ms_p50 = 0;
   double visible_us_p50 = 0;  // publish -> visible to the other process
+  double copy_gbps = 0;       // the ceiling, same run: memcpy between two private buffers
 };
 ShmBandwidth measure_shm_bandwidth(int64_t value_bytes, int repeats, uint64_t seed);
 

@@ -312,7 +312,7 @@ TEST(ShmKvPool, TwoProcessMeasurementReportsRealRates) {
   const ShmBandwidth bw = measure_shm_bandwidth(1 << 20, 4, 9);
   EXPECT_EQ(bw.value_bytes, 1 << 20);
   EXPECT_EQ(bw.repeats, 4);
-  for (double x : {bw.put_gbps, bw.get_gbps, bw.put_ms_p50, bw.get_ms_p50}) {
+  for (double x : {bw.put_gbps, bw.get_gbps, bw.put_ms_p50, bw.get_ms_p50, bw.copy_gbps}) {
     EXPECT_TRUE(std::isfinite(x));
     EXPECT_GT(x, 0);
   }
