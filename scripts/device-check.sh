@@ -6,7 +6,9 @@
 #      kernels/cuda (needs only nvcc, a C++ compiler and GoogleTest: the package, /usr/src/googletest or
 #      .devdeps/googletest), and, in the background, the whole project against the LibTorch inside the
 #      machine's PyTorch (CMAKE_PREFIX_PATH from torch.utils.cmake_prefix_path, -DKVB_WITH_CUDA=ON, sm_90);
-#   3. runs the CUDA tests (kvb_cuda_tests: every kernel against its oracle);
+#   3. runs the CUDA tests (kvb_cuda_tests: every kernel against its oracle, and vAttention's virtual
+#      memory arena: pages committed with cuMemCreate/cuMemMap as the driver reports them, the decode
+#      kernel reading contiguous per-sequence slots; CudaVirtualArena.*);
 #   4. runs the kernel micro-benchmarks (kvb_cuda_bench: achieved GB/s with the same-process D2D copy as
 #      the ceiling) and torch's scaled_dot_product_attention on contiguous KV of the same shapes;
 #   5. runs `kvbench run` with the perf protocol on synthetic llama-3-8b shapes (2 layers) in bf16 on
@@ -561,12 +563,13 @@ else
   record e2e skipped 0 "no kvbench"
 fi
 # ---- 5c. the LibTorch adapters and the KIVI kernel store on CUDA: kvb_tests' PagedDecodeTorch.*,
-#      KiviKernel.Cuda* and KiviKernel.Decode* (synthetic inputs, no model) ----
+#      KiviKernel.Cuda* and KiviKernel.Decode*, and the vattention store over CUDA virtual memory
+#      (VAttentionCuda.*) (synthetic inputs, no model) ----
 if [ -n "$FULL_PID" ] && [ "$DRY" != 1 ]; then
   while kill -0 "$FULL_PID" 2>/dev/null && (($(left) > 60)); do sleep 2; done
   if [ -x "$BUILD_FULL/tests/kvb_tests" ]; then
     run_stage "torch adapter tests" 60 "$WORK/adapter_tests.log" "$BUILD_FULL/tests/kvb_tests" \
-      --gtest_filter='PagedDecodeTorch.*:KiviKernel.Cuda*:KiviKernel.Decode*' --gtest_output=json:"$OUTDIR/adapter_tests.json"
+      --gtest_filter='PagedDecodeTorch.*:KiviKernel.Cuda*:KiviKernel.Decode*:VAttentionCuda.*' --gtest_output=json:"$OUTDIR/adapter_tests.json"
   else
     say "SKIP torch adapter tests: kvb_tests not built in time (see $FULL_LOG)"
     record "torch adapter tests" skipped "$(now)" "kvb_tests not built"

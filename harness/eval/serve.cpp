@@ -7,12 +7,14 @@
 
 #include "datasets/corpus.h"
 #include "harness/common/error.h"
+#include "harness/common/internal_error.h"
 #include "harness/common/strings.h"
 #include "harness/engine/engine.h"
 #include "harness/formats/request_trace.h"
 #include "harness/kv/method_registry.h"
 #include "harness/model/synthetic_presets.h"
 #include "harness/serve/redis_store.h"
+#include "harness/serve/shm_kv_pool.h"
 
 namespace kvb {
 
@@ -67,6 +69,46 @@ std::vector<FootprintPoint> measure_footprint_points(
     points.push_back(p);
   }
   return points;
+}
+
+const std::vector<ParamSpec>& serve_later_params() {
+  static const std::vector<ParamSpec> params = {
+      int_param("page_kib", 2048, 4, 1 << 20,
+                "vattention allocator: the physical page in KiB (2048: CUDA's native page; 64: "
+                "vAttention's patched driver)"),
+      float_param("paged_attention_slowdown", 1.0, 1.0, 100.0,
+                  "paged allocator: decode attention's KV bytes count this many times over (its "
+                  "block-table indirection; vLLM's paper measured its paged kernel 1.20-1.26x "
+                  "slower)"),
+      string_param("kv_policy", "always", {"always", "on_pressure"},
+                   "always: the method stores every request; on_pressure: requests start "
+                   "uncompressed and the scheduler applies the method to running requests "
+                   "instead of preempting them (compress-instead-of-preempt)"),
+      string_param("admission", "prompt", {"prompt", "predicted"},
+                   "prompt: vLLM's rule (room for the whole prompt + 1%); predicted: every "
+                   "request's predicted final footprint (prompt + mean output so far), "
+                   "compressed where the policy can compress"),
+      string_param("prefix_blocks", "as_held", {"as_held", "compressed"},
+                   "on_pressure: prefix-store blocks at the size requests held them "
+                   "(uncompressed) or compressed on the way in (more fit; a hit starts its "
+                   "request compressed)"),
+      string_param("pd_transport", "network", {"network", "shm", "cxl-sim"},
+                   "P/D: prompts' KV over the network (pd_gbps), through the shared-memory "
+                   "tier (measured: CXL emulated by host shared memory) or CXL as published "
+                   "(cxl_gbps, cxl_latency_us; simulated)"),
+      float_param("cxl_gbps", 64, 1e-3, 1e6,
+                  "cxl-sim: CXL link rate (GB/s; 64 = CXL 2.0 / PCIe 5.0 x16 per direction)"),
+      float_param("cxl_latency_us", 0.4, 0, 1e6,
+                  "cxl-sim: load-to-use latency (us; measured CXL memory expanders are 2-5x "
+                  "local DRAM's ~100 ns)")};
+  return params;
+}
+
+nlohmann::json serve_param(const nlohmann::json& proto, const std::string& key) {
+  if (auto it = proto.find(key); it != proto.end()) return *it;
+  for (const ParamSpec& p : serve_later_params())
+    if (p.name == key) return p.default_value;
+  KVB_UNREACHABLE("serve", "serve_param: no parameter '", key, "'");
 }
 
 ServeTarget serve_target(const std::string& preset) {
@@ -127,15 +169,15 @@ FootprintCurve target_curve(const FootprintCurve& run, const ModelConfig& tc, do
                             double run_bpt) {
   if (tc.n_window_layers() == 0) return run.scaled(target_bpt / run_bpt);
   const double row_bytes = 2.0 * static_cast<double>(tc.kv_dim()) * 2.0;  // K and V, 16-bit
-  const double global_bpt =
-      static_cast<double>(tc.n_layers - tc.n_window_layers()) * row_bytes;
+  const double global_bpt = static_cast<double>(tc.n_layers - tc.n_window_layers()) * row_bytes;
   // A target whose every layer is a window (Phi-3-mini's 2,047) has no global layer to scale to.
   const FootprintCurve base =
       global_bpt > 0 ? run.scaled(global_bpt / run_bpt) : FootprintCurve::proportional(0.0);
   std::vector<int64_t> lengths;
   for (const auto& p : run.points()) lengths.push_back(p.tokens);
   for (int64_t l = 0; l < tc.n_layers; ++l)
-    if (tc.is_window_layer(l) && tc.layer_windows[l] > 1) lengths.push_back(tc.layer_windows[l] - 1);
+    if (tc.is_window_layer(l) && tc.layer_windows[l] > 1)
+      lengths.push_back(tc.layer_windows[l] - 1);
   lengths.push_back(tc.max_seq_len);
   std::sort(lengths.begin(), lengths.end());
   lengths.erase(std::unique(lengths.begin(), lengths.end()), lengths.end());
@@ -166,6 +208,24 @@ void check_serve_inputs(const nlohmann::json& proto, const std::string& data_dir
   } catch (const Error& e) {
     KVB_FAIL("config.protocol.target: ", e.what());
   }
+  (void)parse_kv_allocator(proto.at("allocator"));
+  (void)parse_kv_policy(serve_param(proto, "kv_policy"));
+  (void)parse_admission(serve_param(proto, "admission"));
+  (void)parse_prefix_blocks(serve_param(proto, "prefix_blocks"));
+  const std::string store = proto.at("prefix_store");
+  KVB_CHECK(store == "host" || store == "shm" || store == "cxl-sim" || store == "redis-local" ||
+                store.rfind("redis://", 0) == 0 || store.rfind("unix://", 0) == 0,
+            "config.protocol.prefix_store: '", store,
+            "' (host | shm | cxl-sim | redis-local | redis://HOST:PORT | unix://PATH)");
+  KVB_CHECK(store == "host" || proto.at("prefix_cache_gib").get<double>() != 0,
+            "config.protocol.prefix_store: '", store,
+            "' needs a prefix cache (prefix_cache_gib != 0)");
+  const std::string pd = serve_param(proto, "pd_transport");
+  KVB_CHECK(pd == "network" || pd == "shm" || pd == "cxl-sim", "config.protocol.pd_transport: '",
+            pd, "' (network | shm | cxl-sim)");
+  KVB_CHECK(pd == "network" || proto.at("prefill_instances").get<int64_t>() > 0,
+            "config.protocol.pd_transport: '", pd,
+            "' moves prompts from prefill to decode instances: set prefill_instances > 0");
   const std::string trace_name = proto.at("trace");
   if (trace_name == "generated") return;  // made from gen_* parameters, each range-checked
   const std::string path = serve_trace_path(trace_name, data_dir);
@@ -182,6 +242,10 @@ nlohmann::json serve_simulation_sample(const nlohmann::json& proto, const nlohma
   const ModelConfig target_config = synthetic_preset(proto.at("target"));
   const FootprintCurve kv =
       target_curve(curve_from_json(footprint), target_config, target.kv_bytes_per_token, run_bpt);
+  // The same target without the method (the co-design policies start requests uncompressed): the
+  // full cache, proportional at the run's model, through the same scaling and window rules.
+  const FootprintCurve dense = target_curve(FootprintCurve::proportional(run_bpt), target_config,
+                                            target.kv_bytes_per_token, run_bpt);
 
   const std::string trace_name = proto.at("trace");
   const std::string path =
@@ -220,11 +284,16 @@ nlohmann::json serve_simulation_sample(const nlohmann::json& proto, const nlohma
   hw.remote_gbps = proto.at("remote_gbps");
   hw.pd_gbps = proto.at("pd_gbps");
   hw.iteration_overhead_ms = proto.at("iteration_overhead_ms");
+  hw.paged_attention_slowdown = serve_param(proto, "paged_attention_slowdown");
   ServeConfig cfg;
   constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
   cfg.kv_pool_bytes = proto.at("kv_pool_gib").get<double>() * kGiB;
   cfg.allocator = parse_kv_allocator(proto.at("allocator"));
   cfg.block_tokens = proto.at("block_tokens");
+  cfg.page_bytes = serve_param(proto, "page_kib").get<int64_t>() * 1024;
+  cfg.kv_policy = parse_kv_policy(serve_param(proto, "kv_policy"));
+  cfg.admission = parse_admission(serve_param(proto, "admission"));
+  cfg.prefix_blocks = parse_prefix_blocks(serve_param(proto, "prefix_blocks"));
   cfg.max_num_seqs = proto.at("max_num_seqs");
   cfg.instances = proto.at("instances");
   cfg.router = parse_router(proto.at("router"));
@@ -242,12 +311,59 @@ nlohmann::json serve_simulation_sample(const nlohmann::json& proto, const nlohma
   cfg.slo_tpot_ms = proto.at("slo_tpot_ms");
 
   nlohmann::json out;
+  const std::string store = proto.at("prefix_store");
+  const std::string pd = serve_param(proto, "pd_transport");
+  // The size of one prefix-store block (a compressed one unless the policy holds blocks dense).
+  const FootprintCurve& block_curve =
+      cfg.kv_policy == KvPolicy::kOnPressure && cfg.prefix_blocks == PrefixBlocks::kAsHeld ? dense
+                                                                                           : kv;
+  const double block_bytes =
+      static_cast<double>(trace.block_size_tokens) * block_curve.device_bytes_per_token();
+  // The shared-memory tier (TraCT's CXL pool, emulated by this host's shared memory): blocks of
+  // that size moved between two real processes through an ShmKvPool, with the non-coherent
+  // publish/acquire protocol; its measured rate and publish-to-visible latency become the tier's.
+  if (store == "shm" || pd == "shm") {
+    const int64_t value_bytes = std::clamp<int64_t>(std::llround(block_bytes), 4096, 256 << 20);
+    const ShmBandwidth bw = measure_shm_bandwidth(value_bytes, 4, seed);
+    out["shm"] = {{"label", "CXL emulated by host shared memory (two processes, this machine)"},
+                  {"value_bytes", value_bytes},
+                  {"get_gbps", bw.get_gbps},
+                  {"put_gbps", bw.put_gbps},
+                  {"get_ms_p50", bw.get_ms_p50},
+                  {"put_ms_p50", bw.put_ms_p50},
+                  {"visible_us_p50", bw.visible_us_p50},
+                  {"copy_gbps", bw.copy_gbps}};
+    // A block crosses the tier twice on its way to the device (written, then read), pipelined:
+    // the slower side bounds it; the host-to-device link still applies after.
+    const double tier_gbps = std::min(bw.get_gbps, bw.put_gbps);
+    if (store == "shm") {
+      hw.prefix_load_gbps = std::min(hw.prefix_load_gbps, tier_gbps);
+      hw.prefix_load_latency_ms = bw.visible_us_p50 / 1e3;
+    }
+    if (pd == "shm") {
+      hw.pd_gbps = std::min(hw.h2d_gbps, tier_gbps);
+      hw.pd_latency_ms = bw.visible_us_p50 / 1e3;
+    }
+  }
+  // CXL shared memory as published (simulated): the link's rate and a device's load latency.
+  if (store == "cxl-sim" || pd == "cxl-sim") {
+    const double gbps = serve_param(proto, "cxl_gbps"),
+                 latency_us = serve_param(proto, "cxl_latency_us");
+    out["cxl"] = {{"label", "CXL shared memory (simulated: published figures, see cxl_gbps)"},
+                  {"gbps", gbps},
+                  {"latency_us", latency_us}};
+    if (store == "cxl-sim") {
+      hw.prefix_load_gbps = std::min(hw.prefix_load_gbps, gbps);
+      hw.prefix_load_latency_ms = latency_us / 1e3;
+    }
+    if (pd == "cxl-sim") {
+      hw.pd_gbps = std::min(hw.h2d_gbps, gbps);
+      hw.pd_latency_ms = latency_us / 1e3;
+    }
+  }
   // A Redis prefix store: one compressed block's round trips measured for real (loopback); blocks
   // then load at the slower of that and the host-to-device link (the two stages pipeline).
-  const std::string store = proto.at("prefix_store");
-  if (store != "host") {
-    KVB_CHECK(cache_gib != 0, "config.protocol.prefix_store: '", store,
-              "' needs a prefix cache (prefix_cache_gib != 0)");
+  if (store != "host" && store != "shm" && store != "cxl-sim") {
     std::unique_ptr<LocalRedisServer> local;
     std::string url = store;
     if (store == "redis-local") {
@@ -255,8 +371,6 @@ nlohmann::json serve_simulation_sample(const nlohmann::json& proto, const nlohma
       url = local->url();
     }
     RedisStore redis(url);
-    const double block_bytes =
-        static_cast<double>(trace.block_size_tokens) * kv.device_bytes_per_token();
     const int64_t value_bytes =
         std::max<int64_t>(1, static_cast<int64_t>(std::llround(block_bytes)));
     const RedisBandwidth bw = measure_redis_bandwidth(redis, value_bytes, 4, seed);
@@ -270,7 +384,7 @@ nlohmann::json serve_simulation_sample(const nlohmann::json& proto, const nlohma
     hw.prefix_load_gbps = std::min(hw.prefix_load_gbps, bw.get_gbps);
   }
 
-  const ServeResult r = simulate_serving(trace, kv, target, hw, cfg);
+  const ServeResult r = simulate_serving(trace, kv, target, hw, cfg, &dense);
   double mean_len = 0;
   for (const auto& q : trace.requests)
     mean_len += static_cast<double>(q.input_length + q.output_length);
@@ -290,18 +404,23 @@ nlohmann::json serve_simulation_sample(const nlohmann::json& proto, const nlohma
   out["decode_read_bytes_at_mean"] = kv.decode_read_bytes(mean_tokens);
   out["decode_h2d_bytes_per_token_at_mean"] = kv.h2d_bytes_per_token(mean_tokens);
   out["prefix_load_gbps"] = hw.prefix_load_gbps;
+  out["prefix_load_latency_ms"] = hw.prefix_load_latency_ms;
+  out["pd_gbps"] = hw.pd_gbps;
+  out["pd_latency_ms"] = hw.pd_latency_ms;
   return out;
 }
 
 // Every figure of a simulation under its own name (per-request results are not stored).
-NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(ServeResult, requests, completed, rejected, preemptions, iterations,
-                                   duration_s, output_tok_s, requests_per_s, ttft_ms_p50, ttft_ms_p90,
-                                   ttft_ms_p99, tpot_ms_p50, tpot_ms_p90, tpot_ms_p99, slo_attainment,
-                                   mean_running, max_running, kv_utilization, allocator_waste,
-                                   prefix_hit_rate, prefill_tokens, pd_transfer_bytes,
-                                   remote_fetch_bytes, prefix_load_bytes, prefix_block_bytes,
-                                   prefix_capacity_blocks, memory_bound_fraction, pcie_bound_fraction,
-                                   peak_host_bytes, load_imbalance, instance_requests)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(ServeResult, requests, completed, rejected, preemptions,
+                                   iterations, duration_s, output_tok_s, requests_per_s,
+                                   ttft_ms_p50, ttft_ms_p90, ttft_ms_p99, tpot_ms_p50, tpot_ms_p90,
+                                   tpot_ms_p99, slo_attainment, mean_running, max_running,
+                                   kv_utilization, allocator_waste, prefix_hit_rate, prefill_tokens,
+                                   pd_transfer_bytes, remote_fetch_bytes, prefix_load_bytes,
+                                   prefix_block_bytes, prefix_capacity_blocks,
+                                   memory_bound_fraction, pcie_bound_fraction, peak_host_bytes,
+                                   load_imbalance, instance_requests, compressions,
+                                   compressed_request_fraction, compressed_token_fraction)
 
 nlohmann::json serve_result_json(const ServeResult& r) { return r; }
 
@@ -338,6 +457,13 @@ std::vector<Metric> serve_metrics(const nlohmann::json& footprint, const nlohman
   add("pcie_bound_fraction", "fraction", D::kNone);
   add("peak_host_bytes", "bytes", D::kNone);
   add("load_imbalance", "x", D::kLower);
+  // Rows written before the co-design policies existed have no such fields.
+  auto add_if = [&](const std::string& name, const char* unit, D d) {
+    if (s.contains(name)) add(name, unit, d);
+  };
+  add_if("compressions", "", D::kNone);
+  add_if("compressed_request_fraction", "fraction", D::kNone);
+  add_if("compressed_token_fraction", "fraction", D::kLower);
   // The method's footprint, at the target's shapes, at the trace's mean request length.
   const double bpt = sim.at("target_kv_bytes_per_token");
   m.push_back({"serve_kv_bytes_per_token", sim.at("kv_bytes_per_token_at_mean").get<double>(),
@@ -359,6 +485,21 @@ std::vector<Metric> serve_metrics(const nlohmann::json& footprint, const nlohman
     m.push_back(
         {"serve_remote_put_gbps", sim["remote"].at("put_gbps").get<double>(), "GB/s", D::kHigher});
   }
+  if (sim.contains("shm")) {
+    m.push_back(
+        {"serve_shm_get_gbps", sim["shm"].at("get_gbps").get<double>(), "GB/s", D::kHigher});
+    m.push_back(
+        {"serve_shm_put_gbps", sim["shm"].at("put_gbps").get<double>(), "GB/s", D::kHigher});
+    m.push_back(
+        {"serve_shm_visible_us", sim["shm"].at("visible_us_p50").get<double>(), "us", D::kLower});
+    m.push_back(
+        {"serve_shm_copy_gbps", sim["shm"].at("copy_gbps").get<double>(), "GB/s", D::kNone});
+  }
+  if (sim.contains("pd_gbps"))
+    m.push_back({"serve_pd_gbps", sim.at("pd_gbps").get<double>(), "GB/s", D::kNone});
+  if (sim.contains("prefix_load_gbps"))
+    m.push_back(
+        {"serve_prefix_load_gbps", sim.at("prefix_load_gbps").get<double>(), "GB/s", D::kNone});
   // Iteration times come from a roofline, not a device: say so in every run.
   m.push_back({"serve_times_simulated", 1.0, "", D::kNone});
   return m;

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "harness/common/params.h"
 #include "harness/model/model.h"
 #include "harness/serve/footprint_curve.h"
 #include "harness/serve/serving_sim.h"
@@ -32,6 +33,14 @@ std::vector<FootprintPoint> measure_footprint_points(
     std::shared_ptr<Model> model, const std::string& method, const nlohmann::json& method_params,
     const std::vector<int64_t>& tokens, const std::vector<int64_t>& lengths, int64_t decode_tokens,
     int64_t prefill_chunk, int64_t serving_elem_bytes = 2);
+
+// The serve protocol's parameters added after its first stored runs: the vattention allocator's
+// page, the paged kernel's slowdown, the co-design policies (kv_policy, admission,
+// prefix_blocks), the P/D transport and the simulated CXL figures. A config that does not give
+// one leaves it out of its resolved form (so earlier runs' hashes stay valid); serve_param()
+// reads a key from a resolved protocol, falling back to this schema's default.
+const std::vector<ParamSpec>& serve_later_params();
+nlohmann::json serve_param(const nlohmann::json& proto, const std::string& key);
 
 // The time model's view of a synthetic preset (bf16 weights and KV).
 ServeTarget serve_target(const std::string& preset);

@@ -13,8 +13,10 @@
 namespace kvb {
 
 KvAllocator parse_kv_allocator(const std::string& name) {
-  static const std::vector<std::string> names = {"paged", "contiguous_max", "pow2", "oracle"};
+  static const std::vector<std::string> names = {"paged", "contiguous_max", "pow2", "oracle",
+                                                 "vattention"};
   if (name == "paged") return KvAllocator::kPaged;
+  if (name == "vattention") return KvAllocator::kVAttention;
   if (name == "contiguous_max") return KvAllocator::kContiguousMax;
   if (name == "pow2") return KvAllocator::kPow2;
   if (name == "oracle") return KvAllocator::kOracle;
@@ -32,6 +34,8 @@ const char* kv_allocator_name(KvAllocator a) {
       return "pow2";
     case KvAllocator::kOracle:
       return "oracle";
+    case KvAllocator::kVAttention:
+      return "vattention";
   }
   return "?";
 }
@@ -54,6 +58,27 @@ PrefixScope parse_prefix_scope(const std::string& name) {
            "; known: local, global");
 }
 
+KvPolicy parse_kv_policy(const std::string& name) {
+  if (name == "always") return KvPolicy::kAlways;
+  if (name == "on_pressure") return KvPolicy::kOnPressure;
+  KVB_FAIL("kv_policy: unknown policy '", name, "'", did_you_mean(name, {"always", "on_pressure"}),
+           "; known: always, on_pressure");
+}
+
+Admission parse_admission(const std::string& name) {
+  if (name == "prompt") return Admission::kPrompt;
+  if (name == "predicted") return Admission::kPredicted;
+  KVB_FAIL("admission: unknown rule '", name, "'", did_you_mean(name, {"prompt", "predicted"}),
+           "; known: prompt, predicted");
+}
+
+PrefixBlocks parse_prefix_blocks(const std::string& name) {
+  if (name == "as_held") return PrefixBlocks::kAsHeld;
+  if (name == "compressed") return PrefixBlocks::kCompressed;
+  KVB_FAIL("prefix_blocks: unknown value '", name, "'",
+           did_you_mean(name, {"as_held", "compressed"}), "; known: as_held, compressed");
+}
+
 double ServeRequestResult::tpot_ms() const {
   return output > 1 ? (finish_ms - first_token_ms) / static_cast<double>(output - 1) : 0.0;
 }
@@ -74,7 +99,16 @@ struct Request {
   int64_t prefill_chunks = 0;     // chunks its prompt took
   PrefixCache* remote = nullptr;  // another instance's store the router said to fetch from
   double remote_bytes = 0;        // fetched from it at admission
+  bool compressed = true;         // held at the method's footprint (false: uncompressed, until
+                                  // the on_pressure policy compresses it)
   bool in_prefill() const { return kv_tokens < prompt; }
+};
+
+// The mean output length of the requests finished so far (admission by prediction reads it).
+struct RunningMean {
+  double sum = 0;
+  int64_t n = 0;
+  double value() const { return n > 0 ? sum / static_cast<double>(n) : 0.0; }
 };
 
 // Admission leaves this share of the pool for growth (vLLM's watermark is 1% of the blocks).
@@ -92,16 +126,28 @@ int64_t next_pow2(int64_t n) {
 // trace, the footprint curve, the settings and the per-request results are shared by all.
 class Instance {
  public:
-  Instance(const RequestTrace& trace, const FootprintCurve& kv, const ServeTarget& target,
-           const ServeHardware& hw, const ServeConfig& config, ServeResult& result,
-           PrefixCache* cache)
+  Instance(const RequestTrace& trace, const FootprintCurve& kv, const FootprintCurve* dense,
+           const ServeTarget& target, const ServeHardware& hw, const ServeConfig& config,
+           ServeResult& result, PrefixCache* cache, RunningMean* mean_output)
       : trace_(trace),
         kv_(kv),
+        dense_(config.kv_policy == KvPolicy::kOnPressure ? dense : nullptr),
         target_(target),
         hw_(hw),
         cfg_(config),
         result_(result),
-        cache_(cache) {}
+        cache_(cache),
+        mean_output_(mean_output) {}
+
+  // The curve a request's KV follows now: the method's, or the uncompressed one under on_pressure
+  // until the scheduler compresses it.
+  const FootprintCurve& kv_of(const Request& r) const {
+    return r.compressed || !dense_ ? kv_ : *dense_;
+  }
+  // The size prefix-store blocks have.
+  const FootprintCurve& block_kv() const {
+    return dense_ && cfg_.prefix_blocks == PrefixBlocks::kAsHeld ? *dense_ : kv_;
+  }
 
   double now = 0;      // this instance's clock (ms)
   int64_t routed = 0;  // requests routed here
@@ -128,6 +174,7 @@ class Instance {
   void route(size_t index, PrefixCache* remote = nullptr) {
     Request r;
     r.index = index;
+    r.compressed = dense_ == nullptr;
     r.prompt = result_.per_request[index].input;
     r.remote = remote == cache_ ? nullptr : remote;
     waiting_.push_back(r);
@@ -168,17 +215,30 @@ class Instance {
     // Prefill chunks read their sequence's whole KV; a decode step reads what the method reads
     // (read-time selection reads less) and pulls what it pulls from the host (tiering), the PCIe
     // transfers overlapping the step as SpeCache's prefetch and TTKV's streaming do.
-    double flops = 0, bytes = target_.weight_bytes, h2d = 0;
+    // Compressions the scheduler applied this iteration read the uncompressed KV once and write
+    // the compressed one.
+    double flops = 0, bytes = target_.weight_bytes + compress_bytes_, h2d = 0;
+    compress_bytes_ = 0;
     for (const auto& [ri, n] : scheduled_) {
       const Request& r = running_[ri];
+      const FootprintCurve& kv = kv_of(r);
       const double past = static_cast<double>(r.kv_tokens);
       flops += static_cast<double>(n) * target_.flops_per_token +
                target_.attn_flops_per_pair * static_cast<double>(n) * (past + (n + 1) / 2.0);
       if (r.in_prefill()) {
-        bytes += kv_.device_bytes(r.kv_tokens + n);
+        bytes += kv.device_bytes(r.kv_tokens + n);
       } else {
-        bytes += kv_.decode_read_bytes(r.kv_tokens + n);
-        h2d += kv_.h2d_bytes_per_token(r.kv_tokens + n);
+        const double read = kv.decode_read_bytes(r.kv_tokens + n);
+        bytes += read;
+        h2d += kv.h2d_bytes_per_token(r.kv_tokens + n);
+        if (cfg_.allocator == KvAllocator::kPaged) {
+          // The block table (4 bytes a block, read by every layer's kernel) and the kernel's
+          // indirection cost.
+          const double blocks =
+              static_cast<double>((r.kv_tokens + n + cfg_.block_tokens - 1) / cfg_.block_tokens);
+          bytes += 4.0 * blocks * static_cast<double>(std::max<int64_t>(1, target_.layers)) +
+                   (hw_.paged_attention_slowdown - 1.0) * read;
+        }
       }
     }
     const double compute_ms = flops / (hw_.tflops * 1e12) * 1e3;
@@ -196,9 +256,9 @@ class Instance {
     for (size_t i = 0; i < running_.size(); ++i) tokens_after[i] = running_[i].kv_tokens;
     for (const auto& [ri, n] : scheduled_) tokens_after[ri] += n;
     double live = 0, host = 0;
-    for (int64_t t : tokens_after) {
-      live += kv_.device_bytes(t);
-      host += kv_.host_bytes(t);
+    for (size_t i = 0; i < running_.size(); ++i) {
+      live += kv_of(running_[i]).device_bytes(tokens_after[i]);
+      host += kv_of(running_[i]).host_bytes(tokens_after[i]);
     }
     result_.peak_host_bytes = std::max(result_.peak_host_bytes, host);
     w_running += dt * static_cast<double>(running_.size());
@@ -227,18 +287,67 @@ class Instance {
 
  private:
   double reservation(const Request& r, int64_t kv_tokens) const {
+    return reservation_at(r, kv_tokens, kv_of(r));
+  }
+  double reservation_at(const Request& r, int64_t kv_tokens, const FootprintCurve& kv) const {
     const ServeRequestResult& rr = result_.per_request[r.index];
     switch (cfg_.allocator) {
       case KvAllocator::kPaged:
-        return kv_.device_bytes(round_up(kv_tokens, cfg_.block_tokens));
+        return kv.device_bytes(round_up(kv_tokens, cfg_.block_tokens));
       case KvAllocator::kContiguousMax:
-        return kv_.device_bytes(target_.max_context);
+        return kv.device_bytes(target_.max_context);
       case KvAllocator::kPow2:
-        return kv_.device_bytes(next_pow2(rr.input + rr.output));
+        return kv.device_bytes(next_pow2(rr.input + rr.output));
       case KvAllocator::kOracle:
-        return kv_.device_bytes(rr.input + rr.output);
+        return kv.device_bytes(rr.input + rr.output);
+      case KvAllocator::kVAttention: {
+        // One virtual range per layer for K and one for V; each commits whole pages, so every
+        // one of the 2 x layers buffers rounds its share up to the page (the fragmentation
+        // vAttention trades for contiguity). Virtual reservations cost no memory.
+        const double buffers = 2.0 * static_cast<double>(std::max<int64_t>(1, target_.layers));
+        const double page = static_cast<double>(cfg_.page_bytes);
+        const double per_buffer = kv.device_bytes(kv_tokens) / buffers;
+        return buffers * std::ceil(per_buffer / page - 1e-9) * page;
+      }
     }
     return 0;
+  }
+
+  // Predicted final footprint of a request (admission by prediction): prompt + the mean output
+  // so far, at the size the policy will hold it at under pressure (compressed when it can be).
+  double predicted_bytes(const Request& r) const {
+    const ServeRequestResult& rr = result_.per_request[r.index];
+    const int64_t final_tokens = std::min(
+        target_.max_context, rr.input + static_cast<int64_t>(std::llround(mean_output_->value())));
+    return reservation_at(r, std::max(final_tokens, r.kv_tokens), kv_);
+  }
+
+  // Compress-instead-of-preempt: the running request whose compression frees the most bytes is
+  // compressed. False when no uncompressed request would free anything.
+  bool compress_one() {
+    if (!dense_) return false;
+    size_t best = running_.size();
+    double best_freed = 0;
+    for (size_t j = 0; j < running_.size(); ++j) {
+      const Request& q = running_[j];
+      if (q.compressed || q.kv_tokens == 0) continue;
+      const double freed = q.reserved - reservation_at(q, q.kv_tokens, kv_);
+      if (freed > best_freed) {
+        best_freed = freed;
+        best = j;
+      }
+    }
+    if (best == running_.size()) return false;
+    Request& q = running_[best];
+    compress_bytes_ += dense_->device_bytes(q.kv_tokens) + kv_.device_bytes(q.kv_tokens);
+    q.compressed = true;
+    const double now_reserved = reservation_at(q, q.kv_tokens, kv_);
+    reserved_ -= q.reserved - now_reserved;
+    q.reserved = now_reserved;
+    ServeRequestResult& rr = result_.per_request[q.index];
+    rr.compressed_output = std::max(rr.compressed_output, rr.output - q.generated);
+    result_.compressions++;
+    return true;
   }
 
   void reject(size_t index) {
@@ -271,11 +380,25 @@ class Instance {
       // prefilled - and a watermark left for the running requests' growth (vLLM's rule):
       // admitting what decode growth would preempt at once only thrashes. The paged allocator
       // still reserves chunk by chunk, so its waste is fragmentation, not room held ahead.
-      double pending = 0;
-      for (const Request& q : running_)
-        if (q.in_prefill()) pending += std::max(0.0, reservation(q, q.prompt) - q.reserved);
-      const double prompt_bytes = reservation(r, r.prompt);
-      const double committed = reserved_ + pending + prompt_bytes;
+      // A prefix hit from a store of compressed blocks hands the request compressed KV.
+      if (dense_ && hit > 0 && cfg_.prefix_blocks == PrefixBlocks::kCompressed && !r.compressed) {
+        r.compressed = true;
+        rr.compressed_output = std::max(rr.compressed_output, rr.output - r.generated);
+      }
+      double committed = 0;
+      if (cfg_.admission == Admission::kPredicted) {
+        // Every running request and this one at its predicted final size, compressed where the
+        // policy can compress (the scheduler will, before preempting anyone).
+        for (const Request& q : running_)
+          committed += dense_ && !q.compressed ? predicted_bytes(q)
+                                               : std::max(q.reserved, predicted_bytes(q));
+        committed += predicted_bytes(r);
+      } else {
+        double pending = 0;
+        for (const Request& q : running_)
+          if (q.in_prefill()) pending += std::max(0.0, reservation(q, q.prompt) - q.reserved);
+        committed = reserved_ + pending + reservation(r, r.prompt);
+      }
       if (committed > kAdmitFraction * cfg_.kv_pool_bytes && !running_.empty()) break;
       if (committed > cfg_.kv_pool_bytes) break;  // first come, first served: no overtaking
       const double need = reservation(r, hit);
@@ -300,10 +423,11 @@ class Instance {
       reserved_ += need;
       // The local part of the prefix comes from this instance's store, the rest (when the router
       // chose a remote store) over the network, one after the other.
-      const double local_bytes = kv_.device_bytes(local);
-      r.remote_bytes = kv_.device_bytes(hit) - local_bytes;
+      const double local_bytes = block_kv().device_bytes(local);
+      r.remote_bytes = block_kv().device_bytes(hit) - local_bytes;
       r.ready_ms = now + local_bytes / (hw_.prefix_load_gbps * 1e9) * 1e3 +
-                   r.remote_bytes / (hw_.remote_gbps * 1e9) * 1e3;
+                   r.remote_bytes / (hw_.remote_gbps * 1e9) * 1e3 +
+                   (local_bytes > 0 ? hw_.prefix_load_latency_ms : 0.0);
       result_.prefix_load_bytes += local_bytes + r.remote_bytes;
       result_.remote_fetch_bytes += r.remote_bytes;
       if (rr.hit_tokens == 0 && rr.preemptions == 0) rr.hit_tokens = hit;
@@ -327,6 +451,8 @@ class Instance {
     result_.preemptions++;
     r.prompt = result_.per_request[r.index].input + r.generated;
     r.transferred = false;  // its KV is gone: recomputed here
+    // Recomputed KV is uncompressed again under on_pressure (its output so far stays counted).
+    r.compressed = dense_ == nullptr;
     r.kv_tokens = 0;
     r.reserved = 0;
     r.prefill_start_ms = -1;
@@ -347,7 +473,8 @@ class Instance {
       waiting_.push_front(r);
       return;
     }
-    result_.prefix_load_bytes -= kv_.device_bytes(r.kv_tokens);
+    result_.prefix_load_bytes -= block_kv().device_bytes(r.kv_tokens);
+    r.compressed = dense_ == nullptr;
     result_.remote_fetch_bytes -= r.remote_bytes;
     r.remote_bytes = 0;
     if (rr.preemptions == 0) rr.hit_tokens = 0;
@@ -368,10 +495,16 @@ class Instance {
         return true;
       }
       if (r.fresh) {
+        // Admitted counting on compression (predicted admission under on_pressure): the room is
+        // made by compressing running requests before the admission is given up.
+        if (cfg_.kv_policy == KvPolicy::kOnPressure && cfg_.admission == Admission::kPredicted &&
+            compress_one())
+          continue;
         // Fresh requests sit at the end of running_ in arrival order: return them all from i on.
         while (running_.size() > i) unadmit_last();
         return false;
       }
+      if (cfg_.kv_policy == KvPolicy::kOnPressure && compress_one()) continue;
       if (running_.size() == 1) {
         // Alone and still too large for the pool: it can never finish.
         reserved_ -= r.reserved;
@@ -432,6 +565,8 @@ class Instance {
       if (r.generated >= rr.output) {
         rr.finish_ms = now;
         result_.completed++;
+        mean_output_->sum += static_cast<double>(rr.output);
+        mean_output_->n++;
         finished.push_back(i);
       } else if (was_prefill && role == Role::kPrefill) {
         // P/D disaggregation: the prompt is done here; its KV moves to a decode instance.
@@ -455,11 +590,14 @@ class Instance {
 
   const RequestTrace& trace_;
   const FootprintCurve& kv_;
+  const FootprintCurve* dense_;  // uncompressed curve under on_pressure; null otherwise
   const ServeTarget& target_;
   const ServeHardware& hw_;
   const ServeConfig& cfg_;
   ServeResult& result_;
-  PrefixCache* cache_;  // not owned; null when there is no prefix store
+  PrefixCache* cache_;         // not owned; null when there is no prefix store
+  RunningMean* mean_output_;   // output lengths of the requests finished so far (cluster-wide)
+  double compress_bytes_ = 0;  // compression traffic waiting for the next iteration
   std::deque<Request> waiting_;
   std::vector<Request> running_;                       // admission order
   std::vector<std::pair<size_t, int64_t>> scheduled_;  // (index in running_, new tokens)
@@ -472,9 +610,21 @@ class Instance {
 // instance's clock has reached it, so the router sees each instance's state at the arrival.
 class Cluster {
  public:
-  Cluster(const RequestTrace& trace, const FootprintCurve& kv, const ServeTarget& target,
-          const ServeHardware& hw, const ServeConfig& config)
-      : trace_(trace), kv_(kv), target_(target), hw_(hw), cfg_(config) {
+  Cluster(const RequestTrace& trace, const FootprintCurve& kv, const FootprintCurve* dense,
+          const ServeTarget& target, const ServeHardware& hw, const ServeConfig& config)
+      : trace_(trace),
+        kv_(kv),
+        dense_(config.kv_policy == KvPolicy::kOnPressure ? dense : nullptr),
+        target_(target),
+        hw_(hw),
+        cfg_(config) {
+    KVB_CHECK(cfg_.kv_policy != KvPolicy::kOnPressure || dense != nullptr,
+              "serve: kv_policy on_pressure needs the uncompressed footprint");
+    KVB_CHECK(cfg_.page_bytes >= 1, "serve: page_bytes ", cfg_.page_bytes, " (must be >= 1)");
+    KVB_CHECK(hw_.paged_attention_slowdown >= 1.0, "serve: paged_attention_slowdown ",
+              hw_.paged_attention_slowdown, " (must be >= 1)");
+    KVB_CHECK(hw_.prefix_load_latency_ms >= 0 && hw_.pd_latency_ms >= 0,
+              "serve: latencies must be >= 0");
     KVB_CHECK(cfg_.kv_pool_bytes > 0, "serve: kv pool bytes ", cfg_.kv_pool_bytes,
               " (must be > 0)");
     KVB_CHECK(cfg_.block_tokens >= 1, "serve: block_tokens ", cfg_.block_tokens, " (must be >= 1)");
@@ -501,7 +651,7 @@ class Cluster {
       r.output = std::max<int64_t>(1, t.output_length);
     }
     result_.prefix_block_bytes =
-        static_cast<double>(trace.block_size_tokens) * kv_.device_bytes_per_token();
+        static_cast<double>(trace.block_size_tokens) * block_kv().device_bytes_per_token();
     const int64_t n = cfg_.instances;
     if (cfg_.prefix_cache_bytes != 0) {
       // prefix_cache_bytes is each instance's; a global store pools them (Mooncake's store).
@@ -518,7 +668,8 @@ class Cluster {
     }
     for (int64_t i = 0; i < n; ++i) {
       PrefixCache* c = caches_.empty() ? nullptr : caches_[caches_.size() == 1 ? 0 : i].get();
-      instances_.push_back(std::make_unique<Instance>(trace_, kv_, target_, hw_, cfg_, result_, c));
+      instances_.push_back(std::make_unique<Instance>(trace_, kv_, dense_, target_, hw_, cfg_,
+                                                      result_, c, &mean_output_));
       if (cfg_.prefill_instances > 0)
         instances_.back()->role =
             i < cfg_.prefill_instances ? Instance::Role::kPrefill : Instance::Role::kDecode;
@@ -555,8 +706,8 @@ class Cluster {
         Instance* to = nullptr;
         for (size_t i = static_cast<size_t>(cfg_.prefill_instances); i < instances_.size(); ++i)
           if (!to || instances_[i]->load() < to->load()) to = instances_[i].get();
-        const double bytes = kv_.device_bytes(h.kv_tokens);
-        const double send_ms = bytes / (hw_.pd_gbps * 1e9) * 1e3;
+        const double bytes = (h.compressed || !dense_ ? kv_ : *dense_).device_bytes(h.kv_tokens);
+        const double send_ms = bytes / (hw_.pd_gbps * 1e9) * 1e3 + hw_.pd_latency_ms;
         if (cfg_.pd_layerwise && target_.layers > 0 && h.prefill_start_ms >= 0) {
           const double last_piece =
               send_ms /
@@ -642,8 +793,9 @@ class Cluster {
           PrefixCache* from = nullptr;
           if (match[best] - match[i] > cfg_.conductor_threshold_tokens) {
             prefix = match[best];
-            transfer_ms = (kv_.device_bytes(match[best]) - kv_.device_bytes(match[i])) /
-                          (hw_.remote_gbps * 1e9) * 1e3;
+            transfer_ms =
+                (block_kv().device_bytes(match[best]) - block_kv().device_bytes(match[i])) /
+                (hw_.remote_gbps * 1e9) * 1e3;
             from = instances_[best]->store();
           }
           const double queued = static_cast<double>(instances_[i]->queued_prefill_tokens());
@@ -689,8 +841,16 @@ class Cluster {
                  double w_waste, double w_waste_den) {
     std::vector<double> ttft, tpot;
     int64_t ok = 0, output_tokens = 0, input_tokens = 0, hit_tokens = 0;
-    for (const auto& r : result_.per_request) {
+    int64_t compressed_requests = 0, compressed_tokens = 0, finished = 0, finished_tokens = 0;
+    for (auto& r : result_.per_request) {
       if (r.rejected) continue;
+      if (r.finish_ms >= 0) {
+        if (!dense_) r.compressed_output = r.output;  // always: every token from the method's KV
+        finished++;
+        finished_tokens += r.output;
+        compressed_requests += r.compressed_output > 0;
+        compressed_tokens += r.compressed_output;
+      }
       ttft.push_back(r.ttft_ms());
       if (r.output > 1) tpot.push_back(r.tpot_ms());
       output_tokens += r.output;
@@ -721,14 +881,25 @@ class Cluster {
     if (w_waste_den > 0) result_.allocator_waste = w_waste / w_waste_den;
     result_.prefix_hit_rate =
         input_tokens ? static_cast<double>(hit_tokens) / static_cast<double>(input_tokens) : 0;
+    result_.compressed_request_fraction =
+        finished ? static_cast<double>(compressed_requests) / static_cast<double>(finished) : 0;
+    result_.compressed_token_fraction = finished_tokens ? static_cast<double>(compressed_tokens) /
+                                                              static_cast<double>(finished_tokens)
+                                                        : 0;
+  }
+
+  const FootprintCurve& block_kv() const {
+    return dense_ && cfg_.prefix_blocks == PrefixBlocks::kAsHeld ? *dense_ : kv_;
   }
 
   const RequestTrace& trace_;
   const FootprintCurve& kv_;
+  const FootprintCurve* dense_;
   const ServeTarget& target_;
   const ServeHardware& hw_;
   const ServeConfig& cfg_;
   ServeResult result_;
+  RunningMean mean_output_;
   std::vector<std::unique_ptr<PrefixCache>> caches_;
   std::vector<std::unique_ptr<Instance>> instances_;
   size_t round_robin_ = 0;
@@ -738,8 +909,8 @@ class Cluster {
 
 ServeResult simulate_serving(const RequestTrace& trace, const FootprintCurve& kv,
                              const ServeTarget& target, const ServeHardware& hw,
-                             const ServeConfig& config) {
-  return Cluster(trace, kv, target, hw, config).run();
+                             const ServeConfig& config, const FootprintCurve* uncompressed) {
+  return Cluster(trace, kv, uncompressed, target, hw, config).run();
 }
 
 }  // namespace kvb

@@ -43,6 +43,15 @@ struct ServeHardware {
   double remote_gbps = 25;             // another instance's prefix store -> here (200 Gb/s NIC)
   double pd_gbps = 25;                 // a prefill instance's KV -> a decode instance (P/D)
   double iteration_overhead_ms = 0.3;  // scheduling and launches per iteration
+  // Fixed latency of one prefix-store load and of one P/D handoff, beyond bytes / bandwidth (a
+  // measured tier's publish-to-visible time). 0: none.
+  double prefix_load_latency_ms = 0;
+  double pd_latency_ms = 0;
+  // The paged allocator's decode attention reads its KV through a block table, which costs kernel
+  // time beyond the bytes (vLLM's paper: its paged kernel 20-26% slower than FasterTransformer's):
+  // a paged decode step's KV bytes count this many times over. 1: no penalty. Contiguous
+  // allocators (vattention, the reservations) read without a table.
+  double paged_attention_slowdown = 1.0;
 };
 
 enum class KvAllocator {
@@ -50,8 +59,11 @@ enum class KvAllocator {
   kContiguousMax,  // the model's max context reserved per request at admission (Orca-Max)
   kPow2,           // the final length rounded up to a power of two (Orca-Pow2)
   kOracle,         // exactly the final length, reserved up front (Orca-Oracle)
+  kVAttention,     // vAttention: contiguous virtual ranges, physical pages of page_bytes committed
+                   // per layer and K/V as tokens arrive (no block table)
 };
-KvAllocator parse_kv_allocator(const std::string& name);  // paged | contiguous_max | pow2 | oracle
+// paged | contiguous_max | pow2 | oracle | vattention
+KvAllocator parse_kv_allocator(const std::string& name);
 const char* kv_allocator_name(KvAllocator a);
 
 enum class Router {
@@ -69,6 +81,32 @@ enum class PrefixScope {
   kGlobal,  // one store pooling every instance's capacity, reachable from all (Mooncake's store)
 };
 PrefixScope parse_prefix_scope(const std::string& name);  // local | global
+
+// When the method's compression applies to a request (the scheduling x memory co-design axis).
+enum class KvPolicy {
+  kAlways,      // every request is stored by the method from its first token (the method's curve)
+  kOnPressure,  // requests start uncompressed; when the pool cannot give a running request its
+                // next tokens, the scheduler compresses running requests (the one it frees most
+                // bytes from first) before it preempts any (compress-instead-of-preempt)
+};
+KvPolicy parse_kv_policy(const std::string& name);  // always | on_pressure
+
+// What admission counts.
+enum class Admission {
+  kPrompt,     // vLLM: room for the whole prompt at the size it is stored at now + 1% watermark
+  kPredicted,  // the predicted final footprint (prompt + the mean output of the requests finished
+               // so far) of every running request and the new one, each at its compressed size
+               // when the policy can compress it
+};
+Admission parse_admission(const std::string& name);  // prompt | predicted
+
+// At what size the prefix store holds blocks (on_pressure only; under always both are the
+// method's). A compressed block costs less room but hands a request compressed KV.
+enum class PrefixBlocks {
+  kAsHeld,      // the size the requests held them at: uncompressed under on_pressure
+  kCompressed,  // compressed on the way to the store; a hit starts its request compressed
+};
+PrefixBlocks parse_prefix_blocks(const std::string& name);  // as_held | compressed
 
 struct ServeConfig {
   int64_t instances = 1;  // identical instances behind the router
@@ -88,6 +126,7 @@ struct ServeConfig {
   double kv_pool_bytes = 100.0 * (1ll << 30);  // device memory for KV
   KvAllocator allocator = KvAllocator::kPaged;
   int64_t block_tokens = 16;          // paged allocator's block
+  int64_t page_bytes = 2 << 20;       // vattention allocator's physical page
   int64_t max_num_seqs = 256;         // running requests at most
   int64_t max_batched_tokens = 8192;  // tokens per iteration (decode tokens + prefill chunks)
   double time_scale = 1.0;            // arrival times are multiplied by this (0.5: twice the load)
@@ -95,12 +134,17 @@ struct ServeConfig {
   CachePolicy prefix_policy = CachePolicy::kLru;
   double slo_ttft_ms = 2000;
   double slo_tpot_ms = 100;
+  KvPolicy kv_policy = KvPolicy::kAlways;
+  Admission admission = Admission::kPrompt;
+  PrefixBlocks prefix_blocks = PrefixBlocks::kAsHeld;
 };
 
 struct ServeRequestResult {
   double arrival_ms = 0, first_token_ms = -1, finish_ms = -1;
   int64_t input = 0, output = 0, hit_tokens = 0, preemptions = 0;
   bool rejected = false;
+  // Output tokens generated after the method's compression applied (all of them under always).
+  int64_t compressed_output = 0;
   double ttft_ms() const { return first_token_ms - arrival_ms; }
   double tpot_ms() const;  // (finish - first token) / (output - 1); 0 for a single output token
 };
@@ -127,14 +171,23 @@ struct ServeResult {
   double pcie_bound_fraction = 0;      // ... limited by host-to-device transfers (tiering)
   double peak_host_bytes = 0;  // largest host-tier bytes one instance's running requests held
   double load_imbalance = 0;   // most requests routed to one instance / the mean (1: even)
+  // Co-design: compressions the scheduler applied to running requests (on_pressure), the share of
+  // completed requests that ran compressed at any point, and of output tokens generated from
+  // compressed KV (the share the method's accuracy cost applies to; 1 under always).
+  int64_t compressions = 0;
+  double compressed_request_fraction = 0;
+  double compressed_token_fraction = 0;
   std::vector<int64_t> instance_requests;  // requests routed to each instance
   std::vector<ServeRequestResult> per_request;
 };
 
-// kv: the method's bytes per sequence at the target's shapes. Requests whose input + output exceeds
-// target.max_context are rejected. Invalid settings throw kvb::Error naming the field.
+// kv: the method's bytes per sequence at the target's shapes. uncompressed: the same without the
+// method (the target's dense cache); needed by, and only read under, KvPolicy::kOnPressure.
+// Requests whose input + output exceeds target.max_context are rejected. Invalid settings throw
+// kvb::Error naming the field.
 ServeResult simulate_serving(const RequestTrace& trace, const FootprintCurve& kv,
                              const ServeTarget& target, const ServeHardware& hw,
-                             const ServeConfig& config);
+                             const ServeConfig& config,
+                             const FootprintCurve* uncompressed = nullptr);
 
 }  // namespace kvb

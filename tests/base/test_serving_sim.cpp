@@ -14,6 +14,12 @@
 namespace kvb {
 namespace {
 
+// A paged decode step reads its block table too: 63 blocks of 16 tokens at 1,001-1,008 tokens, 4
+// bytes each, per layer (the toy target counts as one layer): 252 bytes, 2.52e-7 ms at 1e12 B/s.
+constexpr double kTableMs = 252e-9;
+// With 4 layers: 1,008 bytes.
+constexpr double kTable4Ms = 1008e-9;
+
 // Round numbers, so that the expected times can be worked out on paper.
 ServeTarget toy_target() {
   ServeTarget t;
@@ -101,12 +107,12 @@ TEST(ServingSim, OneRequestMatchesTheRooflineByHand) {
   EXPECT_EQ(r.iterations, 3);
   // Prefill: 1000 x 2e9 + 1e6 x 1000 x 500.5 FLOPs = 2.5005e12 -> 25.005 ms (compute-bound), + 0.5.
   EXPECT_NEAR(r.per_request[0].ttft_ms(), 25.505, 1e-9);
-  // Decodes: (1e9 weights + 1.001e6 / 1.002e6 KV bytes) / 1e12 B/s -> 1.001001 / 1.001002 ms, +
-  // 0.5.
-  EXPECT_NEAR(r.per_request[0].finish_ms, 25.505 + 1.501001 + 1.501002, 1e-9);
-  EXPECT_NEAR(r.tpot_ms_p50, (1.501001 + 1.501002) / 2, 1e-9);
-  EXPECT_NEAR(r.memory_bound_fraction, (1.501001 + 1.501002) / (25.505 + 1.501001 + 1.501002),
-              1e-9);
+  // Decodes: (1e9 weights + 1.001e6 / 1.002e6 KV bytes + the block table) / 1e12 B/s -> 1.001001
+  // / 1.001002 ms (+ kTableMs), + 0.5.
+  const double d1 = 1.501001 + kTableMs, d2 = 1.501002 + kTableMs;
+  EXPECT_NEAR(r.per_request[0].finish_ms, 25.505 + d1 + d2, 1e-9);
+  EXPECT_NEAR(r.tpot_ms_p50, (d1 + d2) / 2, 1e-9);
+  EXPECT_NEAR(r.memory_bound_fraction, (d1 + d2) / (25.505 + d1 + d2), 1e-9);
   EXPECT_NEAR(r.output_tok_s, 3 / (r.per_request[0].finish_ms / 1e3), 1e-6);
   EXPECT_DOUBLE_EQ(r.prefill_tokens, 1000);
   EXPECT_EQ(r.max_running, 1);
@@ -126,8 +132,8 @@ TEST(ServingSim, DecodeReadsAndHostTransfersSetTheStepTime) {
   p.read_fraction = 0.25;
   const ServeResult sparse = simulate_serving(t, FootprintCurve({p}), target, hw, cfg);
   // Decode at 1,001 tokens: (1e6 + 1.001e9) bytes / 1e12 B/s = 1.002 ms; a quarter: 0.25125 ms.
-  EXPECT_NEAR(dense.tpot_ms_p50, (1.002 + 0.5 + 1.003 + 0.5) / 2, 1e-9);
-  EXPECT_NEAR(sparse.tpot_ms_p50, (0.25125 + 0.5 + 0.25150 + 0.5) / 2, 1e-9);
+  EXPECT_NEAR(dense.tpot_ms_p50, (1.002 + 0.5 + 1.003 + 0.5) / 2 + kTableMs, 1e-9);
+  EXPECT_NEAR(sparse.tpot_ms_p50, (0.25125 + 0.5 + 0.25150 + 0.5) / 2 + kTableMs, 1e-9);
   EXPECT_NEAR(sparse.per_request[0].ttft_ms(), dense.per_request[0].ttft_ms(),
               1e-12);  // prefill reads all
   p.read_fraction = 1;
@@ -354,7 +360,7 @@ TEST(ServingSim, PrefillDecodeDisaggregationSendsTheKvOver) {
   EXPECT_EQ(r.instance_requests, (std::vector<int64_t>{1, 1}));
   EXPECT_DOUBLE_EQ(r.pd_transfer_bytes, 1e6);
   EXPECT_NEAR(r.per_request[0].ttft_ms(), 25.505, 1e-9);  // the first token is the prefill's
-  EXPECT_NEAR(r.per_request[0].finish_ms, 25.505 + 1.0 + 1.501001 + 1.501002, 1e-9);
+  EXPECT_NEAR(r.per_request[0].finish_ms, 25.505 + 1.0 + 1.501001 + 1.501002 + 2 * kTableMs, 1e-9);
   EXPECT_DOUBLE_EQ(r.prefill_tokens, 1000);
   cfg.prefill_instances = 2;  // nobody left to decode
   EXPECT_THROW(simulate_serving(t, FootprintCurve::proportional(1000), toy_target(), hw, cfg),
@@ -376,13 +382,14 @@ TEST(ServingSim, LayerwisePrefillDecodeTransferOverlapsThePrefill) {
   ServeResult r = simulate_serving(t, curve, target, hw, cfg);
   ASSERT_EQ(r.completed, 1);
   EXPECT_NEAR(r.per_request[0].ttft_ms(), 25.505, 1e-9);
-  EXPECT_NEAR(r.per_request[0].finish_ms, 25.505 + 0.25 + 1.501001 + 1.501002, 1e-9);
+  const double decodes = 1.501001 + 1.501002 + 2 * kTable4Ms;
+  EXPECT_NEAR(r.per_request[0].finish_ms, 25.505 + 0.25 + decodes, 1e-9);
   hw.pd_gbps = 0.01;  // 100 ms for the megabyte: the link, not the prefill, decides
   r = simulate_serving(t, curve, target, hw, cfg);
-  EXPECT_NEAR(r.per_request[0].finish_ms, 100.0 + 1.501001 + 1.501002, 1e-9);
+  EXPECT_NEAR(r.per_request[0].finish_ms, 100.0 + decodes, 1e-9);
   cfg.pd_layerwise = false;  // after the prefill: 25.505 + 100
   r = simulate_serving(t, curve, target, hw, cfg);
-  EXPECT_NEAR(r.per_request[0].finish_ms, 125.505 + 1.501001 + 1.501002, 1e-9);
+  EXPECT_NEAR(r.per_request[0].finish_ms, 125.505 + decodes, 1e-9);
 }
 
 // Two prompts finishing in the same iteration on one prefill instance share its link: the second

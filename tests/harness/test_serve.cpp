@@ -272,5 +272,96 @@ TEST(ServeRun, RedisPrefixStoreIsMeasuredOnLoopback) {
   EXPECT_GT(metric(o.metrics, "serve_remote_put_gbps"), 0.01);
 }
 
+// The parameters added after the protocol's first runs stay out of a config that does not give
+// them (the stored hashes of earlier runs stay valid), and those that apply to one setting are
+// refused with another, naming the key.
+TEST(ServeRun, LaterParametersKeepEarlierHashesAndApplyWhereTheyMean) {
+  const nlohmann::json plain = serve_config("full");
+  for (const ParamSpec& p : serve_later_params())
+    EXPECT_FALSE(plain.at("protocol").contains(p.name)) << p.name;
+  const nlohmann::json given =
+      serve_config("full", {{"allocator", "vattention"}, {"page_kib", 64}});
+  EXPECT_EQ(given.at("protocol").at("page_kib"), 64);
+  EXPECT_FALSE(given.at("protocol").contains("kv_policy"));
+  auto refused = [](const nlohmann::json& extra, const std::string& needle) {
+    try {
+      serve_config("full", extra);
+      ADD_FAILURE() << "accepted " << extra.dump();
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  refused({{"page_kib", 64}}, "config.protocol.page_kib");
+  refused({{"allocator", "oracle"}, {"paged_attention_slowdown", 1.2}},
+          "config.protocol.paged_attention_slowdown");
+  refused({{"prefix_blocks", "compressed"}}, "config.protocol.prefix_blocks");
+  refused({{"cxl_gbps", 32}}, "config.protocol.cxl_gbps");
+  refused({{"kv_policy", "sometimes"}}, "kv_policy");
+  std::string dir = test::make_temp_dir("serve_later");
+  ResultsDb db(dir + "/db.sqlite");
+  RunEnv env;
+  env.data_dir = test::data_dir();
+  for (const auto& [extra, needle] : std::vector<std::pair<nlohmann::json, std::string>>{
+           {{{"pd_transport", "shm"}}, "prefill_instances"},
+           {{{"prefix_store", "shm"}, {"prefix_cache_gib", 0}}, "prefix_cache_gib"},
+           {{{"prefix_store", "nfs://x"}}, "prefix_store"}}) {
+    try {
+      execute_run(serve_config("full", extra), db, env);
+      ADD_FAILURE() << "no error for " << extra.dump();
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  }
+}
+
+// The co-design policy, the vattention allocator and the shared-memory and CXL tiers reach the
+// simulation end to end: compress-instead-of-preempt on a pool too small for uncompressed KV
+// compresses and preempts no more than the vLLM rule does with the full cache; the shm tier is
+// measured (two processes) and its rate becomes the load rate; cxl-sim uses the given figures.
+TEST(ServeRun, CodesignAllocatorAndTiersReachTheSimulation) {
+  std::string dir = test::make_temp_dir("serve_codesign");
+  ResultsDb db(dir + "/db.sqlite");
+  RunEnv env;
+  env.data_dir = test::data_dir();
+  const nlohmann::json kivi = R"({"name": "kivi", "params": {"preset": "kivi-2"}})"_json;
+  // Requests arriving faster than they finish into a pool of 8,192 uncompressed tokens
+  // (Llama-3.1-8B shapes): prompts of ~1K that grow by ~512 outgrow it.
+  const nlohmann::json tight = {{"trace", "generated"},     {"gen_requests", 60},
+                                {"max_requests", 0},        {"gen_rate_per_s", 50},
+                                {"gen_input_median", 1024}, {"gen_output_median", 512},
+                                {"kv_pool_gib", 1},         {"prefix_cache_gib", 0}};
+  nlohmann::json on_pressure = tight;
+  on_pressure["kv_policy"] = "on_pressure";
+  const RunOutcome vllm = execute_run(serve_config("full", tight), db, env);
+  const RunOutcome co = execute_run(serve_config(kivi, on_pressure), db, env);
+  EXPECT_GT(metric(vllm.metrics, "serve_preemptions"), 0);
+  EXPECT_GT(metric(co.metrics, "serve_compressions"), 0);
+  EXPECT_LT(metric(co.metrics, "serve_preemptions"), metric(vllm.metrics, "serve_preemptions"));
+  const double frac = metric(co.metrics, "serve_compressed_token_fraction");
+  EXPECT_GT(frac, 0);
+  EXPECT_LT(frac, 1);
+  const RunOutcome va = execute_run(
+      serve_config("full", {{"allocator", "vattention"}, {"page_kib", 2048}, {"max_requests", 40}}),
+      db, env);
+  EXPECT_GT(metric(va.metrics, "serve_allocator_waste"), 0);
+  const RunOutcome shm =
+      execute_run(serve_config(kivi, {{"prefix_store", "shm"}, {"max_requests", 40}}), db, env);
+  const double get_gbps = metric(shm.metrics, "serve_shm_get_gbps");
+  EXPECT_GT(get_gbps, 0.01);
+  EXPECT_GT(metric(shm.metrics, "serve_shm_visible_us"), 0);
+  EXPECT_NEAR(metric(shm.metrics, "serve_prefix_load_gbps"),
+              std::min(55.0, std::min(get_gbps, metric(shm.metrics, "serve_shm_put_gbps"))), 1e-9);
+  const RunOutcome cxl = execute_run(
+      serve_config(kivi, {{"prefix_store", "cxl-sim"}, {"cxl_gbps", 20}, {"max_requests", 40}}), db,
+      env);
+  EXPECT_DOUBLE_EQ(metric(cxl.metrics, "serve_prefix_load_gbps"), 20);
+  const RunOutcome pd = execute_run(serve_config(kivi, {{"instances", 3},
+                                                        {"prefill_instances", 1},
+                                                        {"pd_transport", "cxl-sim"},
+                                                        {"max_requests", 40}}),
+                                    db, env);
+  EXPECT_DOUBLE_EQ(metric(pd.metrics, "serve_pd_gbps"), 55);  // PCIe caps CXL's 64 GB/s
+}
+
 }  // namespace
 }  // namespace kvb

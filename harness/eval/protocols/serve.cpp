@@ -105,9 +105,12 @@ class ServeProtocol : public PlannedProtocol<ServeRun> {
                        "tokens per hash_ids block of the trace"),
              string_param("target", "llama-3.1-8b", {}, "synthetic preset whose shapes are served"),
              float_param("kv_pool_gib", 100, 1e-6, 1e9, "device memory for KV (GiB)"),
-             string_param("allocator", "paged", {"paged", "contiguous_max", "pow2", "oracle"},
+             string_param("allocator", "paged",
+                          {"paged", "contiguous_max", "pow2", "oracle", "vattention"},
                           "paged blocks, or contiguous reservations of the max context, the final "
-                          "length rounded to a power of two, or exactly the final length"),
+                          "length rounded to a power of two, or exactly the final length, or "
+                          "vattention (contiguous virtual ranges, pages of page_kib committed per "
+                          "layer and K/V as tokens arrive)"),
              int_param("block_tokens", 16, 1, 1 << 20, "paged allocator's block size"),
              int_param("max_num_seqs", 256, 1, 1 << 20, "running requests at most (per instance)"),
              int_param("instances", 1, 1, 4096, "identical instances behind the router"),
@@ -144,9 +147,12 @@ class ServeProtocol : public PlannedProtocol<ServeRun> {
                          "prefix store capacity per instance (GiB); 0: none; -1: unlimited"),
              string_param("prefix_policy", "lru", {"lru", "lfu", "fifo", "s3fifo"},
                           "prefix store eviction"),
-             string_param("prefix_store", "host", {},
-                          "host (loads at prefix_load_gbps) | redis-local (a private redis-server, "
-                          "measured) | redis://HOST:PORT | unix://PATH"),
+             string_param(
+                 "prefix_store", "host", {},
+                 "host (loads at prefix_load_gbps) | shm (a shared-memory pool between two "
+                 "processes, measured: CXL emulated by host shared memory) | cxl-sim (CXL "
+                 "as published: cxl_gbps, cxl_latency_us) | redis-local (a private "
+                 "redis-server, measured) | redis://HOST:PORT | unix://PATH"),
              float_param("hbm_gbps", 4300, 1e-3, 1e9,
                          "device memory bandwidth (H200 copy, measured)"),
              float_param("tflops", 790, 1e-3, 1e9, "device matmul rate (H200 bf16 GEMM, measured)"),
@@ -164,6 +170,7 @@ class ServeProtocol : public PlannedProtocol<ServeRun> {
              int_param("probe_decode_tokens", 16, 0, 1 << 20,
                        "greedy steps after each probe prefill"),
              int_param("prefill_chunk", 512, 1, 1 << 22, "tokens per prefill step of the probe")}) {
+    for (const ParamSpec& p : serve_later_params()) info_.params.push_back(p);
     info_.needs_tokenizer = true;
     ProtocolReport& r = info_.report;
     r.default_metric = "serve_slo_attainment";
@@ -177,6 +184,27 @@ class ServeProtocol : public PlannedProtocol<ServeRun> {
         "trace's mean request length.";
     r.table_order = 2;
   }
+  // The later parameters stay out of a config that does not give them (earlier runs keep their
+  // hashes); those that apply to one setting only are refused with another.
+  nlohmann::json finish_config(const nlohmann::json& given, nlohmann::json r) const override {
+    auto refuse_unless = [&](const char* key, bool applies, const std::string& why) {
+      KVB_CHECK(applies || !given.contains(key), "config.protocol.", key, ": ", why);
+    };
+    refuse_unless("page_kib", r.at("allocator") == "vattention",
+                  "applies to allocator 'vattention' only");
+    refuse_unless("paged_attention_slowdown", r.at("allocator") == "paged",
+                  "applies to allocator 'paged' only");
+    refuse_unless("prefix_blocks", r.at("kv_policy") == "on_pressure",
+                  "applies to kv_policy 'on_pressure' only (under 'always' blocks are the "
+                  "method's)");
+    const bool cxl = r.at("prefix_store") == "cxl-sim" || r.at("pd_transport") == "cxl-sim";
+    refuse_unless("cxl_gbps", cxl, "applies to prefix_store or pd_transport 'cxl-sim' only");
+    refuse_unless("cxl_latency_us", cxl, "applies to prefix_store or pd_transport 'cxl-sim' only");
+    for (const ParamSpec& p : serve_later_params())
+      if (!given.contains(p.name)) r.erase(p.name);
+    return r;
+  }
+
   std::string dataset_label(const nlohmann::json& proto) const override {
     return "trace:" + proto.at("trace").get<std::string>();  // not the footprint probe's text
   }
