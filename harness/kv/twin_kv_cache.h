@@ -11,12 +11,13 @@
 #include <memory>
 #include <string>
 
+#include "harness/kv/hidden_state.h"
 #include "harness/kv/kv_cache.h"
 #include "harness/kv/paged_kv_cache.h"
 
 namespace kvb {
 
-class TwinKvCache : public KvCache {
+class TwinKvCache : public KvCache, public HiddenStateCache {
  public:
   // Samples decode positions first_decode_pos, first_decode_pos + every, ...
   TwinKvCache(std::unique_ptr<KvCache> method, std::unique_ptr<PagedKvCache> exact, int64_t every,
@@ -31,6 +32,10 @@ class TwinKvCache : public KvCache {
   void truncate(int64_t seq, int64_t n) override;
   int64_t seq_len(int64_t seq) const override { return method_->seq_len(seq); }
   Footprint footprint() const override { return method_->footprint(); }
+  // Passed on to the method's store when it reads hidden states (the exact twin does not).
+  void layer_hidden(int layer, const at::Tensor& hidden) override {
+    if (auto* h = dynamic_cast<HiddenStateCache*>(method_.get())) h->layer_hidden(layer, hidden);
+  }
 
  protected:
   // Called at sampled positions, after both stores attended layer in.layer.
