@@ -1,7 +1,7 @@
 #pragma once
 // The per-sequence state of a store, keyed by the engine's sequence ids: made at a sequence's first
-// step, checked against every step's past length, copied on fork, checked on truncate. Every store
-// in methods/ keeps its sequences here, so the bookkeeping and its invariants are written once.
+// step, checked against every step's past length, copied on fork, checked on truncate. The stores
+// keep their sequences here (through SeqStore, seq_store.h): the bookkeeping is written once.
 // A Seq is one copyable value (a fork is its copy: members that share storage when copied, such as
 // tensors, deep-copy in their own copy constructors or in the store's fork hook) whose member `Len`
 // counts the tokens the sequence has appended.
