@@ -11,7 +11,9 @@
 #include "harness/common/internal_error.h"
 #include "harness/common/progress_eta.h"
 #include "harness/engine/transformer.h"
+#include "harness/kv/lookahead.h"
 #include "harness/kv/paged_kv_cache.h"
+#include "harness/kv/splice.h"
 #include "harness/kv/windowed_kv_cache.h"
 
 namespace kvb {
@@ -72,7 +74,8 @@ at::Tensor Engine::step(const std::vector<int64_t>& seqs,
                         const std::vector<int64_t>* call_lengths) {
   StepBatch batch;
   batch.phase = phase;
-  if (lookahead) batch.lookahead = *lookahead;
+  if (LookaheadCache* la = wanting_lookahead(*kv_))
+    la->set_lookahead_rows(lookahead ? *lookahead : std::vector<uint8_t>{});
   batch.q_indptr.push_back(0);
   std::vector<int64_t> tokens, rows;
   for (size_t b = 0; b < seqs.size(); ++b) {
@@ -87,7 +90,7 @@ at::Tensor Engine::step(const std::vector<int64_t>& seqs,
       tokens.push_back(t);
       batch.positions.push_back(p++);
     }
-    if (batch.has_lookahead(static_cast<int64_t>(b))) --p;  // the lookahead row is not kept
+    if (lookahead && (*lookahead)[b]) --p;  // the lookahead row is not kept
     batch.q_indptr.push_back(static_cast<int64_t>(tokens.size()));
     if (!all_logits) rows.push_back(batch.q_indptr.back() - 1);
   }
@@ -125,7 +128,8 @@ at::Tensor Engine::embed(const std::vector<int64_t>& tokens) const {
 
 int64_t Engine::compose(const std::vector<int64_t>& parts) {
   KVB_CHECK(!parts.empty(), "engine: compose needs at least one part");
-  KVB_CHECK(kv_->supports_splice(), "engine: store ", kv_->name(),
+  SplicingCache* splicer = splicing(*kv_);
+  KVB_CHECK(splicer != nullptr, "engine: store ", kv_->name(),
             " cannot splice sequences (document reuse)");
   std::vector<SpliceSource> src;
   int64_t at = 0;
@@ -137,7 +141,7 @@ int64_t Engine::compose(const std::vector<int64_t>& parts) {
     at += len;
   }
   const int64_t id = next_id_++;
-  kv_->splice(id, src);
+  splicer->splice(id, src);
   pos_[id] = at;
   return id;
 }
@@ -192,7 +196,7 @@ at::Tensor Engine::prefill(const std::vector<int64_t>& seqs,
 }
 
 at::Tensor Engine::decode(const std::vector<int64_t>& seqs, const std::vector<int64_t>& tokens) {
-  if (kv_->wants_lookahead()) return decode_with_lookahead(seqs, tokens);
+  if (wanting_lookahead(*kv_)) return decode_with_lookahead(seqs, tokens);
   std::vector<std::vector<int64_t>> chunks;
   for (int64_t t : tokens) chunks.push_back({t});
   return step(seqs, chunks, Phase::kDecode, false);

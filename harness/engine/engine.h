@@ -84,8 +84,8 @@ class Engine {
   // The input embeddings of tokens: [n, dim], model dtype and device.
   at::Tensor embed(const std::vector<int64_t>& tokens) const;
   // Document reuse: a new sequence holding the parts' caches one after another (each part's keys
-  // re-rotated to its place, KvCache::splice); its next position is the sum of the parts'. The
-  // parts are left as they are. Every part must have started at position 0.
+  // re-rotated to its place, SplicingCache::splice); its next position is the sum of the parts'.
+  // The parts are left as they are. Every part must have started at position 0.
   int64_t compose(const std::vector<int64_t>& parts);
 
   // One token per sequence: [batch, vocab] fp32. With a store that wants lookahead rows (SpeCache's

@@ -7,6 +7,7 @@
 
 #include "harness/common/error.h"
 #include "harness/common/internal_error.h"
+#include "harness/kv/hidden_state.h"
 #include "kvb/kernels/cpu_ops.h"
 
 namespace kvb {
@@ -121,6 +122,7 @@ at::Tensor forward_cpu_f32(Model& model, KvCache& kv, const std::vector<int64_t>
   const float sm_scale = attention_scale(c);
 
   kv.begin_step(batch);
+  auto* hidden = dynamic_cast<HiddenStateCache*>(&kv);  // DMS reads the residual stream
   for (int64_t l = 0; l < c.n_layers; ++l) {
     const LayerWeights& L = w.layers[l];
     k::rms_norm_f32(x, L.attn_norm.data_ptr<float>(), h, T, D, eps);
@@ -146,6 +148,7 @@ at::Tensor forward_cpu_f32(Model& model, KvCache& kv, const std::vector<int64_t>
     const int64_t* rows = cos_t.is_same(w.rope_cos) ? rope_rows.data() : batch.positions.data();
     k::rope_f32(q, T, c.n_heads, HD, Q, cos, sin, rows, inter);
     k::rope_f32(kr, T, c.n_kv_heads, HD, KV, cos, sin, rows, inter);
+    if (hidden) hidden->layer_hidden(static_cast<int>(l), x_t);  // before the layer's attend
     LayerInput in;
     in.layer = static_cast<int>(l);
     in.q = &q_t;
@@ -154,7 +157,6 @@ at::Tensor forward_cpu_f32(Model& model, KvCache& kv, const std::vector<int64_t>
     in.v = &v_t;
     in.batch = &batch;
     in.sm_scale = sm_scale;
-    in.hidden = &x_t;
     in.window = c.is_window_layer(l) ? c.layer_windows[l] : 0;
     at::Tensor attn = kv.attend(in).contiguous();  // [T, n_heads, head_dim]
     if (post) {
@@ -270,6 +272,7 @@ at::Tensor transformer_forward(Model& model, KvCache& kv, const std::vector<int6
   const float sm_scale = attention_scale(c);
 
   kv.begin_step(batch);
+  auto* hidden = dynamic_cast<HiddenStateCache*>(&kv);
   for (int64_t l = 0; l < c.n_layers; ++l) {
     const LayerWeights& L = w.layers[l];
     at::Tensor h = rms_norm(x, L.attn_norm, c.norm_eps);
@@ -284,6 +287,7 @@ at::Tensor transformer_forward(Model& model, KvCache& kv, const std::vector<int6
     const bool local = cos_local.defined() && c.is_window_layer(l);
     at::Tensor q_rot = apply_rope(q, local ? cos_local : cos, local ? sin_local : sin, c.rope_style);
     at::Tensor k_rot = apply_rope(k, local ? cos_local : cos, local ? sin_local : sin, c.rope_style);
+    if (hidden) hidden->layer_hidden(static_cast<int>(l), x);  // before the layer's attend
     LayerInput in;
     in.layer = static_cast<int>(l);
     in.q = &q_rot;
@@ -292,7 +296,6 @@ at::Tensor transformer_forward(Model& model, KvCache& kv, const std::vector<int6
     in.v = &v;
     in.batch = &batch;
     in.sm_scale = sm_scale;
-    in.hidden = &x;
     in.window = c.is_window_layer(l) ? c.layer_windows[l] : 0;
     at::Tensor attn = kv.attend(in);  // [T, n_heads, head_dim]
     at::Tensor o = at::linear(attn.reshape({T, Q}), L.wo);

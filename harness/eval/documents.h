@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "harness/kv/document_reuse.h"
 #include "harness/kv/kv_cache.h"
 
 namespace kvb {

@@ -7,6 +7,7 @@
 #include "harness/engine/engine.h"
 #include "harness/kv/method_registry.h"
 #include "harness/kv/paged_kv_cache.h"
+#include "harness/kv/probe_view.h"
 #include "harness/kv/twin_kv_cache.h"
 
 namespace kvb {
@@ -41,7 +42,7 @@ class ProbeKvCache : public TwinKvCache {
     // method), indexed by sequence position rather than by row: nothing to compare there.
     if (in.window > 0) return;
     const int64_t seq = exact_batch().seq_ids[0];
-    auto mv = method().probe_view(l, seq);
+    auto mv = probe_view_of(method(), l, seq);
     if (mv.empty()) return;
     auto xv = exact().probe_view(l, seq);
     at::Tensor q = in.q->to(at::kFloat)[0];  // [H, D] (decode: one token)

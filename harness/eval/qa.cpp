@@ -22,6 +22,7 @@
 #include "harness/formats/tokenizer.h"
 #include "harness/kv/baseline_method.h"
 #include "harness/kv/context_pass.h"
+#include "harness/kv/document_reuse.h"
 #include "harness/kv/method_registry.h"
 #include "harness/kv/question_aware.h"
 #include "harness/metrics/text_metrics.h"
@@ -100,7 +101,7 @@ Answers answer_all(std::shared_ptr<Model> model, const Tokenizer& tok, const std
   // The full cache of `n` tokens (a model's window layers hold only their window, in it too).
   const int64_t elem = dtype_bytes(model->dtype);
   auto full_bytes = [&](int64_t n) { return model->config.full_kv_bytes(n, elem); };
-  const DocumentReuse* reuse = e.kv().document_reuse();
+  const DocumentReuse* reuse = document_reuse_of(e.kv());
   if (opts.mode == "query_agnostic" || reuse) {
     // With document reuse the documents never see the question, so both modes take this route.
     int64_t seq = 0;

@@ -54,4 +54,16 @@ at::Tensor attend_dense(const at::Tensor& q, const at::Tensor& k, const at::Tens
   return o.view({Hk, G, n, D}).permute({2, 0, 1, 3}).reshape({n, H, D});
 }
 
+at::Tensor attend_dense_rows(const at::Tensor& q, const float* k, const float* v, int64_t rows,
+                             int64_t kv_heads, int64_t head_dim, float sm_scale) {
+  const auto f32 = at::TensorOptions().dtype(at::kFloat);
+  at::Tensor K = at::from_blob(const_cast<float*>(k), {rows, kv_heads, head_dim}, f32);
+  at::Tensor V = at::from_blob(const_cast<float*>(v), {rows, kv_heads, head_dim}, f32);
+  if (q.scalar_type() != at::kFloat) {
+    K = K.to(q.scalar_type());
+    V = V.to(q.scalar_type());
+  }
+  return attend_dense(q, K, V, sm_scale);
+}
+
 }  // namespace kvb

@@ -12,4 +12,9 @@ namespace kvb {
 at::Tensor attend_dense(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                         float sm_scale);
 
+// The same over rows a host store keeps at fp32: k, v: [rows, kv_heads, head_dim] fp32 host
+// memory (read, not copied, when q is fp32; converted to q's dtype otherwise). q on the CPU.
+at::Tensor attend_dense_rows(const at::Tensor& q, const float* k, const float* v, int64_t rows,
+                             int64_t kv_heads, int64_t head_dim, float sm_scale);
+
 }  // namespace kvb

@@ -15,11 +15,12 @@
 
 #include "harness/formats/model_config.h"
 #include "harness/kv/kv_cache.h"
+#include "harness/kv/probe_view.h"
 #include "kernels/torch/paged_decode_torch.h"
 
 namespace kvb {
 
-class PagedKvCache : public KvCache {
+class PagedKvCache : public KvCache, public ProbedCache {
  public:
   struct Options {
     int64_t block_size = 16;

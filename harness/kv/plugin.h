@@ -17,9 +17,11 @@
 // A plugin may also add kvbench subcommands with KVB_REGISTER_TOOL (harness/tool/tool_registry.h):
 // kvbench loads the plugins named before the subcommand first, so their tools parse like the
 // built-in ones. Exceptions never cross the boundary. The ABI version changes whenever KvCache,
-// LayerInput, StepBatch, Footprint, MethodInfo, CacheContext, Protocol, ProtocolInfo or the registries change
-// layout; the LibTorch version must be kvbench's own (tensors cross the boundary: a plugin built
-// against another LibTorch would crash at its first call instead of being refused).
+// LayerInput, StepBatch, Footprint, MethodInfo, CacheContext, Protocol, ProtocolInfo, an existing
+// capability interface (harness/kv/*: QuestionAwareCache, LookaheadCache, ...) or the registries
+// change layout; adding a capability interface does not. The LibTorch version must be kvbench's
+// own (tensors cross the boundary: a plugin built against another LibTorch would crash at its
+// first call instead of being refused).
 
 #include <torch/version.h>  // TORCH_VERSION
 

@@ -12,12 +12,13 @@
 #include <memory>
 #include <string>
 
+#include "harness/kv/hidden_state.h"
 #include "harness/kv/kv_cache.h"
 #include "harness/kv/paged_kv_cache.h"
 
 namespace kvb {
 
-class TwinKvCache : public KvCache {
+class TwinKvCache : public KvCache, public HiddenStateCache {
  public:
   // Samples decode positions first_decode_pos, first_decode_pos + every, ...
   TwinKvCache(std::unique_ptr<KvCache> method, std::unique_ptr<KvCache> exact, int64_t every,
@@ -34,6 +35,10 @@ class TwinKvCache : public KvCache {
   Footprint footprint() const override { return method_->footprint(); }
   bool serves_windows() const override {
     return method_->serves_windows() && exact_->serves_windows();
+  }
+  // Passed on to the method's store when it reads hidden states (the exact twin does not).
+  void layer_hidden(int layer, const at::Tensor& hidden) override {
+    if (auto* h = dynamic_cast<HiddenStateCache*>(method_.get())) h->layer_hidden(layer, hidden);
   }
 
  protected:

@@ -73,6 +73,18 @@ int64_t WindowedKvCache::run_context_pass(const ContextPass& pass) {
   return c ? c->run_context_pass(pass) : 0;
 }
 
+void WindowedKvCache::set_lookahead_rows(const std::vector<uint8_t>& rows) {
+  lookahead_ = rows;
+  if (LookaheadCache* l = inner_ ? wanting_lookahead(*inner_) : nullptr)
+    l->set_lookahead_rows(rows);
+}
+
+void WindowedKvCache::layer_hidden(int layer, const at::Tensor& hidden) {
+  auto* h = dynamic_cast<HiddenStateCache*>(inner_.get());
+  if (h && inner_layer_.at(layer) >= 0)
+    h->layer_hidden(static_cast<int>(inner_layer_[layer]), hidden);
+}
+
 WindowedKvCache::WindowedKvCache(const CacheContext& ctx, std::unique_ptr<KvCache> inner,
                                  bool inner_within_window)
     : ctx_(ctx), inner_(std::move(inner)) {
@@ -140,7 +152,7 @@ at::Tensor WindowedKvCache::attend(const LayerInput& in) {
     outs.push_back(attend_window(in.q->narrow(0, start, n), K, V, in.sm_scale, W));
     // Keep the rows the next query's window can reach: the last W - 1 of those kept (a lookahead
     // row is attended, not kept).
-    const int64_t keep_total = r.n() + batch.kept_tokens(b);
+    const int64_t keep_total = r.n() + kept_rows(batch, lookahead_, b);
     const int64_t keep = std::min<int64_t>(keep_total, W - 1);
     r.k = K.narrow(0, keep_total - keep, keep).clone();
     r.v = V.narrow(0, keep_total - keep, keep).clone();
@@ -149,7 +161,8 @@ at::Tensor WindowedKvCache::attend(const LayerInput& in) {
 }
 
 void WindowedKvCache::end_step(const StepBatch& batch) {
-  for (int64_t b = 0; b < batch.batch_size(); ++b) len_[batch.seq_ids[b]] += batch.kept_tokens(b);
+  for (int64_t b = 0; b < batch.batch_size(); ++b)
+    len_[batch.seq_ids[b]] += kept_rows(batch, lookahead_, b);
   if (inner_) inner_->end_step(batch);
 }
 
@@ -233,7 +246,7 @@ std::vector<HeadSnapshot> WindowedKvCache::probe_view(int layer, int64_t seq_id)
   KVB_ASSERT(layer >= 0 && layer < ctx_.config.n_layers, "windowed_kv_cache", "layer ", layer,
              " out of range");
   if (inner_layer_[layer] >= 0)
-    return inner_->probe_view(static_cast<int>(inner_layer_[layer]), seq_id);
+    return probe_view_of(*inner_, static_cast<int>(inner_layer_[layer]), seq_id);
   std::vector<HeadSnapshot> out;
   auto h = held_[layer].find(seq_id);
   if (h == held_[layer].end() || !h->second.n()) return out;

@@ -27,12 +27,22 @@
 #include <vector>
 
 #include "harness/kv/context_pass.h"
+#include "harness/kv/document_reuse.h"
+#include "harness/kv/hidden_state.h"
+#include "harness/kv/lookahead.h"
 #include "harness/kv/method.h"
+#include "harness/kv/probe_view.h"
 #include "harness/kv/question_aware.h"
 
 namespace kvb {
 
-class WindowedKvCache : public KvCache, public QuestionAwareCache, public ContextPassCache {
+class WindowedKvCache : public KvCache,
+                        public QuestionAwareCache,
+                        public ContextPassCache,
+                        public LookaheadCache,
+                        public HiddenStateCache,
+                        public DocumentReuseCache,
+                        public ProbedCache {
  public:
   // ctx: the whole model's context (config.layer_windows set). inner: the store of the global
   // layers, built for global_layer_context(ctx); null when the model has no global layer. Or, with
@@ -60,10 +70,13 @@ class WindowedKvCache : public KvCache, public QuestionAwareCache, public Contex
   Footprint footprint() const override;
   std::map<std::string, double> counters() const override;
   std::vector<HeadSnapshot> probe_view(int layer, int64_t seq_id) const override;
-  bool wants_lookahead() const override { return inner_ && inner_->wants_lookahead(); }
   bool serves_windows() const override { return true; }
+  // The global layers' store's capabilities, passed on (layers renumbered).
+  bool wants_lookahead() const override { return inner_ && wanting_lookahead(*inner_); }
+  void set_lookahead_rows(const std::vector<uint8_t>& rows) override;
+  void layer_hidden(int layer, const at::Tensor& hidden) override;
   const DocumentReuse* document_reuse() const override {
-    return inner_ ? inner_->document_reuse() : nullptr;
+    return inner_ ? document_reuse_of(*inner_) : nullptr;
   }
 
   const KvCache* inner() const { return inner_.get(); }
@@ -83,6 +96,7 @@ class WindowedKvCache : public KvCache, public QuestionAwareCache, public Contex
   std::vector<int64_t> inner_layer_;  // [n_layers]: the inner store's layer, -1 for a window layer
   std::vector<std::map<int64_t, Rows>> held_;  // [n_layers]: per window layer, per sequence
   std::map<int64_t, int64_t> len_;             // tokens each sequence has seen
+  std::vector<uint8_t> lookahead_;             // the running step's lookahead rows
 };
 
 // The context a method's store gets when the model has window layers: the global layers only,

@@ -9,38 +9,11 @@
 #include "harness/formats/tokenizer.h"
 #include "harness/kv/method_registry.h"
 #include "harness/model/model.h"
+#include "methods/common/observed_kv_cache.h"
 
 namespace kvb {
 
 namespace {
-
-// Shows every layer's inputs to the observer, then lets the full cache attend.
-class ObservingKvCache : public KvCache {
- public:
-  ObservingKvCache(std::unique_ptr<KvCache> inner, const LayerObserver& observe)
-      : inner_(std::move(inner)), observe_(observe) {}
-  std::string name() const override { return "calibration-observer"; }
-  void begin_step(const StepBatch& b) override {
-    KVB_ASSERT(b.batch_size() == 1, "calibration text", "one sequence per step, got ",
-               b.batch_size());
-    inner_->begin_step(b);
-  }
-  at::Tensor attend(const LayerInput& in) override {
-    observe_(sample, in);
-    return inner_->attend(in);
-  }
-  void end_step(const StepBatch& b) override { inner_->end_step(b); }
-  void release(int64_t id) override { inner_->release(id); }
-  void fork(int64_t a, int64_t b) override { inner_->fork(a, b); }
-  void truncate(int64_t id, int64_t n) override { inner_->truncate(id, n); }
-  int64_t seq_len(int64_t id) const override { return inner_->seq_len(id); }
-  Footprint footprint() const override { return inner_->footprint(); }
-  int64_t sample = 0;
-
- private:
-  std::unique_ptr<KvCache> inner_;
-  const LayerObserver& observe_;
-};
 
 int64_t sequence_tokens(const Model& m, const CalibrationText& t) {
   return m.config.max_seq_len > 0 ? std::min(t.tokens, m.config.max_seq_len) : t.tokens;
@@ -97,9 +70,14 @@ int64_t run_calibration_text(const std::shared_ptr<Model>& model, const Calibrat
             ids.size(), " tokens, fewer than calib_skip_tokens ", t.skip_tokens, " + ",
             t.samples, " samples x ", content, " tokens");
   CacheContext ctx{c, model->device, model->dtype};
-  auto observer = std::make_unique<ObservingKvCache>(
-      MethodRegistry::instance().create("full", ctx, nlohmann::json::object()), observe);
-  ObservingKvCache* obs = observer.get();
+  int64_t sample = 0;
+  auto observer = std::make_unique<ObservedKvCache>(
+      MethodRegistry::instance().create("full", ctx, nlohmann::json::object()),
+      [&](const LayerInput& in) {
+        KVB_ASSERT(in.batch->batch_size() == 1, "calibration text", "one sequence per step, got ",
+                   in.batch->batch_size());
+        observe(sample, in);
+      });
   EngineOptions eo;
   eo.prefill_chunk = n;
   Engine e(model, std::move(observer), eo);
@@ -107,7 +85,7 @@ int64_t run_calibration_text(const std::shared_ptr<Model>& model, const Calibrat
     std::vector<int64_t> seq = {c.bos_id};
     const auto from = ids.begin() + t.skip_tokens + s * content;
     seq.insert(seq.end(), from, from + content);
-    obs->sample = s;
+    sample = s;
     const int64_t id = e.new_sequence();
     e.prefill({id}, {seq}, nullptr, /*call_end_prefill=*/false);
     e.release(id);

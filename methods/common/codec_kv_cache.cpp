@@ -13,35 +13,26 @@ namespace kvb {
 
 CodecKvCache::CodecKvCache(const CacheContext& ctx, std::shared_ptr<const KvCodec> codec,
                            std::string name, std::map<std::string, double> extra_counters)
-    : ctx_(ctx),
+    : SeqStore(std::move(name)),
+      ctx_(ctx),
       codec_(std::move(codec)),
-      name_(std::move(name)),
       extra_counters_(std::move(extra_counters)) {
-  KVB_CHECK(ctx_.device.is_cpu(), name_, ": the codec store runs on the CPU only so far (device ",
-            ctx_.device.str(), " requested)");
+  KVB_CHECK(ctx_.device.is_cpu(), this->name(),
+            ": the codec store runs on the CPU only so far (device ", ctx_.device.str(),
+            " requested)");
   // Build one sequence's streams now so that a codec that cannot serve this model fails at
   // creation.
-  new_seq();
+  CodecKvCache::new_seq(0);
 }
 
-CodecKvCache::Seq CodecKvCache::new_seq() const {
+CodecKvCache::Seq CodecKvCache::new_seq(int64_t) {
   const auto& c = ctx_.config;
   Seq s;
   for (int l = 0; l < c.n_layers; ++l) {
-    s.k.push_back(codec_->make_stream(KvKind::kKey, l, c.kv_dim(), c.head_dim));
-    s.v.push_back(codec_->make_stream(KvKind::kValue, l, c.kv_dim(), c.head_dim));
+    s.k.emplace_back().p = codec_->make_stream(KvKind::kKey, l, c.kv_dim(), c.head_dim);
+    s.v.emplace_back().p = codec_->make_stream(KvKind::kValue, l, c.kv_dim(), c.head_dim);
   }
   return s;
-}
-
-void CodecKvCache::begin_step(const StepBatch& batch) {
-  for (int64_t b = 0; b < batch.batch_size(); ++b) {
-    const int64_t id = batch.seq_ids[b];
-    auto it = seqs_.find(id);
-    if (it == seqs_.end()) it = seqs_.emplace(id, new_seq()).first;
-    KVB_ASSERT(it->second.len == batch.past_lens[b], name_, "sequence ", id, " holds ",
-               it->second.len, " tokens but the step says ", batch.past_lens[b]);
-  }
 }
 
 at::Tensor CodecKvCache::attend(const LayerInput& in) {
@@ -51,9 +42,9 @@ at::Tensor CodecKvCache::attend(const LayerInput& in) {
   std::vector<at::Tensor> outs;
   for (int64_t b = 0; b < batch.batch_size(); ++b) {
     Seq& s = seqs_.at(batch.seq_ids[b]);
-    CodecStream& ks = *s.k[in.layer];
-    CodecStream& vs = *s.v[in.layer];
-    KVB_ASSERT(ks.rows() == s.len && vs.rows() == s.len, name_, "layer ", in.layer, " holds ",
+    CodecStream& ks = *s.k[in.layer].p;
+    CodecStream& vs = *s.v[in.layer].p;
+    KVB_ASSERT(ks.rows() == s.len && vs.rows() == s.len, name(), "layer ", in.layer, " holds ",
                ks.rows(), "/", vs.rows(), " rows for a sequence of ", s.len);
     const int64_t n = batch.new_tokens(b), start = batch.q_indptr[b], L = s.len + n;
     at::Tensor kn = in.k->narrow(0, start, n).to(at::kFloat).contiguous();  // [n, Hkv, D]
@@ -67,15 +58,8 @@ at::Tensor CodecKvCache::attend(const LayerInput& in) {
                 static_cast<size_t>(n * W * 4));
     std::memcpy(v_scratch_.data() + s.len * W, vn.data_ptr<float>(),
                 static_cast<size_t>(n * W * 4));
-    auto opts = at::TensorOptions().dtype(at::kFloat);
-    at::Tensor K = at::from_blob(k_scratch_.data(), {L, c.n_kv_heads, c.head_dim}, opts);
-    at::Tensor V = at::from_blob(v_scratch_.data(), {L, c.n_kv_heads, c.head_dim}, opts);
-    const at::Tensor q = in.q->narrow(0, start, n);
-    if (q.scalar_type() != at::kFloat) {
-      K = K.to(q.scalar_type());
-      V = V.to(q.scalar_type());
-    }
-    outs.push_back(attend_dense(q, K, V, in.sm_scale));
+    outs.push_back(attend_dense_rows(in.q->narrow(0, start, n), k_scratch_.data(),
+                                     v_scratch_.data(), L, c.n_kv_heads, c.head_dim, in.sm_scale));
     // Only now do the new rows enter the streams (and get encoded once due).
     ks.append(kn.data_ptr<float>(), n);
     vs.append(vn.data_ptr<float>(), n);
@@ -83,73 +67,45 @@ at::Tensor CodecKvCache::attend(const LayerInput& in) {
   return outs.size() == 1 ? outs[0] : at::cat(outs, 0);
 }
 
-void CodecKvCache::end_step(const StepBatch& batch) {
-  for (int64_t b = 0; b < batch.batch_size(); ++b)
-    seqs_.at(batch.seq_ids[b]).len += batch.new_tokens(b);
-}
-
-void CodecKvCache::fork(int64_t src_id, int64_t dst_id) {
-  KVB_ASSERT(seqs_.count(dst_id) == 0, name_, "fork target ", dst_id, " already exists");
-  auto it = seqs_.find(src_id);
-  KVB_ASSERT(it != seqs_.end(), name_, "unknown sequence ", src_id);
-  Seq copy;
-  copy.len = it->second.len;
-  for (const auto& t : it->second.k) copy.k.push_back(t->clone());  // no sharing yet
-  for (const auto& t : it->second.v) copy.v.push_back(t->clone());
-  seqs_.emplace(dst_id, std::move(copy));
-}
-
 void CodecKvCache::splice(int64_t dst_id, const std::vector<SpliceSource>& sources) {
-  KVB_ASSERT(seqs_.count(dst_id) == 0, name_, "splice target ", dst_id, " already exists");
-  KVB_CHECK(!sources.empty(), name_, ": splice needs at least one source");
-  for (const auto& src : sources)
-    KVB_ASSERT(seqs_.count(src.seq_id), name_, "splice source ", src.seq_id, " is unknown");
+  KVB_CHECK(!sources.empty(), name(), ": splice needs at least one source");
   const auto& c = ctx_.config;
   const int64_t W = c.kv_dim();
-  Seq dst = new_seq();
+  Seq dst = new_seq(dst_id);
   std::vector<float> rows;
   for (const auto& src : sources) {
     const Seq& s = seqs_.at(src.seq_id);
     if (s.len == 0) continue;
     rows.resize(static_cast<size_t>(s.len * W));
     for (int l = 0; l < c.n_layers; ++l) {
-      s.k[l]->decode(rows.data());
+      s.k[l].p->decode(rows.data());
       at::Tensor k = at::from_blob(rows.data(), {s.len, c.n_kv_heads, c.head_dim}, at::kFloat);
       at::Tensor moved = rope_shift(k, c, src.shift).contiguous();
-      dst.k[l]->append(moved.data_ptr<float>(), s.len);
-      s.v[l]->decode(rows.data());
-      dst.v[l]->append(rows.data(), s.len);
+      dst.k[l].p->append(moved.data_ptr<float>(), s.len);
+      s.v[l].p->decode(rows.data());
+      dst.v[l].p->append(rows.data(), s.len);
     }
     dst.len += s.len;
   }
-  seqs_.emplace(dst_id, std::move(dst));
+  seqs_.add(dst_id, std::move(dst));
 }
 
 void CodecKvCache::truncate(int64_t seq_id, int64_t new_len) {
-  auto it = seqs_.find(seq_id);
-  KVB_ASSERT(it != seqs_.end(), name_, "unknown sequence ", seq_id);
-  KVB_CHECK(new_len >= 0 && new_len <= it->second.len, name_, ": cannot truncate sequence ", seq_id,
-            " of ", it->second.len, " tokens to ", new_len);
-  for (auto& t : it->second.k) t->truncate(new_len);
-  for (auto& t : it->second.v) t->truncate(new_len);
-  it->second.len = new_len;
-}
-
-int64_t CodecKvCache::seq_len(int64_t seq_id) const {
-  auto it = seqs_.find(seq_id);
-  return it == seqs_.end() ? 0 : it->second.len;
+  Seq& s = seqs_.truncating(seq_id, new_len);
+  for (auto& t : s.k) t.p->truncate(new_len);
+  for (auto& t : s.v) t.p->truncate(new_len);
+  s.len = new_len;
 }
 
 const CodecStream& CodecKvCache::stream(int64_t seq_id, int layer, KvKind kind) const {
-  auto it = seqs_.find(seq_id);
-  KVB_ASSERT(it != seqs_.end(), name_, "unknown sequence ", seq_id);
-  return kind == KvKind::kKey ? *it->second.k.at(layer) : *it->second.v.at(layer);
+  const Seq& s = seqs_.at(seq_id);
+  return kind == KvKind::kKey ? *s.k.at(layer).p : *s.v.at(layer).p;
 }
 
 CodecBytes CodecKvCache::bytes(KvKind kind) const {
   CodecBytes b;
   for (const auto& [id, s] : seqs_)
-    for (const auto& t : kind == KvKind::kKey ? s.k : s.v) b += t->bytes();
+    for (const auto& t : kind == KvKind::kKey ? s.k : s.v) b += t.p->bytes();
   return b;
 }
 

@@ -20,24 +20,26 @@
 
 #include "harness/kv/kv_cache.h"
 #include "harness/kv/method.h"
+#include "harness/kv/splice.h"
 #include "methods/common/kv_codec.h"
+#include "methods/common/seq_store.h"
 
 namespace kvb {
 
-class CodecKvCache : public KvCache {
+// One sequence: a stream per layer for K and for V (a copy is deep: fork).
+struct CodecSeq {
+  std::vector<StreamBox> k, v;
+  int64_t len = 0;
+};
+
+class CodecKvCache : public SeqStore<CodecSeq>, public SplicingCache {
  public:
   // extra_counters join the codec's describe() and the measured figures in counters().
   CodecKvCache(const CacheContext& ctx, std::shared_ptr<const KvCodec> codec, std::string name,
                std::map<std::string, double> extra_counters = {});
 
-  std::string name() const override { return name_; }
-  void begin_step(const StepBatch& batch) override;
   at::Tensor attend(const LayerInput& in) override;
-  void end_step(const StepBatch& batch) override;
-  void release(int64_t seq_id) override { seqs_.erase(seq_id); }
-  void fork(int64_t src_id, int64_t dst_id) override;
   void truncate(int64_t seq_id, int64_t new_len) override;
-  int64_t seq_len(int64_t seq_id) const override;
   Footprint footprint() const override;
   // The codec's figures plus measured ones: effective_bits_per_element (all physical bytes per live
   // element), encoded_bits_per_element (codes + metadata per encoded element), k_/v_ variants,
@@ -47,7 +49,6 @@ class CodecKvCache : public KvCache {
   // appended to dst's streams, which encode them again (keys quantized per channel across tokens
   // are re-quantized in groups that now straddle the sources: a second rounding, which the
   // fidelity metrics see; per-token codecs re-encode values onto the same grid).
-  bool supports_splice() const override { return true; }
   void splice(int64_t dst_id, const std::vector<SpliceSource>& sources) override;
 
   const KvCodec& codec() const { return *codec_; }
@@ -57,17 +58,12 @@ class CodecKvCache : public KvCache {
   CodecBytes bytes(KvKind kind) const;
 
  private:
-  struct Seq {
-    std::vector<std::unique_ptr<CodecStream>> k, v;  // per layer
-    int64_t len = 0;
-  };
-  Seq new_seq() const;
+  using Seq = CodecSeq;
+  Seq new_seq(int64_t seq_id) override;
 
   CacheContext ctx_;
   std::shared_ptr<const KvCodec> codec_;
-  std::string name_;
   std::map<std::string, double> extra_counters_;
-  std::unordered_map<int64_t, Seq> seqs_;
   std::vector<float> k_scratch_, v_scratch_;
   int64_t scratch_peak_bytes_ = 0;
 };

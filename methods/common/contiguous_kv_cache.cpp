@@ -11,7 +11,7 @@ namespace kvb {
 
 ContiguousKvCache::ContiguousKvCache(const CacheContext& ctx, Mode mode, int64_t reserve_tokens,
                                      std::string name)
-    : ctx_(ctx), mode_(mode), reserve_tokens_(reserve_tokens), name_(std::move(name)) {}
+    : SeqStore(std::move(name)), ctx_(ctx), mode_(mode), reserve_tokens_(reserve_tokens) {}
 
 void ContiguousKvCache::reallocate(Seq& s, int64_t capacity) {
   const auto& c = ctx_.config;
@@ -28,22 +28,15 @@ void ContiguousKvCache::reallocate(Seq& s, int64_t capacity) {
   s.capacity = capacity;
 }
 
-void ContiguousKvCache::begin_step(const StepBatch& batch) {
-  for (int64_t b = 0; b < batch.batch_size(); ++b) {
-    const int64_t id = batch.seq_ids[b];
-    auto [it, fresh] = seqs_.try_emplace(id);
-    Seq& s = it->second;
-    KVB_ASSERT(s.len == batch.past_lens[b], name_, "sequence ", id, " holds ", s.len,
-               " tokens but the step says ", batch.past_lens[b]);
-    const int64_t need = s.len + batch.new_tokens(b);
-    s.in_flight = batch.new_tokens(b);
-    if (mode_ == Mode::kReserve) {
-      KVB_CHECK(need <= reserve_tokens_, name_, ": sequence ", id, " needs ", need,
-                " tokens but max_seq_len reserves ", reserve_tokens_);
-      if (s.capacity == 0) reallocate(s, reserve_tokens_);
-    } else if (need > s.capacity) {
-      reallocate(s, std::max<int64_t>(need, std::max<int64_t>(16, 2 * s.capacity)));
-    }
+void ContiguousKvCache::step_begins(Seq& s, const StepBatch& batch, int64_t b) {
+  const int64_t need = s.len + batch.new_tokens(b);
+  s.in_flight = batch.new_tokens(b);
+  if (mode_ == Mode::kReserve) {
+    KVB_CHECK(need <= reserve_tokens_, name(), ": sequence ", batch.seq_ids[b], " needs ", need,
+              " tokens but max_seq_len reserves ", reserve_tokens_);
+    if (s.capacity == 0) reallocate(s, reserve_tokens_);
+  } else if (need > s.capacity) {
+    reallocate(s, std::max<int64_t>(need, std::max<int64_t>(16, 2 * s.capacity)));
   }
 }
 
@@ -70,30 +63,23 @@ void ContiguousKvCache::end_step(const StepBatch& batch) {
 }
 
 void ContiguousKvCache::fork(int64_t src_id, int64_t dst_id) {
-  KVB_ASSERT(seqs_.count(dst_id) == 0, name_, "fork target ", dst_id, " already exists");
-  auto it = seqs_.find(src_id);
-  KVB_ASSERT(it != seqs_.end(), name_, "unknown sequence ", src_id);
-  Seq copy;
-  copy.len = it->second.len;
-  copy.capacity = it->second.capacity;
-  for (const auto& t : it->second.k) copy.k.push_back(t.clone());  // dense: no sharing
-  for (const auto& t : it->second.v) copy.v.push_back(t.clone());
-  seqs_[dst_id] = std::move(copy);
+  seqs_.fork(src_id, dst_id);
+  Seq& copy = seqs_.at(dst_id);
+  for (auto* tensors : {&copy.k, &copy.v})
+    for (auto& t : *tensors) t = t.clone();  // dense: no sharing
 }
 
 void ContiguousKvCache::splice(int64_t dst_id, const std::vector<SpliceSource>& sources) {
-  KVB_ASSERT(seqs_.count(dst_id) == 0, name_, "splice target ", dst_id, " already exists");
-  KVB_CHECK(!sources.empty(), name_, ": splice needs at least one source");
+  KVB_CHECK(!sources.empty(), name(), ": splice needs at least one source");
   int64_t total = 0;
   for (const auto& src : sources) {
-    auto it = seqs_.find(src.seq_id);
-    KVB_ASSERT(it != seqs_.end(), name_, "splice source ", src.seq_id, " is unknown");
-    KVB_ASSERT(it->second.in_flight == 0, name_, "splice source ", src.seq_id, " is mid-step");
-    total += it->second.len;
+    const Seq& s = seqs_.at(src.seq_id);
+    KVB_ASSERT(s.in_flight == 0, name(), "splice source ", src.seq_id, " is mid-step");
+    total += s.len;
   }
   Seq dst;
   if (mode_ == Mode::kReserve) {
-    KVB_CHECK(total <= reserve_tokens_, name_, ": the spliced sequence needs ", total,
+    KVB_CHECK(total <= reserve_tokens_, name(), ": the spliced sequence needs ", total,
               " tokens but max_seq_len reserves ", reserve_tokens_);
     reallocate(dst, reserve_tokens_);
   } else {
@@ -110,20 +96,11 @@ void ContiguousKvCache::splice(int64_t dst_id, const std::vector<SpliceSource>& 
     }
   }
   dst.len = total;
-  seqs_[dst_id] = std::move(dst);
+  seqs_.add(dst_id, std::move(dst));
 }
 
 void ContiguousKvCache::truncate(int64_t seq_id, int64_t new_len) {
-  auto it = seqs_.find(seq_id);
-  KVB_ASSERT(it != seqs_.end(), name_, "unknown sequence ", seq_id);
-  KVB_CHECK(new_len >= 0 && new_len <= it->second.len, name_, ": cannot truncate sequence ",
-            seq_id, " of ", it->second.len, " tokens to ", new_len);
-  it->second.len = new_len;
-}
-
-int64_t ContiguousKvCache::seq_len(int64_t seq_id) const {
-  auto it = seqs_.find(seq_id);
-  return it == seqs_.end() ? 0 : it->second.len;
+  seqs_.truncating(seq_id, new_len).len = new_len;
 }
 
 Footprint ContiguousKvCache::footprint() const {
@@ -140,9 +117,9 @@ Footprint ContiguousKvCache::footprint() const {
 }
 
 std::vector<HeadSnapshot> ContiguousKvCache::probe_view(int layer, int64_t seq_id) const {
-  auto it = seqs_.find(seq_id);
-  if (it == seqs_.end()) return {};
-  const Seq& s = it->second;
+  const Seq* found = seqs_.find(seq_id);
+  if (!found) return {};
+  const Seq& s = *found;
   const int64_t n = s.len + s.in_flight;  // the step's tokens once attend has written them
   at::Tensor k = s.k[layer].narrow(0, 0, n).to(at::kFloat);
   at::Tensor v = s.v[layer].narrow(0, 0, n).to(at::kFloat);

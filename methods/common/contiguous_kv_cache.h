@@ -11,41 +11,42 @@
 
 #include "harness/kv/kv_cache.h"
 #include "harness/kv/method.h"
+#include "harness/kv/probe_view.h"
+#include "harness/kv/splice.h"
+#include "methods/common/seq_store.h"
 
 namespace kvb {
 
-class ContiguousKvCache : public KvCache {
+struct ContiguousSeq {
+  std::vector<at::Tensor> k, v;  // per layer: [capacity, num_kv_heads, head_dim]
+  int64_t len = 0;
+  int64_t capacity = 0;
+  int64_t in_flight = 0;  // the running step's new tokens (written by attend), for probe_view
+};
+
+class ContiguousKvCache : public SeqStore<ContiguousSeq>, public ProbedCache, public SplicingCache {
  public:
   enum class Mode { kGrow, kReserve };
   ContiguousKvCache(const CacheContext& ctx, Mode mode, int64_t reserve_tokens, std::string name);
 
-  std::string name() const override { return name_; }
-  void begin_step(const StepBatch& batch) override;
   at::Tensor attend(const LayerInput& in) override;
   void end_step(const StepBatch& batch) override;
-  void release(int64_t seq_id) override { seqs_.erase(seq_id); }
-  void fork(int64_t src_id, int64_t dst_id) override;
+  void fork(int64_t src_id, int64_t dst_id) override;  // dense: the copy owns its rows
   void truncate(int64_t seq_id, int64_t new_len) override;
-  int64_t seq_len(int64_t seq_id) const override;
   Footprint footprint() const override;
   std::vector<HeadSnapshot> probe_view(int layer, int64_t seq_id) const override;
-  bool supports_splice() const override { return true; }
   void splice(int64_t dst_id, const std::vector<SpliceSource>& sources) override;
 
  private:
-  struct Seq {
-    std::vector<at::Tensor> k, v;  // per layer: [capacity, num_kv_heads, head_dim]
-    int64_t len = 0;
-    int64_t capacity = 0;
-    int64_t in_flight = 0;  // the running step's new tokens (written by attend), for probe_view
-  };
+  using Seq = ContiguousSeq;
+  Seq new_seq(int64_t) override { return Seq(); }  // rows are allocated by the first step
+  // Room for the step's tokens: the reservation, or growth by doubling.
+  void step_begins(Seq& s, const StepBatch& batch, int64_t b) override;
   void reallocate(Seq& s, int64_t capacity);
 
   CacheContext ctx_;
   Mode mode_;
   int64_t reserve_tokens_;
-  std::string name_;
-  std::unordered_map<int64_t, Seq> seqs_;
 };
 
 }  // namespace kvb

@@ -11,9 +11,10 @@
 #include "harness/common/internal_error.h"
 #include "harness/kv/rope_shift.h"
 #include "harness/model/model.h"
-#include "kvb/kernels/cpu_ops.h"
 #include "kvb/kernels/attention_scores.h"
+#include "kvb/kernels/cpu_ops.h"
 #include "kvb/kernels/paged_attention.h"
+#include "methods/common/row_attention.h"
 
 namespace kvb {
 
@@ -46,61 +47,6 @@ namespace {
 // floor(r * n) without 0.29 * 100 = 28.999... surprises.
 int64_t floor_ratio(double r, int64_t n) {
   return static_cast<int64_t>(std::floor(r * static_cast<double>(n) + 1e-9));
-}
-
-int64_t round_up(int64_t x, int64_t g) { return (x + g - 1) / g * g; }
-
-// Exact attention of one KV head's query group, fp32, raw pointers.
-//   q: query row i, group head g at q + i * q_stride + g * D (n rows, G heads)
-//   k, v: [rows, D] (v may be null when o is null); row i sees keys [0, vis[i])
-//   o: like q (o_stride) or null; acc: += probabilities summed over rows (and over g when
-//   acc_g_stride == 0, else head g adds into acc + g * acc_g_stride); last: += row n - 1's
-//   probabilities summed over g. p: scratch of at least max(vis) floats.
-void head_attention_f32(const float* q, int64_t q_stride, int64_t n, int64_t G, int64_t D,
-                        const float* k, const float* v, const int64_t* vis, float scale, float* o,
-                        int64_t o_stride, float* acc, int64_t acc_g_stride, float* last, float* p) {
-  for (int64_t i = 0; i < n; ++i) {
-    const int64_t m = vis[i];
-    for (int64_t g = 0; g < G; ++g) {
-      const float* qi = q + i * q_stride + g * D;
-      float* oi = o ? o + i * o_stride + g * D : nullptr;
-      if (m <= 0) {
-        if (oi) std::fill(oi, oi + D, 0.f);
-        continue;
-      }
-      float mx = -std::numeric_limits<float>::infinity();
-      for (int64_t j = 0; j < m; ++j) {
-        const float* kj = k + j * D;
-        float s = 0.f;
-        for (int64_t d = 0; d < D; ++d) s += qi[d] * kj[d];
-        s *= scale;
-        p[j] = s;
-        mx = std::max(mx, s);
-      }
-      float sum = 0.f;
-      for (int64_t j = 0; j < m; ++j) {
-        p[j] = std::exp(p[j] - mx);
-        sum += p[j];
-      }
-      const float inv = 1.f / sum;
-      if (oi) {
-        std::fill(oi, oi + D, 0.f);
-        for (int64_t j = 0; j < m; ++j) {
-          const float w = p[j];
-          const float* vj = v + j * D;
-          for (int64_t d = 0; d < D; ++d) oi[d] += w * vj[d];
-        }
-        for (int64_t d = 0; d < D; ++d) oi[d] *= inv;
-      }
-      if (acc) {
-        float* a = acc + g * acc_g_stride;
-        for (int64_t j = 0; j < m; ++j) a[j] += p[j] * inv;
-      }
-      if (last && i == n - 1) {
-        for (int64_t j = 0; j < m; ++j) last[j] += p[j] * inv;
-      }
-    }
-  }
 }
 
 // Rotates rows [rows, D] (fp32, any device) by the per-row tables cos/sin [rows, D / 2].
@@ -155,23 +101,19 @@ int64_t Budget::per_layer(int64_t seen, int64_t n_kv_heads) const {
 
 EvictingKvCache::EvictingKvCache(const CacheContext& ctx, Options opts,
                                  std::unique_ptr<EvictionPolicy> policy)
-    : ctx_(ctx), opts_(std::move(opts)), policy_(std::move(policy)) {
+    : SeqStore(opts.name),
+      HeadGeometry(ctx, opts.force_generic),
+      ctx_(ctx),
+      opts_(std::move(opts)),
+      policy_(std::move(policy)),
+      heads_({opts_.name, D_, ctx.dtype, ctx.device, fast_, opts_.granule,
+              policy_ && policy_->needs().accumulate, opts_.codec}) {
   KVB_ASSERT(policy_ != nullptr, opts_.name, "no eviction policy");
   KVB_CHECK(opts_.granule >= 1, opts_.name, ": granule must be >= 1");
-  const ModelConfig& c = ctx_.config;
   needs_ = policy_->needs();
   // A query-aware codec (SparK, ThinK) needs the prompt's observation-window queries too.
   if (opts_.codec) needs_.window = std::max(needs_.window, opts_.codec->query_window());
   sched_ = policy_->schedule();
-  L_ = c.n_layers;
-  Hkv_ = c.n_kv_heads;
-  Hq_ = c.n_heads;
-  G_ = c.group_size();
-  D_ = c.head_dim;
-  elem_ = static_cast<int64_t>(c10::elementSize(ctx_.dtype));
-  KVB_CHECK(Hkv_ >= 1 && Hq_ % Hkv_ == 0, opts_.name, ": ", Hq_, " query heads do not group over ",
-            Hkv_, " KV heads");
-  fast_ = ctx_.device.is_cpu() && ctx_.dtype == at::kFloat && !opts_.force_generic;
   host_is_device_ = ctx_.device.is_cpu();
   sm_scale_ = 1.0f / std::sqrt(static_cast<float>(D_));
   // Re-rotated keys and the RoPE angles ahead are this store's own rotations: refused at once on
@@ -185,95 +127,24 @@ EvictingKvCache::EvictingKvCache(const CacheContext& ctx, Options opts,
 
 EvictingKvCache::~EvictingKvCache() = default;
 
-EvictingKvCache::Seq& EvictingKvCache::seq(int64_t id) {
-  auto it = seqs_.find(id);
-  KVB_ASSERT(it != seqs_.end(), opts_.name, "unknown sequence ", id);
-  return it->second;
-}
-
-const EvictingKvCache::Seq& EvictingKvCache::seq(int64_t id) const {
-  auto it = seqs_.find(id);
-  KVB_ASSERT(it != seqs_.end(), opts_.name, "unknown sequence ", id);
-  return it->second;
+EvictingKvCache::Seq EvictingKvCache::new_seq(int64_t seq_id) {
+  Seq s;
+  s.heads.assign(static_cast<size_t>(L_), std::vector<Head>(static_cast<size_t>(Hkv_)));
+  s.window_q.resize(static_cast<size_t>(L_));
+  s.window_len.assign(static_cast<size_t>(L_), 0);
+  s.q_sum.resize(static_cast<size_t>(L_));
+  s.q_outer.resize(static_cast<size_t>(L_));
+  s.q_count.assign(static_cast<size_t>(L_), 0);
+  auto q = question_for_.find(seq_id);  // told before the sequence's first step
+  if (q != question_for_.end()) {
+    s.question = q->second;
+    question_for_.erase(q);
+  }
+  return s;
 }
 
 bool EvictingKvCache::collecting_window(const Seq& s) const {
   return needs_.window > 0 && (!s.decoding || sched_.every_decode_steps > 0);
-}
-
-void EvictingKvCache::reallocate(Head& h, int64_t cap) {
-  if (!opts_.codec) reallocate_kv(h, cap);
-  // Fresh vectors so that the capacity really is `cap` (shrinking frees).
-  std::vector<int32_t> idx(static_cast<size_t>(cap), 0);
-  std::copy(h.idx.begin(), h.idx.begin() + h.len, idx.begin());
-  h.idx.swap(idx);
-  if (needs_.accumulate) {
-    std::vector<float> acc(static_cast<size_t>(cap), 0.f);
-    std::copy(h.acc.begin(), h.acc.begin() + h.len, acc.begin());
-    h.acc.swap(acc);
-  }
-  h.cap = cap;
-  reallocations_++;
-}
-
-void EvictingKvCache::reallocate_kv(Head& h, int64_t cap) {
-  at::Tensor fresh =
-      at::empty({2, cap, D_}, at::TensorOptions().dtype(ctx_.dtype).device(ctx_.device));
-  if (h.len > 0) {
-    if (fast_) {
-      const float* src = h.kv.data_ptr<float>();
-      float* dst = fresh.data_ptr<float>();
-      std::memcpy(dst, src, sizeof(float) * h.len * D_);
-      std::memcpy(dst + cap * D_, src + h.cap * D_, sizeof(float) * h.len * D_);
-    } else {
-      fresh.narrow(1, 0, h.len).copy_(h.kv.narrow(1, 0, h.len));
-    }
-  }
-  h.kv = fresh;
-}
-
-void EvictingKvCache::reserve(Head& h, int64_t need) {
-  if (need <= h.cap) return;
-  // A head that has evicted before stays near its budget: grow by a granule past the need. A head
-  // that never evicted (a long prompt, a keep-everything budget) grows geometrically.
-  reallocate(h, h.evicted ? round_up(need, opts_.granule) + opts_.granule
-                          : round_up(std::max(need, h.cap + h.cap / 2), opts_.granule));
-}
-
-void EvictingKvCache::compact(Head& h, const std::vector<int64_t>& keep) {
-  const int64_t k = static_cast<int64_t>(keep.size());
-  int64_t prev = -1;
-  for (int64_t s : keep) {
-    KVB_ASSERT(s > prev && s < h.len, opts_.name, "the policy returned slot ", s,
-              " out of order or outside 0..", h.len - 1);
-    prev = s;
-  }
-  if (opts_.codec) {
-    keep_codec_rows(h.ks, h.vs, h.pk, h.pv, &h.pend, h.len, D_, keep);
-    h.pk.shrink_to_fit();
-    h.pv.shrink_to_fit();
-  } else if (fast_) {
-    float* K = h.kv.data_ptr<float>();
-    float* V = K + h.cap * D_;
-    for (int64_t r = 0; r < k; ++r) {
-      const int64_t s = keep[r];
-      if (s == r) continue;  // keep is ascending, so s > r: forward copies never clobber
-      std::memcpy(K + r * D_, K + s * D_, sizeof(float) * D_);
-      std::memcpy(V + r * D_, V + s * D_, sizeof(float) * D_);
-    }
-  } else if (k > 0) {
-    at::Tensor index = at::tensor(keep, at::kLong).to(ctx_.device);
-    at::Tensor sel = h.kv.narrow(1, 0, h.len).index_select(1, index);
-    h.kv.narrow(1, 0, k).copy_(sel);
-  }
-  for (int64_t r = 0; r < k; ++r) {
-    h.idx[r] = h.idx[keep[r]];
-    if (needs_.accumulate) h.acc[r] = h.acc[keep[r]];
-  }
-  if (k < h.len) h.evicted = true;
-  h.len = k;
-  const int64_t target = round_up(k + 1, opts_.granule);
-  if (h.cap > target + opts_.granule) reallocate(h, target);
 }
 
 void EvictingKvCache::ensure_rope(int64_t n_pos) {
@@ -288,25 +159,6 @@ void EvictingKvCache::ensure_rope(int64_t n_pos) {
     rope_sin_dev_ = rope_sin_;
   }
   rope_len_ = len;
-}
-
-const float* EvictingKvCache::stored_keys(const Head& h, std::vector<float>* buf) const {
-  if (!opts_.codec) return h.kv.data_ptr<float>();
-  buf->resize(static_cast<size_t>(std::max<int64_t>(1, h.len) * D_));
-  const int64_t S = h.len - h.pend;
-  if (S > 0) h.ks.p->decode(buf->data());
-  std::copy(h.pk.begin(), h.pk.end(), buf->begin() + S * D_);
-  return buf->data();
-}
-
-at::Tensor EvictingKvCache::stored_rows(const Head& h, int which) const {
-  if (!opts_.codec) return h.kv.select(0, which).narrow(0, 0, h.len).clone();
-  at::Tensor out = at::empty({h.len, D_}, at::kFloat);
-  const int64_t S = h.len - h.pend;
-  if (S > 0) (which == 0 ? h.ks : h.vs).p->decode(out.data_ptr<float>());
-  const auto& pend = which == 0 ? h.pk : h.pv;
-  std::copy(pend.begin(), pend.end(), out.data_ptr<float>() + S * D_);
-  return out;
 }
 
 void EvictingKvCache::flush_pending(Seq& s, int layer, int64_t head) {
@@ -329,11 +181,7 @@ void EvictingKvCache::flush_pending(Seq& s, int layer, int64_t head) {
     for (int64_t c = 0; c < D_; ++c) energy[c] = static_cast<float>(std::sqrt(sq[c]));
     h.ks.p->set_query_energy(energy.data(), wl);
   }
-  h.ks.p->append(h.pk.data(), h.pend);
-  h.vs.p->append(h.pv.data(), h.pend);
-  h.pend = 0;
-  std::vector<float>().swap(h.pk);
-  std::vector<float>().swap(h.pv);
+  heads_.flush(h);
 }
 
 const float* EvictingKvCache::keys_f32(const float* K, int64_t rows, int64_t base,
@@ -360,34 +208,14 @@ at::Tensor EvictingKvCache::keys_generic(const Head& h, int64_t rows, int64_t ba
       .to(K.scalar_type());
 }
 
-void EvictingKvCache::begin_step(const StepBatch& batch) {
-  for (int64_t b = 0; b < batch.batch_size(); ++b) {
-    const int64_t id = batch.seq_ids[b];
-    auto [it, fresh] = seqs_.try_emplace(id);
-    Seq& s = it->second;
-    if (fresh) {
-      s.heads.assign(static_cast<size_t>(L_), std::vector<Head>(static_cast<size_t>(Hkv_)));
-      s.window_q.resize(static_cast<size_t>(L_));
-      s.window_len.assign(static_cast<size_t>(L_), 0);
-      s.q_sum.resize(static_cast<size_t>(L_));
-      s.q_outer.resize(static_cast<size_t>(L_));
-      s.q_count.assign(static_cast<size_t>(L_), 0);
-      auto q = question_for_.find(id);
-      if (q != question_for_.end()) {
-        s.question = q->second;
-        question_for_.erase(q);
-      }
-    }
-    KVB_ASSERT(s.seen == batch.past_lens[b], opts_.name, "sequence ", id, " has seen ", s.seen,
-              " tokens but the step says ", batch.past_lens[b]);
-    s.step_tokens = batch.new_tokens(b);
-    s.step_pos0 = batch.positions[batch.q_indptr[b]];
-    s.decoding = batch.phase == Phase::kDecode;
-    if (sched_.before_step && s.seen > 0) compress(s, Trigger::kBeforeStep, s.step_tokens);
-    for (auto& layer : s.heads)
-      for (auto& h : layer) reserve(h, h.len + s.step_tokens);
-    if (!collecting_window(s)) free_windows(s);
-  }
+void EvictingKvCache::step_begins(Seq& s, const StepBatch& batch, int64_t b) {
+  s.step_tokens = batch.new_tokens(b);
+  s.step_pos0 = batch.positions[batch.q_indptr[b]];
+  s.decoding = batch.phase == Phase::kDecode;
+  if (sched_.before_step && s.seen > 0) compress(s, Trigger::kBeforeStep, s.step_tokens);
+  for (auto& layer : s.heads)
+    for (auto& h : layer) heads_.reserve(h, h.len + s.step_tokens);
+  if (!collecting_window(s)) free_windows(s);
 }
 
 void EvictingKvCache::push_window(Seq& s, int layer, const at::Tensor& q, int64_t start,
@@ -419,7 +247,7 @@ void EvictingKvCache::push_window(Seq& s, int layer, const at::Tensor& q, int64_
 }
 
 void EvictingKvCache::set_question_tokens(int64_t seq_id, int64_t question_tokens) {
-  KVB_ASSERT(seqs_.count(seq_id) == 0, opts_.name, "told the question of sequence ", seq_id,
+  KVB_ASSERT(!seqs_.contains(seq_id), opts_.name, "told the question of sequence ", seq_id,
              " after its first step");
   question_for_[seq_id] = question_tokens;
 }
@@ -491,7 +319,7 @@ at::Tensor EvictingKvCache::attend(const LayerInput& in) {
         (opts_.position_mode == PositionMode::kRerotated ? *in.k_pre_rope : *in.k).contiguous();
     at::Tensor v = in.v->contiguous();
     for (int64_t b = 0; b < batch.batch_size(); ++b) {
-      Seq& s = seq(batch.seq_ids[b]);
+      Seq& s = seqs_.at(batch.seq_ids[b]);
       attend_seq_fast(s, in.layer, q, k, v, batch.q_indptr[b], batch.new_tokens(b), out);
       if (collecting_window(s)) push_window(s, in.layer, q, batch.q_indptr[b], batch.new_tokens(b));
       if (collecting_query_stats(s))
@@ -500,7 +328,7 @@ at::Tensor EvictingKvCache::attend(const LayerInput& in) {
   } else {
     const at::Tensor& k = opts_.position_mode == PositionMode::kRerotated ? *in.k_pre_rope : *in.k;
     for (int64_t b = 0; b < batch.batch_size(); ++b) {
-      Seq& s = seq(batch.seq_ids[b]);
+      Seq& s = seqs_.at(batch.seq_ids[b]);
       attend_seq_generic(s, in.layer, *in.q, k, *in.v, batch.q_indptr[b], batch.new_tokens(b), out);
       if (collecting_window(s))
         push_window(s, in.layer, *in.q, batch.q_indptr[b], batch.new_tokens(b));
@@ -528,19 +356,11 @@ void EvictingKvCache::attend_seq_fast(Seq& s, int layer, const at::Tensor& q, co
       // Decode the kept entries, put the step's rows after them at full precision, attend, and
       // only then hand the new rows to the codec (a step attends its own tokens exactly, as the
       // codec store does).
-      if (!hd.ks.p) {
-        hd.ks.p = opts_.codec->make_stream(KvKind::kKey, layer, D_, D_);
-        hd.vs.p = opts_.codec->make_stream(KvKind::kValue, layer, D_, D_);
-      }
+      heads_.make_streams(hd, layer);
+      const float *kept_k = nullptr, *kept_v = nullptr;
+      heads_.rows_f32(hd, &kept_k, &kept_v, &dec_k_, &dec_v_);
       dec_k_.resize(static_cast<size_t>(rows * D_));
       dec_v_.resize(static_cast<size_t>(rows * D_));
-      const int64_t S = past - hd.pend;
-      if (S > 0) {
-        hd.ks.p->decode(dec_k_.data());
-        hd.vs.p->decode(dec_v_.data());
-      }
-      std::copy(hd.pk.begin(), hd.pk.end(), dec_k_.begin() + S * D_);
-      std::copy(hd.pv.begin(), hd.pv.end(), dec_v_.begin() + S * D_);
       K = dec_k_.data();
       V = dec_v_.data();
     } else {
@@ -555,8 +375,6 @@ void EvictingKvCache::attend_seq_fast(Seq& s, int layer, const at::Tensor& q, co
       if (needs_.accumulate) hd.acc[past + i] = 0.f;
     }
     const float* keys = keys_f32(K, rows, s.step_pos0 - past, &scratch_k_);
-    scratch_vis_.resize(static_cast<size_t>(n));
-    for (int64_t i = 0; i < n; ++i) scratch_vis_[i] = past + i + 1;
     scratch_p_.resize(static_cast<size_t>(rows));
     float* last = nullptr;
     if (needs_.last_row) {
@@ -586,9 +404,23 @@ void EvictingKvCache::attend_seq_fast(Seq& s, int layer, const at::Tensor& q, co
       p.sm_scale = sm_scale_;
       kernels::paged_attention_cpu(p);
     } else {
-      head_attention_f32(qp + h * G_ * D_, Hq_ * D_, n, G_, D_, keys, V, scratch_vis_.data(),
-                         sm_scale_, op + h * G_ * D_, Hq_ * D_,
-                         needs_.accumulate ? hd.acc.data() : nullptr, 0, last, scratch_p_.data());
+      // The scores the policy keeps come from the probabilities: every query row of the group
+      // adds its row into acc (H2O); the step's last row is `last` (TOVA). Row i sees the kept
+      // entries and the step's rows up to its own.
+      const float* p = scratch_p_.data();
+      for (int64_t i = 0; i < n; ++i) {
+        const int64_t m = past + i + 1;
+        for (int64_t g = 0; g < G_; ++g) {
+          const int64_t qo = i * Hq_ * D_ + (h * G_ + g) * D_;
+          const float inv = attend_entries_f32(
+              qp + qo, D_, sm_scale_, m, [&](int64_t j) { return keys + j * D_; },
+              [&](int64_t j) { return V + j * D_; }, nullptr, 0, scratch_p_.data(), op + qo);
+          if (needs_.accumulate)
+            for (int64_t j = 0; j < m; ++j) hd.acc[j] += p[j] * inv;
+          if (last && i == n - 1)
+            for (int64_t j = 0; j < m; ++j) last[j] += p[j] * inv;
+        }
+      }
     }
     if (opts_.codec) {
       if (s.decoding) {
@@ -649,7 +481,7 @@ void EvictingKvCache::attend_seq_generic(Seq& s, int layer, const at::Tensor& q,
 
 void EvictingKvCache::end_step(const StepBatch& batch) {
   for (int64_t b = 0; b < batch.batch_size(); ++b) {
-    Seq& s = seq(batch.seq_ids[b]);
+    Seq& s = seqs_.at(batch.seq_ids[b]);
     s.seen += s.step_tokens;
     s.next_pos = s.step_pos0 + s.step_tokens;
     if (s.decoding) s.since_compress++;
@@ -668,9 +500,9 @@ void EvictingKvCache::end_step(const StepBatch& batch) {
 }
 
 void EvictingKvCache::end_prefill(int64_t seq_id) {
-  auto it = seqs_.find(seq_id);
-  if (it == seqs_.end()) return;
-  Seq& s = it->second;
+  Seq* found = seqs_.find(seq_id);
+  if (!found) return;
+  Seq& s = *found;
   if (sched_.end_prefill) compress(s, Trigger::kEndPrefill, 0);
   if (needs_.last_row) clear_last_rows(s);
   if (opts_.codec)
@@ -753,7 +585,7 @@ void EvictingKvCache::compress_layer(Seq& s, int layer, Trigger trigger, int64_t
               ": the policy kept more than held");
     evicted_entries_ += hd.len - static_cast<int64_t>(keep[h].size());
     if (static_cast<int64_t>(keep[h].size()) == hd.len) continue;
-    compact(hd, keep[h]);
+    heads_.compact(hd, keep[h]);
   }
 }
 
@@ -764,7 +596,7 @@ std::vector<float> EvictingKvCache::window_scores(Seq& s, int layer, int64_t hea
   if (wl == 0 || len == 0) return out;
   const int64_t base = s.next_pos - len;
   if (fast_) {
-    const float* keys = keys_f32(stored_keys(hd, &dec_k_), len, base, &scratch_k_);
+    const float* keys = keys_f32(heads_.keys_f32(hd, &dec_k_), len, base, &scratch_k_);
     const float* Q = s.window_q[layer].data_ptr<float>();
     scratch_vis_.resize(static_cast<size_t>(wl));
     for (int64_t i = 0; i < wl; ++i) {
@@ -799,10 +631,10 @@ void EvictingKvCache::kept_rows_f32(const Seq& s, const Head& h, std::vector<flo
   keys->resize(static_cast<size_t>(len * D_));
   values->resize(static_cast<size_t>(len * D_));
   if (fast_) {
-    const float* K = keys_f32(stored_keys(h, &dec_k_), len, base, &scratch_k_);
+    const float* K = keys_f32(heads_.keys_f32(h, &dec_k_), len, base, &scratch_k_);
     std::copy(K, K + len * D_, keys->begin());
     if (opts_.codec) {
-      at::Tensor V = stored_rows(h, 1);
+      at::Tensor V = heads_.rows(h, 1);
       std::copy(V.data_ptr<float>(), V.data_ptr<float>() + len * D_, values->begin());
     } else {
       const float* V = h.kv.data_ptr<float>() + h.cap * D_;  // kv is [2, cap, D]
@@ -820,7 +652,7 @@ std::vector<float> EvictingKvCache::key_norms(const Head& h) {
   std::vector<float> out(static_cast<size_t>(h.len), 0.f);
   if (h.len == 0) return out;
   if (fast_) {
-    const float* K = stored_keys(h, &dec_k_);
+    const float* K = heads_.keys_f32(h, &dec_k_);
     for (int64_t j = 0; j < h.len; ++j) {
       double s = 0;
       for (int64_t d = 0; d < D_; ++d) s += static_cast<double>(K[j * D_ + d]) * K[j * D_ + d];
@@ -841,66 +673,52 @@ std::vector<float> EvictingKvCache::key_norms(const Head& h) {
 }
 
 void EvictingKvCache::release(int64_t seq_id) {
-  seqs_.erase(seq_id);
+  SeqStore::release(seq_id);
   question_for_.erase(seq_id);
 }
 
 void EvictingKvCache::fork(int64_t src_id, int64_t dst_id) {
-  KVB_ASSERT(seqs_.count(dst_id) == 0, opts_.name, "fork target ", dst_id, " already exists");
-  Seq copy = seq(src_id);
-  for (auto& layer : copy.heads)
-    for (auto& h : layer)
-      if (h.kv.defined()) h.kv = h.kv.clone();
+  SeqStore::fork(src_id, dst_id);  // the heads deep-copy (RaggedHead); the query buffers below
+  Seq& copy = seqs_.at(dst_id);
   for (auto& w : copy.window_q)
     if (w.defined()) w = w.clone();
   for (auto* stats : {&copy.q_sum, &copy.q_outer})
     for (auto& t : *stats)
       if (t.defined()) t = t.clone();
-  seqs_[dst_id] = std::move(copy);
 }
 
 void EvictingKvCache::splice(int64_t dst_id, const std::vector<SpliceSource>& sources) {
-  KVB_ASSERT(seqs_.count(dst_id) == 0, opts_.name, "splice target ", dst_id, " already exists");
   KVB_CHECK(!sources.empty(), opts_.name, ": splice needs at least one source");
   std::vector<int64_t> offset;
   int64_t total = 0;
   for (const auto& src : sources) {
-    const Seq& s = seq(src.seq_id);
+    const Seq& s = seqs_.at(src.seq_id);
     KVB_ASSERT(s.step_tokens == 0, opts_.name, "splice source ", src.seq_id, " is mid-step");
     offset.push_back(total);
     total += s.seen;
   }
-  Seq dst;
-  dst.heads.assign(static_cast<size_t>(L_), std::vector<Head>(static_cast<size_t>(Hkv_)));
-  dst.window_q.resize(static_cast<size_t>(L_));
-  dst.window_len.assign(static_cast<size_t>(L_), 0);
-  dst.q_sum.resize(static_cast<size_t>(L_));
-  dst.q_outer.resize(static_cast<size_t>(L_));
-  dst.q_count.assign(static_cast<size_t>(L_), 0);
+  Seq dst = new_seq(dst_id);
   dst.seen = total;
   dst.next_pos = total;
   for (int l = 0; l < L_; ++l) {
     for (int64_t hd = 0; hd < Hkv_; ++hd) {
       Head& h = dst.heads[l][hd];
       int64_t entries = 0;
-      for (const auto& src : sources) entries += seq(src.seq_id).heads[l][hd].len;
-      reallocate(h, round_up(entries + 1, opts_.granule));
+      for (const auto& src : sources) entries += seqs_.at(src.seq_id).heads[l][hd].len;
+      heads_.fit(h, entries);
       for (size_t i = 0; i < sources.size(); ++i) {
-        const Head& sh = seq(sources[i].seq_id).heads[l][hd];
+        const Head& sh = seqs_.at(sources[i].seq_id).heads[l][hd];
         if (sh.len == 0) continue;
         const bool move = opts_.position_mode == PositionMode::kAbsolute && sources[i].shift != 0;
         if (opts_.codec) {
           // Decoded (codes and pending rows), re-rotated and encoded again into fresh streams, as
           // the codec store splices: a second rounding of the keys for a quantizing codec.
           KVB_ASSERT(h.pend == 0, opts_.name, "splice into a head with pending rows");
-          if (!h.ks.p) {
-            h.ks.p = opts_.codec->make_stream(KvKind::kKey, l, D_, D_);
-            h.vs.p = opts_.codec->make_stream(KvKind::kValue, l, D_, D_);
-          }
-          at::Tensor k = stored_rows(sh, 0);
+          heads_.make_streams(h, l);
+          at::Tensor k = heads_.rows(sh, 0);
           if (move) k = rope_shift(k.unsqueeze(1), ctx_.config, sources[i].shift).squeeze(1);
           k = k.contiguous();
-          const at::Tensor v = stored_rows(sh, 1).contiguous();
+          const at::Tensor v = heads_.rows(sh, 1).contiguous();
           h.ks.p->append(k.data_ptr<float>(), sh.len);
           h.vs.p->append(v.data_ptr<float>(), sh.len);
         } else {
@@ -918,64 +736,34 @@ void EvictingKvCache::splice(int64_t dst_id, const std::vector<SpliceSource>& so
       }
     }
   }
-  seqs_[dst_id] = std::move(dst);
+  seqs_.add(dst_id, std::move(dst));
 }
 
 void EvictingKvCache::truncate(int64_t seq_id, int64_t new_len) {
-  Seq& s = seq(seq_id);
-  KVB_CHECK(new_len >= 0 && new_len <= s.seen, opts_.name, ": cannot truncate sequence ", seq_id,
-            " of ", s.seen, " tokens to ", new_len);
+  Seq& s = seqs_.truncating(seq_id, new_len);
   const int64_t drop = s.seen - new_len;
-  for (auto& layer : s.heads) {
-    for (auto& h : layer) {
-      const int64_t keep =
-          std::lower_bound(h.idx.begin(), h.idx.begin() + h.len, static_cast<int32_t>(new_len)) -
-          h.idx.begin();
-      std::vector<int64_t> slots(static_cast<size_t>(keep));
-      for (int64_t j = 0; j < keep; ++j) slots[j] = j;
-      compact(h, slots);
-    }
-  }
+  for (auto& layer : s.heads)
+    for (auto& h : layer) heads_.cut(h, new_len);
   for (auto& wl : s.window_len) wl = std::max<int64_t>(0, wl - drop);
   s.seen = new_len;
   s.next_pos -= drop;
 }
 
-int64_t EvictingKvCache::seq_len(int64_t seq_id) const {
-  auto it = seqs_.find(seq_id);
-  return it == seqs_.end() ? 0 : it->second.seen;
-}
-
 Footprint EvictingKvCache::footprint() const {
   Footprint f;
   const int64_t entry_bytes = 2 * D_ * elem_;
-  const int64_t per_entry_host = 4 + (needs_.accumulate ? 4 : 0);
   int64_t host_index = 0, host_meta = 0, window_bytes = 0, entries_all = 0, model_rows = 0;
   for (const auto& [id, s] : seqs_) {
     int64_t entries = 0;
     for (const auto& layer : s.heads) {
       for (const auto& h : layer) {
         entries += h.len;
-        if (opts_.codec) {
-          // The codec's exact bytes: codes + full-precision rows are payload, scales and
-          // minimums metadata, live masks index; the entry arrays' slack is reserved.
-          CodecBytes b;
-          if (h.ks.p) {
-            b += h.ks.p->bytes();
-            b += h.vs.p->bytes();
-          }
-          f.device_payload_bytes += b.payload_bytes() + 2 * h.pend * D_ * 4;  // pending: fp32
-          model_rows += 2 * h.pend * D_ * 4;
-          host_meta += b.metadata_bytes;
-          host_index += b.index_bytes;
-          f.device_reserved_bytes += b.reserved_bytes + (h.cap - h.len) * per_entry_host;
-        } else {
-          f.device_payload_bytes += h.len * entry_bytes;
-          model_rows += h.len * entry_bytes;
-          f.device_reserved_bytes += (h.cap - h.len) * (entry_bytes + per_entry_host);
-        }
-        host_index += h.len * 4;
-        if (needs_.accumulate) host_meta += h.len * 4;
+        const RaggedBytes b = heads_.bytes(h);
+        f.device_payload_bytes += b.payload;
+        f.device_reserved_bytes += b.reserved;
+        model_rows += b.model_dtype;
+        host_meta += b.metadata;
+        host_index += b.index;
       }
     }
     for (const auto& w : s.window_q)
@@ -1005,7 +793,7 @@ std::map<std::string, double> EvictingKvCache::counters() const {
   c["evicted_entries"] = static_cast<double>(evicted_entries_);
   c["evicted_tokens"] = static_cast<double>(evicted_entries_) / static_cast<double>(L_ * Hkv_);
   c["compressions"] = static_cast<double>(compressions_);
-  c["reallocations"] = static_cast<double>(reallocations_);
+  c["reallocations"] = static_cast<double>(heads_.reallocations());
   double all_num = 0, all_den = 0;
   for (int64_t l = 0; l < L_; ++l) {
     std::vector<double> num(static_cast<size_t>(Hkv_), 0.0);
@@ -1034,16 +822,7 @@ std::map<std::string, double> EvictingKvCache::counters() const {
     CodecBytes kb, vb;
     for (const auto& [id, s] : seqs_)
       for (const auto& layer : s.heads)
-        for (const auto& h : layer)
-          if (h.ks.p) {
-            kb += h.ks.p->bytes();
-            vb += h.vs.p->bytes();
-            CodecBytes pend;  // pending prefill rows, fp32
-            pend.full_bytes = h.pend * D_ * 4;
-            pend.full_elems = h.pend * D_;
-            kb += pend;
-            vb += pend;
-          }
+        for (const auto& h : layer) heads_.add_codec_bytes(h, &kb, &vb);
     CodecBytes all = kb;
     all += vb;
     c["effective_bits_per_element"] = all.bits_per_element();
@@ -1057,10 +836,10 @@ std::map<std::string, double> EvictingKvCache::counters() const {
 }
 
 std::vector<HeadSnapshot> EvictingKvCache::probe_view(int layer, int64_t seq_id) const {
+  const Seq* found = probed(seq_id, layer, L_);
+  if (!found) return {};
+  const Seq& s = *found;
   std::vector<HeadSnapshot> out;
-  auto it = seqs_.find(seq_id);
-  if (it == seqs_.end() || layer < 0 || layer >= L_) return out;
-  const Seq& s = it->second;
   for (int64_t h = 0; h < Hkv_; ++h) {
     const Head& hd = s.heads[layer][h];
     HeadSnapshot snap;
@@ -1070,7 +849,7 @@ std::vector<HeadSnapshot> EvictingKvCache::probe_view(int layer, int64_t seq_id)
       snap.k = at::empty({0, D_}, at::kFloat);
       snap.v = at::empty({0, D_}, at::kFloat);
     } else {
-      at::Tensor K = stored_rows(hd, 0);
+      at::Tensor K = heads_.rows(hd, 0);
       if (opts_.position_mode == PositionMode::kRerotated) {
         const int64_t base = s.next_pos - hd.len;
         at::Tensor cos, sin;
@@ -1079,34 +858,22 @@ std::vector<HeadSnapshot> EvictingKvCache::probe_view(int layer, int64_t seq_id)
                         ctx_.config.rope_style == RopeStyle::kInterleaved);
       }
       snap.k = K.to(at::kCPU).to(at::kFloat).contiguous();
-      snap.v = stored_rows(hd, 1).to(at::kCPU).to(at::kFloat).contiguous();
+      snap.v = heads_.rows(hd, 1).to(at::kCPU).to(at::kFloat).contiguous();
     }
     out.push_back(std::move(snap));
   }
   return out;
 }
 
-std::vector<int32_t> EvictingKvCache::kept_indices(int64_t seq_id, int layer, int64_t head) const {
-  const Head& h = seq(seq_id).heads.at(layer).at(head);
-  return std::vector<int32_t>(h.idx.begin(), h.idx.begin() + h.len);
+const RaggedHead& EvictingKvCache::head(int64_t seq_id, int layer, int64_t head) const {
+  return seqs_.at(seq_id).heads.at(layer).at(head);
 }
 
-int64_t EvictingKvCache::capacity(int64_t seq_id, int layer, int64_t head) const {
-  return seq(seq_id).heads.at(layer).at(head).cap;
-}
-
-at::Tensor EvictingKvCache::kept_keys(int64_t seq_id, int layer, int64_t head) const {
-  const Head& h = seq(seq_id).heads.at(layer).at(head);
+at::Tensor EvictingKvCache::kept_rows(int64_t seq_id, int layer, int64_t head, int which) const {
+  const Head& h = seqs_.at(seq_id).heads.at(layer).at(head);
   if (!h.kv.defined() && !h.ks.p)
     return at::empty({0, D_}, at::TensorOptions().dtype(ctx_.dtype).device(ctx_.device));
-  return stored_rows(h, 0);
-}
-
-at::Tensor EvictingKvCache::kept_values(int64_t seq_id, int layer, int64_t head) const {
-  const Head& h = seq(seq_id).heads.at(layer).at(head);
-  if (!h.kv.defined() && !h.ks.p)
-    return at::empty({0, D_}, at::TensorOptions().dtype(ctx_.dtype).device(ctx_.device));
-  return stored_rows(h, 1);
+  return heads_.rows(h, which);
 }
 
 }  // namespace kvb

@@ -5,22 +5,14 @@
 // methods' policies are composed of a scorer, a protection, a budget allocator and a schedule
 // (composed_policy.h; one declaration per method: scored_method.h).
 //
-// Storage. Per sequence, per layer, per KV head one capacity-managed buffer
-//   kv:  [2, capacity, head_dim] (model dtype, model device): [0] keys, [1] values
-//   idx: [capacity] int32, the token index (position in the sequence) of each kept entry
-//   acc: [capacity] fp32, accumulated attention (only for policies that ask for it, H2O)
-// Entries 0..len-1 are live, in ascending token order. Heads are independent (ragged: every KV head
-// has its own length and capacity, never expanded to query heads). Keys are post-RoPE (absolute
+// Storage. Per sequence, per layer, per KV head one capacity-managed buffer of kept entries
+// (ragged_heads.h: keys and values in the model dtype or a codec, token indices, accumulated
+// attention for policies that ask for it, H2O). Heads are independent (ragged: every KV head has
+// its own length and capacity, never expanded to query heads). Keys are post-RoPE (absolute
 // position mode) or pre-RoPE (rerotated mode: re-rotated every step to contiguous positions that
 // end right before the step's first query position, as official StreamingLLM does with cache
-// indices).
-//
-// Eviction compacts the kept entries to the front (order-preserving) and then shrinks the buffer:
-// when the capacity exceeds round_up(len + 1, granule) + granule it is reallocated to
-// round_up(len + 1, granule), so evicted tokens really free memory. A head that never evicted grows
-// by 1.5x (rounded to the granule: keep-everything sequences append in amortised O(1)); a head that
-// has evicted grows to round_up(need, granule) + granule, so it stays near its budget between
-// compressions (slack is reported as reserved).
+// indices). Eviction compacts the kept entries to the front (order-preserving) and shrinks the
+// buffer, so evicted tokens really free memory.
 //
 // Attention. Each KV head attends its query group (GQA: the g query heads share the head's kept
 // set) over its kept entries plus the step's new tokens, exact softmax in fp32; new tokens attend
@@ -37,9 +29,10 @@
 //
 // Ledger (footprint()): payload = live K/V bytes; reserved = capacity slack (K/V and the per-entry
 // arrays); index = the int32 token indices; metadata = accumulated scores, observation-window
-// query buffers and query statistics (fp64, host) while held. Host-side arrays count as device_* on a CPU run and as host_bytes on a
-// GPU run. tokens_held = entries / (layers x KV heads) per sequence (token equivalents, floored);
-// logical_bytes = entries x uncompressed bytes per entry (exact).
+// query buffers and query statistics (fp64, host) while held. Host-side arrays count as device_* on
+// a CPU run and as host_bytes on a GPU run. tokens_held = entries / (layers x KV heads) per
+// sequence (token equivalents, floored); logical_bytes = entries x uncompressed bytes per entry
+// (exact).
 //
 // seq_len() is the sequence's logical length (tokens appended), not the entries held; truncate(n)
 // drops every kept entry with token index >= n (evicted entries do not come back). fork()
@@ -61,8 +54,13 @@
 
 #include "harness/kv/kv_cache.h"
 #include "harness/kv/method.h"
+#include "harness/kv/probe_view.h"
 #include "harness/kv/question_aware.h"
+#include "harness/kv/splice.h"
+#include "methods/common/head_geometry.h"
 #include "methods/common/kv_codec.h"
+#include "methods/common/ragged_heads.h"
+#include "methods/common/seq_store.h"
 
 namespace kvb {
 
@@ -179,7 +177,38 @@ class EvictionPolicy {
   virtual std::map<std::string, double> settings() const { return {}; }
 };
 
-class EvictingKvCache : public KvCache, public QuestionAwareCache {
+namespace evicting {
+// With a codec, prefill rows wait as pending rows and reach the codec at end_prefill, after the
+// prefill-time eviction, so a prompt's evicted tokens are never encoded (evict, then quantize what
+// is kept); decode rows go to the codec as they come.
+struct Head : RaggedHead {
+  std::vector<float> last;  // [len] during a step's end (and, for a policy compressing at
+                            // end_prefill, from the last prompt step to it), else empty
+};
+struct Seq {
+  int64_t seen = 0;
+  int64_t step_tokens = 0;  // tokens of the running step
+  int64_t step_pos0 = 0;    // RoPE position of the running step's first token
+  int64_t next_pos = 0;     // position after the last appended token
+  bool decoding = false;
+  int64_t since_compress = 0;
+  std::vector<std::vector<Head>> heads;  // [layer][kv head]
+  std::vector<at::Tensor> window_q;      // [layer]: [window, n_heads, head_dim] or undefined
+  std::vector<int64_t> window_len;       // [layer]: valid rows (the most recent queries)
+  // Needs::query_stats: [layer] sums of pre-RoPE query rows [n_heads, head_dim] and of their
+  // outer products [n_heads, head_dim, head_dim], fp64 CPU (undefined once freed), and counts.
+  std::vector<at::Tensor> q_sum, q_outer;
+  std::vector<int64_t> q_count;
+  int64_t question = 0;  // set_question_tokens
+};
+
+}  // namespace evicting
+
+class EvictingKvCache : public SeqStore<evicting::Seq, &evicting::Seq::seen>,
+                        public QuestionAwareCache,
+                        public ProbedCache,
+                        public SplicingCache,
+                        private HeadGeometry {
  public:
   struct Options {
     std::string name = "evicting";
@@ -194,77 +223,49 @@ class EvictingKvCache : public KvCache, public QuestionAwareCache {
   EvictingKvCache(const CacheContext& ctx, Options opts, std::unique_ptr<EvictionPolicy> policy);
   ~EvictingKvCache() override;
 
-  std::string name() const override { return opts_.name; }
-  void begin_step(const StepBatch& batch) override;
   at::Tensor attend(const LayerInput& in) override;
   void end_step(const StepBatch& batch) override;
   void end_prefill(int64_t seq_id) override;
   void release(int64_t seq_id) override;
   void fork(int64_t src_id, int64_t dst_id) override;
   void truncate(int64_t seq_id, int64_t new_len) override;
-  int64_t seq_len(int64_t seq_id) const override;
   Footprint footprint() const override;
   std::map<std::string, double> counters() const override;
   // Keys as the next query reads them (rerotated mode: rotated to positions ending right before the
   // sequence's next position), values, token indices; ragged per KV head.
   std::vector<HeadSnapshot> probe_view(int layer, int64_t seq_id) const override;
-  bool supports_splice() const override { return true; }
   void set_question_tokens(int64_t seq_id, int64_t question_tokens) override;
   void splice(int64_t dst_id, const std::vector<SpliceSource>& sources) override;
 
   // Inspection (tests, probes): the token indices a head keeps, its capacity, its kept keys as
   // stored ([len, head_dim]; pre-RoPE in rerotated mode) and values.
-  std::vector<int32_t> kept_indices(int64_t seq_id, int layer, int64_t head) const;
-  int64_t capacity(int64_t seq_id, int layer, int64_t head) const;
-  at::Tensor kept_keys(int64_t seq_id, int layer, int64_t head) const;
-  at::Tensor kept_values(int64_t seq_id, int layer, int64_t head) const;
+  std::vector<int32_t> kept_indices(int64_t seq_id, int layer, int64_t h) const {
+    return head(seq_id, layer, h).kept_indices();
+  }
+  int64_t capacity(int64_t seq_id, int layer, int64_t h) const {
+    return head(seq_id, layer, h).cap;
+  }
+  at::Tensor kept_keys(int64_t seq_id, int layer, int64_t h) const {
+    return kept_rows(seq_id, layer, h, 0);
+  }
+  at::Tensor kept_values(int64_t seq_id, int layer, int64_t h) const {
+    return kept_rows(seq_id, layer, h, 1);
+  }
   const EvictionPolicy& policy() const { return *policy_; }
 
  private:
-  struct Head {
-    at::Tensor kv;  // [2, cap, head_dim]; undefined with a codec
-    // With a codec: the kept keys and values are the streams' rows followed by `pend` pending rows
-    // (fp32, [pend, head_dim] each). Prefill rows wait as pending rows and reach the codec at
-    // end_prefill, after the prefill-time eviction, so a prompt's evicted tokens are never encoded
-    // (evict, then quantize what is kept); decode rows go to the codec as they come.
-    StreamBox ks, vs;
-    std::vector<float> pk, pv;
-    int64_t pend = 0;
-    int64_t len = 0, cap = 0;
-    bool evicted = false;      // has lost entries: grows linearly from then on
-    std::vector<int32_t> idx;  // [cap]
-    std::vector<float> acc;    // [cap] or empty
-    std::vector<float> last;   // [len] during a step's end (and, for a policy compressing at
-                               // end_prefill, from the last prompt step to it), else empty
-  };
-  struct Seq {
-    int64_t seen = 0;
-    int64_t step_tokens = 0;  // tokens of the running step
-    int64_t step_pos0 = 0;    // RoPE position of the running step's first token
-    int64_t next_pos = 0;     // position after the last appended token
-    bool decoding = false;
-    int64_t since_compress = 0;
-    std::vector<std::vector<Head>> heads;  // [layer][kv head]
-    std::vector<at::Tensor> window_q;      // [layer]: [window, n_heads, head_dim] or undefined
-    std::vector<int64_t> window_len;       // [layer]: valid rows (the most recent queries)
-    // Needs::query_stats: [layer] sums of pre-RoPE query rows [n_heads, head_dim] and of their
-    // outer products [n_heads, head_dim, head_dim], fp64 CPU (undefined once freed), and counts.
-    std::vector<at::Tensor> q_sum, q_outer;
-    std::vector<int64_t> q_count;
-    int64_t question = 0;  // set_question_tokens
-  };
-
-  Seq& seq(int64_t id);
-  const Seq& seq(int64_t id) const;
-  bool fast() const { return fast_; }
+  using Head = evicting::Head;
+  using Seq = evicting::Seq;
+  // A sequence's state at its first step (with the question it was told of).
+  Seq new_seq(int64_t seq_id) override;
+  // The step's state; a policy that makes room before a step compresses; room in every head.
+  void step_begins(Seq& s, const StepBatch& batch, int64_t b) override;
+  const RaggedHead& head(int64_t seq_id, int layer, int64_t head) const;
+  at::Tensor kept_rows(int64_t seq_id, int layer, int64_t head, int which) const;
   bool collecting_window(const Seq& s) const;
-  void reserve(Head& h, int64_t need);
-  void reallocate(Head& h, int64_t cap);
-  void reallocate_kv(Head& h, int64_t cap);
   // Hands a head's pending rows to its codec streams (with the observation window's query energy
   // first, for a query-aware codec).
   void flush_pending(Seq& s, int layer, int64_t head);
-  void compact(Head& h, const std::vector<int64_t>& keep);
   void compress(Seq& s, Trigger trigger, int64_t incoming);
   void compress_layer(Seq& s, int layer, Trigger trigger, int64_t incoming);
   void push_window(Seq& s, int layer, const at::Tensor& q, int64_t start, int64_t n);
@@ -279,11 +280,6 @@ class EvictingKvCache : public KvCache, public QuestionAwareCache {
   // Keys of head `h` ready for attention at positions base .. base + rows - 1 (rerotated mode), or
   // the stored post-RoPE keys (absolute mode). CPU fp32 fills `scratch`; generic returns a tensor.
   const float* keys_f32(const float* K, int64_t rows, int64_t base, std::vector<float>* scratch);
-  // The head's stored keys [len, head_dim] fp32 (CPU fp32 path): the buffer itself, or decoded from
-  // the codec into `buf`.
-  const float* stored_keys(const Head& h, std::vector<float>* buf) const;
-  // Stored keys (which = 0) or values (1) of a head as a [len, head_dim] tensor (a copy).
-  at::Tensor stored_rows(const Head& h, int which) const;
   at::Tensor keys_generic(const Head& h, int64_t rows, int64_t base);
   // q: [T, n_heads, head_dim]; k (post-RoPE, or pre-RoPE in rerotated mode), v: [T, kv_heads,
   // head_dim]; the sequence's rows are start .. start + n - 1; writes those rows of out.
@@ -303,11 +299,9 @@ class EvictingKvCache : public KvCache, public QuestionAwareCache {
   std::unique_ptr<EvictionPolicy> policy_;
   EvictionPolicy::Needs needs_;
   EvictionPolicy::Schedule sched_;
-  int64_t L_, Hkv_, Hq_, G_, D_, elem_;
-  bool fast_ = false;
+  RaggedHeads heads_;
   bool host_is_device_ = true;
   float sm_scale_ = 1.0f;
-  std::unordered_map<int64_t, Seq> seqs_;
   std::unordered_map<int64_t, int64_t> question_for_;  // told before the sequence's first step
   at::Tensor rope_cos_, rope_sin_;  // [n, head_dim / 2] fp32 CPU
   at::Tensor rope_cos_dev_, rope_sin_dev_;
@@ -317,7 +311,6 @@ class EvictingKvCache : public KvCache, public QuestionAwareCache {
   // Counters.
   int64_t evicted_entries_ = 0;
   int64_t compressions_ = 0;
-  int64_t reallocations_ = 0;
 };
 
 }  // namespace kvb

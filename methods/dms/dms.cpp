@@ -13,8 +13,9 @@
 #include <cstring>
 
 #include "harness/common/error.h"
+#include "harness/kv/hidden_state.h"
 #include "harness/kv/method_registry.h"
-#include "methods/common/seq_table.h"
+#include "methods/common/seq_store.h"
 #include "methods/dms/dms_adapter.h"
 
 namespace kvb {
@@ -22,22 +23,30 @@ namespace {
 
 enum class Decisions { kAdapter, kKeepAll, kEvictAll };
 
-class DmsKvCache : public KvCache {
+struct DmsHead {
+  std::vector<int32_t> pos;    // token positions, ascending
+  std::vector<uint8_t> evict;  // 1: its decision says evict (dropped once out of the window)
+  std::vector<float> k, v;     // [entries, head_dim] fp32
+};
+struct DmsLayer {
+  std::vector<DmsHead> heads;
+};
+struct DmsSeq {
+  DmsSeq(int64_t n_layers, int64_t n_kv_heads)
+      : layers(static_cast<size_t>(n_layers), DmsLayer{std::vector<DmsHead>(n_kv_heads)}) {}
+  std::vector<DmsLayer> layers;
+  int64_t len = 0;
+};
+
+class DmsKvCache : public SeqStore<DmsSeq>, public HiddenStateCache {
  public:
   DmsKvCache(const CacheContext& ctx, std::shared_ptr<const dms::Adapter> adapter, int64_t window,
              Decisions mode)
-      : ctx_(ctx), adapter_(std::move(adapter)), window_(window), mode_(mode) {
-  }
+      : SeqStore("dms"), ctx_(ctx), adapter_(std::move(adapter)), window_(window), mode_(mode) {}
 
-  std::string name() const override { return "dms"; }
-
-  void begin_step(const StepBatch& batch) override {
-    seqs_.begin_step(batch, [&] {
-      Seq s;
-      s.layers.resize(static_cast<size_t>(ctx_.config.n_layers));
-      for (auto& y : s.layers) y.heads.resize(static_cast<size_t>(ctx_.config.n_kv_heads));
-      return s;
-    });
+  void layer_hidden(int layer, const at::Tensor& hidden) override {
+    hidden_ = hidden;
+    hidden_layer_ = layer;
   }
 
   at::Tensor attend(const LayerInput& in) override {
@@ -46,9 +55,11 @@ class DmsKvCache : public KvCache {
     const int64_t D = c.head_dim, Hkv = c.n_kv_heads, G = c.group_size();
     at::Tensor alpha;  // [T, Hkv]: evict when > 0
     if (mode_ == Decisions::kAdapter) {
-      KVB_CHECK(in.hidden != nullptr, "dms: the engine passed no hidden state to layer ", in.layer);
+      KVB_CHECK(hidden_.defined() && hidden_layer_ == in.layer,
+                "dms: the engine passed no hidden state to layer ", in.layer);
       at::NoGradGuard ng;
-      alpha = adapter_->alpha(in.layer, *in.hidden).contiguous();
+      alpha = adapter_->alpha(in.layer, hidden_).contiguous();
+      hidden_ = at::Tensor();  // the forward's buffer: used for this layer only
     }
     std::vector<at::Tensor> outs;
     for (int64_t b = 0; b < batch.batch_size(); ++b) {
@@ -106,8 +117,6 @@ class DmsKvCache : public KvCache {
     }
   }
 
-  void release(int64_t seq_id) override { seqs_.release(seq_id); }
-  void fork(int64_t src_id, int64_t dst_id) override { seqs_.fork(src_id, dst_id); }
   void truncate(int64_t seq_id, int64_t new_len) override {
     Seq& s = seqs_.truncating(seq_id, new_len);
     const int64_t D = ctx_.config.head_dim;
@@ -124,7 +133,6 @@ class DmsKvCache : public KvCache {
       }
     s.len = new_len;
   }
-  int64_t seq_len(int64_t seq_id) const override { return seqs_.len(seq_id); }
 
   Footprint footprint() const override {
     const auto& c = ctx_.config;
@@ -172,18 +180,10 @@ class DmsKvCache : public KvCache {
   }
 
  private:
-  struct Head {
-    std::vector<int32_t> pos;    // token positions, ascending
-    std::vector<uint8_t> evict;  // 1: its decision says evict (dropped once out of the window)
-    std::vector<float> k, v;     // [entries, head_dim] fp32
-  };
-  struct Layer {
-    std::vector<Head> heads;
-  };
-  struct Seq {
-    std::vector<Layer> layers;
-    int64_t len = 0;
-  };
+  using Head = DmsHead;
+  using Seq = DmsSeq;
+
+  Seq new_seq(int64_t) override { return Seq(ctx_.config.n_layers, ctx_.config.n_kv_heads); }
 
   // a: the decision logit (adapter mode), else null.
   uint8_t decide(const float* a) {
@@ -228,7 +228,8 @@ class DmsKvCache : public KvCache {
   std::shared_ptr<const dms::Adapter> adapter_;
   int64_t window_;
   Decisions mode_;
-  SeqTable<Seq> seqs_{"dms"};
+  at::Tensor hidden_;  // [T, dim]: the residual stream entering layer hidden_layer_ (layer_hidden)
+  int hidden_layer_ = -1;
   double seen_ = 0, decisions_ = 0, evict_decisions_ = 0;
 };
 

@@ -33,20 +33,20 @@ KiviKernelKvCache::KiviKernelKvCache(const CacheContext& ctx, const kernels::Kiv
                                      c10::ScalarType ring_dtype, std::string name,
                                      std::map<std::string, double> extra_counters,
                                      kernels::KiviCudaKernel cuda_kernel)
-    : ctx_(ctx),
+    : SeqStore(std::move(name)),
+      ctx_(ctx),
       layout_(layout),
       ring_dtype_(ring_dtype),
-      name_(std::move(name)),
       extra_counters_(std::move(extra_counters)),
       cuda_kernel_(cuda_kernel),
       U_(kernels::kivi_residual_capacity(layout)) {
   KVB_CHECK(
       layout_.num_kv_heads == ctx_.config.n_kv_heads && layout_.head_dim == ctx_.config.head_dim,
-      name_, ": the KIVI layout's heads (", layout_.num_kv_heads, " x ", layout_.head_dim,
+      this->name(), ": the KIVI layout's heads (", layout_.num_kv_heads, " x ", layout_.head_dim,
       ") do not match the model's (", ctx_.config.n_kv_heads, " x ", ctx_.config.head_dim, ")");
   const std::string why = kernels::kivi_kernel_supported(ctx_.device, ring_dtype_, layout_,
                                                          ctx_.config.n_heads, cuda_kernel_);
-  KVB_CHECK(why.empty(), name_, ": the KIVI kernels cannot serve this configuration on ",
+  KVB_CHECK(why.empty(), this->name(), ": the KIVI kernels cannot serve this configuration on ",
             ctx_.device.str(), ": ", why);
   page_capacity_ = kInitialPages;
   ring_capacity_ = kInitialRings;
@@ -61,18 +61,6 @@ KiviKernelKvCache::KiviKernelKvCache(const CacheContext& ctx, const kernels::Kiv
   for (int64_t i = page_capacity_ - 1; i >= 0; --i) free_pages_.push_back(static_cast<int32_t>(i));
   refcount_.assign(static_cast<size_t>(page_capacity_), 0);
   for (int64_t i = ring_capacity_ - 1; i >= 0; --i) free_rings_.push_back(static_cast<int32_t>(i));
-}
-
-KiviKernelKvCache::Seq& KiviKernelKvCache::seq(int64_t id) {
-  auto it = seqs_.find(id);
-  KVB_ASSERT(it != seqs_.end(), name_, "unknown sequence ", id);
-  return it->second;
-}
-
-const KiviKernelKvCache::Seq& KiviKernelKvCache::seq(int64_t id) const {
-  auto it = seqs_.find(id);
-  KVB_ASSERT(it != seqs_.end(), name_, "unknown sequence ", id);
-  return it->second;
 }
 
 int32_t KiviKernelKvCache::alloc_page() {
@@ -149,15 +137,15 @@ void KiviKernelKvCache::free_pages_beyond(Seq& s, int64_t n) {
   }
 }
 
+KiviKernelKvCache::Seq KiviKernelKvCache::new_seq(int64_t) {
+  Seq s;
+  s.ring_row = alloc_ring_row();
+  return s;
+}
+
 void KiviKernelKvCache::begin_step(const StepBatch& batch) {
   const int64_t B = batch.batch_size();
-  // New sequences first (a ring row each).
-  for (int64_t b = 0; b < B; ++b)
-    if (!seqs_.count(batch.seq_ids[b])) {
-      Seq s;
-      s.ring_row = alloc_ring_row();
-      seqs_.emplace(batch.seq_ids[b], std::move(s));
-    }
+  SeqStore::begin_step(batch);  // new sequences first (a ring row each)
   kernels::KiviStepTables& t = step_tables_;
   t = kernels::KiviStepTables();
   t.page_indptr.push_back(0);
@@ -166,15 +154,13 @@ void KiviKernelKvCache::begin_step(const StepBatch& batch) {
   step_ring_rows_.clear();
   for (int64_t b = 0; b < B; ++b) {
     const int64_t id = batch.seq_ids[b];
-    KVB_ASSERT(seq(id).len == batch.past_lens[b], name_, "sequence ", id, " holds ", seq(id).len,
-               " tokens but the step says ", batch.past_lens[b]);
     const int64_t n = batch.new_tokens(b), after = batch.past_lens[b] + n;
     if (n != 1) step_decode_ = false;
     // Pages shared with a fork are copied before this step writes them; then the pools grow. (Both
     // may move the pools; map elements stay where they are.)
-    own_touched_pages(seq(id), batch.past_lens[b], after);
-    ensure_pages(seq(id), after);
-    const Seq& s = seq(id);
+    own_touched_pages(seqs_.at(id), batch.past_lens[b], after);
+    ensure_pages(seqs_.at(id), after);
+    const Seq& s = seqs_.at(id);
     t.page_indices.insert(t.page_indices.end(), s.pages.begin(), s.pages.end());
     t.page_indptr.push_back(static_cast<int32_t>(t.page_indices.size()));
     t.kv_lens_before.push_back(static_cast<int32_t>(batch.past_lens[b]));
@@ -226,7 +212,7 @@ at::Tensor KiviKernelKvCache::attend(const LayerInput& in) {
     const at::Tensor q = in.q->narrow(0, start, n);
     at::Tensor k = in.k->narrow(0, start, n), v = in.v->narrow(0, start, n);
     if (past > 0) {
-      const Seq& s = seq(batch.seq_ids[b]);
+      const Seq& s = seqs_.at(batch.seq_ids[b]);
       auto [K, V] = kernels::kivi_dequantize(layout_, pools_[l], k_ring_[l][s.ring_row],
                                              v_ring_[l][s.ring_row], s.pages, past);
       k = at::cat({K.to(q.scalar_type()), k.to(q.scalar_type())});
@@ -241,24 +227,23 @@ at::Tensor KiviKernelKvCache::attend(const LayerInput& in) {
 }
 
 void KiviKernelKvCache::end_step(const StepBatch& batch) {
-  for (int64_t b = 0; b < batch.batch_size(); ++b) seq(batch.seq_ids[b]).len += batch.new_tokens(b);
+  SeqStore::end_step(batch);
   if (batch.batch_size() > 0) ++(step_decode_ ? decode_kernel_steps_ : exact_steps_);
 }
 
 void KiviKernelKvCache::release(int64_t seq_id) {
-  auto it = seqs_.find(seq_id);
-  if (it == seqs_.end()) return;
-  for (int32_t p : it->second.pages) unref_page(p);
-  free_rings_.push_back(it->second.ring_row);
-  seqs_.erase(it);
+  const Seq* s = seqs_.find(seq_id);
+  if (!s) return;
+  for (int32_t p : s->pages) unref_page(p);
+  free_rings_.push_back(s->ring_row);
+  SeqStore::release(seq_id);
 }
 
 void KiviKernelKvCache::fork(int64_t src_id, int64_t dst_id) {
-  KVB_ASSERT(seqs_.count(dst_id) == 0, name_, "fork target ", dst_id, " already exists");
   Seq d;
-  d.len = seq(src_id).len;
+  d.len = seqs_.at(src_id).len;
   d.ring_row = alloc_ring_row();
-  const Seq& s = seq(src_id);
+  const Seq& s = seqs_.at(src_id);
   // Pages are shared (copy-on-write: own_touched_pages copies one before a step writes into it);
   // the residual ring is per sequence and copied.
   d.pages = s.pages;
@@ -267,13 +252,11 @@ void KiviKernelKvCache::fork(int64_t src_id, int64_t dst_id) {
     k_ring_[l][d.ring_row].copy_(k_ring_[l][s.ring_row]);
     v_ring_[l][d.ring_row].copy_(v_ring_[l][s.ring_row]);
   }
-  seqs_.emplace(dst_id, std::move(d));
+  seqs_.add(dst_id, std::move(d), "fork target ");
 }
 
 void KiviKernelKvCache::truncate(int64_t seq_id, int64_t new_len) {
-  Seq& s = seq(seq_id);
-  KVB_CHECK(new_len >= 0 && new_len <= s.len, name_, ": cannot truncate sequence ", seq_id, " of ",
-            s.len, " tokens to ", new_len);
+  Seq& s = seqs_.truncating(seq_id, new_len);
   if (new_len == s.len) return;
   const int64_t kq = kernels::kivi_k_quant_len(layout_, new_len);
   const int64_t vq = kernels::kivi_v_quant_len(layout_, new_len);
@@ -297,13 +280,8 @@ void KiviKernelKvCache::truncate(int64_t seq_id, int64_t new_len) {
   s.len = new_len;
 }
 
-int64_t KiviKernelKvCache::seq_len(int64_t seq_id) const {
-  auto it = seqs_.find(seq_id);
-  return it == seqs_.end() ? 0 : it->second.len;
-}
-
 std::pair<at::Tensor, at::Tensor> KiviKernelKvCache::dequantized(int layer, int64_t seq_id) const {
-  const Seq& s = seq(seq_id);
+  const Seq& s = seqs_.at(seq_id);
   return kernels::kivi_dequantize(layout_, pools_.at(layer), k_ring_[layer][s.ring_row],
                                   v_ring_[layer][s.ring_row], s.pages, s.len);
 }

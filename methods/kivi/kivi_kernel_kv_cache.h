@@ -35,11 +35,20 @@
 
 #include "harness/kv/kv_cache.h"
 #include "harness/kv/method.h"
+#include "harness/kv/probe_view.h"
 #include "kernels/torch/kivi_torch.h"
+#include "methods/common/seq_store.h"
 
 namespace kvb {
 
-class KiviKernelKvCache : public KvCache {
+// One sequence: its page table and residual ring row.
+struct KiviKernelSeq {
+  std::vector<int32_t> pages;
+  int32_t ring_row = -1;
+  int64_t len = 0;
+};
+
+class KiviKernelKvCache : public SeqStore<KiviKernelSeq>, public ProbedCache {
  public:
   // ring_dtype: fp16 or bf16. Throws (naming the reason) when the kernels cannot serve the layout
   // on ctx.device.
@@ -49,14 +58,12 @@ class KiviKernelKvCache : public KvCache {
                     std::map<std::string, double> extra_counters = {},
                     kernels::KiviCudaKernel cuda_kernel = kernels::KiviCudaKernel::kCudaCores);
 
-  std::string name() const override { return name_; }
   void begin_step(const StepBatch& batch) override;
   at::Tensor attend(const LayerInput& in) override;
   void end_step(const StepBatch& batch) override;
   void release(int64_t seq_id) override;
   void fork(int64_t src_id, int64_t dst_id) override;
   void truncate(int64_t seq_id, int64_t new_len) override;
-  int64_t seq_len(int64_t seq_id) const override;
   Footprint footprint() const override;
   std::map<std::string, double> counters() const override;
   std::vector<HeadSnapshot> probe_view(int layer, int64_t seq_id) const override;
@@ -69,13 +76,8 @@ class KiviKernelKvCache : public KvCache {
   std::pair<at::Tensor, at::Tensor> dequantized(int layer, int64_t seq_id) const;
 
  private:
-  struct Seq {
-    std::vector<int32_t> pages;
-    int32_t ring_row = -1;
-    int64_t len = 0;
-  };
-  Seq& seq(int64_t id);
-  const Seq& seq(int64_t id) const;
+  using Seq = KiviKernelSeq;
+  Seq new_seq(int64_t seq_id) override;  // a ring row of its own
   int32_t alloc_page();
   void unref_page(int32_t id);
   // Copies the pages of `s` that appending tokens [before, after) writes into and that a fork
@@ -92,7 +94,6 @@ class KiviKernelKvCache : public KvCache {
   CacheContext ctx_;
   kernels::KiviLayout layout_;
   c10::ScalarType ring_dtype_;
-  std::string name_;
   std::map<std::string, double> extra_counters_;
   kernels::KiviCudaKernel cuda_kernel_;
   int64_t U_;  // ring capacity
@@ -102,7 +103,6 @@ class KiviKernelKvCache : public KvCache {
   int64_t page_capacity_ = 0, ring_capacity_ = 0;
   std::vector<int32_t> free_pages_, free_rings_;
   std::vector<int32_t> refcount_;  // [page_capacity_] sequences holding each page
-  std::unordered_map<int64_t, Seq> seqs_;
 
   // Per step.
   kernels::KiviStepTables step_tables_;

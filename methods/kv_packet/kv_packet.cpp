@@ -11,10 +11,16 @@
 
 #include "harness/common/error.h"
 #include "harness/common/json_parse.h"
+#include "harness/kv/document_reuse.h"
+#include "harness/kv/hidden_state.h"
+#include "harness/kv/lookahead.h"
 #include "harness/kv/method_registry.h"
+#include "harness/kv/probe_view.h"
+#include "harness/kv/splice.h"
 #include "methods/common/codec_kv_cache.h"
 #include "methods/common/contiguous_kv_cache.h"
 #include "methods/common/eviction_select.h"
+#include "methods/common/forwarding_kv_cache.h"
 #include "methods/kv_packet/packet_adapter.h"
 
 namespace kvb {
@@ -23,7 +29,7 @@ namespace {
 // A store that can splice, declaring how documents are cached (composition by subclassing the
 // store: the dense one, or the codec store).
 template <class Store>
-class KvPacketCache : public Store {
+class KvPacketCache : public Store, public DocumentReuseCache {
  public:
   template <class... Args>
   explicit KvPacketCache(DocumentReuse reuse, Args&&... args)
@@ -40,41 +46,42 @@ class KvPacketCache : public Store {
   DocumentReuse reuse_;
 };
 
-// Any splicing store, wrapped (composition by wrapping, as kvpress composes presses): every call goes
-// to the inner store; the wrapper adds how documents are cached.
-class DocumentReuseCache : public KvCache {
+// Any splicing store, wrapped (composition by wrapping, as kvpress composes presses): every call
+// goes to the inner store, capabilities included; the wrapper adds how documents are cached.
+class PacketWrapper : public ForwardingKvCache,
+                      public DocumentReuseCache,
+                      public SplicingCache,
+                      public ProbedCache,
+                      public LookaheadCache,
+                      public HiddenStateCache {
  public:
-  DocumentReuseCache(DocumentReuse reuse, std::unique_ptr<KvCache> inner)
-      : reuse_(std::move(reuse)), inner_(std::move(inner)) {}
-  std::string name() const override { return "kv_packet(" + inner_->name() + ")"; }
-  void begin_step(const StepBatch& batch) override { inner_->begin_step(batch); }
-  at::Tensor attend(const LayerInput& in) override { return inner_->attend(in); }
-  void end_step(const StepBatch& batch) override { inner_->end_step(batch); }
-  void end_prefill(int64_t seq_id) override { inner_->end_prefill(seq_id); }
-  void release(int64_t seq_id) override { inner_->release(seq_id); }
-  void fork(int64_t src_id, int64_t dst_id) override { inner_->fork(src_id, dst_id); }
-  void truncate(int64_t seq_id, int64_t new_len) override { inner_->truncate(seq_id, new_len); }
-  int64_t seq_len(int64_t seq_id) const override { return inner_->seq_len(seq_id); }
-  Footprint footprint() const override { return inner_->footprint(); }
+  PacketWrapper(DocumentReuse reuse, std::unique_ptr<KvCache> inner)
+      : ForwardingKvCache(std::move(inner)), reuse_(std::move(reuse)) {}
+  std::string name() const override { return "kv_packet(" + inner().name() + ")"; }
   std::map<std::string, double> counters() const override {
-    std::map<std::string, double> m = inner_->counters();
+    std::map<std::string, double> m = inner().counters();
     m["doc_tokens"] = static_cast<double>(reuse_.doc_tokens);
     m["rows_per_document"] = static_cast<double>(reuse_.extra_rows());
     return m;
   }
   std::vector<HeadSnapshot> probe_view(int layer, int64_t seq_id) const override {
-    return inner_->probe_view(layer, seq_id);
+    return probe_view_of(inner(), layer, seq_id);
   }
-  bool wants_lookahead() const override { return inner_->wants_lookahead(); }
-  bool supports_splice() const override { return inner_->supports_splice(); }
+  bool wants_lookahead() const override { return wanting_lookahead(inner()) != nullptr; }
+  void set_lookahead_rows(const std::vector<uint8_t>& rows) override {
+    if (LookaheadCache* l = wanting_lookahead(wrapped())) l->set_lookahead_rows(rows);
+  }
+  bool can_splice() const override { return splicing(inner()) != nullptr; }
   void splice(int64_t dst_id, const std::vector<SpliceSource>& sources) override {
-    inner_->splice(dst_id, sources);
+    splicing(wrapped())->splice(dst_id, sources);
+  }
+  void layer_hidden(int layer, const at::Tensor& hidden) override {
+    if (auto* h = dynamic_cast<HiddenStateCache*>(&wrapped())) h->layer_hidden(layer, hidden);
   }
   const DocumentReuse* document_reuse() const override { return &reuse_; }
 
  private:
   DocumentReuse reuse_;
-  std::unique_ptr<KvCache> inner_;
 };
 
 MethodInfo kv_packet_info() {
@@ -158,9 +165,9 @@ std::unique_ptr<KvCache> make_kv_packet(const CacheContext& ctx, const nlohmann:
     KVB_CHECK(p["codec"] == "none", "method kv_packet.codec: give the codec to the inner method (",
               inner, ") instead, in inner_params");
     std::unique_ptr<KvCache> store = MethodRegistry::instance().create(inner, ctx, inner_params);
-    KVB_CHECK(store->supports_splice(), "method kv_packet.inner=", inner, ": its store (",
+    KVB_CHECK(splicing(*store) != nullptr, "method kv_packet.inner=", inner, ": its store (",
               store->name(), ") cannot splice sequences, so its packets cannot be reused");
-    return std::make_unique<DocumentReuseCache>(std::move(r), std::move(store));
+    return std::make_unique<PacketWrapper>(std::move(r), std::move(store));
   }
   if (auto codec = parse_codec(p, "kv_packet", ctx.config.head_dim))
     return std::make_unique<KvPacketCache<CodecKvCache>>(std::move(r), ctx, codec, "kv_packet");

@@ -16,6 +16,7 @@
 #include "harness/model/model.h"
 #include "kvb/kernels/cpu_ops.h"
 #include "methods/common/eviction_select.h"
+#include "methods/common/row_attention.h"
 
 namespace kvb {
 namespace kvreviver {
@@ -160,8 +161,6 @@ int64_t MergeBuckets::bytes() const {
 }  // namespace kvreviver
 
 namespace {
-constexpr int64_t kGranule = 16;
-int64_t round_up(int64_t x, int64_t g) { return (x + g - 1) / g * g; }
 double sq_dist(const float* a, const float* b, int64_t n) {
   double s = 0;
   for (int64_t i = 0; i < n; ++i) s += static_cast<double>(a[i] - b[i]) * (a[i] - b[i]);
@@ -175,102 +174,26 @@ double sq_norm(const float* a, int64_t n) {
 }  // namespace
 
 KvReviverKvCache::KvReviverKvCache(const CacheContext& ctx, Options opts)
-    : ctx_(ctx), opts_(std::move(opts)) {
-  const ModelConfig& c = ctx_.config;
-  L_ = c.n_layers;
-  Hkv_ = c.n_kv_heads;
-  Hq_ = c.n_heads;
-  D_ = c.head_dim;
-  KVB_CHECK(Hkv_ >= 1 && Hq_ % Hkv_ == 0, "kvreviver: ", Hq_, " query heads do not group over ",
-            Hkv_, " KV heads");
-  G_ = Hq_ / Hkv_;
-}
+    : SeqStore("kvreviver"),
+      HeadGeometry(ctx),
+      ctx_(ctx),
+      opts_(std::move(opts)),
+      heads_({"kvreviver", D_, at::kFloat, at::Device(at::kCPU), true, 16, true, opts_.codec}) {}
 
-KvReviverKvCache::Seq& KvReviverKvCache::seq(int64_t id) {
-  auto it = seqs_.find(id);
-  KVB_ASSERT(it != seqs_.end(), "kvreviver", "unknown sequence ", id);
-  return it->second;
-}
-
-const KvReviverKvCache::Seq& KvReviverKvCache::seq(int64_t id) const {
-  auto it = seqs_.find(id);
-  KVB_ASSERT(it != seqs_.end(), "kvreviver", "unknown sequence ", id);
-  return it->second;
-}
-
-void KvReviverKvCache::reallocate(Head& h, int64_t cap) {
-  // Fresh vectors so that the capacity really is `cap` (shrinking frees). With a codec the rows
-  // live in the streams and the pending buffers: only the per-entry arrays have a capacity.
-  if (!opts_.codec) {
-    std::vector<float> k(static_cast<size_t>(cap * D_)), v(static_cast<size_t>(cap * D_));
-    std::copy(h.k.begin(), h.k.begin() + h.len * D_, k.begin());
-    std::copy(h.v.begin(), h.v.begin() + h.len * D_, v.begin());
-    h.k.swap(k);
-    h.v.swap(v);
-  }
-  std::vector<int32_t> idx(static_cast<size_t>(cap));
-  std::vector<float> acc(static_cast<size_t>(cap));
-  std::copy(h.idx.begin(), h.idx.begin() + h.len, idx.begin());
-  std::copy(h.acc.begin(), h.acc.begin() + h.len, acc.begin());
-  h.idx.swap(idx);
-  h.acc.swap(acc);
-  h.cap = cap;
-}
-
-void KvReviverKvCache::reserve(Head& h, int64_t need) {
-  if (need <= h.cap) return;
-  reallocate(h, h.evicted ? round_up(need, kGranule) + kGranule
-                          : round_up(std::max(need, h.cap + h.cap / 2), kGranule));
-}
-
-void KvReviverKvCache::compact(Head& h, const std::vector<int64_t>& keep) {
-  const int64_t k = static_cast<int64_t>(keep.size());
-  if (opts_.codec) keep_codec_rows(h.ks, h.vs, h.pk, h.pv, &h.pend, h.len, D_, keep);
-  for (int64_t r = 0; r < k; ++r) {
-    const int64_t s = keep[r];
-    if (s == r) continue;  // ascending: s > r, forward copies never clobber
-    if (!opts_.codec) {
-      std::memcpy(h.k.data() + r * D_, h.k.data() + s * D_, sizeof(float) * D_);
-      std::memcpy(h.v.data() + r * D_, h.v.data() + s * D_, sizeof(float) * D_);
+KvReviverKvCache::Seq KvReviverKvCache::new_seq(int64_t) {
+  Seq s;
+  s.heads.assign(static_cast<size_t>(L_), std::vector<Head>(static_cast<size_t>(Hkv_)));
+  for (int64_t l = 0; l < L_; ++l) {
+    for (int64_t h = 0; h < Hkv_; ++h) {
+      const uint64_t hs = opts_.seed * 1000003ULL + static_cast<uint64_t>(l * Hkv_ + h) * 2;
+      Head& hd = s.heads[l][h];
+      hd.sk = kvreviver::CountSketch(opts_.depth, opts_.width, D_, hs);
+      hd.sv = kvreviver::CountSketch(opts_.depth, opts_.width, D_, hs + 1);
+      hd.mb = kvreviver::MergeBuckets(opts_.width, D_, opts_.keys_pre_rope);
+      if (opts_.codec) heads_.make_streams(hd, static_cast<int>(l));
     }
-    h.idx[r] = h.idx[s];
-    h.acc[r] = h.acc[s];
   }
-  if (k < h.len) h.evicted = true;
-  h.len = k;
-  const int64_t target = round_up(k + 1, kGranule);
-  if (h.cap > target + kGranule) reallocate(h, target);
-}
-
-void KvReviverKvCache::exact_rows(const Head& h, const float** K, const float** V,
-                                  std::vector<float>* kbuf, std::vector<float>* vbuf) const {
-  if (!opts_.codec) {
-    *K = h.k.data();
-    *V = h.v.data();
-    return;
-  }
-  const int64_t S = h.len - h.pend;
-  kbuf->resize(static_cast<size_t>(std::max<int64_t>(1, h.len) * D_));
-  vbuf->resize(kbuf->size());
-  if (S > 0) {
-    h.ks.p->decode(kbuf->data());
-    h.vs.p->decode(vbuf->data());
-  }
-  std::copy(h.pk.begin(), h.pk.begin() + h.pend * D_, kbuf->begin() + S * D_);
-  std::copy(h.pv.begin(), h.pv.begin() + h.pend * D_, vbuf->begin() + S * D_);
-  *K = kbuf->data();
-  *V = vbuf->data();
-}
-
-void KvReviverKvCache::flush_pending(Head& h) {
-  if (!opts_.codec || h.pend == 0) return;
-  h.ks.p->append(h.pk.data(), h.pend);
-  h.vs.p->append(h.pv.data(), h.pend);
-  h.pend = 0;
-  h.pk.clear();
-  h.pv.clear();
-  h.pk.shrink_to_fit();
-  h.pv.shrink_to_fit();
+  return s;
 }
 
 void KvReviverKvCache::ensure_rope(int64_t n_pos) {
@@ -283,41 +206,18 @@ void KvReviverKvCache::ensure_rope(int64_t n_pos) {
   rope_len_ = len;
 }
 
-void KvReviverKvCache::begin_step(const StepBatch& batch) {
-  for (int64_t b = 0; b < batch.batch_size(); ++b) {
-    const int64_t id = batch.seq_ids[b];
-    auto [it, fresh] = seqs_.try_emplace(id);
-    Seq& s = it->second;
-    if (fresh) {
-      s.heads.assign(static_cast<size_t>(L_), std::vector<Head>(static_cast<size_t>(Hkv_)));
-      for (int64_t l = 0; l < L_; ++l) {
-        for (int64_t h = 0; h < Hkv_; ++h) {
-          const uint64_t hs = opts_.seed * 1000003ULL + static_cast<uint64_t>(l * Hkv_ + h) * 2;
-          s.heads[l][h].sk = kvreviver::CountSketch(opts_.depth, opts_.width, D_, hs);
-          s.heads[l][h].sv = kvreviver::CountSketch(opts_.depth, opts_.width, D_, hs + 1);
-          s.heads[l][h].mb = kvreviver::MergeBuckets(opts_.width, D_, opts_.keys_pre_rope);
-          if (opts_.codec) {
-            s.heads[l][h].ks.p = opts_.codec->make_stream(KvKind::kKey, static_cast<int>(l), D_, D_);
-            s.heads[l][h].vs.p =
-                opts_.codec->make_stream(KvKind::kValue, static_cast<int>(l), D_, D_);
-          }
-        }
-      }
-    }
-    KVB_ASSERT(s.seen == batch.past_lens[b], "kvreviver", "sequence ", id, " has seen ", s.seen,
-               " tokens but the step says ", batch.past_lens[b]);
-    s.step_tokens = batch.new_tokens(b);
-    s.pos.resize(static_cast<size_t>(s.seen + s.step_tokens));
-    s.epoch.resize(static_cast<size_t>(s.seen + s.step_tokens));
-    for (int64_t i = 0; i < s.step_tokens; ++i) {
-      const int64_t p = batch.positions[batch.q_indptr[b] + i];
-      KVB_CHECK(p >= 0 && p < (int64_t{1} << 31), "kvreviver: position ", p, " out of range");
-      s.pos[s.seen + i] = static_cast<int32_t>(p);
-      s.epoch[s.seen + i] = s.cur_epoch;
-    }
-    for (auto& layer : s.heads)
-      for (auto& h : layer) reserve(h, h.len + s.step_tokens);
+void KvReviverKvCache::step_begins(Seq& s, const StepBatch& batch, int64_t b) {
+  s.step_tokens = batch.new_tokens(b);
+  s.pos.resize(static_cast<size_t>(s.seen + s.step_tokens));
+  s.epoch.resize(static_cast<size_t>(s.seen + s.step_tokens));
+  for (int64_t i = 0; i < s.step_tokens; ++i) {
+    const int64_t p = batch.positions[batch.q_indptr[b] + i];
+    KVB_CHECK(p >= 0 && p < (int64_t{1} << 31), "kvreviver: position ", p, " out of range");
+    s.pos[s.seen + i] = static_cast<int32_t>(p);
+    s.epoch[s.seen + i] = s.cur_epoch;
   }
+  for (auto& layer : s.heads)
+    for (auto& h : layer) heads_.reserve(h, h.len + s.step_tokens);
 }
 
 std::vector<int32_t> KvReviverKvCache::vague_tokens(const Seq&, const Head& h, int64_t seen) const {
@@ -373,7 +273,7 @@ at::Tensor KvReviverKvCache::attend(const LayerInput& in) {
   float* O = out.data_ptr<float>();
   const float scale = in.sm_scale;
   for (int64_t b = 0; b < batch.batch_size(); ++b) {
-    Seq& s = seq(batch.seq_ids[b]);
+    Seq& s = seqs_.at(batch.seq_ids[b]);
     const int64_t n = batch.new_tokens(b), start = batch.q_indptr[b];
     int32_t max_pos = 0;
     for (int64_t t = 0; t < s.seen; ++t) max_pos = std::max(max_pos, s.pos[t]);
@@ -417,10 +317,13 @@ at::Tensor KvReviverKvCache::attend(const LayerInput& in) {
         hd.pk.resize(static_cast<size_t>((hd.pend + n) * D_));
         hd.pv.resize(hd.pk.size());
       }
+      float* K = opts_.codec ? hd.pk.data() + hd.pend * D_ : hd.kv.data_ptr<float>() + past * D_;
+      float* V = opts_.codec ? hd.pv.data() + hd.pend * D_
+                             : hd.kv.data_ptr<float>() + (hd.cap + past) * D_;  // kv: [2, cap, D]
       for (int64_t i = 0; i < n; ++i) {
         const int64_t src = ((start + i) * Hkv_ + h) * D_;
-        float* kd = opts_.codec ? hd.pk.data() + (hd.pend + i) * D_ : hd.k.data() + (past + i) * D_;
-        float* vd = opts_.codec ? hd.pv.data() + (hd.pend + i) * D_ : hd.v.data() + (past + i) * D_;
+        float* kd = K + i * D_;
+        float* vd = V + i * D_;
         std::memcpy(kd, Kin + src, sizeof(float) * D_);
         std::memcpy(vd, Vin + src, sizeof(float) * D_);
         hd.idx[past + i] = static_cast<int32_t>(s.seen + i);
@@ -429,51 +332,24 @@ at::Tensor KvReviverKvCache::attend(const LayerInput& in) {
       if (opts_.codec) hd.pend += n;
       hd.len = rows;
       const float *EK = nullptr, *EV = nullptr;
-      exact_rows(hd, &EK, &EV, &scratch_ek_, &scratch_ev_);
-      // One softmax over [vague (all visible) | exact entries (causal for the new rows)].
+      heads_.rows_f32(hd, &EK, &EV, &scratch_ek_, &scratch_ev_);
+      // One softmax over [vague (all visible, with their logit bias) | exact entries (causal for
+      // the new rows)].
       scratch_p_.resize(static_cast<size_t>(nv + rows));
-      float* p = scratch_p_.data();
+      const float* p = scratch_p_.data();
+      const float* VK = scratch_k_.data();
+      const float* VV = scratch_v_.data();
+      auto key = [&](int64_t j) { return j < nv ? VK + j * D_ : EK + (j - nv) * D_; };
+      auto value = [&](int64_t j) { return j < nv ? VV + j * D_ : EV + (j - nv) * D_; };
       for (int64_t i = 0; i < n; ++i) {
         const int64_t m = past + i + 1;
         for (int64_t g = 0; g < G_; ++g) {
-          const float* qi = Q + ((start + i) * Hq_ + h * G_ + g) * D_;
-          float* oi = O + ((start + i) * Hq_ + h * G_ + g) * D_;
-          float mx = -std::numeric_limits<float>::infinity();
-          for (int64_t j = 0; j < nv; ++j) {
-            const float* kj = scratch_k_.data() + j * D_;
-            float dot = 0.f;
-            for (int64_t d = 0; d < D_; ++d) dot += qi[d] * kj[d];
-            p[j] = dot * scale + scratch_bias_[j];
-            mx = std::max(mx, p[j]);
-          }
-          for (int64_t j = 0; j < m; ++j) {
-            const float* kj = EK + j * D_;
-            float dot = 0.f;
-            for (int64_t d = 0; d < D_; ++d) dot += qi[d] * kj[d];
-            p[nv + j] = dot * scale;
-            mx = std::max(mx, p[nv + j]);
-          }
-          float sum = 0.f;
-          for (int64_t j = 0; j < nv + m; ++j) {
-            p[j] = std::exp(p[j] - mx);
-            sum += p[j];
-          }
-          const float inv = 1.f / sum;
-          std::fill(oi, oi + D_, 0.f);
+          const int64_t qo = ((start + i) * Hq_ + h * G_ + g) * D_;
+          const float inv = attend_entries_f32(Q + qo, D_, scale, nv + m, key, value,
+                                               scratch_bias_.data(), nv, scratch_p_.data(), O + qo);
           float vague_sum = 0.f;
-          for (int64_t j = 0; j < nv; ++j) {
-            const float w = p[j];
-            vague_sum += w;
-            const float* vj = scratch_v_.data() + j * D_;
-            for (int64_t d = 0; d < D_; ++d) oi[d] += w * vj[d];
-          }
-          for (int64_t j = 0; j < m; ++j) {
-            const float w = p[nv + j];
-            const float* vj = EV + j * D_;
-            for (int64_t d = 0; d < D_; ++d) oi[d] += w * vj[d];
-            hd.acc[j] += w * inv;
-          }
-          for (int64_t d = 0; d < D_; ++d) oi[d] *= inv;
+          for (int64_t j = 0; j < nv; ++j) vague_sum += p[j];
+          for (int64_t j = 0; j < m; ++j) hd.acc[j] += p[nv + j] * inv;
           if (nv > 0) {
             vague_mass_ += vague_sum * inv;
             vague_rows_ += 1;
@@ -501,7 +377,7 @@ void KvReviverKvCache::evict_head(Seq& s, int layer, int64_t head) {
   // back (the exact rows of earlier steps are gone; this step's rows are still exact).
   const float *EK = nullptr, *EV = nullptr;
   std::vector<float> kbuf, vbuf;
-  if (opts_.revive) exact_rows(hd, &EK, &EV, &kbuf, &vbuf);
+  if (opts_.revive) heads_.rows_f32(hd, &EK, &EV, &kbuf, &vbuf);
   std::vector<float> row(static_cast<size_t>(D_)), rec(static_cast<size_t>(D_)),
       rec_v(static_cast<size_t>(D_));
   size_t ki = 0;
@@ -555,32 +431,25 @@ void KvReviverKvCache::evict_head(Seq& s, int layer, int64_t head) {
       }
     }
   }
-  compact(hd, keep);
+  heads_.compact(hd, keep);
 }
 
 void KvReviverKvCache::end_step(const StepBatch& batch) {
   for (int64_t b = 0; b < batch.batch_size(); ++b) {
-    Seq& s = seq(batch.seq_ids[b]);
+    Seq& s = seqs_.at(batch.seq_ids[b]);
     s.seen += s.step_tokens;
     s.step_tokens = 0;
     for (int l = 0; l < L_; ++l) {
       for (int64_t h = 0; h < Hkv_; ++h) {
         evict_head(s, l, h);
-        flush_pending(s.heads[l][h]);  // evict, then encode what is kept
+        heads_.flush(s.heads[l][h]);  // evict, then encode what is kept
       }
     }
   }
 }
 
-void KvReviverKvCache::fork(int64_t src_id, int64_t dst_id) {
-  KVB_ASSERT(seqs_.count(dst_id) == 0, "kvreviver", "fork target ", dst_id, " already exists");
-  seqs_[dst_id] = seq(src_id);  // host vectors: a deep copy
-}
-
 void KvReviverKvCache::truncate(int64_t seq_id, int64_t new_len) {
-  Seq& s = seq(seq_id);
-  KVB_CHECK(new_len >= 0 && new_len <= s.seen, "kvreviver: cannot truncate sequence ", seq_id,
-            " of ", s.seen, " tokens to ", new_len);
+  Seq& s = seqs_.truncating(seq_id, new_len);
   for (auto& layer : s.heads) {
     for (auto& h : layer) {
       const int64_t keep =
@@ -591,20 +460,13 @@ void KvReviverKvCache::truncate(int64_t seq_id, int64_t new_len) {
       // mode they stay in their buckets' sums and counts, i.e. they are still attended.
       const int64_t vague_before = s.seen - h.len, vague_after = new_len - keep;
       if (opts_.revive) stale_sketch_tokens_ += vague_before - vague_after;
-      std::vector<int64_t> slots(static_cast<size_t>(keep));
-      for (int64_t j = 0; j < keep; ++j) slots[j] = j;
-      compact(h, slots);
+      heads_.cut(h, new_len);
     }
   }
   s.seen = new_len;
   s.pos.resize(static_cast<size_t>(new_len));
   s.epoch.resize(static_cast<size_t>(new_len));
   s.cur_epoch++;
-}
-
-int64_t KvReviverKvCache::seq_len(int64_t seq_id) const {
-  auto it = seqs_.find(seq_id);
-  return it == seqs_.end() ? 0 : it->second.seen;
 }
 
 Footprint KvReviverKvCache::footprint() const {
@@ -618,26 +480,12 @@ Footprint KvReviverKvCache::footprint() const {
     for (const auto& layer : s.heads) {
       for (const auto& h : layer) {
         entries += h.len;
-        f.device_metadata_bytes += h.len * 4 + h.sk.bytes() + h.sv.bytes() + h.mb.bytes();
-        f.device_index_bytes += h.len * 4;
-        if (opts_.codec) {
-          // The codec's bytes: codes + full-precision rows are payload, scales and minimums
-          // metadata, live masks index; this step's pending rows are fp32 payload.
-          CodecBytes cb;
-          if (h.ks.p) {
-            cb += h.ks.p->bytes();
-            cb += h.vs.p->bytes();
-          }
-          f.device_payload_bytes += cb.payload_bytes() + 2 * h.pend * D_ * 4;
-          model_rows += 2 * h.pend * D_ * 4;
-          f.device_metadata_bytes += cb.metadata_bytes;
-          f.device_index_bytes += cb.index_bytes;
-          f.device_reserved_bytes += cb.reserved_bytes + (h.cap - h.len) * 8;
-        } else {
-          f.device_payload_bytes += h.len * entry_bytes;
-          model_rows += h.len * entry_bytes;
-          f.device_reserved_bytes += (h.cap - h.len) * (entry_bytes + 8);
-        }
+        const RaggedBytes b = heads_.bytes(h);
+        f.device_payload_bytes += b.payload;
+        f.device_metadata_bytes += b.metadata + h.sk.bytes() + h.sv.bytes() + h.mb.bytes();
+        f.device_index_bytes += b.index;
+        f.device_reserved_bytes += b.reserved;
+        model_rows += b.model_dtype;
       }
     }
     f.device_index_bytes += static_cast<int64_t>(s.pos.size() + s.epoch.size()) * 4;
@@ -705,10 +553,10 @@ std::map<std::string, double> KvReviverKvCache::counters() const {
 }
 
 std::vector<HeadSnapshot> KvReviverKvCache::probe_view(int layer, int64_t seq_id) const {
+  const Seq* found = probed(seq_id, layer, L_);
+  if (!found) return {};
+  const Seq& s = *found;
   std::vector<HeadSnapshot> out;
-  auto it = seqs_.find(seq_id);
-  if (it == seqs_.end() || layer < 0 || layer >= L_) return out;
-  const Seq& s = it->second;
   auto* self = const_cast<KvReviverKvCache*>(this);
   int32_t max_pos = 0;
   for (int64_t t = 0; t < s.seen; ++t) max_pos = std::max(max_pos, s.pos[t]);
@@ -735,7 +583,7 @@ std::vector<HeadSnapshot> KvReviverKvCache::probe_view(int layer, int64_t seq_id
     // Merge both sets in token order.
     const float *EK = nullptr, *EV = nullptr;
     std::vector<float> kbuf, vbuf;
-    exact_rows(hd, &EK, &EV, &kbuf, &vbuf);
+    heads_.rows_f32(hd, &EK, &EV, &kbuf, &vbuf);
     at::Tensor K = at::empty({n, D_}, at::kFloat), V = at::empty({n, D_}, at::kFloat);
     std::vector<int64_t> index;
     int64_t a = 0, e = 0;
@@ -753,28 +601,19 @@ std::vector<HeadSnapshot> KvReviverKvCache::probe_view(int layer, int64_t seq_id
   return out;
 }
 
-std::vector<int32_t> KvReviverKvCache::kept_indices(int64_t seq_id, int layer, int64_t head) const {
-  const Head& h = seq(seq_id).heads.at(layer).at(head);
-  return std::vector<int32_t>(h.idx.begin(), h.idx.begin() + h.len);
-}
-
-int64_t KvReviverKvCache::capacity(int64_t seq_id, int layer, int64_t head) const {
-  return seq(seq_id).heads.at(layer).at(head).cap;
-}
-
 const kvreviver::CountSketch& KvReviverKvCache::key_sketch(int64_t seq_id, int layer,
                                                            int64_t head) const {
-  return seq(seq_id).heads.at(layer).at(head).sk;
+  return seqs_.at(seq_id).heads.at(layer).at(head).sk;
 }
 
 const kvreviver::CountSketch& KvReviverKvCache::value_sketch(int64_t seq_id, int layer,
                                                              int64_t head) const {
-  return seq(seq_id).heads.at(layer).at(head).sv;
+  return seqs_.at(seq_id).heads.at(layer).at(head).sv;
 }
 
 const kvreviver::MergeBuckets& KvReviverKvCache::buckets(int64_t seq_id, int layer,
                                                          int64_t head) const {
-  return seq(seq_id).heads.at(layer).at(head).mb;
+  return seqs_.at(seq_id).heads.at(layer).at(head).mb;
 }
 
 namespace {

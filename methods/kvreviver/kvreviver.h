@@ -34,8 +34,12 @@
 
 #include "harness/kv/kv_cache.h"
 #include "harness/kv/method.h"
+#include "harness/kv/probe_view.h"
 #include "methods/common/evicting_kv_cache.h"
+#include "methods/common/head_geometry.h"
 #include "methods/common/kv_codec.h"
+#include "methods/common/ragged_heads.h"
+#include "methods/common/seq_store.h"
 
 namespace kvb {
 namespace kvreviver {
@@ -100,9 +104,29 @@ inline uint64_t token_key(int64_t t, int32_t epoch) {
          static_cast<uint64_t>(static_cast<uint32_t>(t));
 }
 
+// One KV head: the exact region (ragged_heads.h: keys post-RoPE and values, fp32, the token indices
+// and the accumulated attention; with a codec, the current step's rows stay pending (fp32) until
+// its end_step, after the eviction) and where the evicted tokens went.
+struct Head : RaggedHead {
+  CountSketch sk, sv;                     // sketch mode
+  MergeBuckets mb;                        // merge mode
+  std::vector<float> shadow_k, shadow_v;  // measure_error only: [seen, head_dim] by token index
+  std::vector<int32_t> assign;            // measure_error, merge mode: bucket by token index
+};
+struct Seq {
+  int64_t seen = 0;
+  int64_t step_tokens = 0;
+  std::vector<int32_t> pos;    // [seen + step] RoPE position of every token
+  std::vector<int32_t> epoch;  // [seen + step] truncation epoch the token was appended in
+  int32_t cur_epoch = 0;
+  std::vector<std::vector<Head>> heads;  // [layer][kv head]
+};
+
 }  // namespace kvreviver
 
-class KvReviverKvCache : public KvCache {
+class KvReviverKvCache : public SeqStore<kvreviver::Seq, &kvreviver::Seq::seen>,
+                         public ProbedCache,
+                         private HeadGeometry {
  public:
   enum class Reconstruction { kMerge, kSketch };
   struct Options {
@@ -122,14 +146,9 @@ class KvReviverKvCache : public KvCache {
   };
   KvReviverKvCache(const CacheContext& ctx, Options opts);
 
-  std::string name() const override { return "kvreviver"; }
-  void begin_step(const StepBatch& batch) override;
   at::Tensor attend(const LayerInput& in) override;
   void end_step(const StepBatch& batch) override;
-  void release(int64_t seq_id) override { seqs_.erase(seq_id); }
-  void fork(int64_t src_id, int64_t dst_id) override;
   void truncate(int64_t seq_id, int64_t new_len) override;
-  int64_t seq_len(int64_t seq_id) const override;
   Footprint footprint() const override;
   std::map<std::string, double> counters() const override;
   // Exact entries plus the reconstructed vague tokens (post-RoPE keys), by token index. Merge
@@ -138,47 +157,22 @@ class KvReviverKvCache : public KvCache {
   std::vector<HeadSnapshot> probe_view(int layer, int64_t seq_id) const override;
 
   // Inspection (tests): the token indices a head keeps exactly, its capacity, and its sketches.
-  std::vector<int32_t> kept_indices(int64_t seq_id, int layer, int64_t head) const;
-  int64_t capacity(int64_t seq_id, int layer, int64_t head) const;
+  std::vector<int32_t> kept_indices(int64_t seq_id, int layer, int64_t head) const {
+    return seqs_.at(seq_id).heads.at(layer).at(head).kept_indices();
+  }
+  int64_t capacity(int64_t seq_id, int layer, int64_t head) const {
+    return seqs_.at(seq_id).heads.at(layer).at(head).cap;
+  }
   const kvreviver::CountSketch& key_sketch(int64_t seq_id, int layer, int64_t head) const;
   const kvreviver::CountSketch& value_sketch(int64_t seq_id, int layer, int64_t head) const;
   const kvreviver::MergeBuckets& buckets(int64_t seq_id, int layer, int64_t head) const;
 
  private:
-  struct Head {
-    std::vector<float> k, v;   // [cap, head_dim]: exact keys (post-RoPE) and values; no codec
-    // With a codec: the exact entries are the streams' rows followed by `pend` fp32 rows of the
-    // current step (they reach the streams at end_step, after the eviction).
-    StreamBox ks, vs;
-    std::vector<float> pk, pv;  // [pend, head_dim]
-    int64_t pend = 0;
-    std::vector<int32_t> idx;  // [cap] token index, ascending over 0..len-1
-    std::vector<float> acc;    // [cap] accumulated attention
-    int64_t len = 0, cap = 0;
-    bool evicted = false;
-    kvreviver::CountSketch sk, sv;    // sketch mode
-    kvreviver::MergeBuckets mb;       // merge mode
-    std::vector<float> shadow_k, shadow_v;  // measure_error only: [seen, head_dim] by token index
-    std::vector<int32_t> assign;            // measure_error, merge mode: bucket by token index
-  };
-  struct Seq {
-    int64_t seen = 0;
-    int64_t step_tokens = 0;
-    std::vector<int32_t> pos;    // [seen + step] RoPE position of every token
-    std::vector<int32_t> epoch;  // [seen + step] truncation epoch the token was appended in
-    int32_t cur_epoch = 0;
-    std::vector<std::vector<Head>> heads;  // [layer][kv head]
-  };
-  Seq& seq(int64_t id);
-  const Seq& seq(int64_t id) const;
-  void reallocate(Head& h, int64_t cap);
-  void reserve(Head& h, int64_t need);
-  void compact(Head& h, const std::vector<int64_t>& keep);
-  // The exact entries' keys and values, [len, head_dim] each: the head's own arrays, or (codec)
-  // the streams decoded into `kbuf` / `vbuf` followed by the pending rows.
-  void exact_rows(const Head& h, const float** K, const float** V, std::vector<float>* kbuf,
-                  std::vector<float>* vbuf) const;
-  void flush_pending(Head& h);
+  using Head = kvreviver::Head;
+  using Seq = kvreviver::Seq;
+  Seq new_seq(int64_t seq_id) override;
+  // The step's positions and epochs, room in every head.
+  void step_begins(Seq& s, const StepBatch& batch, int64_t b) override;
   void ensure_rope(int64_t n_pos);
   bool merge() const { return opts_.reconstruction == Reconstruction::kMerge; }
   // Merge mode: the centroids of a head's buckets, keys post-RoPE: [used, head_dim] each.
@@ -192,8 +186,7 @@ class KvReviverKvCache : public KvCache {
 
   CacheContext ctx_;
   Options opts_;
-  int64_t L_, Hkv_, Hq_, G_, D_;
-  std::unordered_map<int64_t, Seq> seqs_;
+  RaggedHeads heads_;
   at::Tensor rope_cos_, rope_sin_, rope_nsin_;  // [n, head_dim / 2] fp32
   int64_t rope_len_ = 0;
   std::vector<float> scratch_p_, scratch_k_, scratch_v_, scratch_bias_, scratch_ek_, scratch_ev_;

@@ -21,37 +21,24 @@
 #include "harness/formats/tokenizer.h"
 #include "harness/kv/method_registry.h"
 #include "harness/model/model.h"
+#include "methods/common/observed_kv_cache.h"
 #include "methods/kvtc/kvtc.h"
 
 namespace kvb::kvtc {
 namespace {
 
-// Records every layer's pre-RoPE keys, post-RoPE keys and values of a single sequence while the
-// wrapped full cache serves attention.
-class CaptureKvCache : public KvCache {
- public:
-  CaptureKvCache(std::unique_ptr<KvCache> inner, int64_t n_layers)
-      : inner_(std::move(inner)), k_pre_(n_layers), k_post_(n_layers), v_(n_layers) {}
-  std::string name() const override { return "kvtc-capture"; }
-  void begin_step(const StepBatch& b) override {
-    KVB_CHECK(b.batch_size() == 1, "kvtc calibration: one sequence at a time");
-    inner_->begin_step(b);
+// Every layer's pre-RoPE keys, post-RoPE keys and values of one sequence, recorded by an
+// observer (observed_kv_cache.h) while the wrapped full cache serves attention.
+struct KvCapture {
+  explicit KvCapture(int64_t n_layers) : k_pre(n_layers), k_post(n_layers), v(n_layers) {}
+  void observe(const LayerInput& in) {
+    KVB_CHECK(in.batch->batch_size() == 1, "kvtc calibration: one sequence at a time");
+    k_pre[in.layer].push_back(in.k_pre_rope->to(at::kFloat).clone());
+    k_post[in.layer].push_back(in.k->to(at::kFloat).clone());
+    v[in.layer].push_back(in.v->to(at::kFloat).clone());
   }
-  at::Tensor attend(const LayerInput& in) override {
-    k_pre_[in.layer].push_back(in.k_pre_rope->to(at::kFloat).clone());
-    k_post_[in.layer].push_back(in.k->to(at::kFloat).clone());
-    v_[in.layer].push_back(in.v->to(at::kFloat).clone());
-    return inner_->attend(in);
-  }
-  void end_step(const StepBatch& b) override { inner_->end_step(b); }
-  void release(int64_t id) override { inner_->release(id); }
-  void fork(int64_t a, int64_t b) override { inner_->fork(a, b); }
-  void truncate(int64_t id, int64_t n) override { inner_->truncate(id, n); }
-  int64_t seq_len(int64_t id) const override { return inner_->seq_len(id); }
-  Footprint footprint() const override { return inner_->footprint(); }
-
   // [T, n_layers * kv_dim] of what was captured, then cleared.
-  at::Tensor take(std::vector<std::vector<at::Tensor>>& per_layer) {
+  static at::Tensor take(std::vector<std::vector<at::Tensor>>& per_layer) {
     std::vector<at::Tensor> layers;
     for (auto& l : per_layer) {
       at::Tensor t = at::cat(l, 0);
@@ -60,13 +47,7 @@ class CaptureKvCache : public KvCache {
     }
     return at::cat(layers, 1);
   }
-  std::vector<std::vector<at::Tensor>>& k_pre() { return k_pre_; }
-  std::vector<std::vector<at::Tensor>>& k_post() { return k_post_; }
-  std::vector<std::vector<at::Tensor>>& v() { return v_; }
-
- private:
-  std::unique_ptr<KvCache> inner_;
-  std::vector<std::vector<at::Tensor>> k_pre_, k_post_, v_;  // [layer][step] -> [T, H, D]
+  std::vector<std::vector<at::Tensor>> k_pre, k_post, v;  // [layer][step] -> [T, H, D]
 };
 
 void mkdirs(const std::string& dir) {
@@ -116,9 +97,10 @@ CalibData collect_kv(const std::shared_ptr<Model>& model, const CalibOptions& o)
             o.corpus, " holds ", ids.size(), " tokens, fewer than calib_skip_tokens ",
             o.skip_tokens, " + one window of ", o.window);
   CacheContext ctx{c, model->device, model->dtype};
-  auto capture = std::make_unique<CaptureKvCache>(
-      MethodRegistry::instance().create("full", ctx, nlohmann::json::object()), c.n_layers);
-  CaptureKvCache* cap = capture.get();
+  KvCapture cap(c.n_layers);
+  auto capture = std::make_unique<ObservedKvCache>(
+      MethodRegistry::instance().create("full", ctx, nlohmann::json::object()),
+      [&](const LayerInput& in) { cap.observe(in); });
   EngineOptions eo;
   eo.prefill_chunk = o.window;
   Engine e(model, std::move(capture), eo);
@@ -135,9 +117,9 @@ CalibData collect_kv(const std::shared_ptr<Model>& model, const CalibOptions& o)
     e.prefill({id}, {seq}, nullptr, /*call_end_prefill=*/false);
     e.release(id);
     const int64_t take = std::min(per_seq, o.tokens - got);
-    kp.push_back(cap->take(cap->k_pre()).narrow(0, o.exclude_sinks, take));
-    kq.push_back(cap->take(cap->k_post()).narrow(0, o.exclude_sinks, take));
-    vv.push_back(cap->take(cap->v()).narrow(0, o.exclude_sinks, take));
+    kp.push_back(KvCapture::take(cap.k_pre).narrow(0, o.exclude_sinks, take));
+    kq.push_back(KvCapture::take(cap.k_post).narrow(0, o.exclude_sinks, take));
+    vv.push_back(KvCapture::take(cap.v).narrow(0, o.exclude_sinks, take));
     got += take;
     d.sequences++;
   }

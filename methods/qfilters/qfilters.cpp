@@ -95,7 +95,7 @@ class QFilterKvCache : public EvictingKvCache {
     const StepBatch& b = *in.batch;
     for (int64_t i = 0; i < b.batch_size(); ++i) {
       std::vector<float>& dst = table(b.seq_ids[i])[in.layer];
-      const int64_t first = b.past_lens[i], n = b.kept_tokens(i);
+      const int64_t first = b.past_lens[i], n = b.new_tokens(i);
       if (static_cast<int64_t>(dst.size()) < (first + n) * H_)
         dst.resize(static_cast<size_t>((first + n) * H_));
       std::copy(sp + b.q_indptr[i] * H_, sp + (b.q_indptr[i] + n) * H_, dst.begin() + first * H_);
@@ -116,7 +116,7 @@ class QFilterKvCache : public EvictingKvCache {
     scores_[dst_id] = table(src_id);
   }
   // The filter scores of spliced sequences would have to move with their token indices.
-  bool supports_splice() const override { return false; }
+  bool can_splice() const override { return false; }
   std::map<std::string, double> counters() const override {
     std::map<std::string, double> m = EvictingKvCache::counters();
     m["calib_from_cache"] = art_->from_cache ? 1.0 : 0.0;

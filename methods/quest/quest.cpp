@@ -13,6 +13,7 @@
 #include "harness/common/internal_error.h"
 #include "harness/kv/attention.h"
 #include "harness/kv/method_registry.h"
+#include "methods/common/row_attention.h"
 
 namespace kvb {
 namespace quest {
@@ -52,32 +53,10 @@ int64_t round_up(int64_t x, int64_t g) { return (x + g - 1) / g * g; }
 }  // namespace
 
 QuestKvCache::QuestKvCache(const CacheContext& ctx, Options opts)
-    : ctx_(ctx), opts_(std::move(opts)) {
-  const ModelConfig& c = ctx_.config;
-  L_ = c.n_layers;
-  Hkv_ = c.n_kv_heads;
-  Hq_ = c.n_heads;
-  D_ = c.head_dim;
-  KVB_CHECK(Hkv_ >= 1 && Hq_ % Hkv_ == 0, "quest: ", Hq_, " query heads do not group over ", Hkv_,
-            " KV heads");
-  G_ = Hq_ / Hkv_;
+    : SeqStore("quest"), HeadGeometry(ctx, opts.force_generic), ctx_(ctx), opts_(std::move(opts)) {
   KVB_CHECK(opts_.page_size >= 1, "method quest.page_size: ", opts_.page_size, " must be >= 1");
-  elem_ = static_cast<int64_t>(c10::elementSize(ctx_.dtype));
-  fast_ = ctx_.device.is_cpu() && ctx_.dtype == at::kFloat && !opts_.force_generic;
   KVB_CHECK(!opts_.codec || fast_, "quest: the codec '", opts_.codec ? opts_.codec->name() : "",
             "' needs the CPU fp32 path (codec stores run on the CPU only so far)");
-}
-
-QuestKvCache::Seq& QuestKvCache::seq(int64_t id) {
-  auto it = seqs_.find(id);
-  KVB_CHECK(it != seqs_.end(), "quest: unknown sequence ", id);
-  return it->second;
-}
-
-const QuestKvCache::Seq& QuestKvCache::seq(int64_t id) const {
-  auto it = seqs_.find(id);
-  KVB_CHECK(it != seqs_.end(), "quest: unknown sequence ", id);
-  return it->second;
 }
 
 void QuestKvCache::reallocate(Seq& s, int64_t capacity) {
@@ -111,22 +90,19 @@ void QuestKvCache::reallocate(Seq& s, int64_t capacity) {
   s.capacity = capacity;
 }
 
-void QuestKvCache::begin_step(const StepBatch& batch) {
-  for (int64_t b = 0; b < batch.batch_size(); ++b) {
-    const int64_t id = batch.seq_ids[b];
-    auto [it, fresh] = seqs_.try_emplace(id);
-    Seq& s = it->second;
-    if (fresh)
-      s.last_pages.assign(static_cast<size_t>(L_),
+QuestKvCache::Seq QuestKvCache::new_seq(int64_t) {
+  Seq fresh;
+  fresh.last_pages.assign(static_cast<size_t>(L_),
                           std::vector<std::vector<int64_t>>(static_cast<size_t>(Hkv_)));
-    KVB_CHECK(s.len == batch.past_lens[b], "quest: sequence ", id, " holds ", s.len,
-              " tokens but the step says ", batch.past_lens[b]);
-    s.step_tokens = batch.new_tokens(b);
-    s.decoding = batch.phase == Phase::kDecode;
-    const int64_t need = s.len + s.step_tokens;
-    if (need > s.capacity)
-      reallocate(s, round_up(std::max<int64_t>(need, 2 * s.capacity), opts_.page_size));
-  }
+  return fresh;
+}
+
+void QuestKvCache::step_begins(Seq& s, const StepBatch& batch, int64_t b) {
+  s.step_tokens = batch.new_tokens(b);
+  s.decoding = batch.phase == Phase::kDecode;
+  const int64_t need = s.len + s.step_tokens;
+  if (need > s.capacity)
+    reallocate(s, round_up(std::max<int64_t>(need, 2 * s.capacity), opts_.page_size));
 }
 
 void QuestKvCache::recompute_page(Seq& s, int layer, int64_t page, int64_t len) {
@@ -229,7 +205,7 @@ at::Tensor QuestKvCache::attend(const LayerInput& in) {
   at::Tensor v = in.v->contiguous();
   at::Tensor out;
   for (int64_t b = 0; b < batch.batch_size(); ++b) {
-    Seq& s = seq(batch.seq_ids[b]);
+    Seq& s = seqs_.at(batch.seq_ids[b]);
     const int64_t n = batch.new_tokens(b), start = batch.q_indptr[b];
     append(s, layer, k, v, start, n);
     // Dense when prefilling, in the skipped layers, or when the budget covers every page of every
@@ -298,41 +274,17 @@ void QuestKvCache::attend_selected_fast(Seq& s, int layer, const at::Tensor& Kt,
       }
       std::vector<int64_t> pages =
           quest::select_pages(scratch_u_.data(), P, kp, opts_.keep_first_page);
-      int64_t read = 0;
-      for (int64_t g = 0; g < G_; ++g) {
-        const float* qg = qh + g * D_;
-        float* og = O + (r * Hq_ + h * G_ + g) * D_;
-        float mxs = -std::numeric_limits<float>::infinity();
-        int64_t m = 0;
-        for (int64_t p : pages) {
-          const int64_t e = std::min(vis, (p + 1) * ps);
-          for (int64_t t = p * ps; t < e; ++t, ++m) {
-            const float* kt = K + t * row + h * D_;
-            float dot = 0.f;
-            for (int64_t d = 0; d < D_; ++d) dot += qg[d] * kt[d];
-            scratch_p_[m] = dot * sm_scale;
-            mxs = std::max(mxs, scratch_p_[m]);
-          }
-        }
-        float sum = 0.f;
-        for (int64_t j = 0; j < m; ++j) {
-          scratch_p_[j] = std::exp(scratch_p_[j] - mxs);
-          sum += scratch_p_[j];
-        }
-        std::fill(og, og + D_, 0.f);
-        m = 0;
-        for (int64_t p : pages) {
-          const int64_t e = std::min(vis, (p + 1) * ps);
-          for (int64_t t = p * ps; t < e; ++t, ++m) {
-            const float w = scratch_p_[m];
-            const float* vt = V + t * row + h * D_;
-            for (int64_t d = 0; d < D_; ++d) og[d] += w * vt[d];
-          }
-        }
-        const float inv = 1.f / sum;
-        for (int64_t d = 0; d < D_; ++d) og[d] *= inv;
-        read = m;
-      }
+      // The selected pages' tokens, ascending, attended exactly by every query head of the group.
+      scratch_tok_.clear();
+      for (int64_t p : pages)
+        for (int64_t t = p * ps; t < std::min(vis, (p + 1) * ps); ++t) scratch_tok_.push_back(t);
+      const int64_t read = static_cast<int64_t>(scratch_tok_.size());
+      const int64_t* tok = scratch_tok_.data();
+      for (int64_t g = 0; g < G_; ++g)
+        attend_entries_f32(
+            qh + g * D_, D_, sm_scale, read, [&](int64_t j) { return K + tok[j] * row + h * D_; },
+            [&](int64_t j) { return V + tok[j] * row + h * D_; }, nullptr, 0, scratch_p_.data(),
+            O + (r * Hq_ + h * G_ + g) * D_);
       count_read(layer, read, vis, static_cast<int64_t>(pages.size()));
       if (i == n - 1) s.last_pages[layer][h] = std::move(pages);
     }
@@ -374,7 +326,7 @@ void QuestKvCache::attend_selected_generic(Seq& s, int layer, const at::Tensor& 
 
 void QuestKvCache::end_step(const StepBatch& batch) {
   for (int64_t b = 0; b < batch.batch_size(); ++b) {
-    Seq& s = seq(batch.seq_ids[b]);
+    Seq& s = seqs_.at(batch.seq_ids[b]);
     s.len += s.step_tokens;
     s.step_tokens = 0;
     if (opts_.codec && s.decoding) flush_pending(s);
@@ -394,24 +346,21 @@ void QuestKvCache::flush_pending(Seq& s) {
 }
 
 void QuestKvCache::end_prefill(int64_t seq_id) {
-  if (opts_.codec) flush_pending(seq(seq_id));
+  if (opts_.codec) flush_pending(seqs_.at(seq_id));
 }
 
 void QuestKvCache::fork(int64_t src_id, int64_t dst_id) {
-  KVB_CHECK(seqs_.count(dst_id) == 0, "quest: fork target ", dst_id, " already exists");
-  Seq copy = seq(src_id);
+  seqs_.fork(src_id, dst_id);
+  Seq& copy = seqs_.at(dst_id);
   for (auto* vec : {&copy.k, &copy.v, &copy.mn, &copy.mx})
     for (auto& t : *vec)
       if (t.defined()) t = t.clone();  // dense: no sharing
   for (auto* vec : {&copy.ks, &copy.vs})
     for (auto& st : *vec) st = std::shared_ptr<CodecStream>(st->clone());
-  seqs_[dst_id] = std::move(copy);
 }
 
 void QuestKvCache::truncate(int64_t seq_id, int64_t new_len) {
-  Seq& s = seq(seq_id);
-  KVB_CHECK(new_len >= 0 && new_len <= s.len, "quest: cannot truncate sequence ", seq_id, " of ",
-            s.len, " tokens to ", new_len);
+  Seq& s = seqs_.truncating(seq_id, new_len);
   s.len = new_len;
   const int64_t row = Hkv_ * D_;
   for (size_t l = 0; l < s.ks.size(); ++l) {
@@ -431,11 +380,6 @@ void QuestKvCache::truncate(int64_t seq_id, int64_t new_len) {
     for (int l = 0; l < L_; ++l) recompute_page(s, l, new_len / opts_.page_size, new_len);
   for (auto& layer : s.last_pages)
     for (auto& lp : layer) lp.clear();
-}
-
-int64_t QuestKvCache::seq_len(int64_t seq_id) const {
-  auto it = seqs_.find(seq_id);
-  return it == seqs_.end() ? 0 : it->second.len;
 }
 
 Footprint QuestKvCache::footprint() const {
@@ -499,9 +443,9 @@ std::map<std::string, double> QuestKvCache::counters() const {
 }
 
 std::vector<HeadSnapshot> QuestKvCache::probe_view(int layer, int64_t seq_id) const {
-  auto it = seqs_.find(seq_id);
-  if (it == seqs_.end() || layer < 0 || layer >= L_) return {};
-  const Seq& s = it->second;
+  const Seq* found = probed(seq_id, layer, L_);
+  if (!found) return {};
+  const Seq& s = *found;
   const int64_t n = s.len + s.step_tokens;  // the running step's tokens once attend wrote them
   if (n == 0) return {};
   const auto [kr, vr] = rows_of(s, layer, n);
@@ -515,22 +459,20 @@ std::vector<HeadSnapshot> QuestKvCache::probe_view(int layer, int64_t seq_id) co
 }
 
 at::Tensor QuestKvCache::page_min(int64_t seq_id, int layer, int64_t page) const {
-  const Seq& s = seq(seq_id);
+  const Seq& s = seqs_.at(seq_id);
   KVB_CHECK(page * opts_.page_size < s.len, "quest: page ", page, " is empty");
   return s.mn.at(layer)[page].to(at::kCPU).to(at::kFloat).clone();
 }
 
 at::Tensor QuestKvCache::page_max(int64_t seq_id, int layer, int64_t page) const {
-  const Seq& s = seq(seq_id);
+  const Seq& s = seqs_.at(seq_id);
   KVB_CHECK(page * opts_.page_size < s.len, "quest: page ", page, " is empty");
   return s.mx.at(layer)[page].to(at::kCPU).to(at::kFloat).clone();
 }
 
 std::vector<int64_t> QuestKvCache::last_pages(int64_t seq_id, int layer, int64_t head) const {
-  return seq(seq_id).last_pages.at(layer).at(head);
+  return seqs_.at(seq_id).last_pages.at(layer).at(head);
 }
-
-int64_t QuestKvCache::capacity(int64_t seq_id) const { return seq(seq_id).capacity; }
 
 namespace {
 

@@ -27,8 +27,11 @@
 
 #include "harness/kv/kv_cache.h"
 #include "harness/kv/method.h"
+#include "harness/kv/probe_view.h"
 #include "methods/common/eviction_select.h"
+#include "methods/common/head_geometry.h"
 #include "methods/common/kv_codec.h"
+#include "methods/common/seq_store.h"
 
 namespace kvb {
 namespace quest {
@@ -49,9 +52,24 @@ std::vector<int64_t> select_pages(const float* score, int64_t n_pages, int64_t k
 // max(1, budget_tokens / page_size) (Quest's token_budget // page_size).
 int64_t pages_for_budget(int64_t budget_tokens, int64_t visible, int64_t page_size);
 
+// One sequence's pages (see the top of this file).
+struct Seq {
+  std::vector<at::Tensor> k, v, mn, mx;  // per layer, see the header comment (k, v: no codec)
+  std::vector<std::shared_ptr<CodecStream>> ks, vs;  // per layer, with a codec
+  // With a codec: rows wait here at fp32 ([rows * Hkv * D] per layer) while their step attends,
+  // and prompt rows until the end of prefill, so a step attends to itself exactly (as in KIVI)
+  // and the prompt is encoded once.
+  std::vector<std::vector<float>> pk, pv;
+  int64_t len = 0;
+  int64_t capacity = 0;
+  int64_t step_tokens = 0;
+  bool decoding = false;
+  std::vector<std::vector<std::vector<int64_t>>> last_pages;  // [layer][kv head]
+};
+
 }  // namespace quest
 
-class QuestKvCache : public KvCache {
+class QuestKvCache : public SeqStore<quest::Seq>, public ProbedCache, private HeadGeometry {
  public:
   struct Options {
     Budget budget;  // tokens read per step per KV head (ratio of the visible tokens)
@@ -64,15 +82,11 @@ class QuestKvCache : public KvCache {
   };
   QuestKvCache(const CacheContext& ctx, Options opts);
 
-  std::string name() const override { return "quest"; }
-  void begin_step(const StepBatch& batch) override;
   at::Tensor attend(const LayerInput& in) override;
   void end_step(const StepBatch& batch) override;
   void end_prefill(int64_t seq_id) override;
-  void release(int64_t seq_id) override { seqs_.erase(seq_id); }
-  void fork(int64_t src_id, int64_t dst_id) override;
+  void fork(int64_t src_id, int64_t dst_id) override;  // dense: the copy owns its rows
   void truncate(int64_t seq_id, int64_t new_len) override;
-  int64_t seq_len(int64_t seq_id) const override;
   Footprint footprint() const override;
   std::map<std::string, double> counters() const override;
   std::vector<HeadSnapshot> probe_view(int layer, int64_t seq_id) const override;
@@ -82,24 +96,13 @@ class QuestKvCache : public KvCache {
   at::Tensor page_min(int64_t seq_id, int layer, int64_t page) const;  // [num_kv_heads, head_dim]
   at::Tensor page_max(int64_t seq_id, int layer, int64_t page) const;  // [num_kv_heads, head_dim]
   std::vector<int64_t> last_pages(int64_t seq_id, int layer, int64_t head) const;
-  int64_t capacity(int64_t seq_id) const;
+  int64_t capacity(int64_t seq_id) const { return seqs_.at(seq_id).capacity; }
 
  private:
-  struct Seq {
-    std::vector<at::Tensor> k, v, mn, mx;  // per layer, see the header comment (k, v: no codec)
-    std::vector<std::shared_ptr<CodecStream>> ks, vs;  // per layer, with a codec
-    // With a codec: rows wait here at fp32 ([rows * Hkv * D] per layer) while their step attends,
-    // and prompt rows until the end of prefill, so a step attends to itself exactly (as in KIVI)
-    // and the prompt is encoded once.
-    std::vector<std::vector<float>> pk, pv;
-    int64_t len = 0;
-    int64_t capacity = 0;
-    int64_t step_tokens = 0;
-    bool decoding = false;
-    std::vector<std::vector<std::vector<int64_t>>> last_pages;  // [layer][kv head]
-  };
-  Seq& seq(int64_t id);
-  const Seq& seq(int64_t id) const;
+  using Seq = quest::Seq;
+  Seq new_seq(int64_t seq_id) override;
+  // The step's state, room for its tokens.
+  void step_begins(Seq& s, const StepBatch& batch, int64_t b) override;
   void reallocate(Seq& s, int64_t capacity);
   // Appends rows start .. start + n - 1 of k / v at s.len and updates the touched pages' min/max.
   void append(Seq& s, int layer, const at::Tensor& k, const at::Tensor& v, int64_t start,
@@ -120,10 +123,8 @@ class QuestKvCache : public KvCache {
 
   CacheContext ctx_;
   Options opts_;
-  int64_t L_, Hkv_, Hq_, G_, D_, elem_;
-  bool fast_ = false;
-  std::unordered_map<int64_t, Seq> seqs_;
   std::vector<float> scratch_p_, scratch_u_;
+  std::vector<int64_t> scratch_tok_;
   mutable at::Tensor scratch_k_, scratch_v_;  // decoded rows (codec only)
   // Counters: decode reads per (query row, layer, KV head).
   double reads_ = 0, read_tokens_ = 0, visible_tokens_ = 0;

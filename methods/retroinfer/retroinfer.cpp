@@ -25,7 +25,8 @@
 #include "harness/common/error.h"
 #include "harness/kv/attention.h"
 #include "harness/kv/method_registry.h"
-#include "methods/common/seq_table.h"
+#include "methods/common/row_attention.h"
+#include "methods/common/seq_store.h"
 #include "methods/retroinfer/wave_index.h"
 
 namespace kvb {
@@ -82,15 +83,28 @@ class LruCache {
   std::unordered_map<int64_t, std::list<int64_t>::iterator> where_;
 };
 
-class RetroinferKvCache : public KvCache {
+struct RetroHead {
+  std::vector<Cluster> clusters;
+  LruCache cache;
+};
+struct RetroLayer {
+  std::vector<float> k, v;  // every token's rows [len, kv_dim] fp32 (steady and indexed alike)
+  std::vector<RetroHead> heads;
+};
+struct RetroSeq {
+  RetroSeq(int64_t n_layers, int64_t n_kv_heads)
+      : layers(static_cast<size_t>(n_layers),
+               RetroLayer{{}, {}, std::vector<RetroHead>(n_kv_heads)}) {}
+  std::vector<RetroLayer> layers;
+  int64_t len = 0;
+  bool indexed = false;
+  int64_t tail_start = 0;  // tokens >= tail_start are in the steady tail (with [0, sinks))
+};
+
+class RetroinferKvCache : public SeqStore<RetroSeq> {
  public:
-  RetroinferKvCache(const CacheContext& ctx, RetroOptions o) : ctx_(ctx), o_(o) {}
-
-  std::string name() const override { return "retroinfer"; }
-
-  void begin_step(const StepBatch& batch) override {
-    seqs_.begin_step(batch, [&] { return new_seq(); });
-  }
+  RetroinferKvCache(const CacheContext& ctx, RetroOptions o)
+      : SeqStore("retroinfer"), ctx_(ctx), o_(o) {}
 
   at::Tensor attend(const LayerInput& in) override {
     const StepBatch& batch = *in.batch;
@@ -109,10 +123,7 @@ class RetroinferKvCache : public KvCache {
       std::memcpy(y.v.data() + past * W, vn.data_ptr<float>(), static_cast<size_t>(n * W * 4));
       at::Tensor q = in.q->narrow(0, start, n);
       if (!s.indexed) {  // no index yet (the prompt): exact attention
-        auto opts = at::TensorOptions().dtype(at::kFloat);
-        at::Tensor K = at::from_blob(y.k.data(), {L, Hkv, D}, opts);
-        at::Tensor V = at::from_blob(y.v.data(), {L, Hkv, D}, opts);
-        outs.push_back(attend_dense(q, K, V, in.sm_scale));
+        outs.push_back(attend_dense_rows(q, y.k.data(), y.v.data(), L, Hkv, D, in.sm_scale));
         continue;
       }
       at::Tensor qf = q.to(at::kFloat).contiguous();
@@ -128,9 +139,9 @@ class RetroinferKvCache : public KvCache {
   }
 
   void end_step(const StepBatch& batch) override {
+    SeqStore::end_step(batch);
     for (int64_t b = 0; b < batch.batch_size(); ++b) {
       Seq& s = seqs_.at(batch.seq_ids[b]);
-      s.len += batch.new_tokens(b);
       if (batch.phase == Phase::kDecode && batch.new_tokens(b) == 1) decode_rows_ += 1;
       // Tokens that have passed the tail are clustered reindex_every at a time.
       while (s.indexed && s.len - s.tail_start >= o_.steady_recent + o_.reindex_every) {
@@ -150,8 +161,6 @@ class RetroinferKvCache : public KvCache {
     index_span(s, begin, end);
   }
 
-  void release(int64_t seq_id) override { seqs_.release(seq_id); }
-  void fork(int64_t src_id, int64_t dst_id) override { seqs_.fork(src_id, dst_id); }
   void truncate(int64_t seq_id, int64_t new_len) override {
     Seq& s = seqs_.truncating(seq_id, new_len);
     KVB_CHECK(!s.indexed || new_len >= s.tail_start, "retroinfer: cannot truncate sequence ",
@@ -164,7 +173,6 @@ class RetroinferKvCache : public KvCache {
     }
     s.len = new_len;
   }
-  int64_t seq_len(int64_t seq_id) const override { return seqs_.len(seq_id); }
 
   Footprint footprint() const override {
     const auto& c = ctx_.config;
@@ -224,27 +232,11 @@ class RetroinferKvCache : public KvCache {
   }
 
  private:
-  struct Head {
-    std::vector<Cluster> clusters;
-    LruCache cache;
-  };
-  struct Layer {
-    std::vector<float> k, v;  // every token's rows [len, kv_dim] fp32 (steady and indexed alike)
-    std::vector<Head> heads;
-  };
-  struct Seq {
-    std::vector<Layer> layers;
-    int64_t len = 0;
-    bool indexed = false;
-    int64_t tail_start = 0;  // tokens >= tail_start are in the steady tail (with [0, sinks))
-  };
+  using Head = RetroHead;
+  using Layer = RetroLayer;
+  using Seq = RetroSeq;
 
-  Seq new_seq() const {
-    Seq s;
-    s.layers.resize(static_cast<size_t>(ctx_.config.n_layers));
-    for (auto& y : s.layers) y.heads.resize(static_cast<size_t>(ctx_.config.n_kv_heads));
-    return s;
-  }
+  Seq new_seq(int64_t) override { return Seq(ctx_.config.n_layers, ctx_.config.n_kv_heads); }
 
   void index_span(Seq& s, int64_t begin, int64_t end) {
     if (end <= begin) return;
@@ -313,39 +305,26 @@ class RetroinferKvCache : public KvCache {
     estimated_clusters_ += static_cast<double>(E);
     exact_tokens_ += static_cast<double>(exact.size());
     visible_tokens_ += static_cast<double>(pos + 1);
+    // One softmax over the exact tokens and the estimated clusters: a cluster j is one entry of
+    // logit z_j + log n_j whose value is its mean V_j / n_j.
+    const auto nx = static_cast<int64_t>(exact.size());
     std::vector<float> logit(exact.size() + static_cast<size_t>(E));
+    std::vector<double> acc(static_cast<size_t>(D));
+    auto estimated = [&](int64_t j) -> const Cluster& { return hd.clusters[order[R + j - nx]]; };
     for (int64_t g = 0; g < G; ++g) {
       const float* qg = q + g * D;
-      float mx = -INFINITY;
-      for (size_t i = 0; i < exact.size(); ++i) {
-        const float* kt = y.k.data() + exact[i] * W + h * D;
-        float d = 0;
-        for (int64_t e = 0; e < D; ++e) d += qg[e] * kt[e];
-        logit[i] = d * scale;
-        mx = std::max(mx, logit[i]);
-      }
-      for (int64_t r = 0; r < E; ++r) {  // estimation: log n_j + z_j, value V_j / n_j
-        const Cluster& cl = hd.clusters[order[R + r]];
-        logit[exact.size() + r] =
-            z[g * C + order[R + r]] + std::log(static_cast<float>(cl.members.size()));
-        mx = std::max(mx, logit[exact.size() + r]);
-      }
-      double sum = 0;
-      std::vector<double> acc(static_cast<size_t>(D), 0.0);
-      for (size_t i = 0; i < exact.size(); ++i) {
-        const double p = std::exp(static_cast<double>(logit[i] - mx));
-        sum += p;
-        const float* vt = y.v.data() + exact[i] * W + h * D;
-        for (int64_t e = 0; e < D; ++e) acc[e] += p * vt[e];
-      }
-      for (int64_t r = 0; r < E; ++r) {
-        const Cluster& cl = hd.clusters[order[R + r]];
-        const double p = std::exp(static_cast<double>(logit[exact.size() + r] - mx));
-        sum += p;
-        const double inv_n = 1.0 / static_cast<double>(cl.members.size());
-        for (int64_t e = 0; e < D; ++e) acc[e] += p * cl.value_sum[e] * inv_n;
-      }
-      for (int64_t e = 0; e < D; ++e) out[g * D + e] = static_cast<float>(acc[e] / sum);
+      for (int64_t r = 0; r < E; ++r)
+        logit[nx + r] = z[g * C + order[R + r]] +
+                        std::log(static_cast<float>(hd.clusters[order[R + r]].members.size()));
+      attend_entries_f64(
+          qg, D, scale, nx, nx + E, [&](int64_t j) { return y.k.data() + exact[j] * W + h * D; },
+          [&](int64_t j) {
+            return j < nx ? y.v.data() + exact[j] * W + h * D : estimated(j).value_sum.data();
+          },
+          [&](int64_t j) {
+            return j < nx ? 1.0 : 1.0 / static_cast<double>(estimated(j).members.size());
+          },
+          logit.data(), acc.data(), out + g * D);
       if (o_.measure_recall) recall(y, h, qg, pos, scale, exact);
     }
   }
@@ -372,7 +351,6 @@ class RetroinferKvCache : public KvCache {
 
   CacheContext ctx_;
   RetroOptions o_;
-  SeqTable<Seq> seqs_{"retroinfer"};
   double rows_ = 0, retrieved_clusters_ = 0, estimated_clusters_ = 0, exact_tokens_ = 0,
          visible_tokens_ = 0, recall_sum_ = 0, recall_n_ = 0, cache_lookups_ = 0, cache_hits_ = 0,
          miss_bytes_ = 0, decode_rows_ = 0;

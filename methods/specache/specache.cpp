@@ -23,10 +23,11 @@
 
 #include "harness/common/error.h"
 #include "harness/kv/attention.h"
+#include "harness/kv/lookahead.h"
 #include "harness/kv/method_registry.h"
 #include "kvb/kernels/half.h"
 #include "methods/common/kv_codec.h"
-#include "methods/common/seq_table.h"
+#include "methods/common/seq_store.h"
 
 namespace kvb {
 namespace {
@@ -75,9 +76,23 @@ std::vector<int64_t> top_positions(const float* q, int64_t group, const float* K
   return idx;
 }
 
-class SpecacheKvCache : public KvCache {
+struct SpecacheLayer {
+  StreamBox k, v;                // the low-bit device copy
+  std::vector<uint16_t> hk, hv;  // the host copy: fp16 rows [rows, kv_dim]
+  std::vector<float> prev_q;     // the previous decode step's query rows [num_qo_heads * D]
+};
+struct SpecacheSeq {
+  std::vector<SpecacheLayer> layers;
+  int64_t len = 0;
+  // Layer 0's pre-RoPE key of the last speculative row: it depends on the token alone, so the
+  // next step's real row has the same key exactly when the guess was right.
+  std::vector<float> guess_k;
+};
+
+class SpecacheKvCache : public SeqStore<SpecacheSeq>, public LookaheadCache {
  public:
-  SpecacheKvCache(const CacheContext& ctx, SpecacheOptions o) : ctx_(ctx), o_(o) {
+  SpecacheKvCache(const CacheContext& ctx, SpecacheOptions o)
+      : SeqStore("specache"), ctx_(ctx), o_(o) {
     const auto& c = ctx_.config;
     const int64_t cg = adapt_channel_group(o_.group, c.head_dim);
     codec_ = std::make_shared<QuantCodec>(
@@ -89,17 +104,13 @@ class SpecacheKvCache : public KvCache {
     channel_group_ = cg;
   }
 
-  std::string name() const override { return "specache"; }
   bool wants_lookahead() const override { return o_.predictor == Predictor::kSpeculative; }
-
-  void begin_step(const StepBatch& batch) override {
-    seqs_.begin_step(batch, [&] { return new_seq(); });
-  }
+  void set_lookahead_rows(const std::vector<uint8_t>& rows) override { lookahead_ = rows; }
 
   at::Tensor attend(const LayerInput& in) override {
     const StepBatch& batch = *in.batch;
     const auto& c = ctx_.config;
-    const int64_t W = c.kv_dim(), D = c.head_dim;
+    const int64_t W = c.kv_dim(), D = c.head_dim, Hkv = c.n_kv_heads;
     std::vector<at::Tensor> outs;
     for (int64_t b = 0; b < batch.batch_size(); ++b) {
       Seq& s = seqs_.at(batch.seq_ids[b]);
@@ -120,7 +131,7 @@ class SpecacheKvCache : public KvCache {
       const float* qp = qf.data_ptr<float>();
       const int64_t qrow = c.n_heads * D;
       const bool oracle = o_.predictor == Predictor::kOracle;
-      if (batch.has_lookahead(b)) {
+      if (!lookahead_.empty() && lookahead_[b]) {
         // A speculative decode step: [x_t, guess] (or the guess-making [x_t] alone). Both rows
         // read one mix, predicted by the last speculative query; only x_t's KV is kept.
         const int64_t real = n - 1;
@@ -133,8 +144,8 @@ class SpecacheKvCache : public KvCache {
         swap_in_exact(y, k_scratch_.data(), v_scratch_.data(), pred, qp, real == 1 ? pred : nullptr,
                       kn.data_ptr<float>(), len, in.sm_scale);
         decode_swap_ = false;
-        outs.push_back(attend_dense(q, as_tensor(k_scratch_, L).to(q.scalar_type()),
-                                    as_tensor(v_scratch_, L).to(q.scalar_type()), in.sm_scale));
+        outs.push_back(
+            attend_dense_rows(q, k_scratch_.data(), v_scratch_.data(), L, Hkv, D, in.sm_scale));
         y.prev_q.assign(qp + (n - 1) * qrow, qp + n * qrow);
         y.k.p->append(kn.data_ptr<float>(), real);
         y.v.p->append(vn.data_ptr<float>(), real);
@@ -144,8 +155,8 @@ class SpecacheKvCache : public KvCache {
       }
       if (len == 0) {  // a prompt from its start: exact, and no prediction for the next step
         y.prev_q.clear();
-        outs.push_back(attend_dense(q, as_tensor(k_scratch_, L).to(q.scalar_type()),
-                                    as_tensor(v_scratch_, L).to(q.scalar_type()), in.sm_scale));
+        outs.push_back(
+            attend_dense_rows(q, k_scratch_.data(), v_scratch_.data(), L, Hkv, D, in.sm_scale));
       } else if (n == 1) {  // a decode step: swap in place, then attend
         const float* prev = y.prev_q.empty() ? nullptr : y.prev_q.data();
         if (in.layer == 0) ++decode_steps_;
@@ -153,8 +164,8 @@ class SpecacheKvCache : public KvCache {
         swap_in_exact(y, k_scratch_.data(), v_scratch_.data(), oracle ? qp : prev, qp, prev,
                       kn.data_ptr<float>(), len, in.sm_scale);
         decode_swap_ = false;
-        outs.push_back(attend_dense(q, as_tensor(k_scratch_, L).to(q.scalar_type()),
-                                    as_tensor(v_scratch_, L).to(q.scalar_type()), in.sm_scale));
+        outs.push_back(
+            attend_dense_rows(q, k_scratch_.data(), v_scratch_.data(), L, Hkv, D, in.sm_scale));
       } else {
         // Several rows after a history (a later prompt chunk, a qa question): each row reads its
         // own mix, predicted by the row before it (the first by the last decode query, if any).
@@ -167,8 +178,8 @@ class SpecacheKvCache : public KvCache {
               i > 0 ? qp + (i - 1) * qrow : (y.prev_q.empty() ? nullptr : y.prev_q.data());
           swap_in_exact(y, row_k_.data(), row_v_.data(), oracle ? qp + i * qrow : prev,
                         qp + i * qrow, prev, kn.data_ptr<float>() + i * W, len, in.sm_scale);
-          rows.push_back(attend_dense(q.narrow(0, i, 1), as_tensor(row_k_, Li).to(q.scalar_type()),
-                                      as_tensor(row_v_, Li).to(q.scalar_type()), in.sm_scale));
+          rows.push_back(attend_dense_rows(q.narrow(0, i, 1), row_k_.data(), row_v_.data(), Li, Hkv,
+                                           D, in.sm_scale));
         }
         outs.push_back(at::cat(rows, 0));
       }
@@ -182,9 +193,7 @@ class SpecacheKvCache : public KvCache {
     return outs.size() == 1 ? outs[0] : at::cat(outs, 0);
   }
 
-  void end_step(const StepBatch& batch) override { seqs_.end_step(batch); }
-  void release(int64_t seq_id) override { seqs_.release(seq_id); }
-  void fork(int64_t src_id, int64_t dst_id) override { seqs_.fork(src_id, dst_id); }  // deep copies
+  void end_step(const StepBatch& batch) override { seqs_.end_step(batch, lookahead_); }
   void truncate(int64_t seq_id, int64_t new_len) override {
     Seq& s = seqs_.truncating(seq_id, new_len);
     const auto keep = static_cast<size_t>(new_len * ctx_.config.kv_dim());
@@ -198,7 +207,6 @@ class SpecacheKvCache : public KvCache {
     s.guess_k.clear();
     s.len = new_len;
   }
-  int64_t seq_len(int64_t seq_id) const override { return seqs_.len(seq_id); }
 
   Footprint footprint() const override {
     const auto& c = ctx_.config;
@@ -256,18 +264,8 @@ class SpecacheKvCache : public KvCache {
   }
 
  private:
-  struct Layer {
-    StreamBox k, v;                // the low-bit device copy
-    std::vector<uint16_t> hk, hv;  // the host copy: fp16 rows [rows, kv_dim]
-    std::vector<float> prev_q;     // the previous decode step's query rows [num_qo_heads * D]
-  };
-  struct Seq {
-    std::vector<Layer> layers;
-    int64_t len = 0;
-    // Layer 0's pre-RoPE key of the last speculative row: it depends on the token alone, so the
-    // next step's real row has the same key exactly when the guess was right.
-    std::vector<float> guess_k;
-  };
+  using Layer = SpecacheLayer;
+  using Seq = SpecacheSeq;
 
   // At layer 0 of a speculative step: was the previous step's guess this step's real token? Then
   // keeps this step's guess row's key for the next comparison.
@@ -287,7 +285,7 @@ class SpecacheKvCache : public KvCache {
     s.guess_k.assign(real + W, real + 2 * W);
   }
 
-  Seq new_seq() const {
+  Seq new_seq(int64_t) override {
     const auto& c = ctx_.config;
     Seq s;
     s.layers.resize(static_cast<size_t>(c.n_layers));
@@ -302,12 +300,6 @@ class SpecacheKvCache : public KvCache {
     const size_t at = h.size();
     h.resize(at + static_cast<size_t>(count));
     for (int64_t i = 0; i < count; ++i) h[at + i] = kernels::float_to_half(x[i]);
-  }
-
-  // [rows, Hkv, D] fp32 view of a host buffer (rows <= its size / kv_dim).
-  at::Tensor as_tensor(std::vector<float>& buf, int64_t rows) const {
-    return at::from_blob(buf.data(), {rows, ctx_.config.n_kv_heads, ctx_.config.head_dim},
-                         at::TensorOptions().dtype(at::kFloat));
   }
 
   // Overwrites, per KV head, the top-k of the `len` stored rows of kbuf / vbuf ([len.., W]) with
@@ -352,7 +344,7 @@ class SpecacheKvCache : public KvCache {
   SpecacheOptions o_;
   std::shared_ptr<QuantCodec> codec_;
   int64_t channel_group_ = 0;
-  SeqTable<Seq> seqs_{"specache"};
+  std::vector<uint8_t> lookahead_;  // the running step's lookahead rows (set_lookahead_rows)
   std::vector<float> k_scratch_, v_scratch_, row_k_, row_v_, logit_, prob_;
   double swap_steps_ = 0, lowbit_only_ = 0, swapped_rows_ = 0, swap_heads_ = 0;
   double decode_steps_ = 0, overlap_sum_ = 0, overlap_n_ = 0, guess_hits_ = 0, guesses_ = 0;

@@ -24,7 +24,8 @@
 #include "kvb/kernels/half.h"
 #include "kvb/kernels/quantize.h"
 #include "methods/common/kv_codec.h"
-#include "methods/common/seq_table.h"
+#include "methods/common/row_attention.h"
+#include "methods/common/seq_store.h"
 
 namespace kvb {
 namespace {
@@ -52,9 +53,20 @@ struct SlowBlock {
   }
 };
 
-class TtkvKvCache : public KvCache {
+struct TtkvLayer {
+  // Fast tier rows [rows, kv_dim] fp32: the sink blocks' tokens, then tokens [fast_start, len).
+  std::vector<float> k, v;
+  std::vector<SlowBlock> slow;  // demoted blocks in order: logical blocks sink_blocks, ...
+};
+struct TtkvSeq {
+  explicit TtkvSeq(int64_t n_layers) : layers(static_cast<size_t>(n_layers)) {}
+  std::vector<TtkvLayer> layers;
+  int64_t len = 0;
+};
+
+class TtkvKvCache : public SeqStore<TtkvSeq> {
  public:
-  TtkvKvCache(const CacheContext& ctx, TtkvOptions o) : ctx_(ctx), o_(o) {
+  TtkvKvCache(const CacheContext& ctx, TtkvOptions o) : SeqStore("ttkv"), ctx_(ctx), o_(o) {
     o_.v_group = adapt_channel_group(o_.v_group, ctx_.config.head_dim);
     const int64_t W = ctx_.config.kv_dim();
     kshape_ = {o_.k_bits, o_.block, W, o_.block, kernels::QuantAxis::kColumn};
@@ -63,12 +75,6 @@ class TtkvKvCache : public KvCache {
       const std::string why = kernels::group_quant_check(*s);
       KVB_CHECK(why.empty(), "method ttkv: ", why);
     }
-  }
-
-  std::string name() const override { return "ttkv"; }
-
-  void begin_step(const StepBatch& batch) override {
-    seqs_.begin_step(batch, [&] { return new_seq(); });
   }
 
   at::Tensor attend(const LayerInput& in) override {
@@ -89,10 +95,7 @@ class TtkvKvCache : public KvCache {
       at::Tensor q = in.q->narrow(0, start, n);
       if (y.slow.empty()) {  // everything is still in the fast tier: exact attention
         const int64_t L = static_cast<int64_t>(y.k.size()) / W;
-        auto opts = at::TensorOptions().dtype(at::kFloat);
-        at::Tensor K = at::from_blob(y.k.data(), {L, Hkv, D}, opts);
-        at::Tensor V = at::from_blob(y.v.data(), {L, Hkv, D}, opts);
-        outs.push_back(attend_dense(q, K, V, in.sm_scale));
+        outs.push_back(attend_dense_rows(q, y.k.data(), y.v.data(), L, Hkv, D, in.sm_scale));
         continue;
       }
       at::Tensor qf = q.to(at::kFloat).contiguous();
@@ -133,16 +136,13 @@ class TtkvKvCache : public KvCache {
   }
 
   void end_step(const StepBatch& batch) override {
+    SeqStore::end_step(batch);
     for (int64_t b = 0; b < batch.batch_size(); ++b) {
-      Seq& s = seqs_.at(batch.seq_ids[b]);
-      s.len += batch.new_tokens(b);
       if (batch.new_tokens(b) == 1) decode_tokens_ += 1;
-      demote(s);
+      demote(seqs_.at(batch.seq_ids[b]));
     }
   }
 
-  void release(int64_t seq_id) override { seqs_.release(seq_id); }
-  void fork(int64_t src_id, int64_t dst_id) override { seqs_.fork(src_id, dst_id); }
   void truncate(int64_t seq_id, int64_t new_len) override {
     Seq& s = seqs_.truncating(seq_id, new_len);
     const int64_t first_fast = fast_start(s);
@@ -158,7 +158,6 @@ class TtkvKvCache : public KvCache {
     }
     s.len = new_len;
   }
-  int64_t seq_len(int64_t seq_id) const override { return seqs_.len(seq_id); }
 
   Footprint footprint() const override {
     const auto& c = ctx_.config;
@@ -209,21 +208,10 @@ class TtkvKvCache : public KvCache {
   }
 
  private:
-  struct Layer {
-    // Fast tier rows [rows, kv_dim] fp32: the sink blocks' tokens, then tokens [fast_start, len).
-    std::vector<float> k, v;
-    std::vector<SlowBlock> slow;  // demoted blocks in order: logical blocks sink_blocks, ...
-  };
-  struct Seq {
-    std::vector<Layer> layers;
-    int64_t len = 0;
-  };
+  using Layer = TtkvLayer;
+  using Seq = TtkvSeq;
 
-  Seq new_seq() const {
-    Seq s;
-    s.layers.resize(static_cast<size_t>(ctx_.config.n_layers));
-    return s;
-  }
+  Seq new_seq(int64_t) override { return Seq(ctx_.config.n_layers); }
   // First token of the fast tier's recent part (after the sinks and the demoted blocks).
   int64_t fast_start(const Seq& s) const {
     const int64_t demoted = s.layers.empty() ? 0 : static_cast<int64_t>(s.layers[0].slow.size());
@@ -338,25 +326,14 @@ class TtkvKvCache : public KvCache {
       for (int64_t t = 0; t < o_.block; ++t)
         rows.push_back({&kv.first[t * W + h * D], &kv.second[t * W + h * D]});
     }
+    const auto m = static_cast<int64_t>(rows.size());
     std::vector<float> logit(rows.size());
-    for (int64_t g = 0; g < G; ++g) {
-      const float* qg = q + g * D;
-      float mx = -INFINITY;
-      for (size_t i = 0; i < rows.size(); ++i) {
-        float d = 0;
-        for (int64_t e = 0; e < D; ++e) d += qg[e] * rows[i].first[e];
-        logit[i] = d * scale;
-        mx = std::max(mx, logit[i]);
-      }
-      double sum = 0;
-      std::vector<double> acc(static_cast<size_t>(D), 0.0);
-      for (size_t i = 0; i < rows.size(); ++i) {
-        const double p = std::exp(static_cast<double>(logit[i] - mx));
-        sum += p;
-        for (int64_t e = 0; e < D; ++e) acc[e] += p * rows[i].second[e];
-      }
-      for (int64_t e = 0; e < D; ++e) out[g * D + e] = static_cast<float>(acc[e] / sum);
-    }
+    std::vector<double> acc(static_cast<size_t>(D));
+    for (int64_t g = 0; g < G; ++g)
+      attend_entries_f64(
+          q + g * D, D, scale, m, m, [&](int64_t j) { return rows[j].first; },
+          [&](int64_t j) { return rows[j].second; }, [](int64_t) { return 1.0; }, logit.data(),
+          acc.data(), out + g * D);
   }
 
   // Of the slow blocks' attention mass under the dequantized keys (the best the slow tier can
@@ -398,7 +375,6 @@ class TtkvKvCache : public KvCache {
   CacheContext ctx_;
   TtkvOptions o_;
   kernels::GroupQuantShape kshape_, vshape_;
-  SeqTable<Seq> seqs_{"ttkv"};
   double decode_tokens_ = 0, streamed_decode_bytes_ = 0, recall_sum_ = 0, recall_n_ = 0;
 };
 

@@ -17,6 +17,7 @@ struct Driver {
   int64_t n_layers;
   int64_t seq = 0;
   int64_t pos = 0;
+  int64_t output_layer = 0;  // the layer whose output step() returns (-1: the last)
   StepBatch make_batch(int64_t n, Phase ph) const {
     StepBatch b;
     b.seq_ids = {seq};
@@ -26,7 +27,7 @@ struct Driver {
     b.phase = ph;
     return b;
   }
-  // q: [n, Hq, D]; k (post-RoPE), v, k_pre: [n, Hkv, D]. Returns layer 0's output.
+  // q: [n, Hq, D]; k (post-RoPE), v, k_pre: [n, Hkv, D]. Returns output_layer's output (a copy).
   at::Tensor attend_all(const StepBatch& b, const at::Tensor& q, const at::Tensor& k,
                         const at::Tensor& v, const at::Tensor& k_pre) {
     at::Tensor out;
@@ -40,7 +41,7 @@ struct Driver {
       in.batch = &b;
       in.sm_scale = 1.0f / std::sqrt(static_cast<float>(q.size(2)));
       at::Tensor o = kv->attend(in);
-      if (l == 0) out = o;
+      if (l == (output_layer < 0 ? n_layers - 1 : output_layer)) out = o.clone();
     }
     return out;
   }

@@ -19,6 +19,7 @@
 #include "harness/eval/runner.h"
 #include "harness/eval/stream.h"
 #include "harness/kv/method_registry.h"
+#include "harness/kv/probe_view.h"
 #include "methods/common/budget_allocator.h"
 #include "methods/common/evicting_kv_cache.h"
 #include "methods/common/eviction_select.h"
@@ -811,9 +812,9 @@ TEST(EvictStore, ProbeViewShowsKeptEntriesAsAttentionReadsThem) {
   Engine h2o(m, make(ctx_of(*m), "h2o", {{"budget", 0.3}}));
   int64_t hs = prefill_text(h2o, 30);
   for (int l = 0; l < 5; ++l) {
-    auto fv = full.kv().probe_view(l, fs);
-    auto rv = rot.kv().probe_view(l, rs);
-    auto hv = h2o.kv().probe_view(l, hs);
+    auto fv = probe_view_of(full.kv(), l, fs);
+    auto rv = probe_view_of(rot.kv(), l, rs);
+    auto hv = probe_view_of(h2o.kv(), l, hs);
     ASSERT_EQ(rv.size(), 4u);
     ASSERT_EQ(hv.size(), 4u);
     for (int64_t h = 0; h < 4; ++h) {

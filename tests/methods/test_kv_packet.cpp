@@ -17,8 +17,11 @@
 #include "harness/eval/run_config.h"
 #include "harness/eval/runner.h"
 #include "harness/formats/tokenizer.h"
+#include "harness/kv/document_reuse.h"
 #include "harness/kv/method_registry.h"
+#include "harness/kv/probe_view.h"
 #include "harness/kv/rope_shift.h"
+#include "harness/kv/splice.h"
 #include "harness/report/leaderboard.h"
 #include "harness/store/results_db.h"
 #include "harness/train/trainer.h"
@@ -90,12 +93,13 @@ TEST(Splice, EqualsAPrefillAtTheShiftedPositions) {
   prefill_at(*a, 0, other, 0);
   prefill_at(*a, 1, doc, 0);
   prefill_at(*b, 0, doc, 23);  // the document where the splice puts it
-  ASSERT_TRUE(a->supports_splice());
-  a->splice(7, {{0, 0}, {1, 23}});
+  ASSERT_NE(splicing(*a), nullptr);
+  splicing(*a)->splice(7, {{0, 0}, {1, 23}});
   EXPECT_EQ(a->seq_len(7), 77);
   EXPECT_EQ(a->seq_len(1), 54);  // sources stay
   for (int l = 0; l < c.n_layers; ++l) {
-    const auto got = a->probe_view(l, 7), want = b->probe_view(l, 0), first = a->probe_view(l, 0);
+    const auto got = probe_view_of(*a, l, 7), want = probe_view_of(*b, l, 0),
+               first = probe_view_of(*a, l, 0);
     for (int64_t h = 0; h < c.n_kv_heads; ++h) {
       EXPECT_LT((got[h].k.narrow(0, 23, 54) - want[h].k).abs().max().item<double>(), 1e-4) << l;
       EXPECT_LT((got[h].v.narrow(0, 23, 54) - want[h].v).abs().max().item<double>(), 1e-4) << l;
@@ -128,15 +132,15 @@ TEST(Splice, EvictingStoreSplicesWhatEachSourceKept) {
     kv->end_prefill(0);
     prefill_at(*kv, 1, doc, 0);
     kv->end_prefill(1);
-    ASSERT_TRUE(kv->supports_splice()) << kv->name();
-    kv->splice(7, {{0, 0}, {1, 23}});
+    ASSERT_NE(splicing(*kv), nullptr) << kv->name();
+    splicing(*kv)->splice(7, {{0, 0}, {1, 23}});
     EXPECT_EQ(kv->seq_len(7), 77) << kv->name();
   }
   auto* ev = dynamic_cast<EvictingKvCache*>(half.get());
   ASSERT_NE(ev, nullptr);
   for (int l = 0; l < c.n_layers; ++l) {
-    const auto want = dense->probe_view(l, 7), got = all->probe_view(l, 7);
-    const auto src = half->probe_view(l, 1), spliced = half->probe_view(l, 7);
+    const auto want = probe_view_of(*dense, l, 7), got = probe_view_of(*all, l, 7);
+    const auto src = probe_view_of(*half, l, 1), spliced = probe_view_of(*half, l, 7);
     for (int64_t h = 0; h < c.n_kv_heads; ++h) {
       EXPECT_TRUE(got[h].index.equal(at::arange(77, at::kLong))) << l;
       EXPECT_LT((got[h].k - want[h].k).abs().max().item<double>(), 1e-5) << l;
@@ -191,7 +195,7 @@ TEST(KvPacket, DocumentRouteComputesTheTrainingForward) {
   Tokenizer tok(m->tokenizer_path);
   const auto a = kv_packet::Adapter::fresh(c, 3, 2, 0.5, 11);
   auto kv = make("kv_packet", {{"adapter", adapter_file(a)}, {"doc_tokens", 40}});
-  const DocumentReuse* r = kv->document_reuse();
+  const DocumentReuse* r = document_reuse_of(*kv);
   ASSERT_NE(r, nullptr);
   EXPECT_EQ(r->extra_rows(), 5);
   Engine e(m, std::move(kv));
@@ -239,7 +243,7 @@ at::Tensor route_logits(const nlohmann::json& params) {
                               "ran into the garden and hid under a big red flower. Lily looked and "
                               "looked. At last she found the cat under the flower and they went home."))
     ctx_ids.push_back(t);
-  const DocumentPrefill d = prefill_documents(e, *e.kv().document_reuse(), ctx_ids, tok);
+  const DocumentPrefill d = prefill_documents(e, *document_reuse_of(e.kv()), ctx_ids, tok);
   return e.prefill({d.seq}, {tok.encode("Where did the cat hide? Under a big red")}, nullptr, false);
 }
 
@@ -284,7 +288,7 @@ TEST(KvPacket, PacketsComposeWithAnEvictingStore) {
   fp16["inner_params"] = R"({"budget": 1.0, "codec": "fp16", "codec_residual": 0})";
   EXPECT_LT((route_logits(fp16) - dense).abs().max().item<double>(), 2e-2);
   auto kv = make("kv_packet", inner(0.5));
-  EXPECT_NE(kv->document_reuse(), nullptr);
+  EXPECT_NE(document_reuse_of(*kv), nullptr);
   EXPECT_NE(kv->name().find("snapkv"), std::string::npos) << kv->name();
   std::cerr << "logit error vs dense packets: snapkv 1.0 " << all << ", snapkv 0.5 " << half << "\n";
 }
@@ -368,7 +372,7 @@ TEST(KvPacket, TrainerLowersItsKlAndWritesAnAdapterTheMethodLoads) {
   EXPECT_EQ(a.trailer.size(0), 2);
   EXPECT_EQ(a.info.at("doc_tokens"), "48,80");
   auto kv = make("kv_packet", {{"adapter", o.out}});
-  EXPECT_EQ(kv->document_reuse()->extra_rows(), 6);
+  EXPECT_EQ(document_reuse_of(*kv)->extra_rows(), 6);
   // The evaluation path agrees: on its training samples the trained adapter is closer to the
   // full-context teacher than the initialisation it started from. (Plain concatenation is not a
   // bar here: stories260K cannot do the passkey, and its answers barely depend on the context.)

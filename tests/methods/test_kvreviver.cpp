@@ -22,6 +22,7 @@
 #include "harness/engine/transformer.h"
 #include "harness/kv/method_registry.h"
 #include "methods/kvreviver/kvreviver.h"
+#include "tests/methods/cache_driver.h"
 #include "tests/methods/method_test_util.h"
 #include "tests/support/test_support.h"
 
@@ -49,38 +50,7 @@ std::unique_ptr<KvCache> make(const CacheContext& ctx,
 
 KvReviverKvCache& rev(KvCache& kv) { return dynamic_cast<KvReviverKvCache&>(kv); }
 
-struct Driver {
-  KvCache* kv;
-  int64_t n_layers;
-  int64_t seq = 0;
-  int64_t pos = 0;
-  at::Tensor step(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, Phase ph) {
-    StepBatch b;
-    const int64_t n = q.size(0);
-    b.seq_ids = {seq};
-    b.q_indptr = {0, n};
-    b.past_lens = {kv->seq_len(seq)};
-    for (int64_t i = 0; i < n; ++i) b.positions.push_back(pos + i);
-    b.phase = ph;
-    kv->begin_step(b);
-    at::Tensor out;
-    for (int64_t l = 0; l < n_layers; ++l) {
-      LayerInput in;
-      in.layer = static_cast<int>(l);
-      in.q = &q;
-      in.k = &k;
-      in.k_pre_rope = &k;
-      in.v = &v;
-      in.batch = &b;
-      in.sm_scale = 1.0f / std::sqrt(static_cast<float>(q.size(2)));
-      at::Tensor o = kv->attend(in);
-      if (l == 0) out = o.clone();
-    }
-    kv->end_step(b);
-    pos += n;
-    return out;
-  }
-};
+using test::Driver;
 
 at::Tensor trace(std::unique_ptr<KvCache> kv, std::unique_ptr<Engine>* engine = nullptr,
                  int64_t prefill_chunk = 7) {
@@ -233,7 +203,7 @@ TEST(KvReviverStore, AttentionIsOneSoftmaxOverExactAndReconstructedTokens) {
     d.step(rnd({9, 4, 4}, 3), K.narrow(0, 0, 9), V.narrow(0, 0, 9), Phase::kPrefill);
     for (int64_t t = 9; t < 20; ++t) {
       // Before the step: what attention will read, by token index (exact + reconstructed).
-      std::vector<HeadSnapshot> view = kv->probe_view(0, 0);
+      std::vector<HeadSnapshot> view = probe_view_of(*kv, 0, 0);
       ASSERT_EQ(view.size(), 2u);
       at::Tensor q = rnd({1, 4, 4}, 40 + t) * 2;
       at::Tensor out = d.step(q, K.narrow(0, t, 1), V.narrow(0, t, 1), Phase::kDecode);
@@ -248,7 +218,7 @@ TEST(KvReviverStore, AttentionIsOneSoftmaxOverExactAndReconstructedTokens) {
       }
     }
     // The view's vague rows are the sketch's reconstructions, re-rotated to their positions.
-    std::vector<HeadSnapshot> view = kv->probe_view(1, 0);
+    std::vector<HeadSnapshot> view = probe_view_of(*kv, 1, 0);
     std::vector<int32_t> kept = rev(*kv).kept_indices(0, 1, 1);
     int checked = 0;
     for (int64_t r = 0; r < 20; ++r) {
@@ -287,7 +257,7 @@ TEST(KvReviverStore, AWideSketchRevivesEvictedTokensAlmostLosslessly) {
   for (int64_t t = 0; t < 16; ++t)
     d.step(rnd({1, 2, 4}, 20 + t), Kr.narrow(0, t, 1), V.narrow(0, t, 1),
            t == 0 ? Phase::kPrefill : Phase::kDecode);
-  auto view = kv->probe_view(0, 0);
+  auto view = probe_view_of(*kv, 0, 0);
   EXPECT_LT(max_diff(view[0].k, Kr.select(1, 0)), 1e-5);
   EXPECT_LT(max_diff(view[0].v, V.select(1, 0)), 1e-6);
   auto cnt = kv->counters();
@@ -334,14 +304,14 @@ TEST(KvReviverStore, TruncateDropsTheTailAndGivesReappendedTokensFreshBuckets) {
   int64_t stale = 0;
   for (int32_t t = 8; t < 12; ++t) stale += std::find(kept.begin(), kept.end(), t) == kept.end();
   EXPECT_EQ(kv->counters().at("stale_sketch_tokens"), stale);
-  EXPECT_EQ(kv->probe_view(0, 0)[0].index.size(0), 8);
+  EXPECT_EQ(probe_view_of(*kv, 0, 0)[0].index.size(0), 8);
   // Re-appended token indices live in the new epoch's buckets: a sketched one reconstructs its
   // new value (with the old epoch's key it would also pick up the stale old value).
   d.pos = 8;
   for (int64_t t = 8; t < 14; ++t)
     d.step(rnd({1, 2, 4}, 120 + t), rnd({1, 1, 4}, 140 + t), rnd({1, 1, 4}, 160 + t),
            Phase::kDecode);
-  auto view = kv->probe_view(0, 0);
+  auto view = probe_view_of(*kv, 0, 0);
   ASSERT_EQ(view[0].index.size(0), 14);
   kept = rev(*kv).kept_indices(0, 0, 0);
   int revived = 0;
@@ -452,7 +422,7 @@ TEST(KvReviverMerge, AttentionIsOneSoftmaxOverExactRowsAndBucketCentroids) {
     at::Tensor K = apply_rope(K0, cos.narrow(0, 0, 22), sin.narrow(0, 0, 22), c.rope_style);
     d.step(rnd({9, 4, 4}, 3), K.narrow(0, 0, 9), V.narrow(0, 0, 9), Phase::kPrefill);
     for (int64_t t = 9; t < 22; ++t) {
-      std::vector<HeadSnapshot> view = kv->probe_view(0, 0);
+      std::vector<HeadSnapshot> view = probe_view_of(*kv, 0, 0);
       ASSERT_EQ(view.size(), 2u);
       at::Tensor q = rnd({1, 4, 4}, 40 + t) * 2;
       at::Tensor out = d.step(q, K.narrow(0, t, 1), V.narrow(0, t, 1), Phase::kDecode);
@@ -469,7 +439,7 @@ TEST(KvReviverMerge, AttentionIsOneSoftmaxOverExactRowsAndBucketCentroids) {
     // Hand-made centroids: group the vague tokens of layer 1, head 1 by their view rows.
     const MergeBuckets& mb = rev(*kv).buckets(0, 1, 1);
     EXPECT_EQ(mb.used(), 3);
-    std::vector<HeadSnapshot> view = kv->probe_view(1, 0);
+    std::vector<HeadSnapshot> view = probe_view_of(*kv, 1, 0);
     std::vector<int32_t> kept = rev(*kv).kept_indices(0, 1, 1);
     EXPECT_EQ(mb.tokens(), 22 - static_cast<int64_t>(kept.size()));
     for (int64_t b = 0; b < 3; ++b) {
@@ -508,7 +478,7 @@ TEST(KvReviverMerge, AttentionIsOneSoftmaxOverExactRowsAndBucketCentroids) {
   auto kv = make({c, c10::kCPU, c10::kFloat}, {{"budget", 2}, {"budget_unit", "tokens_per_head"}});
   Driver d{kv.get(), 2};
   d.step(rnd({6, 4, 4}, 3), rnd({6, 2, 4}, 4), rnd({6, 2, 4}, 5), Phase::kPrefill);
-  EXPECT_TRUE(kv->probe_view(0, 0).empty());
+  EXPECT_TRUE(probe_view_of(*kv, 0, 0).empty());
 }
 
 TEST(KvReviverMerge, AsManyBucketsAsEvictedTokensIsFullAttention) {

@@ -15,6 +15,7 @@
 #include "harness/common/mapped_file.h"
 #include "harness/engine/engine.h"
 #include "harness/kv/method_registry.h"
+#include "methods/common/observed_kv_cache.h"
 #include "methods/kvtc/kvtc.h"
 #include "tests/support/test_support.h"
 
@@ -267,24 +268,17 @@ TEST(KvtcCache, WindowCoveringTheSequenceIsFullExactly) {
   EXPECT_EQ(kv.kv().counters().at("calibrated"), 0.0);  // never needed
 }
 
-// A capture of the engine's pre-RoPE keys and values of one sequence ([T, L * kv_dim] each).
-class Capture : public KvCache {
+// A capture of the engine's pre-RoPE keys and values of one sequence ([T, L * kv_dim] each), by
+// watching the store (methods/common/observed_kv_cache.h). The capture outlives the store.
+class Capture {
  public:
-  explicit Capture(std::unique_ptr<KvCache> in, int64_t L) : in_(std::move(in)), k_(L), v_(L) {}
-  std::string name() const override { return "capture"; }
-  void begin_step(const StepBatch& b) override { in_->begin_step(b); }
-  at::Tensor attend(const LayerInput& in) override {
-    k_[in.layer].push_back(in.k_pre_rope->clone());
-    v_[in.layer].push_back(in.v->clone());
-    return in_->attend(in);
+  explicit Capture(int64_t L) : k_(L), v_(L) {}
+  std::unique_ptr<ObservedKvCache> watch(std::unique_ptr<KvCache> inner) {
+    return std::make_unique<ObservedKvCache>(std::move(inner), [this](const LayerInput& in) {
+      k_[in.layer].push_back(in.k_pre_rope->clone());
+      v_[in.layer].push_back(in.v->clone());
+    });
   }
-  void end_step(const StepBatch& b) override { in_->end_step(b); }
-  void release(int64_t s) override { in_->release(s); }
-  void fork(int64_t a, int64_t b) override { in_->fork(a, b); }
-  void truncate(int64_t s, int64_t n) override { in_->truncate(s, n); }
-  int64_t seq_len(int64_t s) const override { return in_->seq_len(s); }
-  Footprint footprint() const override { return in_->footprint(); }
-  const KvCache& inner() const { return *in_; }
   at::Tensor all(bool keys) const {
     std::vector<at::Tensor> layers;
     for (const auto& l : keys ? k_ : v_) {
@@ -295,7 +289,6 @@ class Capture : public KvCache {
   }
 
  private:
-  std::unique_ptr<KvCache> in_;
   std::vector<std::vector<at::Tensor>> k_, v_;
 };
 
@@ -306,14 +299,15 @@ TEST(KvtcCache, BlocksHoldTheCodesAndFootprintIsTheirSize) {
     const nlohmann::json p = params({{"ratio", 4}, {"window", 16}, {"block_tokens", 8}, {"sinks", 4},
                                      {"entropy", ent}, {"exact_dtype", "fp32"}});
     // The capture records the rows the engine hands to the kvtc cache it wraps.
-    auto cap = std::make_unique<Capture>(make("kvtc", p), L);
-    Capture* capp = cap.get();
-    Engine e(stories(), std::move(cap));
+    Capture capture(L);
+    Capture* capp = &capture;
+    auto watched = capture.watch(make("kvtc", p));
+    const KvCache& kvtc_cache = watched->inner();
+    Engine e(stories(), std::move(watched));
     int64_t seq = 0;
     trace(e, 60, 27, &seq);  // 87 tokens: 4 sinks, 64 coded (8 blocks), 19 exact in the tail
     const at::Tensor K = capp->all(true), V = capp->all(false);  // [87, P]
     ASSERT_EQ(K.size(0), 87);
-    const KvCache& kvtc_cache = capp->inner();
 
     const auto blocks = coded_blocks(kvtc_cache, seq);
     ASSERT_EQ(blocks.size(), 8u) << ent;

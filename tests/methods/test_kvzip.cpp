@@ -70,8 +70,9 @@ ContextPass pass_for(Engine& e, int64_t seq, const Prepared& p, const Tokenizer&
 std::vector<std::vector<std::vector<double>>> direct_scores(const std::shared_ptr<Model>& m,
                                                             const Prepared& p, int64_t n_sink) {
   const ModelConfig& c = m->config;
-  auto* cap = new test::KeyCapture(make_default_kv(*m), c.n_layers);
-  Engine e(m, std::unique_ptr<KvCache>(cap));
+  test::KeyCapture capture(c.n_layers);
+  test::KeyCapture* cap = &capture;
+  Engine e(m, cap->watch(make_default_kv(*m)));
   const int64_t seq = e.new_sequence();
   e.prefill({seq}, {p.context}, nullptr, false);
   for (const auto& ids : p.repeats) {

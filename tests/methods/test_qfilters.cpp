@@ -67,11 +67,10 @@ TEST(QFilters, EachHeadKeepsItsTopFilterScoresAndFreesTheRest) {
   const int64_t T = 400, B = T / 4;
   const std::vector<int64_t> prompt = test::walk_prompt(T, c.vocab_size);
   // The keys the engine hands a store.
-  auto capture = std::make_unique<test::KeyCapture>(
-      test::make_with_model(m, "full", nlohmann::json::object()), c.n_layers);
-  test::KeyCapture* cap = capture.get();
+  test::KeyCapture capture(c.n_layers);
+  test::KeyCapture* cap = &capture;
   {
-    Engine full(m, std::move(capture));
+    Engine full(m, cap->watch(test::make_with_model(m, "full", nlohmann::json::object())));
     full.prefill({full.new_sequence()}, {prompt});
     Engine e(m, test::make_with_model(m, "qfilters", p));
     const int64_t seq = e.new_sequence();

@@ -14,6 +14,7 @@
 #include "harness/engine/engine.h"
 #include "harness/kv/method_registry.h"
 #include "methods/quest/quest.h"
+#include "tests/methods/cache_driver.h"
 #include "tests/methods/method_test_util.h"
 #include "tests/support/test_support.h"
 
@@ -37,38 +38,13 @@ std::unique_ptr<KvCache> make(const CacheContext& ctx, const std::string& name,
 
 QuestKvCache& as_quest(KvCache& kv) { return dynamic_cast<QuestKvCache&>(kv); }
 
-// Drives a cache by hand: the same q/k/v for every layer; returns the last layer's output.
-struct Driver {
-  KvCache* kv;
-  int64_t n_layers;
-  int64_t seq = 0;
-  int64_t pos = 0;
-  at::Tensor step(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, Phase ph) {
-    StepBatch b;
-    const int64_t n = q.size(0);
-    b.seq_ids = {seq};
-    b.q_indptr = {0, n};
-    b.past_lens = {kv->seq_len(seq)};
-    for (int64_t i = 0; i < n; ++i) b.positions.push_back(pos + i);
-    b.phase = ph;
-    kv->begin_step(b);
-    at::Tensor out;
-    for (int64_t l = 0; l < n_layers; ++l) {
-      LayerInput in;
-      in.layer = static_cast<int>(l);
-      in.q = &q;
-      in.k = &k;
-      in.k_pre_rope = &k;
-      in.v = &v;
-      in.batch = &b;
-      in.sm_scale = 1.0f / std::sqrt(static_cast<float>(q.size(2)));
-      out = kv->attend(in).clone();
-    }
-    kv->end_step(b);
-    pos += n;
-    return out;
-  }
-};
+// Drives a cache by hand (tests/methods/cache_driver.h) and reports the last layer's output: the
+// first skip_layers layers attend densely.
+test::Driver last_layer_driver(KvCache* kv, int64_t n_layers) {
+  test::Driver d{kv, n_layers};
+  d.output_layer = -1;
+  return d;
+}
 
 // Prefill a 40-token prompt in chunks of 7, then decode 10 tokens; every logit row.
 at::Tensor trace(std::unique_ptr<KvCache> kv, KvCache** keep = nullptr,
@@ -147,7 +123,7 @@ TEST(QuestSelect, BudgetInTokensBecomesWholePages) {
 TEST(QuestStore, PageBoundsTrackTheKeysAcrossChunksAndTruncation) {
   ModelConfig c = tiny(2, 4, 2, 4);
   auto kv = make({c, c10::kCPU, c10::kFloat}, "quest", {{"page_size", 4}});
-  Driver d{kv.get(), 2};
+  test::Driver d = last_layer_driver(kv.get(), 2);
   at::Tensor k = rnd({10, 2, 4}, 1);
   for (int64_t s = 0; s < 10; s += 3) {
     const int64_t n = std::min<int64_t>(3, 10 - s);
@@ -226,7 +202,7 @@ TEST(QuestStore, DecodeAttendsExactlyOverTheSelectedPages) {
         o.gqa_agg = std::string(agg) == "max" ? GqaAgg::kMax : GqaAgg::kMean;
         o.force_generic = generic;
         auto kv = std::make_unique<QuestKvCache>(CacheContext{c, c10::kCPU, c10::kFloat}, o);
-        Driver d{kv.get(), 3};
+        test::Driver d = last_layer_driver(kv.get(), 3);
         at::Tensor K = rnd({30, 2, 4}, 7) * 2, V = rnd({30, 2, 4}, 8);
         d.step(rnd({22, 4, 4}, 9), K.narrow(0, 0, 22), V.narrow(0, 0, 22), Phase::kPrefill);
         for (int64_t t = 22; t < 30; ++t) {

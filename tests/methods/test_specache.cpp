@@ -8,11 +8,12 @@
 
 #include "harness/common/error.h"
 #include "harness/engine/engine.h"
+#include "harness/eval/qa.h"
 #include "harness/eval/run_config.h"
 #include "harness/eval/runner.h"
-#include "harness/eval/qa.h"
 #include "harness/eval/stream.h"
 #include "harness/formats/tokenizer.h"
+#include "harness/kv/lookahead.h"
 #include "harness/kv/method_registry.h"
 #include "methods/common/kv_codec.h"
 #include "tests/support/test_support.h"
@@ -132,7 +133,7 @@ TEST(Specache, ASpeculativeStepKeepsOnlyTheRealRow) {
   std::vector<int64_t> p = {1};
   for (int i = 1; i < 150; ++i) p.push_back(3 + (i * 37) % 500);
   Engine e(m, make("specache", {{"top_k", 16}}));
-  ASSERT_TRUE(e.kv().wants_lookahead());
+  ASSERT_NE(wanting_lookahead(e.kv()), nullptr);
   const int64_t a = e.new_sequence();
   e.prefill({a}, {p});
   for (int i = 0; i < 10; ++i) {
