@@ -44,7 +44,8 @@ class ProbeKvCache : public TwinKvCache {
     const int64_t seq = exact_batch().seq_ids[0];
     auto mv = probe_view_of(method(), l, seq);
     if (mv.empty()) return;
-    auto xv = exact().probe_view(l, seq);
+    auto xv = probe_view_of(exact(), l, seq);
+    if (xv.empty()) return;
     at::Tensor q = in.q->to(at::kFloat)[0];  // [H, D] (decode: one token)
     const int64_t H = q.size(0), Hk = static_cast<int64_t>(xv.size()), G = H / Hk;
     double kerr = 0, verr = 0, tv = 0;

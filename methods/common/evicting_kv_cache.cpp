@@ -119,7 +119,7 @@ EvictingKvCache::EvictingKvCache(const CacheContext& ctx, Options opts,
   // Re-rotated keys and the RoPE angles ahead are this store's own rotations: refused at once on
   // a RoPE whose frequencies switch with the length (LongRoPE), not at the first compression.
   if (opts_.position_mode == PositionMode::kRerotated || needs_.query_stats_from >= 0)
-    (void)rope_inv_freq(c);
+    (void)rope_inv_freq(ctx_.config);
   KVB_CHECK(!opts_.codec || fast_, opts_.name, ": the codec '", opts_.codec ? opts_.codec->name() : "",
             "' stores kept entries on the host and runs on the CPU fp32 path only (device cpu, ",
             "dtype fp32)");

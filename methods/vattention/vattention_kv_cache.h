@@ -21,12 +21,13 @@
 
 #include "harness/kv/kv_cache.h"
 #include "harness/kv/method.h"
+#include "harness/kv/probe_view.h"
 #include "kernels/torch/paged_decode_torch.h"
 #include "kvb/kernels/virtual_memory.h"
 
 namespace kvb {
 
-class VAttentionKvCache : public KvCache {
+class VAttentionKvCache : public KvCache, public ProbedCache {
  public:
   struct Options {
     size_t page_bytes = size_t{64} << 10;

@@ -112,7 +112,7 @@ TEST(VAttention, ForkCopiesIntoItsOwnSlotAndSlotsRunOut) {
   kv->fork(0, 1);
   EXPECT_EQ(kv->seq_len(1), 40);
   EXPECT_EQ(kv->footprint().device_payload_bytes, 2 * expected_resident(40, 128, 4096, 2));
-  const auto a = kv->probe_view(1, 0), b = kv->probe_view(1, 1);
+  const auto a = probe_view_of(*kv, 1, 0), b = probe_view_of(*kv, 1, 1);
   ASSERT_EQ(a.size(), 2u);
   EXPECT_TRUE(at::equal(a[1].k, b[1].k));
   EXPECT_TRUE(at::equal(a[0].v, b[0].v));
