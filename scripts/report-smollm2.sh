@@ -60,6 +60,45 @@ cpu=$(grep -m1 "model name" /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//')
       "$KVB" leaderboard --db "$MAIN_DB" --grid main_smollm2 --protocol "$p" 2>/dev/null || echo "(no runs)"
       echo
     done
+    echo "## Ranking on SmolLM2 against the ranking on kvb-testbed"
+    echo
+    echo "Stream fidelity (KL of each method's next-token distribution from the full cache's, mean over"
+    echo "the decoded tokens) for the method settings both grids ran; rank 1 is the closest to the full"
+    echo "cache. Kendall's tau over the shared settings says how far the toy model's ranking carries over."
+    echo
+    echo "| method | KL on SmolLM2 | rank | KL on kvb-testbed | rank |"
+    echo "|---|--:|--:|--:|--:|"
+    ranks=$(sqlite3 -separator '|' "$MAIN_DB" "
+      WITH kl AS (
+        SELECT r.grid, json_extract(r.config_json, '\$.method') AS m, m2.value AS kl
+        FROM runs r JOIN metrics m2 ON m2.run_id = r.id AND m2.name = 'kl_mean' AND m2.layer IS NULL
+        WHERE r.status = 'done' AND r.protocol = 'stream' AND r.grid IN ('main', 'main_smollm2')
+          AND json_extract(r.config_json, '\$.method.name') <> 'full'),
+      both AS (
+        SELECT a.m, a.kl AS s, b.kl AS t FROM kl a JOIN kl b ON a.m = b.m
+        WHERE a.grid = 'main_smollm2' AND b.grid = 'main')
+      SELECT json_extract(m, '\$.name') || '(' || trim(
+               ifnull('budget=' || json_extract(m, '\$.params.budget') || ' ', '') ||
+               ifnull('preset=' || json_extract(m, '\$.params.preset') || ' ', '') ||
+               CASE WHEN json_extract(m, '\$.params.codec') NOT IN ('none', '') THEN
+                 'codec=' || json_extract(m, '\$.params.codec') ELSE '' END) || ')',
+             printf('%.4f', s), RANK() OVER (ORDER BY s), printf('%.4f', t), RANK() OVER (ORDER BY t)
+      FROM both ORDER BY s;")
+    echo "$ranks" | sed '/^$/d; s/^/| /; s/$/ |/'
+    echo
+    echo "$ranks" | python3 -c '
+import sys, itertools
+rows = [l.split("|") for l in sys.stdin.read().splitlines() if l]
+pairs = [(float(r[1]), float(r[3])) for r in rows]
+c = d = 0
+for (a1, b1), (a2, b2) in itertools.combinations(pairs, 2):
+    x = (a1 - a2) * (b1 - b2)
+    c += x > 0
+    d += x < 0
+n = len(pairs)
+print("Kendall tau over %d shared settings: %s." % (n, "%.2f" % ((c - d) / (n * (n - 1) / 2)) if n > 1 else "n/a"))
+'
+    echo
     echo "## The same methods on kvb-testbed (grid main), for the ranking"
     echo
     for p in qa stream; do

@@ -149,9 +149,9 @@ TEST(QaConfig, MainGridCellHashesAreStable) {
              "num_samples=1, source=synthetic, task=niah_single_2)",
              "57b466a76f99d8f2313a9aa38c6de8745ca20618d198682cb71d2f9a5d32d5b8"}}},
           {"main_smollm2.json",
-           {{"method=streaming_llm(budget=0.25) protocol=qa(depths=0,0.5,1, length=640, "
-             "num_samples=1, source=synthetic, task=passkey)",
-             "87876a960d133ecf87f2a62e2bcbbed5b1931775dfc1083c2695e3c1c670e2a7"}}},
+           {{"method=streaming_llm(budget=0.25) protocol=qa(corpus=eb1911-shakespeare, "
+             "depths=0,0.5,1, length=2048, num_samples=1, source=synthetic, task=niah_single_2)",
+             "23af81bdd163086932d8bc54d7329b6c561db8e66ac42fd3f179c908b5f8f7f6"}}},
           {"methods_stories260k.json",
            {{"method=full protocol=qa(dataset=tinystories-valid-sample, num_samples=16, "
              "questions=2, source=recall)",
