@@ -18,6 +18,7 @@
 #include "harness/formats/finite_check.h"
 #include "harness/formats/llama2c_format.h"
 #include "harness/formats/safetensors.h"
+#include "harness/model/huge_page_weights.h"
 #include "harness/model/synthetic_presets.h"
 
 namespace kvb {
@@ -173,6 +174,7 @@ void finish_weights(Model& m) {
     for (at::Tensor* t : {&L.q_norm, &L.k_norm, &L.post_attn_norm, &L.post_ffn_norm})
       if (t->defined()) *t = t->to(at::kFloat);
   }
+  if (m.device.is_cpu()) place_weights_in_huge_pages(w);
   // A fixed 8192 positions up front (8192 x head_dim floats, twice), not the declared context: a
   // config may declare millions of positions, and transformer_forward grows the tables on demand.
   m.ensure_rope_len(8192);
