@@ -219,7 +219,7 @@ def _(ctx):
     data = ctx.write(d + "/lb.jsonl", '{"input": ' + nested(1000000) + "}\n")
     tasks = os.path.join(ROOT, "tests", "fixtures", "longbench", "tasks.json")
     cfg = ctx.write(d + "/c.json", '{"model": "%s", "method": "full", "protocol": {"name": "qa", '
-                    '"source": "longbench", "path": "%s", "tasks": "%s"}}' % (ctx.stories, data, tasks))
+                    '"source": "longbench", "length": 0, "path": "%s", "tasks": "%s"}}' % (ctx.stories, data, tasks))
     return expect_exit2(ctx, d, ["run", "-c", cfg, "--db", d + "/db.sqlite"], ["lb.jsonl"], db=d + "/db.sqlite")
 
 
@@ -274,7 +274,7 @@ def _(ctx):
     data = fifo(d + "/lb.jsonl")
     tasks = os.path.join(ROOT, "tests", "fixtures", "longbench", "tasks.json")
     cfg = ctx.write(d + "/c.json", '{"model": "%s", "method": "full", "protocol": {"name": "qa", '
-                    '"source": "longbench", "path": "%s", "tasks": "%s"}}' % (ctx.stories, data, tasks))
+                    '"source": "longbench", "length": 0, "path": "%s", "tasks": "%s"}}' % (ctx.stories, data, tasks))
     return expect_exit2(ctx, d, ["run", "-c", cfg, "--db", d + "/db.sqlite"], ["lb.jsonl"], db=d + "/db.sqlite")
 
 
@@ -446,7 +446,7 @@ def _(ctx):
     data = ctx.write(d + "/lb.jsonl", "\n\n\n")
     tasks = os.path.join(ROOT, "tests", "fixtures", "longbench", "tasks.json")
     cfg = ctx.write(d + "/c.json", '{"model": "%s", "method": "full", "protocol": {"name": "qa", '
-                    '"source": "longbench", "path": "%s", "tasks": "%s"}}' % (ctx.stories, data, tasks))
+                    '"source": "longbench", "length": 0, "path": "%s", "tasks": "%s"}}' % (ctx.stories, data, tasks))
     return expect_exit2(ctx, d, ["run", "-c", cfg, "--db", d + "/db.sqlite"], ["no samples"],
                         db=d + "/db.sqlite")
 

@@ -1,5 +1,7 @@
 #include "harness/eval/run_config.h"
 
+#include <sys/stat.h>
+
 #include "harness/common/error.h"
 #include "harness/common/json_parse.h"
 #include "harness/common/limits.h"
@@ -12,7 +14,11 @@
 namespace kvb {
 
 nlohmann::json load_config_file(const std::string& path) {
-  KVB_CHECK(file_exists(path), path, ": config file not found");
+  if (!file_exists(path)) {
+    struct stat st {};
+    KVB_CHECK(::stat(path.c_str(), &st) == 0, path, ": config file not found");
+    check_regular_file(path);  // a FIFO or a device: named as such, never opened
+  }
   return parse_json(read_text_file(path), path);
 }
 

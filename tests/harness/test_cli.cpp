@@ -3,6 +3,8 @@
 
 #include <gtest/gtest.h>
 
+#include <filesystem>
+
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -398,6 +400,24 @@ TEST(CliErrors, ScoreFileIsBoundedAndMustBeUtf8Text) {
   auto both = run_kvbench("score" + model + " --file " + dir + "/latin1.txt --text hi");
   EXPECT_EQ(both.exit_code, 2);
   EXPECT_NE(both.err.find("--file"), std::string::npos) << both.err;
+}
+
+}  // namespace
+}  // namespace kvb
+
+namespace kvb {
+namespace {
+
+TEST(CliErrors, ConfigThatIsNotAFileIsNamedForWhatItIs) {
+  const std::string dir = test::make_temp_dir("config_kinds");
+  expect_one_line_error(run_kvbench("run -c " + dir + "/missing.json --db " + dir + "/db.sqlite"),
+                        {dir + "/missing.json", "config file not found"});
+  ASSERT_EQ(std::system(("mkfifo " + dir + "/fifo.json").c_str()), 0);
+  expect_one_line_error(run_kvbench("run -c " + dir + "/fifo.json --db " + dir + "/db.sqlite"),
+                        {dir + "/fifo.json", "not a regular file"});
+  expect_one_line_error(run_kvbench("grid -c " + dir + " --db " + dir + "/db.sqlite"),
+                        {dir, "not a regular file"});
+  EXPECT_FALSE(std::filesystem::exists(dir + "/db.sqlite"));
 }
 
 }  // namespace
