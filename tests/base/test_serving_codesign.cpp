@@ -13,51 +13,21 @@
 
 #include "harness/common/error.h"
 #include "harness/serve/serving_sim.h"
+#include "tests/base/serving_test_util.h"
 
 namespace kvb {
 namespace {
 
+using servetest::own_ids;
+using servetest::request;
+using servetest::toy_hardware;
+using servetest::trace_of;
+
+// The toy target with its layers counted (block tables and per-layer pages scale with them).
 ServeTarget toy_target(int64_t layers = 2) {
-  ServeTarget t;
-  t.name = "toy";
-  t.weight_bytes = 1e9;
-  t.flops_per_token = 2e9;
-  t.attn_flops_per_pair = 1e6;
-  t.kv_bytes_per_token = 1000;
-  t.max_context = 100000;
+  ServeTarget t = servetest::toy_target();
   t.layers = layers;
   return t;
-}
-
-ServeHardware toy_hardware() {
-  ServeHardware h;
-  h.hbm_gbps = 1000;  // 1e12 B/s
-  h.tflops = 100;     // 1e14 FLOP/s
-  h.prefix_load_gbps = 1;
-  h.iteration_overhead_ms = 0.5;
-  return h;
-}
-
-TraceRequest request(int64_t ts, int64_t input, int64_t output, std::vector<int64_t> ids) {
-  TraceRequest r;
-  r.timestamp_ms = ts;
-  r.input_length = input;
-  r.output_length = output;
-  r.hash_ids = std::move(ids);
-  return r;
-}
-
-RequestTrace trace_of(std::vector<TraceRequest> rs, int64_t block = 512) {
-  RequestTrace t;
-  t.requests = std::move(rs);
-  t.block_size_tokens = block;
-  return t;
-}
-
-std::vector<int64_t> own_ids(int64_t i, int64_t input, int64_t block = 512) {
-  std::vector<int64_t> ids;
-  for (int64_t b = 0; b < (input + block - 1) / block; ++b) ids.push_back(1000 * (i + 1) + b);
-  return ids;
 }
 
 const FootprintCurve kDense = FootprintCurve::proportional(1000);

@@ -9,6 +9,7 @@
 
 #include "harness/common/mapped_file.h"
 #include "harness/serve/serving_sim.h"
+#include "tests/base/serving_test_util.h"
 #include "tests/base/formats_test_util.h"
 
 namespace kvb {
@@ -20,49 +21,11 @@ constexpr double kTableMs = 252e-9;
 // With 4 layers: 1,008 bytes.
 constexpr double kTable4Ms = 1008e-9;
 
-// Round numbers, so that the expected times can be worked out on paper.
-ServeTarget toy_target() {
-  ServeTarget t;
-  t.name = "toy";
-  t.weight_bytes = 1e9;
-  t.flops_per_token = 2e9;
-  t.attn_flops_per_pair = 1e6;
-  t.kv_bytes_per_token = 1000;
-  t.max_context = 100000;
-  return t;
-}
-
-ServeHardware toy_hardware() {
-  ServeHardware h;
-  h.hbm_gbps = 1000;  // 1e12 B/s
-  h.tflops = 100;     // 1e14 FLOP/s
-  h.prefix_load_gbps = 1;
-  h.iteration_overhead_ms = 0.5;
-  return h;
-}
-
-TraceRequest request(int64_t ts, int64_t input, int64_t output, std::vector<int64_t> ids) {
-  TraceRequest r;
-  r.timestamp_ms = ts;
-  r.input_length = input;
-  r.output_length = output;
-  r.hash_ids = std::move(ids);
-  return r;
-}
-
-RequestTrace trace_of(std::vector<TraceRequest> rs, int64_t block = 512) {
-  RequestTrace t;
-  t.requests = std::move(rs);
-  t.block_size_tokens = block;
-  return t;
-}
-
-// Distinct ids for request i's blocks (no sharing).
-std::vector<int64_t> own_ids(int64_t i, int64_t input, int64_t block = 512) {
-  std::vector<int64_t> ids;
-  for (int64_t b = 0; b < (input + block - 1) / block; ++b) ids.push_back(1000 * (i + 1) + b);
-  return ids;
-}
+using servetest::own_ids;
+using servetest::request;
+using servetest::toy_hardware;
+using servetest::toy_target;
+using servetest::trace_of;
 
 TEST(FootprintCurve, InterpolatesAndExtrapolatesTheLastSegment) {
   // A saturating method (a budget of ~200 tokens at 10 bytes each) and a host tier.

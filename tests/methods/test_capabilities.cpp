@@ -27,11 +27,6 @@
 namespace kvb {
 namespace {
 
-std::shared_ptr<Model> stories() {
-  static std::shared_ptr<Model> m = load_model(test::models_dir() + "/stories260K");
-  return m;
-}
-
 std::unique_ptr<KvCache> make(const std::shared_ptr<Model>& m, const std::string& name,
                               const nlohmann::json& params = nlohmann::json::object()) {
   return MethodRegistry::instance().create(name, CacheContext{m->config, m->device, m->dtype},
@@ -66,7 +61,7 @@ class PlainTwin : public TwinKvCache {
 };
 
 TEST(Capabilities, FoundOnTheStoresThatHaveThem) {
-  const auto m = stories();
+  const auto m = test::stories260k();
   struct Case {
     std::string method;
     nlohmann::json params;
@@ -97,7 +92,7 @@ TEST(Capabilities, FoundOnTheStoresThatHaveThem) {
 }
 
 TEST(Capabilities, KvPacketsWrapperPassesItsStoresOnes) {
-  const auto m = stories();
+  const auto m = test::stories260k();
   // kv_packet over the eviction store: the wrapper adds document reuse and passes splicing and
   // probing on to snapkv's store.
   auto kv = make(m, "kv_packet", {{"wrap", "none"}, {"inner", "snapkv"},
@@ -116,7 +111,7 @@ TEST(Capabilities, KvPacketsWrapperPassesItsStoresOnes) {
 }
 
 TEST(Capabilities, TheEngineHandsEachLayerItsHiddenStateThroughTheWrappers) {
-  const auto m = stories();
+  const auto m = test::stories260k();
   const CacheContext ctx{m->config, m->device, m->dtype};
   std::vector<int64_t> prompt = {1, 300, 301, 302, 303};
   // Directly, and through a TwinKvCache (the probe protocol's wrapper): every layer, before it

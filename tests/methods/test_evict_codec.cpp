@@ -17,15 +17,10 @@
 namespace kvb {
 namespace {
 
-std::shared_ptr<Model> stories() {
-  static std::shared_ptr<Model> m = load_model(test::models_dir() + "/stories260K");
-  return m;
-}
-
 CacheContext ctx_of(const Model& m) { return CacheContext{m.config, m.device, m.dtype}; }
 
 std::unique_ptr<KvCache> make(const std::string& name, nlohmann::json params) {
-  return MethodRegistry::instance().create(name, ctx_of(*stories()), params);
+  return MethodRegistry::instance().create(name, ctx_of(*test::stories260k()), params);
 }
 
 // Every logit row of a 200-token prompt prefilled in chunks, then 20 greedy decode steps.
@@ -33,7 +28,7 @@ at::Tensor trace(std::unique_ptr<KvCache> kv, Engine** keep = nullptr, int64_t c
   EngineOptions o;
   o.prefill_chunk = chunk;
   static std::unique_ptr<Engine> e;
-  e = std::make_unique<Engine>(stories(), std::move(kv), o);
+  e = std::make_unique<Engine>(test::stories260k(), std::move(kv), o);
   std::vector<int64_t> prompt = {1};
   for (int i = 1; i < 200; ++i) prompt.push_back(3 + (i * 37 + i * i) % 500);
   int64_t s = e->new_sequence();

@@ -46,11 +46,6 @@ bool is_prefill_method(const std::string& n) {
   return std::find(kPrefillMethods.begin(), kPrefillMethods.end(), n) != kPrefillMethods.end();
 }
 
-std::shared_ptr<Model> stories() {
-  static std::shared_ptr<Model> m = load_model(test::models_dir() + "/stories260K");
-  return m;
-}
-
 CacheContext ctx_of(const Model& m) { return CacheContext{m.config, m.device, m.dtype}; }
 
 std::unique_ptr<KvCache> make(const CacheContext& ctx, const std::string& name,
@@ -75,7 +70,7 @@ std::vector<int32_t> range_idx(std::initializer_list<std::pair<int32_t, int32_t>
 at::Tensor trace(std::unique_ptr<KvCache> kv, int64_t chunk = 7) {
   EngineOptions o;
   o.prefill_chunk = chunk;
-  Engine e(stories(), std::move(kv), o);
+  Engine e(test::stories260k(), std::move(kv), o);
   std::vector<int64_t> prompt = {1};
   for (int i = 0; i < 39; ++i) prompt.push_back(260 + (i * 13) % 250);
   int64_t s = e.new_sequence();
@@ -172,7 +167,7 @@ TEST(EvictSelect, BudgetUnitsResolveToEntriesPerHeadAndLayer) {
 }
 
 TEST(EvictParams, BudgetsPresetsAndKernelsAreValidated) {
-  auto m = stories();
+  auto m = test::stories260k();
   auto expect_error = [&](const std::string& name, nlohmann::json p, const std::string& what) {
     try {
       make(ctx_of(*m), name, p);
@@ -449,7 +444,7 @@ TEST(SnapKv, KeepsTheWindowAndThePooledTopPrefixPerKvHead) {
 }
 
 TEST(SnapKv, PresetsResolveToTheDocumentedSettings) {
-  auto m = stories();
+  auto m = test::stories260k();
   auto settings = [&](nlohmann::json p) { return make(ctx_of(*m), "snapkv", p)->counters(); };
   auto off = settings({{"preset", "official"}});
   EXPECT_EQ(off.at("setting.window"), 32);
@@ -468,7 +463,7 @@ TEST(SnapKv, PresetsResolveToTheDocumentedSettings) {
 }
 
 TEST(PyramidKv, LayerBudgetsFollowThePyramidOnStories) {
-  auto m = stories();
+  auto m = test::stories260k();
   Engine e(m, make(ctx_of(*m), "pyramidkv", {{"budget", 40}, {"budget_unit", "tokens_per_head"}}));
   int64_t s = prefill_text(e, 200);
   EvictingKvCache& ev = evict(e.kv());
@@ -482,7 +477,7 @@ TEST(PyramidKv, LayerBudgetsFollowThePyramidOnStories) {
 }
 
 TEST(AdaKv, HeadBudgetsAreRaggedAndSumToTheLayerBudget) {
-  auto m = stories();
+  auto m = test::stories260k();
   Engine e(m, make(ctx_of(*m), "adakv", {{"budget", 40}, {"budget_unit", "tokens_per_head"}}));
   int64_t s = prefill_text(e, 200);
   EvictingKvCache& ev = evict(e.kv());
@@ -549,7 +544,7 @@ TEST(Knorm, KeepsTheLowestNormKeysPerKvHead) {
 // ---------------------------------------------------------------- whole methods on stories260K
 
 TEST(EvictMethods, KeepEverythingReproducesFullLogits) {
-  auto m = stories();
+  auto m = test::stories260k();
   at::Tensor ref = trace(make(ctx_of(*m), "full"));
   std::vector<std::pair<std::string, nlohmann::json>> runs;
   for (const auto& n : kEvictMethods)
@@ -572,7 +567,7 @@ TEST(EvictMethods, KeepEverythingReproducesFullLogits) {
 }
 
 TEST(EvictMethods, QuarterBudgetChangesTheLogits) {
-  auto m = stories();
+  auto m = test::stories260k();
   at::Tensor ref = trace(make(ctx_of(*m), "full"));
   for (const auto& n : kEvictMethods) {
     at::Tensor got = trace(make(ctx_of(*m), n, {{"budget", 0.25}}));
@@ -581,7 +576,7 @@ TEST(EvictMethods, QuarterBudgetChangesTheLogits) {
 }
 
 TEST(EvictMethods, DeterministicAcrossRuns) {
-  auto m = stories();
+  auto m = test::stories260k();
   for (const auto& n : kEvictMethods) {
     nlohmann::json p = {{"budget", 0.3}};
     if (is_prefill_method(n)) p["compress_every"] = 3;
@@ -637,7 +632,7 @@ class RecordingPolicy : public EvictionPolicy {
 };
 
 TEST(EvictStore, GenericPathMatchesTheCpuKernelPath) {
-  auto m = stories();
+  auto m = test::stories260k();
   for (auto mode : {PositionMode::kAbsolute, PositionMode::kRerotated}) {
     SignalLog fast_log, gen_log;
     EvictingKvCache::Options o;
@@ -660,7 +655,7 @@ TEST(EvictStore, GenericPathMatchesTheCpuKernelPath) {
 }
 
 TEST(EvictStore, RerotationChangesNothingWithoutEvictionButSomethingWithIt) {
-  auto m = stories();
+  auto m = test::stories260k();
   at::Tensor abs_q =
       trace(make(ctx_of(*m), "streaming_llm", {{"budget", 0.4}, {"position_mode", "absolute"}}));
   at::Tensor rot_q =
@@ -669,7 +664,7 @@ TEST(EvictStore, RerotationChangesNothingWithoutEvictionButSomethingWithIt) {
 }
 
 TEST(EvictLedger, QuarterBudgetHoldsAtMost30PercentOfFullAndIsExact) {
-  auto m = stories();
+  auto m = test::stories260k();
   EngineOptions eo;
   eo.prefill_chunk = 64;
   Engine full(m, make(ctx_of(*m), "full"), eo);
@@ -710,7 +705,7 @@ TEST(EvictLedger, QuarterBudgetHoldsAtMost30PercentOfFullAndIsExact) {
 }
 
 TEST(EvictLedger, DecodeTimeMethodsStayUnderBudgetWhileStreaming) {
-  auto m = stories();
+  auto m = test::stories260k();
   for (const char* n : {"streaming_llm", "h2o", "tova"}) {
     Engine e(m, make(ctx_of(*m), n, {{"budget", 0.25}}));
     int64_t s = e.new_sequence();
@@ -724,7 +719,7 @@ TEST(EvictLedger, DecodeTimeMethodsStayUnderBudgetWhileStreaming) {
 }
 
 TEST(EvictStore, ForkIsIndependentAndTruncateDropsTheTail) {
-  auto m = stories();
+  auto m = test::stories260k();
   Engine e(m,
            make(ctx_of(*m), "streaming_llm", {{"budget", 8}, {"budget_unit", "tokens_per_head"}}));
   int64_t a = prefill_text(e, 20);
@@ -744,7 +739,7 @@ TEST(EvictStore, ForkIsIndependentAndTruncateDropsTheTail) {
 }
 
 TEST(EvictStore, BatchedSequencesMatchSeparateRuns) {
-  auto m = stories();
+  auto m = test::stories260k();
   std::vector<int64_t> a = {1}, b = {1};
   for (int i = 1; i < 50; ++i) a.push_back(3 + (i * 37) % 500);
   for (int i = 1; i < 23; ++i) b.push_back(5 + (i * 11) % 500);
@@ -803,7 +798,7 @@ TEST(EvictStore, Bf16RunsThroughTheLibTorchPath) {
 }
 
 TEST(EvictStore, ProbeViewShowsKeptEntriesAsAttentionReadsThem) {
-  auto m = stories();
+  auto m = test::stories260k();
   Engine full(m, make(ctx_of(*m), "full"));
   int64_t fs = prefill_text(full, 30);
   Engine rot(m,
@@ -922,7 +917,7 @@ TEST(EvictAllocator, HeadAdaptivePoolsTheLayerBudgetTowardTheBetterScoredHead) {
 // Kept entries per (layer, head) after `n` tokens of prefill text.
 std::vector<std::vector<int64_t>> kept_counts(const std::string& name, const nlohmann::json& p,
                                               int64_t n = 200) {
-  auto m = stories();
+  auto m = test::stories260k();
   Engine e(m, make(ctx_of(*m), name, p));
   int64_t s = prefill_text(e, n);
   std::vector<std::vector<int64_t>> out(5, std::vector<int64_t>(4));
@@ -959,7 +954,7 @@ TEST(EvictCompose, PyramidOverKnormAndAdaOverH2oRunAndHoldTheirBudgets) {
 }
 
 TEST(EvictCompose, SnapkvUnderEachAllocatorIsPyramidkvAndAdakv) {
-  auto m = stories();
+  auto m = test::stories260k();
   auto kept = [&](const std::string& name, const nlohmann::json& p) {
     Engine e(m, make(ctx_of(*m), name, p));
     int64_t s = prefill_text(e, 200);
@@ -984,7 +979,7 @@ TEST(EvictCompose, SnapkvUnderEachAllocatorIsPyramidkvAndAdakv) {
 }
 
 TEST(EvictParams, AnUnknownAllocatorIsRefusedByName) {
-  auto m = stories();
+  auto m = test::stories260k();
   try {
     make(ctx_of(*m), "h2o", {{"allocator", "pyramid_ada"}});
     FAIL() << "an unknown allocator was accepted";
@@ -998,7 +993,7 @@ TEST(EvictParams, AnUnknownAllocatorIsRefusedByName) {
 // ---------------------------------------------------------------- end to end
 
 TEST(EvictStream, EveryMethodStreams256TokensOfTinyStories) {
-  auto m = stories();
+  auto m = test::stories260k();
   nlohmann::json proto = {
       {"dataset", "tinystories-valid-sample"}, {"window", 256}, {"stride", 0}, {"max_windows", 1}};
   std::string hash;

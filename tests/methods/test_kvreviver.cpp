@@ -36,11 +36,6 @@ using kvreviver::CountSketch;
 using kvreviver::MergeBuckets;
 using kvreviver::token_key;
 
-std::shared_ptr<Model> stories() {
-  static std::shared_ptr<Model> m = load_model(test::models_dir() + "/stories260K");
-  return m;
-}
-
 CacheContext ctx_of(const Model& m) { return CacheContext{m.config, m.device, m.dtype}; }
 
 std::unique_ptr<KvCache> make(const CacheContext& ctx,
@@ -56,7 +51,7 @@ at::Tensor trace(std::unique_ptr<KvCache> kv, std::unique_ptr<Engine>* engine = 
                  int64_t prefill_chunk = 7) {
   EngineOptions o;
   o.prefill_chunk = prefill_chunk;
-  auto e = std::make_unique<Engine>(stories(), std::move(kv), o);
+  auto e = std::make_unique<Engine>(test::stories260k(), std::move(kv), o);
   std::vector<int64_t> prompt = {1};
   for (int i = 0; i < 39; ++i) prompt.push_back(260 + (i * 13) % 250);
   int64_t s = e->new_sequence();
@@ -510,7 +505,7 @@ TEST(KvReviverMerge, AsManyBucketsAsEvictedTokensIsFullAttention) {
 // ---------------------------------------------------------------- stories260K
 
 TEST(KvReviverModel, KeepEverythingReproducesFullLogits) {
-  auto m = stories();
+  auto m = test::stories260k();
   at::Tensor ref =
       trace(MethodRegistry::instance().create("full", ctx_of(*m), nlohmann::json::object()));
   std::unique_ptr<Engine> e;
@@ -523,7 +518,7 @@ TEST(KvReviverModel, KeepEverythingReproducesFullLogits) {
 }
 
 TEST(KvReviverModel, RevivalBeatsPlainEvictionAndNarrowSketchesErrMore) {
-  auto m = stories();
+  auto m = test::stories260k();
   at::Tensor ref =
       trace(MethodRegistry::instance().create("full", ctx_of(*m), nlohmann::json::object()));
   const double evict_only =
@@ -549,7 +544,7 @@ TEST(KvReviverModel, RevivalBeatsPlainEvictionAndNarrowSketchesErrMore) {
 }
 
 TEST(KvReviverModel, LedgerCountsExactEntriesSketchesAndIndices) {
-  auto m = stories();
+  auto m = test::stories260k();
   EngineOptions eo;
   eo.prefill_chunk = 64;
   Engine e(m,
@@ -589,7 +584,7 @@ TEST(KvReviverModel, LedgerCountsExactEntriesSketchesAndIndices) {
 }
 
 TEST(KvReviverModel, DeterministicAndSeeded) {
-  auto m = stories();
+  auto m = test::stories260k();
   nlohmann::json p = {{"budget", 0.3}, {"width", 8}, {"reconstruction", "sketch"}};
   at::Tensor a = trace(make(ctx_of(*m), p));
   at::Tensor b = trace(make(ctx_of(*m), p));
@@ -599,7 +594,7 @@ TEST(KvReviverModel, DeterministicAndSeeded) {
 }
 
 TEST(KvReviverModel, ForkCopiesExactRegionAndSketches) {
-  auto m = stories();
+  auto m = test::stories260k();
   for (const char* mode : {"sketch", "merge"}) {
     Engine e(m, make(ctx_of(*m), {{"budget", 0.25}, {"reconstruction", mode}}));
     std::vector<int64_t> t = {1};
@@ -620,7 +615,7 @@ TEST(KvReviverModel, ForkCopiesExactRegionAndSketches) {
 
 
 TEST(KvReviverModel, MergeLedgerCountsBucketsByHand) {
-  auto m = stories();
+  auto m = test::stories260k();
   for (bool pre_rope : {true, false}) {
     EngineOptions eo;
     eo.prefill_chunk = 64;
@@ -664,7 +659,7 @@ TEST(KvReviverModel, MergeLedgerCountsBucketsByHand) {
 }
 
 TEST(KvReviverModel, MergeIsDeterministicSeedFreeAndBeatsTheSketchAtTheDefaults) {
-  auto m = stories();
+  auto m = test::stories260k();
   at::Tensor ref =
       trace(MethodRegistry::instance().create("full", ctx_of(*m), nlohmann::json::object()));
   at::Tensor a = trace(make(ctx_of(*m)));
@@ -681,7 +676,7 @@ TEST(KvReviverModel, MergeIsDeterministicSeedFreeAndBeatsTheSketchAtTheDefaults)
 // ---------------------------------------------------------------- the exact region's codec
 
 TEST(KvReviverCodec, Fp16HalvesTheExactPayloadAndKeepsTheLogitsClose) {
-  auto m = stories();
+  auto m = test::stories260k();
   std::unique_ptr<Engine> e32, e16;
   at::Tensor a = trace(make(ctx_of(*m), {{"budget", 1.0}}), &e32);
   at::Tensor b = trace(make(ctx_of(*m), {{"budget", 1.0}, {"codec", "fp16"}}), &e16);
@@ -701,7 +696,7 @@ TEST(KvReviverCodec, EvictionOnlyEqualsH2OWithTheSameCodec) {
   // is one chunk here: the eviction store holds all prompt rows exact until the end of prefill,
   // kvreviver encodes after every chunk (its eviction runs per chunk; with 7-token chunks the two
   // differ by the later chunks attending the earlier ones encoded).
-  auto m = stories();
+  auto m = test::stories260k();
   for (const char* codec : {"none", "kivi-2", "pertoken-4"}) {
     nlohmann::json codec_p = {{"budget", 0.25}, {"codec", codec}, {"codec_residual", 0}};
     auto rp = codec_p;
@@ -719,7 +714,7 @@ TEST(KvReviverCodec, EvictionOnlyEqualsH2OWithTheSameCodec) {
 }
 
 TEST(KvReviverCodec, Kivi2ExactRegionStoresLessRevivalStillHelpsAndForksStayApart) {
-  auto m = stories();
+  auto m = test::stories260k();
   at::Tensor ref =
       trace(MethodRegistry::instance().create("full", ctx_of(*m), nlohmann::json::object()));
   nlohmann::json p = {{"budget", 0.25}, {"codec", "kivi-2"}, {"codec_residual", 0}};

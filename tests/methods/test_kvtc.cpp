@@ -24,11 +24,6 @@ namespace {
 
 using namespace kvtc;
 
-std::shared_ptr<Model> stories() {
-  static std::shared_ptr<Model> m = load_model(test::models_dir() + "/stories260K");
-  return m;
-}
-
 std::string cache_dir() {
   static std::string d = test::make_temp_dir("kvtc");
   return d;
@@ -45,7 +40,7 @@ nlohmann::json params(nlohmann::json extra) {
 }
 
 std::unique_ptr<KvCache> make(const std::string& name, const nlohmann::json& p) {
-  CacheContext ctx{stories()->config, stories()->device, stories()->dtype};
+  CacheContext ctx{test::stories260k()->config, test::stories260k()->device, test::stories260k()->dtype};
   return MethodRegistry::instance().create(name, ctx, p);
 }
 
@@ -183,8 +178,8 @@ TEST(KvtcCalib, EnergyCompactionWithAndWithoutRope) {
   CalibOptions o;
   o.data_dir = test::data_dir();
   o.tokens = 8192;
-  const CalibData d = collect_kv(stories(), o);
-  const auto& c = stories()->config;
+  const CalibData d = collect_kv(test::stories260k(), o);
+  const auto& c = test::stories260k()->config;
   const int64_t p = c.n_layers * c.kv_dim();
   ASSERT_EQ(d.k_pre.size(0), 8192);
   ASSERT_EQ(d.k_pre.size(1), p);
@@ -219,13 +214,13 @@ TEST(KvtcCalib, EnergyCompactionWithAndWithoutRope) {
 }
 
 TEST(KvtcCalib, TransformMeetsBudgetAndArtifactRoundTrips) {
-  const auto& c = stories()->config;
+  const auto& c = test::stories260k()->config;
   CalibOptions o;
   o.data_dir = test::data_dir();
   o.tokens = 4096;
   TransformOptions t;
   t.bits_per_element = 2.0;
-  auto a = calibrate(stories(), o, t, cache_dir());
+  auto a = calibrate(test::stories260k(), o, t, cache_dir());
   const int64_t p = c.n_layers * c.kv_dim();
   EXPECT_LE(a->k.code_bits_per_token, 2 * p);
   EXPECT_GE(a->k.code_bits_per_token, 2 * p - 8);  // the DP spends (almost) all of the budget
@@ -245,14 +240,14 @@ TEST(KvtcCalib, TransformMeetsBudgetAndArtifactRoundTrips) {
     EXPECT_TRUE(at::equal(b->v.groups[g].mean, a->v.groups[g].mean));
   }
   // Same inputs, same key (memoised); another budget, another key.
-  EXPECT_EQ(calibrate(stories(), o, t, cache_dir()).get(), a.get());
+  EXPECT_EQ(calibrate(test::stories260k(), o, t, cache_dir()).get(), a.get());
   TransformOptions t4 = t;
   t4.bits_per_element = 4.0;
-  EXPECT_NE(calibrate(stories(), o, t4, cache_dir())->key, a->key);
+  EXPECT_NE(calibrate(test::stories260k(), o, t4, cache_dir())->key, a->key);
   // Per-head scope: one group per (layer, head).
   TransformOptions th = t;
   th.scope = Scope::kHead;
-  auto h = calibrate(stories(), o, th, "");
+  auto h = calibrate(test::stories260k(), o, th, "");
   EXPECT_EQ(static_cast<int64_t>(h->k.groups.size()), c.n_layers * c.n_kv_heads);
   EXPECT_LE(h->k.code_bits_per_token, 2 * p);
 }
@@ -260,8 +255,8 @@ TEST(KvtcCalib, TransformMeetsBudgetAndArtifactRoundTrips) {
 // ------------------------------------------------------------------ the cache
 
 TEST(KvtcCache, WindowCoveringTheSequenceIsFullExactly) {
-  Engine full(stories(), make("full", nlohmann::json::object()));
-  Engine kv(stories(), make("kvtc", params({{"window", 1000}, {"exact_dtype", "fp32"}})));
+  Engine full(test::stories260k(), make("full", nlohmann::json::object()));
+  Engine kv(test::stories260k(), make("kvtc", params({{"window", 1000}, {"exact_dtype", "fp32"}})));
   const at::Tensor a = trace(full, 70, 40), b = trace(kv, 70, 40);
   EXPECT_TRUE(at::equal(a, b)) << (a - b).abs().max().item<double>();
   EXPECT_EQ(kv.kv().counters().at("blocks"), 0.0);
@@ -293,7 +288,7 @@ class Capture {
 };
 
 TEST(KvtcCache, BlocksHoldTheCodesAndFootprintIsTheirSize) {
-  const auto& c = stories()->config;
+  const auto& c = test::stories260k()->config;
   const int64_t L = c.n_layers, W = c.kv_dim(), P = L * W;
   for (const char* ent : {"deflate", "zstd", "none"}) {
     const nlohmann::json p = params({{"ratio", 4}, {"window", 16}, {"block_tokens", 8}, {"sinks", 4},
@@ -303,7 +298,7 @@ TEST(KvtcCache, BlocksHoldTheCodesAndFootprintIsTheirSize) {
     Capture* capp = &capture;
     auto watched = capture.watch(make("kvtc", p));
     const KvCache& kvtc_cache = watched->inner();
-    Engine e(stories(), std::move(watched));
+    Engine e(test::stories260k(), std::move(watched));
     int64_t seq = 0;
     trace(e, 60, 27, &seq);  // 87 tokens: 4 sinks, 64 coded (8 blocks), 19 exact in the tail
     const at::Tensor K = capp->all(true), V = capp->all(false);  // [87, P]
@@ -370,13 +365,13 @@ TEST(KvtcCache, BlocksHoldTheCodesAndFootprintIsTheirSize) {
 
 TEST(KvtcCache, DeterministicAndCoarserIsWorse) {
   auto run = [&](double ratio, std::vector<std::vector<uint8_t>>* blocks) {
-    Engine e(stories(), make("kvtc", params({{"ratio", ratio}, {"window", 16}, {"block_tokens", 8}})));
+    Engine e(test::stories260k(), make("kvtc", params({{"ratio", ratio}, {"window", 16}, {"block_tokens", 8}})));
     int64_t seq = 0;
     at::Tensor t = trace(e, 40, 60, &seq);
     if (blocks) *blocks = coded_blocks(e.kv(), seq);
     return t;
   };
-  Engine full(stories(), make("full", nlohmann::json::object()));
+  Engine full(test::stories260k(), make("full", nlohmann::json::object()));
   const at::Tensor ref = trace(full, 40, 60);
   std::vector<std::vector<uint8_t>> b1, b2;
   const at::Tensor a = run(4, &b1), b = run(4, &b2);
@@ -390,7 +385,7 @@ TEST(KvtcCache, DeterministicAndCoarserIsWorse) {
 }
 
 TEST(KvtcCache, TruncateAndForkKeepBlocks) {
-  Engine e(stories(), make("kvtc", params({{"ratio", 8}, {"window", 16}, {"block_tokens", 8}})));
+  Engine e(test::stories260k(), make("kvtc", params({{"ratio", 8}, {"window", 16}, {"block_tokens", 8}})));
   int64_t s = 0;
   trace(e, 60, 0, &s);  // 60 tokens: 4 sinks, 5 blocks (40), 16 tail
   EXPECT_EQ(coded_blocks(e.kv(), s).size(), 5u);
@@ -414,7 +409,7 @@ TEST(KvtcCache, ErrorsNameTheProblem) {
     EXPECT_NE(std::string(e.what()).find("entropy"), std::string::npos) << e.what();
   }
   // A calibration model that cannot be found fails when the first block is coded, naming it.
-  Engine e(stories(), make("kvtc", {{"calib_model", "/nonexistent/model"}, {"window", 4}, {"block_tokens", 4}}));
+  Engine e(test::stories260k(), make("kvtc", {{"calib_model", "/nonexistent/model"}, {"window", 4}, {"block_tokens", 4}}));
   try {
     trace(e, 20, 0);
     FAIL();

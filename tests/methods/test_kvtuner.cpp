@@ -17,13 +17,8 @@
 namespace kvb {
 namespace {
 
-std::shared_ptr<Model> stories() {
-  static std::shared_ptr<Model> m = load_model(test::models_dir() + "/stories260K");
-  return m;
-}
-
 std::unique_ptr<KvCache> make(const std::string& name, nlohmann::json params) {
-  CacheContext ctx{stories()->config, stories()->device, stories()->dtype};
+  CacheContext ctx{test::stories260k()->config, test::stories260k()->device, test::stories260k()->dtype};
   return MethodRegistry::instance().create(name, ctx, params);
 }
 
@@ -34,7 +29,7 @@ std::vector<int64_t> prompt(int64_t n) {
 }
 
 at::Tensor trace(std::unique_ptr<KvCache> kv) {
-  Engine e(stories(), std::move(kv));
+  Engine e(test::stories260k(), std::move(kv));
   int64_t s = e.new_sequence();
   std::vector<at::Tensor> rows;
   rows.push_back(e.prefill({s}, {prompt(50)}).clone());
@@ -50,9 +45,9 @@ TEST(KvTuner, UniformPairsAreKiviAndPerTokenExactly) {
 }
 
 TEST(KvTuner, EachLayerStoresItsOwnPair) {
-  const auto& c = stories()->config;
+  const auto& c = test::stories260k()->config;
   ASSERT_EQ(c.n_layers, 5);
-  Engine e(stories(), make("kvtuner", {{"pairs", "KV8, K8V4, KV4, K4V2, KV2"}}));
+  Engine e(test::stories260k(), make("kvtuner", {{"pairs", "KV8, K8V4, KV4, K4V2, KV2"}}));
   int64_t s = e.new_sequence();
   e.prefill({s}, {prompt(100)});
   auto& kv = dynamic_cast<CodecKvCache&>(e.kv());
@@ -90,7 +85,7 @@ TEST(KvTuner, JsonPrecisionFileEqualsInlinePairs) {
   at::Tensor inline_pairs = trace(make("kvtuner", {{"pairs", "K8V4,KV4,K4V2,KV2,KV8"}}));
   EXPECT_TRUE(at::equal(trace(make("kvtuner", {{"config", obj}})), inline_pairs));
   EXPECT_TRUE(at::equal(trace(make("kvtuner", {{"config", arr}})), inline_pairs));
-  Engine e(stories(), make("kvtuner", {{"config", obj}}));
+  Engine e(test::stories260k(), make("kvtuner", {{"config", obj}}));
   EXPECT_GT(dynamic_cast<CodecKvCache&>(e.kv()).counters()["config_sha256_48"], 0);
 }
 

@@ -21,11 +21,6 @@ namespace {
 
 using namespace kvtuner;
 
-std::shared_ptr<Model> stories() {
-  static std::shared_ptr<Model> m = load_model(test::models_dir() + "/stories260K");
-  return m;
-}
-
 TEST(KvTunerSearch, ParetoFrontOfHandMadePoints) {
   //                          0         1         2         3         4         5         6
   std::vector<Objectives> p = {{8, 0.1}, {6, 0.2}, {6, 0.5}, {4, 0.2}, {2, 3.0}, {4, 0.2}, {3, 0.9}};
@@ -160,11 +155,11 @@ TEST(KvTunerSearch, Nsga2IsDeterministicUnderASeed) {
 }
 
 TEST(KvTunerSearch, LocalErrorsFollowTheExactTrajectory) {
-  auto data = calibration_windows(*stories(), "tinystories-valid-sample", test::data_dir(), 48, 1, 2);
+  auto data = calibration_windows(*test::stories260k(), "tinystories-valid-sample", test::data_dir(), 48, 1, 2);
   int64_t probed = 0;
-  auto kv8 = local_errors(stories(), data.windows, {8, 8}, "kivi", 1, 1, &probed);
-  auto k2 = local_errors(stories(), data.windows, {2, 8}, "kivi", 1, 1, &probed);
-  auto v2 = local_errors(stories(), data.windows, {8, 2}, "kivi", 1, 1, &probed);
+  auto kv8 = local_errors(test::stories260k(), data.windows, {8, 8}, "kivi", 1, 1, &probed);
+  auto k2 = local_errors(test::stories260k(), data.windows, {2, 8}, "kivi", 1, 1, &probed);
+  auto v2 = local_errors(test::stories260k(), data.windows, {8, 2}, "kivi", 1, 1, &probed);
   EXPECT_EQ(probed, 46);  // decode positions 1 .. 46 of a 48-token window
   for (size_t l = 0; l < 5; ++l) {
     // Every layer sees the full-precision trajectory, so an untouched tensor has the same error
@@ -189,7 +184,7 @@ const Tiny& tiny() {
   static Tiny t = [] {
     Tiny t;
     const auto t0 = std::chrono::steady_clock::now();
-    auto data = calibration_windows(*stories(), "tinystories-valid-sample", test::data_dir(), 40, 1, 30);
+    auto data = calibration_windows(*test::stories260k(), "tinystories-valid-sample", test::data_dir(), 40, 1, 30);
     SearchOptions o;
     o.budgets = {4, 3};
     o.search = "nsga2";
@@ -197,7 +192,7 @@ const Tiny& tiny() {
     o.population = 6;
     o.probe_every = 4;
     o.seed = 1;
-    t.art = run_search(stories(), data, o);
+    t.art = run_search(test::stories260k(), data, o);
     t.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     t.dir = test::make_temp_dir("kvtuner_search");
     t.path = t.dir + "/art.json";
@@ -247,7 +242,7 @@ TEST(KvTunerSearch, EndToEndOnStories260K) {
 
 TEST(KvTunerSearch, ArtifactLoadsIntoTheKvtunerMethod) {
   const Tiny& t = tiny();
-  CacheContext ctx{stories()->config, stories()->device, stories()->dtype};
+  CacheContext ctx{test::stories260k()->config, test::stories260k()->device, test::stories260k()->dtype};
   ASSERT_EQ(t.files.size(), 2u);
   struct Case {
     std::string file;
@@ -256,7 +251,7 @@ TEST(KvTunerSearch, ArtifactLoadsIntoTheKvtunerMethod) {
   for (const Case& c : {Case{t.path, t.art["selected"][0]["layers"]},
                         Case{t.files[0], t.art["selected"][0]["layers"]},
                         Case{t.files[1], t.art["selected"][1]["layers"]}}) {
-    Engine e(stories(), MethodRegistry::instance().create("kvtuner", ctx, {{"config", c.file}}));
+    Engine e(test::stories260k(), MethodRegistry::instance().create("kvtuner", ctx, {{"config", c.file}}));
     const int64_t s = e.new_sequence();
     e.prefill({s}, {{1, 30, 40, 50, 60}});
     auto ctr = e.kv().counters();
@@ -272,14 +267,14 @@ TEST(KvTunerSearch, ArtifactLoadsIntoTheKvtunerMethod) {
 }
 
 TEST(KvTunerSearch, ABudgetBelowEverySearchedConfigGetsTheCheapestConfig) {
-  auto data = calibration_windows(*stories(), "tinystories-valid-sample", test::data_dir(), 40, 1, 31);
+  auto data = calibration_windows(*test::stories260k(), "tinystories-valid-sample", test::data_dir(), 40, 1, 31);
   SearchOptions o;
   o.budgets = {4, 2};
   o.search = "nsga2";
   o.trials = 1;
   o.population = 4;
   o.probe_every = 8;
-  auto a = run_search(stories(), data, o);
+  auto a = run_search(test::stories260k(), data, o);
   ASSERT_EQ(a["selected"].size(), 2u);
   EXPECT_EQ(a["selected"][1]["pairs"], "KV2,KV2,KV2,KV2,KV2");
   EXPECT_EQ(a["search"]["evaluated"], 2);

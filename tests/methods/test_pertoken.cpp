@@ -13,13 +13,8 @@
 namespace kvb {
 namespace {
 
-std::shared_ptr<Model> stories() {
-  static std::shared_ptr<Model> m = load_model(test::models_dir() + "/stories260K");
-  return m;
-}
-
 std::unique_ptr<KvCache> make(nlohmann::json params) {
-  CacheContext ctx{stories()->config, stories()->device, stories()->dtype};
+  CacheContext ctx{test::stories260k()->config, test::stories260k()->device, test::stories260k()->dtype};
   return MethodRegistry::instance().create("pertoken", ctx, params);
 }
 
@@ -30,9 +25,9 @@ std::vector<int64_t> prompt(int64_t n) {
 }
 
 TEST(PerToken, LedgerIsExactAndEveryTokenIsEncoded) {
-  const auto& c = stories()->config;
+  const auto& c = test::stories260k()->config;
   for (int bits : {2, 3, 4, 8}) {
-    Engine e(stories(), make({{"k_bits", bits}, {"v_bits", bits}}));
+    Engine e(test::stories260k(), make({{"k_bits", bits}, {"v_bits", bits}}));
     int64_t s = e.new_sequence();
     e.prefill({s}, {prompt(37)});
     e.decode({s}, {9});
@@ -56,14 +51,14 @@ TEST(PerToken, LedgerIsExactAndEveryTokenIsEncoded) {
 TEST(PerToken, FidelityFallsWithBitsAndResidualIsExact) {
   // A prefill chunk attends itself exactly, so the quantized cache shows in the decode steps.
   auto trace = [](std::unique_ptr<KvCache> kv) {
-    Engine e(stories(), std::move(kv));
+    Engine e(test::stories260k(), std::move(kv));
     int64_t s = e.new_sequence();
     e.prefill({s}, {prompt(20)});
     std::vector<at::Tensor> rows;
     for (int i = 0; i < 40; ++i) rows.push_back(e.decode({s}, {3 + (i * 29) % 500}).clone());
     return at::cat(rows);
   };
-  CacheContext ctx{stories()->config, stories()->device, stories()->dtype};
+  CacheContext ctx{test::stories260k()->config, test::stories260k()->device, test::stories260k()->dtype};
   at::Tensor full = trace(MethodRegistry::instance().create("full", ctx, nlohmann::json::object()));
   double prev = 0;
   for (int bits : {8, 4, 2}) {

@@ -24,11 +24,6 @@ namespace {
 using test::rnd;
 using test::tiny;
 
-std::shared_ptr<Model> stories() {
-  static std::shared_ptr<Model> m = load_model(test::models_dir() + "/stories260K");
-  return m;
-}
-
 CacheContext ctx_of(const Model& m) { return CacheContext{m.config, m.device, m.dtype}; }
 
 std::unique_ptr<KvCache> make(const CacheContext& ctx, const std::string& name,
@@ -51,7 +46,7 @@ at::Tensor trace(std::unique_ptr<KvCache> kv, KvCache** keep = nullptr,
                  std::unique_ptr<Engine>* engine = nullptr) {
   EngineOptions o;
   o.prefill_chunk = 7;
-  auto e = std::make_unique<Engine>(stories(), std::move(kv), o);
+  auto e = std::make_unique<Engine>(test::stories260k(), std::move(kv), o);
   std::vector<int64_t> prompt = {1};
   for (int i = 0; i < 39; ++i) prompt.push_back(260 + (i * 13) % 250);
   int64_t s = e->new_sequence();
@@ -229,7 +224,7 @@ TEST(QuestStore, DecodeAttendsExactlyOverTheSelectedPages) {
 // ---------------------------------------------------------------- stories260K
 
 TEST(QuestModel, KeepEverythingBudgetReproducesFullLogitsBitForBit) {
-  auto m = stories();
+  auto m = test::stories260k();
   at::Tensor ref = trace(make(ctx_of(*m), "full"));
   for (nlohmann::json p : {nlohmann::json{{"budget", 1.0}},
                            nlohmann::json{{"budget", 1.0}, {"skip_layers", 0}, {"page_size", 1}},
@@ -243,7 +238,7 @@ TEST(QuestModel, KeepEverythingBudgetReproducesFullLogitsBitForBit) {
 }
 
 TEST(QuestModel, SmallBudgetChangesTheDecodeLogitsOnly) {
-  auto m = stories();
+  auto m = test::stories260k();
   at::Tensor ref = trace(make(ctx_of(*m), "full"));
   at::Tensor got = trace(make(
       ctx_of(*m), "quest",
@@ -254,7 +249,7 @@ TEST(QuestModel, SmallBudgetChangesTheDecodeLogitsOnly) {
 }
 
 TEST(QuestModel, ReadCountersMatchHandCountedPages) {
-  auto m = stories();
+  auto m = test::stories260k();
   KvCache* kv = nullptr;
   std::unique_ptr<Engine> e;
   trace(make(ctx_of(*m), "quest",
@@ -279,7 +274,7 @@ TEST(QuestModel, ReadCountersMatchHandCountedPages) {
 }
 
 TEST(QuestModel, LedgerHoldsTheFullKvPlusPageBounds) {
-  auto m = stories();
+  auto m = test::stories260k();
   const auto& cfg = m->config;
   const int64_t per_token = cfg.kv_bytes_per_token(4);  // 5 layers x 4 heads x 2 x 8 x 4 = 1280
   ASSERT_EQ(per_token, 1280);
@@ -308,7 +303,7 @@ TEST(QuestModel, LedgerHoldsTheFullKvPlusPageBounds) {
 }
 
 TEST(QuestModel, DeterministicAndTheLibTorchPathAgrees) {
-  auto m = stories();
+  auto m = test::stories260k();
   nlohmann::json p = {{"budget", 0.3}, {"page_size", 4}, {"skip_layers", 1}};
   at::Tensor a = trace(make(ctx_of(*m), "quest", p));
   at::Tensor b = trace(make(ctx_of(*m), "quest", p));
@@ -328,7 +323,7 @@ TEST(QuestModel, DeterministicAndTheLibTorchPathAgrees) {
 }
 
 TEST(QuestModel, ForkedSequencesAreIndependent) {
-  auto m = stories();
+  auto m = test::stories260k();
   Engine e(m, make(ctx_of(*m), "quest", {{"budget", 0.25}, {"page_size", 4}}));
   std::vector<int64_t> t = {1};
   for (int i = 1; i < 30; ++i) t.push_back(3 + (i * 37) % 500);
@@ -347,7 +342,7 @@ TEST(QuestModel, ForkedSequencesAreIndependent) {
 // Quest x codec: the rows live in CodecStreams (fp16 halves the payload exactly; kivi-2 stores far
 // less), page bounds still come from the exact keys, and forks stay independent.
 TEST(QuestCodec, Fp16HalvesThePayloadAndKeepsTheLogitsClose) {
-  auto m = stories();
+  auto m = test::stories260k();
   nlohmann::json p = {{"budget", 0.3}, {"page_size", 4}, {"skip_layers", 1}};
   KvCache* k0 = nullptr;
   KvCache* k1 = nullptr;
@@ -372,7 +367,7 @@ TEST(QuestCodec, Fp16HalvesThePayloadAndKeepsTheLogitsClose) {
 TEST(QuestCodec, ReadingEverythingEqualsTheEvictionStoreWithTheSameCodec) {
   // Both keep post-RoPE keys (StreamingLLM in absolute mode), hold prompt rows exact until the end
   // of prefill and a step's own rows exact while it attends: the same codec gives the same logits.
-  auto m = stories();
+  auto m = test::stories260k();
   for (const char* codec : {"kivi-2", "pertoken-4"}) {
     at::Tensor a = trace(make(ctx_of(*m), "quest",
                               {{"budget", 1.0}, {"codec", codec}, {"codec_residual", 32}}));
@@ -385,7 +380,7 @@ TEST(QuestCodec, ReadingEverythingEqualsTheEvictionStoreWithTheSameCodec) {
 }
 
 TEST(QuestCodec, Kivi2StoresUnderAThirdAndForksStayIndependent) {
-  auto m = stories();
+  auto m = test::stories260k();
   Engine e(m, make(ctx_of(*m), "quest",
                    {{"budget", 0.25}, {"page_size", 4}, {"codec", "kivi-2"}, {"codec_residual", 32}}));
   std::vector<int64_t> t = {1};

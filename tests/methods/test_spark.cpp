@@ -83,14 +83,9 @@ TEST(Think, DropsTheSameLowestScoringChannelsForEveryToken) {
   EXPECT_EQ(ks->bytes().code_bytes, 2 * 2 * 4);
 }
 
-std::shared_ptr<Model> stories() {
-  static std::shared_ptr<Model> m = load_model(test::models_dir() + "/stories260K");
-  return m;
-}
-
 // Logits of a 160-token prompt (chunks of 64) and 24 teacher-forced decode steps.
 at::Tensor trace(const std::string& method, nlohmann::json params, Footprint* fp = nullptr) {
-  auto m = stories();
+  auto m = test::stories260k();
   Engine e(m, MethodRegistry::instance().create(method, CacheContext{m->config, m->device, m->dtype}, params));
   std::vector<int64_t> t = {1};
   for (int64_t i = 1; i < 184; ++i) t.push_back(3 + (i * 37 + i * i) % 500);

@@ -24,11 +24,6 @@ namespace {
 using test::rnd;
 using test::tiny;
 
-std::shared_ptr<Model> stories() {
-  static std::shared_ptr<Model> m = load_model(test::models_dir() + "/stories260K");
-  return m;
-}
-
 std::unique_ptr<KvCache> make(const CacheContext& ctx, const std::string& name,
                               nlohmann::json params = nlohmann::json::object()) {
   return MethodRegistry::instance().create(name, ctx, params);
@@ -152,7 +147,7 @@ TEST(VAttention, RefusesPagesTheDeviceCannotMap) {
 // Same logits as the full cache: bit for bit through attend_dense (the same rows, the same
 // kernel), and within rounding through the decode kernel reading each sequence's slot whole.
 TEST(VAttentionModel, LogitsMatchTheFullCache) {
-  auto m = stories();
+  auto m = test::stories260k();
   const CacheContext ctx{m->config, m->device, m->dtype};
   std::vector<int64_t> a(90, 300), b(37, 301);
   a[0] = b[0] = 1;
