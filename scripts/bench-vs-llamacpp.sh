@@ -90,5 +90,6 @@ done
 
 python3 scripts/peer/report_smollm2_llamacpp.py --tmp "$TMP" --threads "$THREADS" --reps "$REPS" \
   --kvbench "$KVB" --loadavg "$loadavg" --llamacpp-version "$LCPP" --gguf "$(basename "$GGUF")" \
+  --f32-bytes "$(stat -c %s "$F32")" \
   --command "scripts/bench-vs-llamacpp.sh   # KVB_PEER_THREADS=$THREADS KVB_PEER_REPEATS=$REPS" --out "$OUT"
 echo "bench-vs-llamacpp: wrote $OUT" >&2

@@ -1,4 +1,5 @@
-"""Shared by the peer benchmark reports: the machine and build lines every page starts with."""
+"""Shared by the peer benchmark reports: the machine and build lines every page starts with, and the
+cores' arithmetic peak the limits are read against."""
 
 import datetime
 import os
@@ -46,3 +47,14 @@ def machine_lines(kvbench, loadavg):
         f"- kvbench {_run(kvbench, '--version').replace('kvbench ', '')} (`{kvbench}`), checkout at commit {commit}{dirty}; "
         f"run {datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}",
     ] + load_warning(loadavg)
+
+
+def cpu_peak_gflops():
+    """AVX2 + FMA peak of this machine's cores: 2 FMA units x 8 fp32 lanes x 2 flops per cycle."""
+    mhz = None
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("cpu MHz"):
+                mhz = float(line.split(":")[1])
+                break
+    return (os.cpu_count() or 1) * (mhz or 0) * 1e-3 * 32, mhz

@@ -7,7 +7,7 @@ import json
 import sqlite3
 import statistics
 
-from common import machine_lines
+from common import cpu_peak_gflops, machine_lines
 
 
 def iso(t):
@@ -57,18 +57,6 @@ def prefill_macs(cfg, n):
     per_token = L * (d * (H + 2 * Hk) * hd + H * hd * d + 3 * d * F)
     attention = L * H * hd * 2 * n * (n + 1) / 2  # q.k and p.v over the causal triangle
     return n * per_token + attention + d * V
-
-
-def cpu_peak_gflops():
-    """AVX2 + FMA peak of this machine's cores: 2 FMA units x 8 fp32 lanes x 2 flops per cycle."""
-    mhz = None
-    with open("/proc/cpuinfo") as f:
-        for line in f:
-            if line.startswith("cpu MHz"):
-                mhz = float(line.split(":")[1])
-                break
-    import os
-    return (os.cpu_count() or 1) * (mhz or 0) * 1e-3 * 32, mhz
 
 
 def limit_section(w, config_path, full):  # full: the full-cache pair (kvbench and kvpress rows)

@@ -5,7 +5,7 @@ import argparse
 import json
 import os
 
-from common import machine_lines
+from common import cpu_peak_gflops, machine_lines
 
 
 def main():
@@ -18,6 +18,8 @@ def main():
     ap.add_argument("--llamacpp-version", required=True)
     ap.add_argument("--gguf", required=True)
     ap.add_argument("--command", required=True)
+    ap.add_argument("--f32-bytes", type=int, required=True,
+                    help="size of the F32 GGUF: the weights a decode step reads, 4 bytes a parameter")
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
     threads = [int(t) for t in a.threads.split(",")]
@@ -105,6 +107,26 @@ def main():
     for t in threads:
         b1, b16 = kv_dec[(1, t)]["decode_tok_s"], kv_dec[(16, t)]["decode_tok_s"]
         w(f"| {t} | {b1:,.1f} | {b16:,.1f} | {b16 / b1:.2f}x | {'met' if b16 >= 3 * b1 else '**not met**'} |")
+    # Every weight is read once per step and does one multiply-add per token of the batch (the tied
+    # embedding once, as the output matrix), so a token costs f32_bytes / 2 flops.
+    peak, mhz = cpu_peak_gflops()
+    w("")
+    w("What bounds these rows: a decode step reads every weight once, "
+      f"{a.f32_bytes / 1e6:,.0f} MB (the F32 GGUF's size), and does {a.f32_bytes / 2e9:.2f} GFLOP per "
+      "token of the batch.")
+    w("")
+    for t in threads:
+        b1, b16 = kv_dec[(1, t)]["decode_tok_s"], kv_dec[(16, t)]["decode_tok_s"]
+        gf = b16 * a.f32_bytes / 2e9
+        core_peak = peak / (os.cpu_count() or 1) * t
+        share = (f", {100 * gf / core_peak:.0f}% of the AVX2 FMA peak of {t} core{'s' if t > 1 else ''} "
+                 f"({core_peak:,.0f} GFLOP/s)" if peak > 0 else "")
+        w(f"- {t} thread{'s' if t > 1 else ''}: batch 1 streams the weights at {b1 * a.f32_bytes / 1e9:,.1f} GB/s; "
+          f"batch 16 computes at {gf:,.1f} GFLOP/s{share}.")
+    if peak > 0:
+        w(f"  (Peak: {mhz:,.0f} MHz, the clock /proc/cpuinfo reports, x 32 flops per cycle per core.) "
+          "Batch 1 is bound by memory and batch 16 by arithmetic: the ratio grows only as far as the "
+          "16-row matmuls use the cores.")
     with open(a.out, "w") as f:
         f.write("\n".join(L) + "\n")
 
