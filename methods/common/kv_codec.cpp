@@ -86,6 +86,7 @@ class RowStore {
   void reserve_rows(int64_t n) { data_.reserve(static_cast<size_t>(n * row_bytes())); }
 
   void append(const float* x, int64_t n) {
+    if (n == 0) return;  // (memcpy from or into an empty vector's null data() is undefined)
     const size_t old = data_.size();
     data_.resize(old + static_cast<size_t>(n * row_bytes()));
     uint8_t* dst = data_.data() + old;
@@ -104,6 +105,7 @@ class RowStore {
 
   // Rows [begin, end) into out: [end - begin, width] fp32.
   void decode(float* out, int64_t begin, int64_t end) const {
+    if (end == begin) return;
     const uint8_t* src = data_.data() + begin * row_bytes();
     const int64_t count = (end - begin) * width_;
     if (dtype_ == RowDtype::kF32) {

@@ -100,7 +100,8 @@ TEST(ExampleConfigs, LongBenchJsonlExampleRunsFromTheRepositoryRoot) {
   auto show = test::run_kvbench("show " + std::to_string(j["run_id"].get<int64_t>()) + " --json -n -1 --db " + dir +
                                 "/db.sqlite");
   ASSERT_EQ(show.exit_code, 0) << show.err;
-  for (const auto& s : nlohmann::json::parse(show.out)["samples"])
+  const auto shown = nlohmann::json::parse(show.out);  // held: the loop reads into it
+  for (const auto& s : shown["samples"])
     EXPECT_EQ(s["output"]["items"][0]["prediction"].get<std::string>().find('\n'), std::string::npos) << s.dump();
 }
 

@@ -675,7 +675,8 @@ TEST(Compare, PairedComparisonFlagsRegressionsByDirection) {
   auto same = test::run_kvbench("compare --json --fail-on-regression --db " + f.db + " " + f.e50_hash.substr(0, 6) +
                                 " " + f.e50_hash.substr(0, 7));
   ASSERT_EQ(same.exit_code, 0) << same.err;
-  for (const auto& x : json::parse(same.out)["metrics"]) EXPECT_EQ(x["verdict"], "unchanged") << x;
+  const json same_json = json::parse(same.out);  // held: the loop reads into it
+  for (const auto& x : same_json["metrics"]) EXPECT_EQ(x["verdict"], "unchanged") << x;
   // Bad references: one clear line, exit 2.
   auto none = test::run_kvbench("compare --db " + f.db + " ffffffff 1");
   EXPECT_EQ(none.exit_code, 2);
