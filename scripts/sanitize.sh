@@ -7,6 +7,8 @@
 #   KVB_SANITIZE_BUDGET_S    stop starting tests after this many seconds of the test run (tests run
 #                            in chunks; those not started are counted, and the script exits 0 when
 #                            every test that ran passed)
+#   KVB_SANITIZE_SHARD       i/n: run only every n-th test, starting at the i-th (0-based), so n runs
+#                            with i = 0..n-1 cover the whole suite (CI picks i from the commit count)
 # A finding fails its test with the sanitizer's report in the output; the script exits non-zero.
 # tests/sanitize/*.supp hold the suppressions for reports from uninstrumented libraries (LibTorch,
 # OpenBLAS), each with its reason. The fuzz label is left out: scripts/fuzz.sh builds its own.
@@ -36,8 +38,15 @@ args=("$@")
 # The suite in chunks of tests (ctest -I), so that a time budget stops starting new ones; without a
 # budget one chunk holds them all. Each chunk's summary line is summed into the script's own.
 total=$(cd "$BUILD_DIR" && ctest -N | sed -n 's/^Total Tests: //p')
+shard_i=0 shard_n=1
+if [ -n "${KVB_SANITIZE_SHARD:-}" ]; then
+  [[ "$KVB_SANITIZE_SHARD" =~ ^([0-9]+)/([1-9][0-9]*)$ ]] && [ "${BASH_REMATCH[1]}" -lt "${BASH_REMATCH[2]}" ] ||
+    { echo "sanitize: KVB_SANITIZE_SHARD must be i/n with 0 <= i < n, got '$KVB_SANITIZE_SHARD'" >&2; exit 2; }
+  shard_i=${BASH_REMATCH[1]} shard_n=${BASH_REMATCH[2]}
+  echo "sanitize: shard $shard_i/$shard_n (every ${shard_n}th test from test $((shard_i + 1)))" >&2
+fi
 chunk=$total
-[ -z "${KVB_SANITIZE_BUDGET_S:-}" ] || chunk=$((JOBS * 8))
+[ -z "${KVB_SANITIZE_BUDGET_S:-}" ] || chunk=$((JOBS * 8 * shard_n))
 log=$(mktemp)
 status=0 ran=0 failed=0 first=1 not_run=0
 while [ "$first" -le "$total" ]; do
@@ -46,7 +55,7 @@ while [ "$first" -le "$total" ]; do
     echo "sanitize: the ${KVB_SANITIZE_BUDGET_S} s budget is spent: tests $first..$total (of $total, before label filters) not started" >&2
     break
   fi
-  (cd "$BUILD_DIR" && ctest --output-on-failure -j "$JOBS" "${args[@]}" -I "$first,$((first + chunk - 1))") \
+  (cd "$BUILD_DIR" && ctest --output-on-failure -j "$JOBS" "${args[@]}" -I "$((first + shard_i)),$((first + chunk - 1)),$shard_n") \
     > "$log" 2>&1 || status=1
   cat "$log"
   if line=$(grep -E '[0-9]+% tests passed, [0-9]+ tests failed out of [0-9]+' "$log"); then
