@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Measures the CPU twins of the decode kernels (tests/bench/bench_kernels.cpp: paged fp16/bf16 dense
-# and gathered, KIVI-4/2 decode, KIVI append) against the same process's 2-thread copy bandwidth, and
-# writes results/kernels-cpu.md with the machine, its load, the commit and the command. Needs the
-# bench target (configure with -DKVB_BUILD_BENCH=ON). Run on an otherwise idle machine.
+# and gathered, KIVI-4/2 decode, KIVI append) against the same process's 2-thread copy bandwidth,
+# and the batched-decode matmul against the BLAS, and writes results/kernels-cpu.md with the
+# machine, its load, the commit and the command. Needs the bench target (configure with
+# -DKVB_BUILD_BENCH=ON). Run on an otherwise idle machine.
 #   scripts/bench-kernels.sh [extra Google Benchmark flags]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -114,6 +115,35 @@ if mhz and cpus and copy_gbs:
     w("A KIVI call reads 4x to 8x fewer bytes than an fp16 one but does the same arithmetic (plus")
     w("unpacking the codes), so its share of the copy bandwidth is bounded by that peak, not by memory:")
     w("where half the copy figure asks for less than the floor, no fp32 code on these cores meets it.")
+# The batched-decode matmul: one thread, rows x SmolLM2's gate/up projection, tiled kernel vs BLAS.
+lin = {}
+for name, b in rows.items():
+    if name.startswith("BM_LinearRows/"):
+        parts = dict(p.split(":") for p in name.split("/")[1:3])
+        lin[(int(parts["rows"]), int(parts["tiled"]))] = b
+if lin:
+    core_peak = 32 * mhz / 1e3 if mhz else 0  # GFLOP/s: 16 multiply-adds a cycle
+    w("")
+    w("## Batched decode matmul: register-tiled kernel vs the BLAS")
+    w("")
+    w("What: `linear_f32`'s product for a few rows (one per sequence of a batched decode step) on one")
+    w("thread: rows x SmolLM2-135M's gate/up projection (576 -> 1536, weights rotated over 64 MiB so")
+    w("they come from memory as in a decode step). `gemm_nt_rows` (kernels/cpu/gemm_rows_cpu.cpp: tiles")
+    w("of 3 rows x 3 weight rows in registers, each output gemv_n's dot product bit for bit) against")
+    w("OpenBLAS's sgemm held to one thread; linear_f32 uses the tiled kernel up to 32 rows.")
+    w("")
+    w("| rows | BLAS us | tiled us | BLAS GFLOP/s | tiled GFLOP/s | tiled / BLAS speed |" +
+      (" tiled % of one core's peak |" if core_peak else ""))
+    w("|--:|--:|--:|--:|--:|--:|" + ("--:|" if core_peak else ""))
+    for r in sorted({k[0] for k in lin}):
+        bl, ti = lin.get((r, 0)), lin.get((r, 1))
+        if not (bl and ti):
+            continue
+        gb, gt = bl["flops"] / 1e9, ti["flops"] / 1e9
+        row = f"| {r} | {ms(bl) * 1e3:.0f} | {ms(ti) * 1e3:.0f} | {gb:.1f} | {gt:.1f} | {gt / gb:.2f}x |"
+        if core_peak:
+            row += f" {100 * gt / core_peak:.0f}% |"
+        w(row)
 open(out, "w").write("\n".join(lines) + "\n")
 print(open(out).read())
 PY

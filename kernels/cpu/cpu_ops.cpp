@@ -16,7 +16,8 @@ namespace kvb::kernels {
 
 bool have_blas() { return KVB_HAVE_BLAS != 0; }
 
-void rms_norm_f32(const float* x, const float* w, float* out, int64_t rows, int64_t dim, float eps) {
+void rms_norm_f32(const float* x, const float* w, float* out, int64_t rows, int64_t dim,
+                  float eps) {
   for (int64_t r = 0; r < rows; ++r) {
     const float* xr = x + r * dim;
     float* o = out + r * dim;
@@ -26,6 +27,11 @@ void rms_norm_f32(const float* x, const float* w, float* out, int64_t rows, int6
     for (int64_t i = 0; i < dim; ++i) o[i] = xr[i] * inv * w[i];
   }
 }
+
+// Up to this many rows, linear_f32 runs the register-tiled kernel rather than the BLAS: its
+// weights are streamed once and its rows stay in L2, where the BLAS's packing costs more than it
+// saves (scripts/bench-kernels.sh measures both per row count).
+constexpr int64_t kMaxTiledRows = 32;
 
 void linear_f32(const float* x, const float* w, const float* bias, float* y, int64_t rows,
                 int64_t in, int64_t out, bool accumulate) {
@@ -63,7 +69,28 @@ void linear_f32(const float* x, const float* w, const float* bias, float* y, int
     }
     return;
   }
-  // Several rows: output channels in fixed slices of kSlice, the slices shared out over the OpenMP
+  if (rows <= kMaxTiledRows) {
+    // A few rows (a batched decode step): our register-tiled kernel, each output gemv_n's dot
+    // product (gemm_rows_cpu.cpp), so the output channels split over the threads like the GEMV's.
+    const int threads = macs >= kMinParallelMacs && out >= 16 ? cpu_threads() : 1;
+    if (threads <= 1) {
+      detail::gemm_nt_rows(rows, out, in, x, in, w, in, beta, y, out);
+      add_bias(0, out);
+      return;
+    }
+    const int64_t chunk = ((out + threads - 1) / threads + 7) / 8 * 8;
+#pragma omp parallel num_threads(threads)
+    {
+      const int64_t o0 = std::min(out, omp_get_thread_num() * chunk),
+                    o1 = std::min(out, o0 + chunk);
+      if (o1 > o0) {
+        detail::gemm_nt_rows(rows, o1 - o0, in, x, in, w + o0 * in, in, beta, y + o0, out);
+        add_bias(o0, o1);
+      }
+    }
+    return;
+  }
+  // Many rows: output channels in fixed slices of kSlice, the slices shared out over the OpenMP
   // threads, each a single-threaded GEMM (threads.h). The slicing does not depend on the thread
   // count, so neither do the bits (the BLAS picks its kernels and blocking by shape: one GEMM over
   // all channels and one over a part of them may round differently).
@@ -103,7 +130,8 @@ void rope_f32(float* x, int64_t tokens, int64_t heads, int64_t head_dim, int64_t
 }
 
 KVB_CPU_CLONES void silu_mul_f32(const float* gu, float* out, int64_t rows, int64_t F) {
-  // exp_f32 (within 2 ulp of exp) rather than std::exp, a libm call per element: the loop vectorises.
+  // exp_f32 (within 2 ulp of exp) rather than std::exp, a libm call per element: the loop
+  // vectorises.
   for (int64_t r = 0; r < rows; ++r) {
     const float* g = gu + r * 2 * F;
     const float* u = g + F;

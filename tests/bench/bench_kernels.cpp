@@ -17,7 +17,9 @@
 
 #include "decode_test_util.h"
 #include "kvb/kernels/decode_attention.h"
+#include "kvb/kernels/detail/gemm.h"
 #include "kvb/kernels/kivi_cache.h"
+#include "kvb/kernels/threads.h"
 
 namespace kvb::kernels {
 namespace {
@@ -160,6 +162,41 @@ void BM_KiviAppend(benchmark::State& st) {
   st.SetItemsProcessed(static_cast<int64_t>(st.iterations()) * batch);
 }
 BENCHMARK(BM_KiviAppend)->Arg(1)->Arg(16)->Iterations(2048)->Unit(benchmark::kMicrosecond);
+
+// A batched decode step's matmul on one thread: `rows` activation rows against SmolLM2-135M's
+// gate/up projection (576 -> 1536), weights rotating over sets that exceed the last-level cache (as
+// a decode step's weights come from memory). tiled 1: gemm_nt_rows, the register-tiled kernel;
+// tiled 0: the BLAS (gemm_nt), what linear_f32 uses past kMaxTiledRows. The flops counter against
+// the core's peak shows which bound each meets; the crossover sets kMaxTiledRows.
+void BM_LinearRows(benchmark::State& st) {
+  const int64_t rows = st.range(0), in = 576, out = 1536;
+  const bool tiled = st.range(1) != 0;
+  set_cpu_threads(1);  // the BLAS on one thread too, as linear_f32 holds it
+  const size_t w_floats = static_cast<size_t>(in * out);
+  const size_t sets = std::max<size_t>(2, kCacheBytes / (w_floats * sizeof(float)));
+  std::mt19937 rng(4);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  std::vector<float> w(sets * w_floats), x(static_cast<size_t>(rows * in)), y(rows * out);
+  for (auto& v : w) v = nd(rng);
+  for (auto& v : x) v = nd(rng);
+  size_t set = 0;
+  for (auto _ : st) {
+    const float* ws = w.data() + set * w_floats;
+    if (tiled)
+      detail::gemm_nt_rows(rows, out, in, x.data(), in, ws, in, 0.f, y.data(), out);
+    else
+      detail::gemm_nt(rows, out, in, x.data(), in, ws, in, 0.f, y.data(), out);
+    benchmark::DoNotOptimize(y.data());
+    set = (set + 1) % sets;
+  }
+  st.counters["flops"] =
+      benchmark::Counter(2.0 * rows * in * out * st.iterations(), benchmark::Counter::kIsRate);
+}
+BENCHMARK(BM_LinearRows)
+    ->ArgNames({"rows", "tiled"})
+    ->ArgsProduct({{2, 4, 8, 16, 32, 64}, {0, 1}})
+    ->UseRealTime()
+    ->Unit(benchmark::kMicrosecond);
 
 }  // namespace
 }  // namespace kvb::kernels

@@ -202,6 +202,61 @@ TEST(CpuClones, GemvIsDotF32PerRowBitForBit) {
     }
 }
 
+// The batched-decode kernel is dot_f32 per output, bit for bit, for every tile remainder (rows and
+// weight rows not multiples of 3), column tail and row stride; beta 1 adds onto c, beta 0 never
+// reads it. So a row's outputs do not depend on the other rows in the batch.
+TEST(CpuClones, GemmRowsIsDotF32PerOutputBitForBit) {
+  std::mt19937 rng(12);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  for (int64_t m : {1, 2, 3, 4, 5, 16, 17})
+    for (int64_t n : {1, 2, 3, 7, 10})
+      for (int64_t k : {1, 7, 8, 20, 172, 576}) {
+        for (int64_t ldb : {k, k + 3}) {  // consecutive rows (prefetched) and strided ones
+          const int64_t lda = k + 1, ldc = n + 2;
+          std::vector<float> a(m * lda), b(n * ldb), c0(m * ldc), c(m * ldc);
+          for (auto* v : {&a, &b, &c0})
+            for (auto& f : *v) f = nd(rng);
+          for (float beta : {0.f, 1.f}) {
+            c = beta == 0.f ? std::vector<float>(c0.size(), NAN) : c0;
+            detail::gemm_nt_rows(m, n, k, a.data(), lda, b.data(), ldb, beta, c.data(), ldc);
+            for (int64_t i = 0; i < m; ++i)
+              for (int64_t j = 0; j < n; ++j) {
+                const float t = detail::dot_f32(b.data() + j * ldb, a.data() + i * lda, k);
+                ASSERT_EQ(c[i * ldc + j], beta == 0.f ? t : beta * c0[i * ldc + j] + t)
+                    << "output (" << i << ", " << j << ") of " << m << " x " << n << ", k " << k
+                    << ", ldb " << ldb << ", beta " << beta;
+              }
+          }
+        }
+      }
+}
+
+// A batch of rows through linear_f32 (the tiled kernel up to its row limit, the BLAS past it): each
+// row's outputs are the same bits whichever batch it is in, up to the limit; past it, close.
+TEST(CpuClones, LinearBatchRowsAreEachRowsDotProducts) {
+  std::mt19937 rng(13);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  // 100 x 600: one thread; 576 x 600 (1.4 MB of weights): the threaded path.
+  for (int64_t in : {100, 576})
+    for (int64_t rows : {2, 5, 16, 32, 33}) {
+      const int64_t out = 600;
+      std::vector<float> w(out * in), bias(out);
+      for (auto* v : {&w, &bias})
+        for (auto& f : *v) f = nd(rng);
+      std::vector<float> x(rows * in), y(rows * out);
+      for (auto& f : x) f = nd(rng);
+      linear_f32(x.data(), w.data(), bias.data(), y.data(), rows, in, out, false);
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t o = 0; o < out; ++o) {
+          const float want = detail::dot_f32(w.data() + o * in, x.data() + r * in, in) + bias[o];
+          if (rows <= 32)
+            ASSERT_EQ(y[r * out + o], want) << "rows " << rows << ", row " << r << ", output " << o;
+          else
+            ASSERT_NEAR(y[r * out + o], want, 1e-3f * (1.f + std::fabs(want))) << "rows " << rows;
+        }
+    }
+}
+
 // The streaming GEMV's order as scalar code: eight accumulators over 8-column blocks in strides of
 // 64, the column tail into lane 0 of the first, a pairwise tree over the accumulators, then the
 // lanes as dot_f32's.

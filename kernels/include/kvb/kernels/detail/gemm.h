@@ -23,6 +23,10 @@ void gemm_nn(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const
 void gemv_n(int64_t n, int64_t k, const float* b, int64_t ldb, const float* x, float beta, float* y);
 // The same product for a weight matrix streamed from memory (larger than the caches): one row at a
 // time, a single sequential stream; a different summation order (gemv_cpu.cpp).
+// c[m, n] = a[m, k] . b[n, k]^T + beta * c for a few rows (a batched decode step): register tiles
+// of 3 rows x 3 weight rows, each output gemv_n's dot product bit for bit (gemm_rows_cpu.cpp).
+void gemm_nt_rows(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b,
+                  int64_t ldb, float beta, float* c, int64_t ldc);
 void gemv_stream_n(int64_t n, int64_t k, const float* b, int64_t ldb, const float* x, float beta,
                    float* y);
 
