@@ -98,8 +98,8 @@ at::Tensor Engine::step(const std::vector<int64_t>& seqs,
 }
 
 at::Tensor Engine::prefill_embeds(int64_t seq, const at::Tensor& embeds, bool call_end_prefill) {
-  KVB_ASSERT(embeds.dim() == 2 && embeds.size(1) == model_->config.dim && embeds.size(0) > 0, "engine",
-             "prefill_embeds needs [n > 0, ", model_->config.dim, "] rows");
+  KVB_ASSERT(embeds.dim() == 2 && embeds.size(1) == model_->config.dim && embeds.size(0) > 0,
+             "engine", "prefill_embeds needs [n > 0, ", model_->config.dim, "] rows");
   const int64_t n = embeds.size(0);
   guess_.erase(seq);
   const std::vector<int64_t> call_length = {position(seq) + n};
@@ -149,7 +149,8 @@ int64_t Engine::compose(const std::vector<int64_t>& parts) {
 at::Tensor Engine::prefill(const std::vector<int64_t>& seqs,
                            const std::vector<std::vector<int64_t>>& tokens,
                            const LogitsCallback& cb, bool call_end_prefill) {
-  KVB_ASSERT(seqs.size() == tokens.size() && !seqs.empty(), "engine", "prefill needs one token list per sequence");
+  KVB_ASSERT(seqs.size() == tokens.size() && !seqs.empty(), "engine",
+             "prefill needs one token list per sequence");
   const int64_t B = static_cast<int64_t>(seqs.size());
   for (int64_t s : seqs) guess_.erase(s);  // a guess is for the token after the last one
   std::vector<size_t> done(B, 0);
@@ -163,7 +164,8 @@ at::Tensor Engine::prefill(const std::vector<int64_t>& seqs,
   int64_t fed = 0, total = 0;
   for (const auto& t : tokens) total += static_cast<int64_t>(t.size());
   if (opts_.prefill_progress) opts_.prefill_progress(0, total);
-  KVB_ASSERT(!all || B == 1, "engine", "per-position logits are supported for one sequence at a time");
+  KVB_ASSERT(!all || B == 1, "engine",
+             "per-position logits are supported for one sequence at a time");
   for (;;) {
     std::vector<int64_t> step_seqs, idx, step_len;
     std::vector<std::vector<int64_t>> chunks;
@@ -217,13 +219,23 @@ at::Tensor Engine::decode_with_lookahead(const std::vector<int64_t>& seqs,
     std::vector<std::vector<int64_t>> chunks;
     for (int64_t t : fresh_tokens) chunks.push_back({t});
     const std::vector<uint8_t> all(fresh.size(), 1);
-    at::Tensor first = step(fresh, chunks, Phase::kDecode, false, nullptr, &all).argmax(-1).to(at::kCPU);
-    for (size_t i = 0; i < fresh.size(); ++i) guess_[fresh[i]] = first[static_cast<int64_t>(i)].item<int64_t>();
+    at::Tensor first =
+        step(fresh, chunks, Phase::kDecode, false, nullptr, &all).argmax(-1).to(at::kCPU);
+    for (size_t i = 0; i < fresh.size(); ++i)
+      guess_[fresh[i]] = first[static_cast<int64_t>(i)].item<int64_t>();
   }
   std::vector<std::vector<int64_t>> chunks;
-  for (size_t b = 0; b < seqs.size(); ++b) chunks.push_back({tokens[b], guess_.at(seqs[b])});
+  // The length each sequence reaches is its real token's: the guess row is not kept, so on a
+  // LongRoPE model the factor set switches at the same step as without a lookahead (the guess row
+  // rotates with its sequence's set).
+  std::vector<int64_t> lengths;
+  for (size_t b = 0; b < seqs.size(); ++b) {
+    chunks.push_back({tokens[b], guess_.at(seqs[b])});
+    lengths.push_back(position(seqs[b]) + 1);
+  }
   const std::vector<uint8_t> all(seqs.size(), 1);
-  at::Tensor logits = step(seqs, chunks, Phase::kDecode, true, nullptr, &all);  // [2B, vocab]
+  at::Tensor logits =
+      step(seqs, chunks, Phase::kDecode, true, nullptr, &all, &lengths);  // [2B, vocab]
   const int64_t B = static_cast<int64_t>(seqs.size());
   at::Tensor rows = logits.view({B, 2, -1});
   at::Tensor next = rows.select(1, 1).argmax(-1).to(at::kCPU);
@@ -294,10 +306,10 @@ ScoreResult Engine::score(const std::vector<int64_t>& tokens, int64_t top_k) {
   prefill({seq}, {input}, [&](const at::Tensor& logits, int64_t first) {
     const int64_t n = logits.size(0);
     at::Tensor lp = at::log_softmax(logits.to(at::kDouble), -1);
-    at::Tensor target = at::tensor(std::vector<int64_t>(tokens.begin() + first + 1,
-                                                        tokens.begin() + first + 1 + n),
-                                   at::kLong)
-                            .to(lp.device());
+    at::Tensor target =
+        at::tensor(std::vector<int64_t>(tokens.begin() + first + 1, tokens.begin() + first + 1 + n),
+                   at::kLong)
+            .to(lp.device());
     at::Tensor nll = -lp.gather(1, target.unsqueeze(1)).squeeze(1).to(at::kCPU);
     for (int64_t i = 0; i < n; ++i) {
       r.token_nll.push_back(nll[i].item<double>());
@@ -310,8 +322,9 @@ ScoreResult Engine::score(const std::vector<int64_t>& tokens, int64_t top_k) {
         const float* row = rows.data_ptr<float>() + i * rows.size(1);
         std::vector<int64_t> order(static_cast<size_t>(rows.size(1)));
         std::iota(order.begin(), order.end(), int64_t{0});
-        std::partial_sort(order.begin(), order.begin() + top_k, order.end(),
-                          [&](int64_t a, int64_t b) { return row[a] > row[b] || (row[a] == row[b] && a < b); });
+        std::partial_sort(
+            order.begin(), order.begin() + top_k, order.end(),
+            [&](int64_t a, int64_t b) { return row[a] > row[b] || (row[a] == row[b] && a < b); });
         auto& top = r.top_logits.emplace_back();
         for (int64_t k = 0; k < top_k; ++k) top.emplace_back(order[k], row[order[k]]);
       }
