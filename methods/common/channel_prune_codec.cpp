@@ -293,6 +293,7 @@ class ChannelPruneCodec : public KvCodec {
     return d;
   }
   int64_t query_window() const override { return s_.window; }
+  QueryEnergy query_energy() const override { return s_.energy; }
 
  private:
   std::map<std::string, double> describe_pruning() const {
@@ -300,7 +301,8 @@ class ChannelPruneCodec : public KvCodec {
             {"structured", s_.mode == ChannelPruneMode::kThink ? 1.0 : 0.0},
             {"average_recovery",
              s_.mode == ChannelPruneMode::kSpark && s_.recovery == ChannelRecovery::kAverage ? 1.0 : 0.0},
-            {"observation_window", static_cast<double>(s_.window)}};
+            {"observation_window", static_cast<double>(s_.window)},
+            {"query_energy_mean_square", s_.energy == QueryEnergy::kMeanSquare ? 1.0 : 0.0}};
   }
 
   ChannelPruneSpec s_;

@@ -38,6 +38,7 @@ struct ChannelPruneSpec {
   double ratio = 0.5;  // rho: fraction of a key's channels pruned
   ChannelRecovery recovery = ChannelRecovery::kAverage;  // spark only; think always zero-fills
   int64_t window = 32;                                   // observation-window queries
+  QueryEnergy energy = QueryEnergy::kGroupMean;          // how a GQA group's queries combine
   RowDtype dtype = RowDtype::kF32;                       // storage of kept values (K and V)
   std::shared_ptr<const KvCodec> inner;  // null: kept values at `dtype`; else stored through it
 };

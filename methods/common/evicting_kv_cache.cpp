@@ -166,15 +166,20 @@ void EvictingKvCache::flush_pending(Seq& s, int layer, int64_t head) {
   if (h.pend == 0) return;
   const int64_t wl = s.window_len.empty() ? 0 : s.window_len[layer];
   if (opts_.codec->query_window() > 0 && wl > 0 && s.window_q[layer].defined()) {
-    // n_c = || mean over the group's query heads of the window queries [:, c] ||_2
+    // kGroupMean: n_c = || mean over the group's query heads of the window queries [:, c] ||_2;
+    // kMeanSquare: n_c^2 = sum over the window of the mean over the group's heads of q_c^2.
+    const bool mean_square = opts_.codec->query_energy() == QueryEnergy::kMeanSquare;
     const float* Q = s.window_q[layer].data_ptr<float>();
     std::vector<double> sq(static_cast<size_t>(D_), 0.0);
     for (int64_t t = 0; t < wl; ++t) {
       for (int64_t c = 0; c < D_; ++c) {
         double m = 0;
-        for (int64_t g = 0; g < G_; ++g) m += Q[(t * Hq_ + head * G_ + g) * D_ + c];
+        for (int64_t g = 0; g < G_; ++g) {
+          const double q = Q[(t * Hq_ + head * G_ + g) * D_ + c];
+          m += mean_square ? q * q : q;
+        }
         m /= static_cast<double>(G_);
-        sq[c] += m * m;
+        sq[c] += mean_square ? m : m * m;
       }
     }
     std::vector<float> energy(static_cast<size_t>(D_));

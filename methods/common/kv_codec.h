@@ -79,14 +79,19 @@ class CodecStream {
   // that appends never change a unit once written.
   virtual std::vector<std::vector<uint8_t>> encoded_units() const { return {}; }
   // Query-aware codecs (KvCodec::query_window() > 0): the observation window's per-channel query
-  // energy of this stream's head, n_c = ||mean over the group's query heads of q[:, c]||_2 over
-  // the `window` newest prompt queries ([width] floats), given right before the prompt's kept rows
-  // are appended. Other codecs ignore it.
+  // energy of this stream's head over the `window` newest prompt queries ([width] floats), given
+  // right before the prompt's kept rows are appended: n_c = ||mean over the group's query heads of
+  // q[:, c]||_2 (QueryEnergy::kGroupMean), or n_c = sqrt(sum over the window of the mean over the
+  // group's query heads of q_c^2) (kMeanSquare). Other codecs ignore it.
   virtual void set_query_energy(const float* energy, int64_t window) {
     (void)energy;
     (void)window;
   }
 };
+
+// A GQA group's per-channel query energy (CodecStream::set_query_energy): the group's mean query
+// squared (SparK's statistic), or the mean of the query heads' squares (kvpress's ThinKPress).
+enum class QueryEnergy { kGroupMean, kMeanSquare };
 
 class KvCodec {
  public:
@@ -104,6 +109,8 @@ class KvCodec {
   virtual std::map<std::string, double> describe() const { return {}; }
   // Observation-window queries a query-aware codec needs before the prompt is encoded (0: none).
   virtual int64_t query_window() const { return 0; }
+  // How a GQA group's query heads make one energy per channel (CodecStream::set_query_energy).
+  virtual QueryEnergy query_energy() const { return QueryEnergy::kGroupMean; }
 };
 
 // A codec stream that deep-copies with its owner (stores copy their sequences on fork).

@@ -9,9 +9,10 @@
 //             and each side's sizes follow its own documented budget rule (PyramidKV: kvbench's
 //             pyramid_layer_budget, kvpress's get_layer_budget reimplemented below; Ada-KV: the same
 //             total per layer, KV heads x n (1 - r));
-//   channels  per head, the key channels kvpress's ThinK rule zeroes under kvbench's GQA aggregation
-//             of the window queries (recomputed from kvpress's tensors; the aggregation is the one
-//             documented difference), and as many as kvpress zeroes.
+//   channels  per head, the key channels kvpress's ThinK rule zeroes under kvbench's default GQA
+//             aggregation of the window queries (recomputed from kvpress's tensors), and as many as
+//             kvpress zeroes; with query_energy=mean_square (kvpress's aggregation), the very
+//             channels kvpress zeroes.
 
 #include <gtest/gtest.h>
 
@@ -162,6 +163,15 @@ TEST_P(KvpressAgreement, KeptSetsMatchKvpressAsDocumented) {
           EXPECT_EQ(got.channels[l][h].size(), p.at("zero_key_channels")[l][h].size());
           EXPECT_FALSE(got.channels[l][h].empty()) << "nothing pruned: the check would be vacuous";
         }
+      // With kvpress's aggregation (query_energy=mean_square), kvpress's own zeroed channels.
+      json as_kvpress = fx.at("kvbench_method");
+      as_kvpress["params"]["query_energy"] = "mean_square";
+      const Kept same = run_kvbench(as_kvpress, ids);
+      for (int l = 0; l < L; ++l)
+        for (int64_t h = 0; h < H; ++h)
+          EXPECT_EQ(same.channels[l][h],
+                    p.at("zero_key_channels")[l][h].get<std::vector<int64_t>>())
+              << "query_energy=mean_square, layer " << l << " head " << h;
       continue;
     }
     const json& want = p.at("kept");
