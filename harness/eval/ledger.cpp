@@ -2,6 +2,9 @@
 
 #include <sys/resource.h>
 
+#include <cstdint>
+#include <optional>
+
 #if KVB_TORCH_CUDA
 #include <c10/cuda/CUDACachingAllocator.h>
 #endif
@@ -35,39 +38,45 @@ std::vector<Metric> device_allocator_metrics(const std::string& device) {
 #endif
 }
 
+namespace {
+
+// What a row written before a field existed reads it as; nullopt: every row has the field.
+constexpr std::optional<int64_t> kRequired = std::nullopt;
+
+// Calls visit(key, field, missing) for every ledger field of e (LedgerEntry or const LedgerEntry),
+// so that writing a row and reading it back name the same fields.
+template <typename Entry, typename Visit>
+void for_each_ledger_field(Entry& e, Visit visit) {
+  visit("tokens_seen", e.tokens_seen, kRequired);
+  visit("baseline_bytes", e.baseline_bytes, kRequired);
+  visit("baseline_bytes_16bit", e.baseline_bytes_16bit, std::optional<int64_t>(0));
+  auto& f = e.fp;
+  visit("device_payload_bytes", f.device_payload_bytes, kRequired);
+  visit("device_metadata_bytes", f.device_metadata_bytes, kRequired);
+  visit("device_index_bytes", f.device_index_bytes, kRequired);
+  visit("device_reserved_bytes", f.device_reserved_bytes, kRequired);
+  visit("host_bytes", f.host_bytes, kRequired);
+  visit("remote_bytes", f.remote_bytes, kRequired);
+  visit("logical_bytes", f.logical_bytes, kRequired);
+  visit("tokens_held", f.tokens_held, kRequired);
+  visit("model_dtype_device_bytes", f.model_dtype_device_bytes, std::optional<int64_t>(-1));
+  visit("model_dtype_host_bytes", f.model_dtype_host_bytes, std::optional<int64_t>(0));
+}
+
+}  // namespace
+
 nlohmann::json ledger_to_json(const LedgerEntry& e) {
-  const Footprint& f = e.fp;
-  return {{"tokens_seen", e.tokens_seen},
-          {"baseline_bytes", e.baseline_bytes},
-          {"baseline_bytes_16bit", e.baseline_bytes_16bit},
-          {"device_payload_bytes", f.device_payload_bytes},
-          {"device_metadata_bytes", f.device_metadata_bytes},
-          {"device_index_bytes", f.device_index_bytes},
-          {"device_reserved_bytes", f.device_reserved_bytes},
-          {"host_bytes", f.host_bytes},
-          {"remote_bytes", f.remote_bytes},
-          {"logical_bytes", f.logical_bytes},
-          {"tokens_held", f.tokens_held},
-          {"model_dtype_device_bytes", f.model_dtype_device_bytes},
-          {"model_dtype_host_bytes", f.model_dtype_host_bytes}};
+  nlohmann::json j = nlohmann::json::object();
+  for_each_ledger_field(
+      e, [&j](const char* key, const int64_t& value, std::optional<int64_t>) { j[key] = value; });
+  return j;
 }
 
 LedgerEntry ledger_from_json(const nlohmann::json& l) {
   LedgerEntry e;
-  e.tokens_seen = l.at("tokens_seen").get<int64_t>();
-  e.baseline_bytes = l.at("baseline_bytes").get<int64_t>();
-  e.baseline_bytes_16bit = l.value("baseline_bytes_16bit", int64_t{0});
-  Footprint& f = e.fp;
-  f.device_payload_bytes = l.at("device_payload_bytes").get<int64_t>();
-  f.device_metadata_bytes = l.at("device_metadata_bytes").get<int64_t>();
-  f.device_index_bytes = l.at("device_index_bytes").get<int64_t>();
-  f.device_reserved_bytes = l.at("device_reserved_bytes").get<int64_t>();
-  f.host_bytes = l.at("host_bytes").get<int64_t>();
-  f.remote_bytes = l.at("remote_bytes").get<int64_t>();
-  f.logical_bytes = l.at("logical_bytes").get<int64_t>();
-  f.tokens_held = l.at("tokens_held").get<int64_t>();
-  f.model_dtype_device_bytes = l.value("model_dtype_device_bytes", int64_t{-1});
-  f.model_dtype_host_bytes = l.value("model_dtype_host_bytes", int64_t{0});
+  for_each_ledger_field(e, [&l](const char* key, int64_t& value, std::optional<int64_t> missing) {
+    value = missing ? l.value(key, *missing) : l.at(key).get<int64_t>();
+  });
   return e;
 }
 

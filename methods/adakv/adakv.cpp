@@ -12,23 +12,20 @@ namespace kvb {
 namespace {
 
 ScoredMethod adakv_method() {
-  ScoredMethod m = snap_family_method(
+  return snap_family_method(
       "adakv", "Ada-KV: head-adaptive budgets on SnapKV window scores, ragged per KV head",
       "Feng et al., Ada-KV: Optimizing KV Cache Eviction by Adaptive Budget Allocation, NeurIPS "
-      "2025 (arXiv 2407.11550)");
-  m.info.params.push_back(
-      float_param("floor_alpha", 0.2, 0.0, 1.0,
-                  "share of the average head budget every head is guaranteed (0.2: the "
-                  "authors' advice for GQA models; README 0.5)"));
-  m.info.params.push_back(
-      bool_param("pyramid", false, "per-layer budgets from the PyramidKV formula"));
-  m.info.params.push_back(
-      float_param("beta", 20.0, 1.0, 1e6, "pyramid steepness (with pyramid=true)"));
-  m.allocator = [](const nlohmann::json& p, const Budget& b) {
-    return make_head_adaptive_allocator(b, p.at("floor_alpha").get<double>(),
-                                        p.at("pyramid").get<bool>(), p.at("beta").get<double>());
-  };
-  return m;
+      "2025 (arXiv 2407.11550)",
+      {float_param("floor_alpha", 0.2, 0.0, 1.0,
+                   "share of the average head budget every head is guaranteed (0.2: the "
+                   "authors' advice for GQA models; README 0.5)"),
+       bool_param("pyramid", false, "per-layer budgets from the PyramidKV formula"),
+       float_param("beta", 20.0, 1.0, 1e6, "pyramid steepness (with pyramid=true)")},
+      [](const nlohmann::json& p, const Budget& b) {
+        return make_head_adaptive_allocator(b, p.at("floor_alpha").get<double>(),
+                                            p.at("pyramid").get<bool>(),
+                                            p.at("beta").get<double>());
+      });
 }
 
 }  // namespace

@@ -128,15 +128,7 @@ std::map<std::string, double> CodecKvCache::counters() const {
   std::map<std::string, double> m = codec_->describe();
   for (const auto& [k, v] : extra_counters_) m[k] = v;
   const CodecBytes kb = bytes(KvKind::kKey), vb = bytes(KvKind::kValue);
-  CodecBytes all = kb;
-  all += vb;
-  m["effective_bits_per_element"] = all.bits_per_element();
-  m["k_effective_bits_per_element"] = kb.bits_per_element();
-  m["v_effective_bits_per_element"] = vb.bits_per_element();
-  m["encoded_bits_per_element"] = all.encoded_bits_per_element();
-  m["full_precision_fraction"] =
-      all.live_elems() ? static_cast<double>(all.full_elems) / static_cast<double>(all.live_elems())
-                       : 0.0;
+  add_codec_bit_counters(kb, vb, &m);
   m["scratch_bytes_peak"] = static_cast<double>(scratch_peak_bytes_);
   return m;
 }

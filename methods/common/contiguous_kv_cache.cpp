@@ -6,6 +6,7 @@
 #include "harness/common/internal_error.h"
 #include "harness/kv/attention.h"
 #include "harness/kv/rope_shift.h"
+#include "methods/common/head_snapshots.h"
 
 namespace kvb {
 
@@ -90,7 +91,9 @@ void ContiguousKvCache::splice(int64_t dst_id, const std::vector<SpliceSource>& 
     for (const auto& src : sources) {
       const Seq& s = seqs_.at(src.seq_id);
       if (s.len == 0) continue;
-      dst.k[l].narrow(0, at, s.len).copy_(rope_shift(s.k[l].narrow(0, 0, s.len), ctx_.config, src.shift));
+      dst.k[l]
+          .narrow(0, at, s.len)
+          .copy_(rope_shift(s.k[l].narrow(0, 0, s.len), ctx_.config, src.shift));
       dst.v[l].narrow(0, at, s.len).copy_(s.v[l].narrow(0, 0, s.len));
       at += s.len;
     }
@@ -105,7 +108,8 @@ void ContiguousKvCache::truncate(int64_t seq_id, int64_t new_len) {
 
 Footprint ContiguousKvCache::footprint() const {
   Footprint f;
-  const int64_t per_token = ctx_.config.kv_bytes_per_token(static_cast<int64_t>(c10::elementSize(ctx_.dtype)));
+  const int64_t per_token =
+      ctx_.config.kv_bytes_per_token(static_cast<int64_t>(c10::elementSize(ctx_.dtype)));
   for (const auto& [id, s] : seqs_) {
     f.device_payload_bytes += s.len * per_token;
     f.device_reserved_bytes += (s.capacity - s.len) * per_token;
@@ -123,11 +127,7 @@ std::vector<HeadSnapshot> ContiguousKvCache::probe_view(int layer, int64_t seq_i
   const int64_t n = s.len + s.in_flight;  // the step's tokens once attend has written them
   at::Tensor k = s.k[layer].narrow(0, 0, n).to(at::kFloat);
   at::Tensor v = s.v[layer].narrow(0, 0, n).to(at::kFloat);
-  at::Tensor idx = at::arange(n, at::TensorOptions().dtype(at::kLong).device(k.device()));
-  std::vector<HeadSnapshot> out;
-  for (int64_t h = 0; h < ctx_.config.n_kv_heads; ++h)
-    out.push_back({k.select(1, h).contiguous(), v.select(1, h).contiguous(), idx});
-  return out;
+  return dense_head_snapshots(k, v);
 }
 
 }  // namespace kvb

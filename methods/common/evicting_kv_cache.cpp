@@ -14,32 +14,27 @@
 #include "kvb/kernels/attention_scores.h"
 #include "kvb/kernels/cpu_ops.h"
 #include "kvb/kernels/paged_attention.h"
+#include "methods/common/enum_names.h"
 #include "methods/common/row_attention.h"
 
 namespace kvb {
 
-const char* budget_unit_name(BudgetUnit u) {
-  switch (u) {
-    case BudgetUnit::kRatio:
-      return "ratio";
-    case BudgetUnit::kTokensPerLayer:
-      return "tokens_per_layer";
-    default:
-      return "tokens_per_head";
-  }
-}
+namespace {
+const EnumName<BudgetUnit> kBudgetUnits[] = {{BudgetUnit::kRatio, "ratio"},
+                                             {BudgetUnit::kTokensPerLayer, "tokens_per_layer"},
+                                             {BudgetUnit::kTokensPerHead, "tokens_per_head"}};
+const EnumName<PositionMode> kPositionModes[] = {{PositionMode::kAbsolute, "absolute"},
+                                                 {PositionMode::kRerotated, "rerotated"}};
+}  // namespace
+
+const char* budget_unit_name(BudgetUnit u) { return enum_name(kBudgetUnits, u); }
 
 BudgetUnit parse_budget_unit(const std::string& s) {
-  if (s == "ratio") return BudgetUnit::kRatio;
-  if (s == "tokens_per_layer") return BudgetUnit::kTokensPerLayer;
-  if (s == "tokens_per_head") return BudgetUnit::kTokensPerHead;
-  KVB_FAIL("unknown budget_unit '", s, "' (ratio | tokens_per_layer | tokens_per_head)");
+  return parse_enum(kBudgetUnits, s, "budget_unit");
 }
 
 PositionMode parse_position_mode(const std::string& s) {
-  if (s == "absolute") return PositionMode::kAbsolute;
-  if (s == "rerotated") return PositionMode::kRerotated;
-  KVB_FAIL("unknown position_mode '", s, "' (absolute | rerotated)");
+  return parse_enum(kPositionModes, s, "position_mode");
 }
 
 namespace {
@@ -120,7 +115,8 @@ EvictingKvCache::EvictingKvCache(const CacheContext& ctx, Options opts,
   // a RoPE whose frequencies switch with the length (LongRoPE), not at the first compression.
   if (opts_.position_mode == PositionMode::kRerotated || needs_.query_stats_from >= 0)
     (void)rope_inv_freq(ctx_.config);
-  KVB_CHECK(!opts_.codec || fast_, opts_.name, ": the codec '", opts_.codec ? opts_.codec->name() : "",
+  KVB_CHECK(!opts_.codec || fast_, opts_.name, ": the codec '",
+            opts_.codec ? opts_.codec->name() : "",
             "' stores kept entries on the host and runs on the CPU fp32 path only (device cpu, ",
             "dtype fp32)");
 }
@@ -283,9 +279,9 @@ void EvictingKvCache::push_query_stats(Seq& s, int layer, const at::Tensor& q,
   at::Tensor rows = q.narrow(0, start + skip, m).to(at::kCPU, at::kFloat).reshape({m * Hq_, D_});
   at::Tensor pre = rotate_rows(rows, cos, sin, ctx_.config.rope_style == RopeStyle::kInterleaved)
                        .view({m, Hq_, D_})
-                       .permute({1, 0, 2});  // [Hq, m, D]
+                       .permute({1, 0, 2});                              // [Hq, m, D]
   at::Tensor outer = at::bmm(pre.transpose(1, 2), pre).to(at::kDouble);  // [Hq, D, D]
-  at::Tensor sum = pre.sum(1).to(at::kDouble);                            // [Hq, D]
+  at::Tensor sum = pre.sum(1).to(at::kDouble);                           // [Hq, D]
   if (!s.q_sum[layer].defined()) {
     s.q_sum[layer] = sum;
     s.q_outer[layer] = outer;
@@ -319,10 +315,7 @@ at::Tensor EvictingKvCache::attend(const LayerInput& in) {
             ": position_mode=rerotated needs the engine's pre-RoPE keys");
   at::Tensor out = at::empty({T, Hq_, D_}, in.q->options());
   if (fast_) {
-    at::Tensor q = in.q->contiguous();
-    at::Tensor k =
-        (opts_.position_mode == PositionMode::kRerotated ? *in.k_pre_rope : *in.k).contiguous();
-    at::Tensor v = in.v->contiguous();
+    const auto [q, k, v] = contiguous_rows(in, opts_.position_mode == PositionMode::kRerotated);
     for (int64_t b = 0; b < batch.batch_size(); ++b) {
       Seq& s = seqs_.at(batch.seq_ids[b]);
       attend_seq_fast(s, in.layer, q, k, v, batch.q_indptr[b], batch.new_tokens(b), out);
@@ -387,8 +380,8 @@ void EvictingKvCache::attend_seq_fast(Seq& s, int layer, const at::Tensor& q, co
       last = hd.last.data();
     }
     if (!needs_.accumulate && !last) {
-      // Plain attention (no scores to keep): the CPU kernel, with its tiled prefill path, this head's
-      // rows as one page.
+      // Plain attention (no scores to keep): the CPU kernel, with its tiled prefill path, this
+      // head's rows as one page.
       const int32_t page_indptr[2] = {0, 1}, page = 0;
       const int64_t q_indptr[2] = {0, n};
       kernels::PagedAttentionParams p;
@@ -556,7 +549,8 @@ void EvictingKvCache::compress_layer(Seq& s, int layer, Trigger trigger, int64_t
       const double n = static_cast<double>(s.q_count[layer]);
       at::Tensor mu = s.q_sum[layer] / n;  // [Hq, D]
       q_mean = mu.to(at::kFloat).contiguous();
-      q_cov = (s.q_outer[layer] / n - mu.unsqueeze(2) * mu.unsqueeze(1)).to(at::kFloat).contiguous();
+      q_cov =
+          (s.q_outer[layer] / n - mu.unsqueeze(2) * mu.unsqueeze(1)).to(at::kFloat).contiguous();
       v.queries = {s.q_count[layer], q_mean.data_ptr<float>(), q_cov.data_ptr<float>()};
     }
   }
@@ -587,7 +581,7 @@ void EvictingKvCache::compress_layer(Seq& s, int layer, Trigger trigger, int64_t
   for (int64_t h = 0; h < Hkv_; ++h) {
     Head& hd = s.heads[layer][h];
     KVB_ASSERT(static_cast<int64_t>(keep[h].size()) <= hd.len, opts_.name,
-              ": the policy kept more than held");
+               ": the policy kept more than held");
     evicted_entries_ += hd.len - static_cast<int64_t>(keep[h].size());
     if (static_cast<int64_t>(keep[h].size()) == hd.len) continue;
     heads_.compact(hd, keep[h]);
@@ -759,25 +753,19 @@ Footprint EvictingKvCache::footprint() const {
   const int64_t entry_bytes = 2 * D_ * elem_;
   int64_t host_index = 0, host_meta = 0, window_bytes = 0, entries_all = 0, model_rows = 0;
   for (const auto& [id, s] : seqs_) {
-    int64_t entries = 0;
-    for (const auto& layer : s.heads) {
-      for (const auto& h : layer) {
-        entries += h.len;
-        const RaggedBytes b = heads_.bytes(h);
-        f.device_payload_bytes += b.payload;
-        f.device_reserved_bytes += b.reserved;
-        model_rows += b.model_dtype;
-        host_meta += b.metadata;
-        host_index += b.index;
-      }
-    }
+    const RaggedBytes b = heads_.bytes(s.heads);
+    f.device_payload_bytes += b.payload;
+    f.device_reserved_bytes += b.reserved;
+    model_rows += b.model_dtype;
+    host_meta += b.metadata;
+    host_index += b.index;
     for (const auto& w : s.window_q)
       if (w.defined()) window_bytes += w.numel() * elem_;
     for (const auto* stats : {&s.q_sum, &s.q_outer})
       for (const auto& t : *stats)
         if (t.defined()) host_meta += t.numel() * 8;
-    entries_all += entries;
-    f.tokens_held += entries / (L_ * Hkv_);
+    entries_all += b.entries;
+    f.tokens_held += b.entries / (L_ * Hkv_);
   }
   f.device_metadata_bytes = window_bytes;
   if (host_is_device_) {
@@ -828,46 +816,38 @@ std::map<std::string, double> EvictingKvCache::counters() const {
     for (const auto& [id, s] : seqs_)
       for (const auto& layer : s.heads)
         for (const auto& h : layer) heads_.add_codec_bytes(h, &kb, &vb);
-    CodecBytes all = kb;
-    all += vb;
-    c["effective_bits_per_element"] = all.bits_per_element();
-    c["k_effective_bits_per_element"] = kb.bits_per_element();
-    c["v_effective_bits_per_element"] = vb.bits_per_element();
-    c["encoded_bits_per_element"] = all.encoded_bits_per_element();
-    c["full_precision_fraction"] =
-        all.live_elems() > 0 ? static_cast<double>(all.full_elems) / all.live_elems() : 0.0;
+    add_codec_bit_counters(kb, vb, &c);
   }
   return c;
 }
 
 std::vector<HeadSnapshot> EvictingKvCache::probe_view(int layer, int64_t seq_id) const {
-  const Seq* found = probed(seq_id, layer, L_);
-  if (!found) return {};
-  const Seq& s = *found;
-  std::vector<HeadSnapshot> out;
-  for (int64_t h = 0; h < Hkv_; ++h) {
-    const Head& hd = s.heads[layer][h];
-    HeadSnapshot snap;
-    snap.index =
-        at::tensor(std::vector<int64_t>(hd.idx.begin(), hd.idx.begin() + hd.len), at::kLong);
-    if (hd.len == 0) {
-      snap.k = at::empty({0, D_}, at::kFloat);
-      snap.v = at::empty({0, D_}, at::kFloat);
-    } else {
-      at::Tensor K = heads_.rows(hd, 0);
-      if (opts_.position_mode == PositionMode::kRerotated) {
-        const int64_t base = s.next_pos - hd.len;
-        at::Tensor cos, sin;
-        compute_rope_tables(ctx_.config, base + hd.len, &cos, &sin);
-        K = rotate_rows(K.to(at::kCPU), cos.narrow(0, base, hd.len), sin.narrow(0, base, hd.len),
-                        ctx_.config.rope_style == RopeStyle::kInterleaved);
+  return probe_seq(seq_id, layer, L_, [&](const Seq& s) -> std::vector<HeadSnapshot> {
+    std::vector<HeadSnapshot> out;
+    for (int64_t h = 0; h < Hkv_; ++h) {
+      const Head& hd = s.heads[layer][h];
+      HeadSnapshot snap;
+      snap.index =
+          at::tensor(std::vector<int64_t>(hd.idx.begin(), hd.idx.begin() + hd.len), at::kLong);
+      if (hd.len == 0) {
+        snap.k = at::empty({0, D_}, at::kFloat);
+        snap.v = at::empty({0, D_}, at::kFloat);
+      } else {
+        at::Tensor K = heads_.rows(hd, 0);
+        if (opts_.position_mode == PositionMode::kRerotated) {
+          const int64_t base = s.next_pos - hd.len;
+          at::Tensor cos, sin;
+          compute_rope_tables(ctx_.config, base + hd.len, &cos, &sin);
+          K = rotate_rows(K.to(at::kCPU), cos.narrow(0, base, hd.len), sin.narrow(0, base, hd.len),
+                          ctx_.config.rope_style == RopeStyle::kInterleaved);
+        }
+        snap.k = K.to(at::kCPU).to(at::kFloat).contiguous();
+        snap.v = heads_.rows(hd, 1).to(at::kCPU).to(at::kFloat).contiguous();
       }
-      snap.k = K.to(at::kCPU).to(at::kFloat).contiguous();
-      snap.v = heads_.rows(hd, 1).to(at::kCPU).to(at::kFloat).contiguous();
+      out.push_back(std::move(snap));
     }
-    out.push_back(std::move(snap));
-  }
-  return out;
+    return out;
+  });
 }
 
 const RaggedHead& EvictingKvCache::head(int64_t seq_id, int layer, int64_t head) const {

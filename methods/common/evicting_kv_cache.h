@@ -113,10 +113,10 @@ struct QueryStats {
 // The model's RoPE angles, positions 0 .. rows - 1 (at least up to next_pos + Needs::rope_ahead).
 struct RopeAngles {
   int64_t rows = 0;
-  int64_t half = 0;             // head_dim / 2
-  bool interleaved = false;     // channel pairs (2i, 2i + 1) rather than (i, i + half)
-  const float* cos = nullptr;   // [rows, half]
-  const float* sin = nullptr;   // [rows, half]
+  int64_t half = 0;            // head_dim / 2
+  bool interleaved = false;    // channel pairs (2i, 2i + 1) rather than (i, i + half)
+  const float* cos = nullptr;  // [rows, half]
+  const float* sin = nullptr;  // [rows, half]
 };
 
 enum class Trigger { kBeforeStep, kAfterStep, kEndPrefill, kPeriodic };
@@ -126,15 +126,15 @@ struct LayerView {
   int layer = 0;
   int n_layers = 1;
   int64_t n_kv_heads = 1;
-  int64_t group = 1;            // query heads per KV head
+  int64_t group = 1;  // query heads per KV head
   int64_t head_dim = 0;
-  int64_t seen = 0;             // tokens the sequence has appended (before the incoming ones)
-  int64_t incoming = 0;         // kBeforeStep: tokens about to be appended; else 0
-  int64_t window = 0;           // observation-window queries behind HeadView::window (the last
-                                // `window` tokens, token indices seen - window .. seen - 1)
-  int64_t next_pos = 0;         // the RoPE position of the sequence's next token
-  int64_t question = 0;         // tokens of the question ending the prompt (QuestionAwareCache;
-                                // 0: not told)
+  int64_t seen = 0;      // tokens the sequence has appended (before the incoming ones)
+  int64_t incoming = 0;  // kBeforeStep: tokens about to be appended; else 0
+  int64_t window = 0;    // observation-window queries behind HeadView::window (the last
+                         // `window` tokens, token indices seen - window .. seen - 1)
+  int64_t next_pos = 0;  // the RoPE position of the sequence's next token
+  int64_t question = 0;  // tokens of the question ending the prompt (QuestionAwareCache;
+                         // 0: not told)
   // Needs::window_queries: the observation-window queries themselves, [window, n_heads,
   // head_dim] fp32 post-RoPE, oldest first (token indices seen - window .. seen - 1).
   const float* window_queries = nullptr;
@@ -148,11 +148,11 @@ struct LayerView {
 class EvictionPolicy {
  public:
   struct Needs {
-    bool accumulate = false;  // H2O: running attention sums per entry (kept as metadata)
-    bool last_row = false;    // TOVA: the last query row of each step
-    int64_t window = 0;       // SnapKV family: keep the last `window` queries per layer
-    bool key_norm = false;    // KnormPress
-    bool kv = false;          // the kept keys and values themselves (KeyDiff, LagKV, CUR)
+    bool accumulate = false;      // H2O: running attention sums per entry (kept as metadata)
+    bool last_row = false;        // TOVA: the last query row of each step
+    int64_t window = 0;           // SnapKV family: keep the last `window` queries per layer
+    bool key_norm = false;        // KnormPress
+    bool kv = false;              // the kept keys and values themselves (KeyDiff, LagKV, CUR)
     bool window_queries = false;  // the `window` queries themselves, not only their attention
     // Pre-RoPE query mean and covariance per query head, from the rows whose token index is at
     // least query_stats_from (Expected Attention skips the sinks), kept as metadata while a
@@ -160,6 +160,14 @@ class EvictionPolicy {
     // positions past the next one are handed over with them.
     int64_t query_stats_from = -1;
     int64_t rope_ahead = 0;
+
+    // What a scorer that reads one thing needs: only(&Needs::key_norm, true).
+    template <typename T>
+    static Needs only(T Needs::*field, T value) {
+      Needs n;
+      n.*field = value;
+      return n;
+    }
   };
   struct Schedule {
     bool before_step = false;        // make room before a step's tokens are appended
@@ -303,7 +311,7 @@ class EvictingKvCache : public SeqStore<evicting::Seq, &evicting::Seq::seen>,
   bool host_is_device_ = true;
   float sm_scale_ = 1.0f;
   std::unordered_map<int64_t, int64_t> question_for_;  // told before the sequence's first step
-  at::Tensor rope_cos_, rope_sin_;  // [n, head_dim / 2] fp32 CPU
+  at::Tensor rope_cos_, rope_sin_;                     // [n, head_dim / 2] fp32 CPU
   at::Tensor rope_cos_dev_, rope_sin_dev_;
   int64_t rope_len_ = 0;
   std::vector<float> scratch_k_, scratch_p_, dec_k_, dec_v_;

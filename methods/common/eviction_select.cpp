@@ -6,6 +6,7 @@
 #include <numeric>
 
 #include "harness/common/error.h"
+#include "methods/common/enum_names.h"
 
 namespace kvb {
 
@@ -31,18 +32,15 @@ std::vector<int64_t> merge_slots(std::vector<int64_t> a, const std::vector<int64
   return a;
 }
 
-const char* pooling_name(Pooling p) {
-  switch (p) {
-    case Pooling::kAvg:
-      return "avg";
-    case Pooling::kMax:
-      return "max";
-    default:
-      return "none";
-  }
-}
+namespace {
+const EnumName<Pooling> kPoolings[] = {
+    {Pooling::kNone, "none"}, {Pooling::kAvg, "avg"}, {Pooling::kMax, "max"}};
+const EnumName<GqaAgg> kGqaAggs[] = {{GqaAgg::kMean, "mean"}, {GqaAgg::kMax, "max"}};
+}  // namespace
 
-const char* gqa_agg_name(GqaAgg a) { return a == GqaAgg::kMax ? "max" : "mean"; }
+const char* pooling_name(Pooling p) { return enum_name(kPoolings, p); }
+
+const char* gqa_agg_name(GqaAgg a) { return enum_name(kGqaAggs, a); }
 
 std::vector<float> pool1d(const float* x, int64_t n, int64_t kernel, Pooling p) {
   std::vector<float> out(x, x + n);
@@ -165,11 +163,14 @@ std::vector<int64_t> adaptive_head_budgets(const std::vector<std::vector<float>>
 
 // ---- parameters ----
 
-std::vector<ParamSpec> budget_params(double default_budget, const std::string& default_unit) {
+std::vector<ParamSpec> budget_params(double default_budget, const std::string& default_unit,
+                                     const std::string& budget_doc) {
   return {float_param("budget", default_budget, 0.0, 1e12,
-                      "kept budget, protected tokens included: a fraction of the tokens seen "
-                      "(budget_unit=ratio, (0, 1]; 1 keeps everything) or a token count "
-                      "(tokens_per_head, tokens_per_layer; integral)"),
+                      !budget_doc.empty()
+                          ? budget_doc
+                          : "kept budget, protected tokens included: a fraction of the tokens seen "
+                            "(budget_unit=ratio, (0, 1]; 1 keeps everything) or a token count "
+                            "(tokens_per_head, tokens_per_layer; integral)"),
           string_param(
               "budget_unit", default_unit, {"ratio", "tokens_per_layer", "tokens_per_head"},
               "ratio: keep floor(budget x tokens seen) per KV head (kvpress compression_ratio = "
@@ -241,8 +242,7 @@ std::vector<ParamSpec> eviction_schedule_params() {
                     "DecodingPress); 0: never")};
 }
 
-EvictionPolicy::Schedule parse_eviction_schedule(const nlohmann::json& p,
-                                                 const std::string& method,
+EvictionPolicy::Schedule parse_eviction_schedule(const nlohmann::json& p, const std::string& method,
                                                  EvictionPolicy::Schedule continuous) {
   const int64_t every = p.at("compress_every").get<int64_t>();
   if (p.at("schedule").get<std::string>() == "continuous") {
@@ -296,22 +296,24 @@ std::map<std::string, double> snap_settings_counters(const SnapSettings& s) {
 }
 
 std::vector<ParamSpec> codec_params() {
-  return {string_param("codec", "none",
-                       {"none", "fp16", "bf16", "kivi-2", "kivi-4", "kivi-8", "pertoken-2",
-                        "pertoken-4", "pertoken-8"},
-                       "storage of the kept entries: none = the model dtype; fp16/bf16 rows; "
-                       "kivi-b = KIVI layout at b bits (keys per channel, G = 32 tokens; values per "
-                       "token); pertoken-b = K and V per token, one group per head"),
-          int_param("codec_residual", 128, 0, 1 << 20,
-                    "newest kept entries per head held at full precision (fp16) by a quantizing "
-                    "codec (KIVI's R; a multiple of 32 for kivi-*)")};
+  return {
+      string_param("codec", "none",
+                   {"none", "fp16", "bf16", "kivi-2", "kivi-4", "kivi-8", "pertoken-2",
+                    "pertoken-4", "pertoken-8"},
+                   "storage of the kept entries: none = the model dtype; fp16/bf16 rows; "
+                   "kivi-b = KIVI layout at b bits (keys per channel, G = 32 tokens; values per "
+                   "token); pertoken-b = K and V per token, one group per head"),
+      int_param("codec_residual", 128, 0, 1 << 20,
+                "newest kept entries per head held at full precision (fp16) by a quantizing "
+                "codec (KIVI's R; a multiple of 32 for kivi-*)")};
 }
 
 std::string codec_target_check(const nlohmann::json& p, const RunTarget& target) {
   const std::string c = p.value("codec", "none");
   if (c == "none" || (target.device.is_cpu() && target.dtype == c10::kFloat)) return "";
   return "codec=" + c + " keeps its rows on the host and runs on CPU fp32 only (device " +
-         target.device.str() + ", dtype " + std::string(c10::toString(target.dtype)) + " requested)";
+         target.device.str() + ", dtype " + std::string(c10::toString(target.dtype)) +
+         " requested)";
 }
 
 std::shared_ptr<const KvCodec> parse_codec(const nlohmann::json& p, const std::string& method,
@@ -323,8 +325,9 @@ std::shared_ptr<const KvCodec> parse_codec(const nlohmann::json& p, const std::s
   const bool kivi = c.rfind("kivi-", 0) == 0;
   const int32_t bits = std::stoi(c.substr(c.find('-') + 1));
   if (kivi) {
-    KVB_CHECK(R % 32 == 0, "method ", method, ".codec_residual: ", R,
-              " is not a multiple of 32 (kivi keys are quantized per channel in groups of 32 tokens)");
+    KVB_CHECK(
+        R % 32 == 0, "method ", method, ".codec_residual: ", R,
+        " is not a multiple of 32 (kivi keys are quantized per channel in groups of 32 tokens)");
     return std::make_shared<QuantCodec>(
         c + "-r" + std::to_string(R), QuantCodec::kivi_key(bits, 32, R, RowDtype::kF16),
         QuantCodec::kivi_value(bits, adapt_channel_group(32, head_dim), R, RowDtype::kF16));

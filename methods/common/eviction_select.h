@@ -66,7 +66,10 @@ std::vector<int64_t> adaptive_head_budgets(const std::vector<std::vector<float>>
                                            int64_t total, double alpha);
 
 // ---- parameter schemas shared by the eviction methods ----
-std::vector<ParamSpec> budget_params(double default_budget, const std::string& default_unit);
+// budget_doc: what the budget counts, for a method whose budget is not the kept entries (""
+// keeps the eviction wording).
+std::vector<ParamSpec> budget_params(double default_budget, const std::string& default_unit,
+                                     const std::string& budget_doc = "");
 ParamSpec position_mode_param(const std::string& default_mode);
 // Validates: ratio in (0, 1]; token units integral >= 1. Errors name `method.budget`.
 Budget parse_budget(const nlohmann::json& p, const std::string& method);
@@ -92,8 +95,7 @@ ParamSpec compress_every_param();
 std::vector<ParamSpec> eviction_schedule_params();
 // `continuous` is the method's own schedule; returns it or the prefill one `p` asks for.
 // compress_every without schedule=prefill is refused (errors name `method`).
-EvictionPolicy::Schedule parse_eviction_schedule(const nlohmann::json& p,
-                                                 const std::string& method,
+EvictionPolicy::Schedule parse_eviction_schedule(const nlohmann::json& p, const std::string& method,
                                                  EvictionPolicy::Schedule continuous);
 std::map<std::string, double> snap_settings_counters(const SnapSettings& s);
 

@@ -3,11 +3,13 @@
 // of those stores (the eviction store, KVReviver, Quest), so that every one of them names them the
 // same way and none re-derives or re-checks them.
 
+#include <ATen/core/Tensor.h>
 #include <c10/core/ScalarType.h>
 
 #include <cstdint>
 
 #include "harness/common/internal_error.h"
+#include "harness/kv/kv_cache.h"
 #include "harness/kv/method.h"
 
 namespace kvb {
@@ -26,6 +28,16 @@ class HeadGeometry {
     // Model configs are validated when they are read (ModelConfig::validate).
     KVB_ASSERT(Hkv_ >= 1 && Hq_ % Hkv_ == 0, "model config", Hq_, " query heads do not group over ",
                Hkv_, " KV heads");
+  }
+
+  // A step's rows as the raw-pointer path reads them, contiguous: q [T, Hq, D], k and v
+  // [T, Hkv, D]; k is in.k_pre_rope with pre_rope (a store that re-rotates keys), else in.k.
+  struct StepRows {
+    at::Tensor q, k, v;
+  };
+  static StepRows contiguous_rows(const LayerInput& in, bool pre_rope = false) {
+    return {in.q->contiguous(), (pre_rope ? *in.k_pre_rope : *in.k).contiguous(),
+            in.v->contiguous()};
   }
 
   int64_t L_;     // layers the store serves

@@ -6,6 +6,7 @@
 #include "harness/common/error.h"
 #include "harness/common/internal_error.h"
 #include "kvb/kernels/half.h"
+#include "methods/common/enum_names.h"
 
 namespace kvb {
 
@@ -13,23 +14,15 @@ using kernels::QuantAxis;
 
 int64_t row_dtype_bytes(RowDtype d) { return d == RowDtype::kF32 ? 4 : 2; }
 
-const char* row_dtype_name(RowDtype d) {
-  switch (d) {
-    case RowDtype::kF32:
-      return "fp32";
-    case RowDtype::kF16:
-      return "fp16";
-    case RowDtype::kBF16:
-      return "bf16";
-  }
-  return "?";
-}
+namespace {
+const EnumName<RowDtype> kRowDtypes[] = {
+    {RowDtype::kF32, "fp32"}, {RowDtype::kF16, "fp16"}, {RowDtype::kBF16, "bf16"}};
+}  // namespace
+
+const char* row_dtype_name(RowDtype d) { return enum_name(kRowDtypes, d); }
 
 RowDtype parse_row_dtype(const std::string& s) {
-  if (s == "fp32") return RowDtype::kF32;
-  if (s == "fp16") return RowDtype::kF16;
-  if (s == "bf16") return RowDtype::kBF16;
-  KVB_FAIL("unknown storage dtype '", s, "' (allowed: fp32, fp16, bf16)");
+  return parse_enum(kRowDtypes, s, "storage dtype");
 }
 
 double CodecBytes::bits_per_element() const {
@@ -55,6 +48,20 @@ CodecBytes& CodecBytes::operator+=(const CodecBytes& o) {
   return *this;
 }
 
+void add_codec_bit_counters(const CodecBytes& k, const CodecBytes& v,
+                            std::map<std::string, double>* counters) {
+  CodecBytes all = k;
+  all += v;
+  auto& c = *counters;
+  c["effective_bits_per_element"] = all.bits_per_element();
+  c["k_effective_bits_per_element"] = k.bits_per_element();
+  c["v_effective_bits_per_element"] = v.bits_per_element();
+  c["encoded_bits_per_element"] = all.encoded_bits_per_element();
+  c["full_precision_fraction"] =
+      all.live_elems() ? static_cast<double>(all.full_elems) / static_cast<double>(all.live_elems())
+                       : 0.0;
+}
+
 void CodecStream::truncate(int64_t n) {
   KVB_CHECK(n >= 0 && n <= rows(), "codec stream: cannot truncate ", rows(), " rows to ", n);
   std::vector<int64_t> idx(static_cast<size_t>(n));
@@ -67,8 +74,8 @@ namespace {
 void check_keep(const std::vector<int64_t>& idx, int64_t rows) {
   for (size_t i = 0; i < idx.size(); ++i)
     KVB_ASSERT(idx[i] >= 0 && idx[i] < rows && (i == 0 || idx[i] > idx[i - 1]), "codec stream",
-              "keep_rows needs ascending unique indices in [0, ", rows, "), got ",
-              idx[i], " at ", i);
+               "keep_rows needs ascending unique indices in [0, ", rows, "), got ", idx[i], " at ",
+               i);
 }
 
 template <typename T>

@@ -58,6 +58,11 @@ struct CodecBytes {
   CodecBytes& operator+=(const CodecBytes& o);
 };
 
+// The counters every codec-holding store reports from its key and value bytes:
+// effective_bits_per_element (all, k_, v_), encoded_bits_per_element, full_precision_fraction.
+void add_codec_bit_counters(const CodecBytes& k, const CodecBytes& v,
+                            std::map<std::string, double>* counters);
+
 // The encoded rows of one tensor of one sequence (and layer, and maybe head).
 class CodecStream {
  public:

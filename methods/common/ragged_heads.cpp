@@ -172,11 +172,11 @@ at::Tensor RaggedHeads::rows(const RaggedHead& h, int which) const {
   return out;
 }
 
-RaggedBytes RaggedHeads::bytes(const RaggedHead& h) const {
+void RaggedHeads::add_bytes(const RaggedHead& h, RaggedBytes* sum) const {
   const int64_t D = l_.head_dim;
   const int64_t entry_bytes = 2 * D * static_cast<int64_t>(c10::elementSize(l_.dtype));
   const int64_t per_entry_arrays = 4 + (l_.scores ? 4 : 0);  // idx (+ acc)
-  RaggedBytes b;
+  RaggedBytes& b = *sum;
   if (l_.codec) {
     // The codec's exact bytes: codes + full-precision rows are payload, scales and minimums
     // metadata, live masks index; pending rows are fp32 payload; the entry arrays' slack is
@@ -186,19 +186,19 @@ RaggedBytes RaggedHeads::bytes(const RaggedHead& h) const {
       cb += h.ks.p->bytes();
       cb += h.vs.p->bytes();
     }
-    b.payload = cb.payload_bytes() + 2 * h.pend * D * 4;
-    b.model_dtype = 2 * h.pend * D * 4;
-    b.metadata = cb.metadata_bytes;
-    b.index = cb.index_bytes;
-    b.reserved = cb.reserved_bytes + (h.cap - h.len) * per_entry_arrays;
+    b.payload += cb.payload_bytes() + 2 * h.pend * D * 4;
+    b.model_dtype += 2 * h.pend * D * 4;
+    b.metadata += cb.metadata_bytes;
+    b.index += cb.index_bytes;
+    b.reserved += cb.reserved_bytes + (h.cap - h.len) * per_entry_arrays;
   } else {
-    b.payload = h.len * entry_bytes;
-    b.model_dtype = h.len * entry_bytes;
-    b.reserved = (h.cap - h.len) * (entry_bytes + per_entry_arrays);
+    b.payload += h.len * entry_bytes;
+    b.model_dtype += h.len * entry_bytes;
+    b.reserved += (h.cap - h.len) * (entry_bytes + per_entry_arrays);
   }
   b.index += h.len * 4;
   if (l_.scores) b.metadata += h.len * 4;
-  return b;
+  b.entries += h.len;
 }
 
 void RaggedHeads::add_codec_bytes(const RaggedHead& h, CodecBytes* k, CodecBytes* v) const {

@@ -61,6 +61,7 @@ struct RaggedHead {
 // physical bytes those in the model's dtype (plain rows, pending fp32 rows).
 struct RaggedBytes {
   int64_t payload = 0, metadata = 0, index = 0, reserved = 0, model_dtype = 0;
+  int64_t entries = 0;  // the kept entries these bytes hold
 };
 
 class RaggedHeads {
@@ -103,7 +104,16 @@ class RaggedHeads {
   // Keys (which = 0) or values (1) as a [len, head_dim] tensor (a copy; fp32 with a codec).
   at::Tensor rows(const RaggedHead& h, int which) const;
 
-  RaggedBytes bytes(const RaggedHead& h) const;
+  // Adds what head h holds to *sum.
+  void add_bytes(const RaggedHead& h, RaggedBytes* sum) const;
+  // Summed over a sequence's heads, [layer][KV head] (any head type derived from RaggedHead).
+  template <typename Head>
+  RaggedBytes bytes(const std::vector<std::vector<Head>>& heads) const {
+    RaggedBytes sum;
+    for (const auto& layer : heads)
+      for (const auto& h : layer) add_bytes(h, &sum);
+    return sum;
+  }
   // Codec bytes of the head's keys and values, its pending rows counted as fp32 full-precision
   // rows.
   void add_codec_bytes(const RaggedHead& h, CodecBytes* k, CodecBytes* v) const;

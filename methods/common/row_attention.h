@@ -14,6 +14,22 @@
 
 namespace kvb {
 
+// logit[j] = (q . k_j) * scale for j < n, the products summed in fp32 in channel order; returns the
+// largest, -inf when n = 0. q: [head_dim]; logit: [n].
+template <typename Key>
+inline float key_logits_f32(const float* q, int64_t head_dim, float scale, int64_t n, Key key,
+                            float* logit) {
+  float mx = -std::numeric_limits<float>::infinity();
+  for (int64_t j = 0; j < n; ++j) {
+    const float* kj = key(j);
+    float dot = 0.f;
+    for (int64_t d = 0; d < head_dim; ++d) dot += q[d] * kj[d];
+    logit[j] = dot * scale;
+    mx = std::max(mx, logit[j]);
+  }
+  return mx;
+}
+
 // fp32 throughout, in entry order: logit_j = (q . k_j) * scale (+ bias[j] for j < n_bias),
 // p[j] = exp(logit_j - max) (left unnormalised in p), o = (sum_j p[j] v_j) * (1 / sum_j p[j]).
 // Returns 1 / sum_j p[j], so a caller can read probabilities as p[j] * the result. m >= 1.
@@ -22,14 +38,11 @@ template <typename Key, typename Value>
 inline float attend_entries_f32(const float* q, int64_t head_dim, float scale, int64_t m, Key key,
                                 Value value, const float* bias, int64_t n_bias, float* p,
                                 float* o) {
-  float mx = -std::numeric_limits<float>::infinity();
-  for (int64_t j = 0; j < m; ++j) {
-    const float* kj = key(j);
-    float dot = 0.f;
-    for (int64_t d = 0; d < head_dim; ++d) dot += q[d] * kj[d];
-    p[j] = dot * scale;
-    if (j < n_bias) p[j] += bias[j];
-    mx = std::max(mx, p[j]);
+  float mx = key_logits_f32(q, head_dim, scale, m, key, p);
+  if (n_bias > 0) {  // the bias moves the maximum: taken again over the biased logits
+    for (int64_t j = 0; j < std::min(n_bias, m); ++j) p[j] += bias[j];
+    mx = -std::numeric_limits<float>::infinity();
+    for (int64_t j = 0; j < m; ++j) mx = std::max(mx, p[j]);
   }
   float sum = 0.f;
   for (int64_t j = 0; j < m; ++j) {
@@ -56,14 +69,7 @@ template <typename Key, typename Value, typename ValueScale>
 inline void attend_entries_f64(const float* q, int64_t head_dim, float scale, int64_t n_keys,
                                int64_t m, Key key, Value value, ValueScale value_scale,
                                float* logit, double* acc, float* o) {
-  float mx = -std::numeric_limits<float>::infinity();
-  for (int64_t j = 0; j < n_keys; ++j) {
-    const float* kj = key(j);
-    float dot = 0;
-    for (int64_t d = 0; d < head_dim; ++d) dot += q[d] * kj[d];
-    logit[j] = dot * scale;
-    mx = std::max(mx, logit[j]);
-  }
+  float mx = key_logits_f32(q, head_dim, scale, n_keys, key, logit);
   for (int64_t j = n_keys; j < m; ++j) mx = std::max(mx, logit[j]);
   double sum = 0;
   std::fill(acc, acc + head_dim, 0.0);

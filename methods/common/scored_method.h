@@ -10,6 +10,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "harness/common/params.h"
@@ -48,6 +49,18 @@ bool allocator_pools_heads(const nlohmann::json& p);
 // A method scored once the prompt is in: `scorer`, nothing protected, run at the end of prefill
 // and every compress_every decode steps (the parameter, read from p).
 PolicyParts prompt_scored(std::unique_ptr<TokenScorer> scorer, const nlohmann::json& p);
+
+// A method whose scorer has no parameters of its own (knorm, keydiff): a Scorer scored once the
+// prompt is in (prompt_scored), compress_every its one parameter.
+template <typename Scorer>
+ScoredMethod prompt_scored_method(std::string name, std::string summary, std::string paper) {
+  ScoredMethod m(std::move(name), std::move(summary), std::move(paper));
+  m.info.params = {compress_every_param()};
+  m.parts = [](const nlohmann::json& p, const std::string&, const Budget&) {
+    return prompt_scored(std::make_unique<Scorer>(), p);
+  };
+  return m;
+}
 
 MethodInfo scored_method_info(const ScoredMethod& m);
 CacheFactory scored_method_factory(ScoredMethod m);

@@ -4,13 +4,16 @@
 // and checked against every step's past length, the step's tokens are counted at its end, a fork is
 // a copy, release drops it. A store implements attend, truncate, footprint and what it does besides
 // (step_begins: room for the step's tokens, per-step state), and overrides a verb only where it
-// does more than the bookkeeping.
+// does more than the bookkeeping. Helpers for the rest: probe_seq (the sequence a probe asks about)
+// and fp32_footprint (the frame of an fp32 store's ledger).
 
 #include <cstdint>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "harness/kv/kv_cache.h"
+#include "harness/kv/probe_view.h"
 #include "methods/common/seq_table.h"
 
 namespace kvb {
@@ -35,9 +38,28 @@ class SeqStore : public KvCache {
   virtual Seq new_seq(int64_t seq_id) = 0;
   // Sequence b of a starting step, made and checked.
   virtual void step_begins(Seq& s, const StepBatch& batch, int64_t b) {}
-  // The sequence a probe asks about (ProbedCache), or null: unknown, or the layer out of range.
-  const Seq* probed(int64_t seq_id, int layer, int64_t n_layers) const {
-    return layer >= 0 && layer < n_layers ? seqs_.find(seq_id) : nullptr;
+  // A probe_view (ProbedCache) answered from the sequence it asks about: snapshots(seq) for it,
+  // nothing when the sequence is unknown or the layer out of range.
+  template <typename Snapshots>
+  std::vector<HeadSnapshot> probe_seq(int64_t seq_id, int layer, int64_t n_layers,
+                                      Snapshots snapshots) const {
+    const Seq* s = layer >= 0 && layer < n_layers ? seqs_.find(seq_id) : nullptr;
+    return s ? snapshots(*s) : std::vector<HeadSnapshot>{};
+  }
+
+  // The footprint of a store that keeps fp32 rows (their model dtype bytes start at 0; fp32 is the
+  // store's compute dtype): tokens held from the sequences' lengths, logical bytes at 4 bytes per
+  // element, and held(seq, &f) adds what each sequence occupies.
+  template <typename Held>
+  Footprint fp32_footprint(const ModelConfig& c, Held held) const {
+    Footprint f;
+    f.model_dtype_device_bytes = 0;
+    for (const auto& [id, s] : seqs_) {
+      f.tokens_held += s.*Len;
+      held(s, &f);
+    }
+    f.logical_bytes = f.tokens_held * c.kv_bytes_per_token(4);
+    return f;
   }
 
   SeqTable<Seq, Len> seqs_;

@@ -32,9 +32,7 @@ class SnapScorer : public TokenScorer {
  public:
   explicit SnapScorer(SnapSettings s) : s_(s) {}
   EvictionPolicy::Needs needs() const override {
-    EvictionPolicy::Needs n;
-    n.window = s_.window;
-    return n;
+    return EvictionPolicy::Needs::only(&EvictionPolicy::Needs::window, s_.window);
   }
   bool score(const LayerView& v, std::vector<std::vector<float>>* scores) const override {
     if (v.window == 0) return false;  // no observation window collected (yet)
@@ -68,6 +66,15 @@ ScoredMethod snap_family_method(std::string name, std::string summary, std::stri
     return snap_parts(parse_snap(p, method, snap_presets(method)),
                       p.at("compress_every").get<int64_t>());
   };
+  return m;
+}
+
+ScoredMethod snap_family_method(std::string name, std::string summary, std::string paper,
+                                std::vector<ParamSpec> allocator_params,
+                                decltype(ScoredMethod::allocator) allocator) {
+  ScoredMethod m = snap_family_method(std::move(name), std::move(summary), std::move(paper));
+  for (auto& s : allocator_params) m.info.params.push_back(std::move(s));
+  m.allocator = std::move(allocator);
   return m;
 }
 

@@ -26,6 +26,11 @@ std::unique_ptr<TokenScorer> make_snap_scorer(SnapSettings s);
 // A SnapKV-family method: the snap scorer with `name`'s presets (snap_presets), the SnapKV settings
 // as parameters, query-aware; the allocator is the parameter unless the caller fixes it.
 ScoredMethod snap_family_method(std::string name, std::string summary, std::string paper);
+// One that is a budget allocator itself (pyramidkv, adakv): `allocator` built from its own
+// parameters `allocator_params` (listed after the SnapKV settings), no allocator parameter.
+ScoredMethod snap_family_method(std::string name, std::string summary, std::string paper,
+                                std::vector<ParamSpec> allocator_params,
+                                decltype(ScoredMethod::allocator) allocator);
 
 // SnapKV's policy without its allocator: the snap scorer, the observation window protected, run at
 // the end of prefill and, with every > 0, every k decode steps.

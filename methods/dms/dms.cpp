@@ -15,6 +15,7 @@
 #include "harness/common/error.h"
 #include "harness/kv/hidden_state.h"
 #include "harness/kv/method_registry.h"
+#include "methods/common/method_listing.h"
 #include "methods/common/seq_store.h"
 #include "methods/dms/dms_adapter.h"
 
@@ -135,22 +136,17 @@ class DmsKvCache : public SeqStore<DmsSeq>, public HiddenStateCache {
   }
 
   Footprint footprint() const override {
-    const auto& c = ctx_.config;
-    Footprint f;
-    f.model_dtype_device_bytes = 0;
-    for (const auto& [id, s] : seqs_) {
-      f.tokens_held += s.len;
+    const int64_t D = ctx_.config.head_dim;
+    return fp32_footprint(ctx_.config, [D](const Seq& s, Footprint* f) {
       for (const auto& y : s.layers)
         for (const auto& hd : y.heads) {
           const auto m = static_cast<int64_t>(hd.pos.size());
-          f.device_payload_bytes += 2 * m * c.head_dim * 4;  // K and V rows, fp32
-          f.model_dtype_device_bytes += 2 * m * c.head_dim * 4;
-          f.device_index_bytes += 4 * m;                     // token positions
-          f.device_metadata_bytes += m;                      // decision flags
+          f->device_payload_bytes += 2 * m * D * 4;  // K and V rows, fp32
+          f->model_dtype_device_bytes += 2 * m * D * 4;
+          f->device_index_bytes += 4 * m;  // token positions
+          f->device_metadata_bytes += m;   // decision flags
         }
-    }
-    f.logical_bytes = f.tokens_held * c.kv_bytes_per_token(4);
-    return f;
+    });
   }
 
   std::map<std::string, double> counters() const override {
@@ -234,24 +230,21 @@ class DmsKvCache : public SeqStore<DmsSeq>, public HiddenStateCache {
 };
 
 MethodInfo dms_info() {
-  MethodInfo m;
-  m.name = "dms";
-  m.summary =
+  MethodInfo m = method_listing(
+      "dms",
       "DMS: learned per-KV-head eviction decisions (an adapter on the hidden state) with delayed "
-      "eviction: a token leaves only once it is out of the window";
-  m.paper =
+      "eviction: a token leaves only once it is out of the window",
       "Łańcucki et al., Inference-Time Hyper-Scaling with KV Cache Compression (Dynamic Memory "
-      "Sparsification), NeurIPS 2025 (arXiv 2506.05345)";
-  m.params = {
-      string_param("adapter", "", {},
-                   "the decision adapter from `kvbench dms-train` (safetensors); required with "
-                   "decisions=adapter"),
-      int_param("window", 0, 0, 1 << 24,
-                "delayed-eviction window w (0: the adapter's, which it was trained with)"),
-      string_param(
-          "decisions", "adapter", {"adapter", "keep_all", "evict_all"},
-          "adapter: the learned decisions; keep_all: nothing evicted (the full cache); "
-          "evict_all: every token evicted once out of the window (a plain sliding window)")};
+      "Sparsification), NeurIPS 2025 (arXiv 2506.05345)",
+      {string_param("adapter", "", {},
+                    "the decision adapter from `kvbench dms-train` (safetensors); required with "
+                    "decisions=adapter"),
+       int_param("window", 0, 0, 1 << 24,
+                 "delayed-eviction window w (0: the adapter's, which it was trained with)"),
+       string_param(
+           "decisions", "adapter", {"adapter", "keep_all", "evict_all"},
+           "adapter: the learned decisions; keep_all: nothing evicted (the full cache); "
+           "evict_all: every token evicted once out of the window (a plain sliding window)")});
   m.caps.evicts = true;
   m.caps.needs_calibration = true;
   m.caps.cpu_only = true;  // the adapter's decisions run in host fp32 code

@@ -3,8 +3,7 @@
 #include <ATen/ATen.h>
 
 #include "harness/common/error.h"
-#include "harness/formats/safetensors.h"
-#include "harness/formats/safetensors_writer.h"
+#include "methods/common/adapter_file.h"
 
 namespace kvb::dms {
 
@@ -14,11 +13,7 @@ std::string lname(int64_t l, const char* part) {
   return "layers." + std::to_string(l) + "." + part;
 }
 
-at::Tensor to_tensor(const StTensor& t, const std::string& path) {
-  KVB_CHECK(t.dtype == StDtype::kF32, path, ": tensor '", t.name, "' is not F32");
-  return at::from_blob(const_cast<uint8_t*>(t.data), t.shape, at::TensorOptions().dtype(at::kFloat))
-      .clone();
-}
+const char* const kKind = "dms-adapter";  // the file's metadata 'kind'
 
 double meta_number(const std::map<std::string, std::string>& m, const std::string& key,
                    const std::string& path) {
@@ -46,11 +41,8 @@ Adapter Adapter::fresh(const ModelConfig& c, int64_t window) {
 }
 
 Adapter Adapter::load(const std::string& path, const ModelConfig& c) {
-  SafetensorsFile f(path);
+  const SafetensorsFile f = open_adapter(path, kKind, "DMS");
   const auto& m = f.metadata();
-  auto kind = m.find("kind");
-  KVB_CHECK(kind != m.end() && kind->second == "dms-adapter", path,
-            ": not a DMS adapter (metadata 'kind' is not 'dms-adapter')");
   Adapter a;
   a.window = static_cast<int64_t>(meta_number(m, "window", path));
   a.scale = meta_number(m, "scale", path);
@@ -63,9 +55,9 @@ Adapter Adapter::load(const std::string& path, const ModelConfig& c) {
             ", ", m.at("n_kv_heads"), " KV heads; the model ", c.name, " has ", c.n_layers, ", ",
             c.dim, ", ", c.n_kv_heads);
   for (int64_t l = 0; l < c.n_layers; ++l) {
-    a.norm.push_back(to_tensor(f.get(lname(l, "norm")), path));
-    a.weight.push_back(to_tensor(f.get(lname(l, "weight")), path));
-    a.bias.push_back(to_tensor(f.get(lname(l, "bias")), path));
+    a.norm.push_back(adapter_tensor(f, lname(l, "norm")));
+    a.weight.push_back(adapter_tensor(f, lname(l, "weight")));
+    a.bias.push_back(adapter_tensor(f, lname(l, "bias")));
     KVB_CHECK(a.norm.back().sizes() == at::IntArrayRef({c.dim}) &&
                   a.weight.back().sizes() == at::IntArrayRef({c.n_kv_heads, c.dim}) &&
                   a.bias.back().sizes() == at::IntArrayRef({c.n_kv_heads}),
@@ -76,30 +68,21 @@ Adapter Adapter::load(const std::string& path, const ModelConfig& c) {
 }
 
 void Adapter::save(const std::string& path, const std::map<std::string, std::string>& extra) const {
-  std::vector<at::Tensor> keep;
-  std::vector<StWriteEntry> entries;
-  for (size_t l = 0; l < norm.size(); ++l)
-    for (auto [part, t] : {std::pair<const char*, const at::Tensor*>{"norm", &norm[l]},
-                           {"weight", &weight[l]},
-                           {"bias", &bias[l]}}) {
-      keep.push_back(t->detach().to(at::kCPU, at::kFloat).contiguous());
-      StWriteEntry e;
-      e.name = lname(static_cast<int64_t>(l), part);
-      e.dtype = StDtype::kF32;
-      e.shape = keep.back().sizes().vec();
-      e.data = keep.back().data_ptr<float>();
-      e.nbytes = static_cast<size_t>(keep.back().numel()) * sizeof(float);
-      entries.push_back(e);
-    }
+  std::vector<std::pair<std::string, at::Tensor>> tensors;
+  for (size_t l = 0; l < norm.size(); ++l) {
+    const auto layer = static_cast<int64_t>(l);
+    tensors.emplace_back(lname(layer, "norm"), norm[l]);
+    tensors.emplace_back(lname(layer, "weight"), weight[l]);
+    tensors.emplace_back(lname(layer, "bias"), bias[l]);
+  }
   std::map<std::string, std::string> meta = extra;
-  meta["kind"] = "dms-adapter";
   meta["window"] = std::to_string(window);
   meta["scale"] = std::to_string(scale);
   meta["offset"] = std::to_string(offset);
   meta["n_layers"] = std::to_string(norm.size());
   meta["dim"] = std::to_string(norm.empty() ? 0 : norm[0].size(0));
   meta["n_kv_heads"] = std::to_string(bias.empty() ? 0 : bias[0].size(0));
-  write_safetensors(path, entries, meta);
+  write_adapter(path, kKind, tensors, std::move(meta));
 }
 
 at::Tensor Adapter::alpha(int64_t layer, const at::Tensor& x) const {

@@ -5,17 +5,16 @@
 #include <ATen/core/grad_mode.h>  // at::NoGradGuard (not in ATen.h since LibTorch 2)
 
 #include <cmath>
-#include <sstream>
 
 #include "datasets/corpus.h"
 #include "harness/common/error.h"
-#include "harness/common/progress_eta.h"
 #include "harness/formats/tokenizer.h"
 #include "harness/model/model.h"
 #include "harness/train/adapter_adam.h"
 #include "harness/train/train_config.h"
 #include "harness/train/train_data.h"
 #include "harness/train/trainer.h"
+#include "methods/common/adapter_training.h"
 #include "methods/dms/dms_adapter.h"
 
 namespace kvb::dms {
@@ -39,11 +38,7 @@ TrainResult train_adapter(const std::shared_ptr<Model>& model, const TrainOption
   Adapter a = Adapter::fresh(c, o.window);
   std::vector<at::Tensor*> params;
   for (size_t l = 0; l < a.norm.size(); ++l)
-    for (at::Tensor* t : {&a.norm[l], &a.weight[l], &a.bias[l]}) {
-      t->requires_grad_(true);
-      params.push_back(t);
-    }
-  AdapterAdam adam(params);
+    for (at::Tensor* t : {&a.norm[l], &a.weight[l], &a.bias[l]}) params.push_back(t);
 
   const int64_t T = o.seq_len, W = o.window;
   // far[i][j] = 1 where key j is outside query i's window (i - j > W): there the keep probability
@@ -55,10 +50,8 @@ TrainResult train_adapter(const std::shared_ptr<Model>& model, const TrainOption
   at::Generator gen = at::detail::createCPUGenerator(o.seed);
 
   TrainResult res;
-  double kl_acc = 0, frac_acc = 0, tgt_acc = 0;
-  int64_t acc_n = 0;
-  const Stopwatch clock;
-  for (int64_t step = 0; step < o.steps; ++step) {
+  // Per step: KL, the realized evicted fraction, its target.
+  auto train_step = [&](int64_t step, AdapterAdam& adam) -> std::vector<double> {
     std::vector<int64_t> flat;
     for (int64_t r = 0; r < o.batch; ++r) {
       TrainRow row = data.row(step, r, T);
@@ -91,28 +84,17 @@ TrainResult train_adapter(const std::shared_ptr<Model>& model, const TrainOption
     at::Tensor loss = kl + o.compression_weight * at::relu(target - realized);
     loss.backward();
     adam.step(o.lr, step);
-    kl_acc += kl.item<double>();
-    frac_acc += realized.item<double>();
-    tgt_acc += target;
-    ++acc_n;
-    if ((step + 1) % o.log_every == 0 || step + 1 == o.steps) {
-      res.kl = kl_acc / acc_n;
-      res.realized_frac = frac_acc / acc_n;
-      res.target_frac = tgt_acc / acc_n;
-      if (o.log) {
-        std::ostringstream s;
-        s << "step " << step + 1 << "/" << o.steps << ": KL " << res.kl << ", evicted fraction "
-          << res.realized_frac << " (target " << res.target_frac << "), "
-          << elapsed_and_eta(clock.seconds(), static_cast<double>(step + 1),
-                             static_cast<double>(o.steps));
-        o.log(s.str());
-      }
-      kl_acc = frac_acc = tgt_acc = 0;
-      acc_n = 0;
-    }
-  }
+    return {kl.item<double>(), realized.item<double>(), target};
+  };
+  auto interval = [&res](const std::vector<double>& means, std::ostream& line) {
+    res.kl = means[0];
+    res.realized_frac = means[1];
+    res.target_frac = means[2];
+    line << "KL " << res.kl << ", evicted fraction " << res.realized_frac << " (target "
+         << res.target_frac << ")";
+  };
+  train_adapter_tensors(params, {o.steps, o.log_every, o.log}, train_step, interval);
   res.steps = o.steps;
-  for (auto* p : params) p->requires_grad_(false);
   a.save(o.out, {{"model", c.name},
                  {"recipe", o.recipe},
                  {"trained_steps", std::to_string(o.steps)},

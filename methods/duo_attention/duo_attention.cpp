@@ -1,10 +1,12 @@
-// duo_attention: DuoAttention (Xiao et al., ICLR 2025). Each KV head is a retrieval head, which keeps
-// its whole cache, or a streaming head, which keeps the first sink_size tokens and the recent_size
-// newest ones; which heads stream is decided once per model by a calibration step
+// duo_attention: DuoAttention (Xiao et al., ICLR 2025). Each KV head is a retrieval head, which
+// keeps its whole cache, or a streaming head, which keeps the first sink_size tokens and the
+// recent_size newest ones; which heads stream is decided once per model by a calibration step
 // (duo_head_scores.cpp: kvpress's on-the-fly head scoring, cached by content hash), the
 // head_compression_ratio lowest-scored heads streaming. Streaming heads are cut at the end of
 // prefill and every compress_every decode steps, physically (ragged per KV head in the eviction
 // store: the ledger shows the freed rows), where kvpress masks the keys. See README.md.
+
+#include "methods/duo_attention/duo_attention.h"
 
 #include <ATen/ATen.h>
 
@@ -15,8 +17,8 @@
 #include "methods/common/calibration_text.h"
 #include "methods/common/composed_policy.h"
 #include "methods/common/eviction_select.h"
+#include "methods/common/method_listing.h"
 #include "methods/common/tensor_artifact.h"
-#include "methods/duo_attention/duo_attention.h"
 
 namespace kvb {
 namespace {
@@ -24,26 +26,23 @@ namespace {
 constexpr const char* kName = "duo_attention";
 
 MethodInfo duo_info() {
-  MethodInfo m;
-  m.name = kName;
-  m.summary =
+  MethodInfo m = method_listing(
+      kName,
       "DuoAttention: retrieval heads keep everything, streaming heads keep sinks + a recent "
-      "window; heads split by a calibration on the run's model";
-  m.paper =
+      "window; heads split by a calibration on the run's model",
       "Xiao et al., DuoAttention: Efficient Long-Context LLM Inference with Retrieval and "
-      "Streaming Heads, ICLR 2025 (arXiv 2410.10819)";
-  m.params = {
-      float_param("head_compression_ratio", 0.5, 0.0, 1.0,
-                  "share of the KV heads that stream (kvpress's name; its default 0 compresses "
-                  "nothing)"),
-      int_param("sink_size", 128, 0, 1 << 20, "first tokens a streaming head keeps"),
-      int_param("recent_size", 256, 0, 1 << 20, "newest tokens a streaming head keeps"),
-      int_param("compress_every", 1, 0, 1 << 20,
-                "decode steps between cuts of the streaming heads back to sinks + recent (0: "
-                "only at the end of prefill, as kvpress)"),
-      int_param("calib_q_len", 500, 2, 1 << 20,
-                "positions of the synthetic mean-query/mean-key sequence the heads are scored on "
-                "(kvpress's q_len)")};
+      "Streaming Heads, ICLR 2025 (arXiv 2410.10819)",
+      {float_param("head_compression_ratio", 0.5, 0.0, 1.0,
+                   "share of the KV heads that stream (kvpress's name; its default 0 compresses "
+                   "nothing)"),
+       int_param("sink_size", 128, 0, 1 << 20, "first tokens a streaming head keeps"),
+       int_param("recent_size", 256, 0, 1 << 20, "newest tokens a streaming head keeps"),
+       int_param("compress_every", 1, 0, 1 << 20,
+                 "decode steps between cuts of the streaming heads back to sinks + recent (0: "
+                 "only at the end of prefill, as kvpress)"),
+       int_param("calib_q_len", 500, 2, 1 << 20,
+                 "positions of the synthetic mean-query/mean-key sequence the heads are scored on "
+                 "(kvpress's q_len)")});
   for (auto& s : calibration_text_params(kName, 50, 512)) m.params.push_back(s);
   m.params.push_back(position_mode_param("absolute"));
   for (auto& s : codec_params()) m.params.push_back(s);
@@ -149,7 +148,8 @@ std::unique_ptr<KvCache> make_duo(const CacheContext& ctx, const nlohmann::json&
   int64_t n_streaming = 0;
   for (const auto& l : streaming)
     for (uint8_t s : l) n_streaming += s;
-  const int64_t sinks = p.at("sink_size").get<int64_t>(), recent = p.at("recent_size").get<int64_t>();
+  const int64_t sinks = p.at("sink_size").get<int64_t>(),
+                recent = p.at("recent_size").get<int64_t>();
   PolicyParts parts;
   parts.scorer = std::make_unique<NoScores>();
   parts.protect.sinks = sinks;

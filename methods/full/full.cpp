@@ -1,18 +1,18 @@
-// full: the dense per-sequence KV cache, nothing compressed — the reference every method is measured
-// against.
+// full: the dense per-sequence KV cache, nothing compressed — the reference every method is
+// measured against.
 
-#include "methods/common/contiguous_kv_cache.h"
 #include "harness/kv/baseline_method.h"
 #include "harness/kv/method_registry.h"
+#include "methods/common/contiguous_kv_cache.h"
+#include "methods/common/method_listing.h"
 
 namespace kvb {
 namespace {
 
 MethodInfo full_info() {
-  MethodInfo m;
-  m.name = "full";
-  m.summary = "dense per-sequence KV cache (contiguous, grows by doubling); the uncompressed baseline";
-  return m;
+  return method_listing(
+      "full",
+      "dense per-sequence KV cache (contiguous, grows by doubling); the uncompressed baseline");
 }
 
 std::unique_ptr<KvCache> make_full(const CacheContext& ctx, const nlohmann::json&) {

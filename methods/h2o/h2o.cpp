@@ -14,9 +14,7 @@ class H2oScorer : public EntryScorer {
  public:
   explicit H2oScorer(bool normalize) : normalize_(normalize) {}
   EvictionPolicy::Needs needs() const override {
-    EvictionPolicy::Needs n;
-    n.accumulate = true;
-    return n;
+    return EvictionPolicy::Needs::only(&EvictionPolicy::Needs::accumulate, true);
   }
 
  protected:

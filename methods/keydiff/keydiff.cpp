@@ -45,16 +45,12 @@ class KeyDiffScorer : public KvHeadScorer {
 };
 
 ScoredMethod keydiff_method() {
-  ScoredMethod m("keydiff",
-                 "KeyDiff: keep the keys least similar to the head's mean key direction "
-                 "(query-agnostic), at the end of prefill",
-                 "Park et al., KeyDiff: Key Similarity-Based KV Cache Eviction for Long-Context "
-                 "LLM Inference in Resource-Constrained Environments (arXiv 2504.15364)");
-  m.info.params = {compress_every_param()};
-  m.parts = [](const nlohmann::json& p, const std::string&, const Budget&) {
-    return prompt_scored(std::make_unique<KeyDiffScorer>(), p);
-  };
-  return m;
+  return prompt_scored_method<KeyDiffScorer>(
+      "keydiff",
+      "KeyDiff: keep the keys least similar to the head's mean key direction "
+      "(query-agnostic), at the end of prefill",
+      "Park et al., KeyDiff: Key Similarity-Based KV Cache Eviction for Long-Context "
+      "LLM Inference in Resource-Constrained Environments (arXiv 2504.15364)");
 }
 
 }  // namespace

@@ -10,6 +10,7 @@
 #include "harness/kv/method_registry.h"
 #include "methods/common/codec_kv_cache.h"
 #include "methods/common/kv_codec.h"
+#include "methods/common/method_listing.h"
 #include "methods/kivi/kivi_kernel_kv_cache.h"
 
 namespace kvb {
@@ -31,42 +32,39 @@ std::string kivi_target_check(const nlohmann::json& p, const RunTarget& t) {
 }
 
 MethodInfo kivi_info() {
-  MethodInfo m;
-  m.name = "kivi";
-  m.summary =
+  MethodInfo m = method_listing(
+      "kivi",
       "KIVI: per-channel keys / per-token values, asymmetric 2-8 bit groups, full-precision "
-      "residual";
-  m.paper =
+      "residual",
       "Liu et al., KIVI: A Tuning-Free Asymmetric 2bit Quantization for KV Cache, ICML 2024 (arXiv "
-      "2402.02750)";
-  m.params = {
-      string_param(
-          "preset", "none", {"none", "kivi-2", "kivi-4"},
-          "official settings (G=32, R=128; 2 or 4 bits for K and V); leave k_bits, v_bits, "
-          "group_size, residual_length at their defaults when using one"),
-      int_param("k_bits", 2, 2, 8, "key bits: 2, 3, 4 or 8"),
-      int_param("v_bits", 2, 2, 8, "value bits: 2, 3, 4 or 8"),
-      int_param("group_size", 32, 1, 4096,
-                "G: tokens per key group (per channel); channels per value group, reduced to the "
-                "largest divisor of head_dim <= G (groups never straddle heads)"),
-      int_param(
-          "residual_length", 128, 0, 1 << 20,
-          "R: most recent tokens kept at full precision (a multiple of G for per-channel keys)"),
-      string_param("key_mode", "per_channel", {"per_channel", "per_token"},
-                   "per_channel: KIVI keys; per_token: keys like values (the ablation)"),
-      string_param("residual_dtype", "fp16", {"fp16", "bf16", "fp32"},
-                   "storage of the full-precision residual (KIVI: fp16)"),
-      string_param(
-          "store", "auto", {"auto", "codec", "kernel"},
-          "codec: the CPU codec store (decodes to fp32, exact attention: the accuracy "
-          "reference); kernel: the paged KIVI layout with the fused dequantize-attention decode "
-          "kernel (CPU or CUDA; 2/4/8 bits, per-channel keys, fp16/bf16 residual); auto: kernel "
-          "on CUDA, codec elsewhere"),
-      string_param("cuda_decode", "cuda_cores", {"cuda_cores", "tensor_cores", "auto"},
-                   "the kernel store's CUDA decode kernel: cuda_cores (codes dequantized on CUDA "
-                   "cores), tensor_cores (whole quantized pages on tensor cores; group_size and "
-                   "value groups multiples of 16), auto (tensor cores where the layout allows); "
-                   "CUDA only")};
+      "2402.02750)",
+      {string_param(
+           "preset", "none", {"none", "kivi-2", "kivi-4"},
+           "official settings (G=32, R=128; 2 or 4 bits for K and V); leave k_bits, v_bits, "
+           "group_size, residual_length at their defaults when using one"),
+       int_param("k_bits", 2, 2, 8, "key bits: 2, 3, 4 or 8"),
+       int_param("v_bits", 2, 2, 8, "value bits: 2, 3, 4 or 8"),
+       int_param("group_size", 32, 1, 4096,
+                 "G: tokens per key group (per channel); channels per value group, reduced to the "
+                 "largest divisor of head_dim <= G (groups never straddle heads)"),
+       int_param(
+           "residual_length", 128, 0, 1 << 20,
+           "R: most recent tokens kept at full precision (a multiple of G for per-channel keys)"),
+       string_param("key_mode", "per_channel", {"per_channel", "per_token"},
+                    "per_channel: KIVI keys; per_token: keys like values (the ablation)"),
+       string_param("residual_dtype", "fp16", {"fp16", "bf16", "fp32"},
+                    "storage of the full-precision residual (KIVI: fp16)"),
+       string_param(
+           "store", "auto", {"auto", "codec", "kernel"},
+           "codec: the CPU codec store (decodes to fp32, exact attention: the accuracy "
+           "reference); kernel: the paged KIVI layout with the fused dequantize-attention decode "
+           "kernel (CPU or CUDA; 2/4/8 bits, per-channel keys, fp16/bf16 residual); auto: kernel "
+           "on CUDA, codec elsewhere"),
+       string_param("cuda_decode", "cuda_cores", {"cuda_cores", "tensor_cores", "auto"},
+                    "the kernel store's CUDA decode kernel: cuda_cores (codes dequantized on CUDA "
+                    "cores), tensor_cores (whole quantized pages on tensor cores; group_size and "
+                    "value groups multiples of 16), auto (tensor cores where the layout allows); "
+                    "CUDA only")});
   m.caps.quantizes = true;
   m.target_check = kivi_target_check;
   return m;

@@ -11,9 +11,7 @@ namespace {
 class KnormScorer : public EntryScorer {
  public:
   EvictionPolicy::Needs needs() const override {
-    EvictionPolicy::Needs n;
-    n.key_norm = true;
-    return n;
+    return EvictionPolicy::Needs::only(&EvictionPolicy::Needs::key_norm, true);
   }
 
  protected:
@@ -23,16 +21,11 @@ class KnormScorer : public EntryScorer {
 };
 
 ScoredMethod knorm_method() {
-  ScoredMethod m(
+  return prompt_scored_method<KnormScorer>(
       "knorm",
       "KnormPress: keep the keys with the lowest L2 norm per KV head, at the end of prefill",
       "Devoto et al., A Simple and Effective L2 Norm-Based Strategy for KV Cache Compression, "
       "EMNLP 2024 (arXiv 2406.11430)");
-  m.info.params = {compress_every_param()};
-  m.parts = [](const nlohmann::json& p, const std::string&, const Budget&) {
-    return prompt_scored(std::make_unique<KnormScorer>(), p);
-  };
-  return m;
 }
 
 }  // namespace

@@ -1,11 +1,11 @@
-// kv_packet: KV Packet (Chen et al., arXiv 2604.13226) -- recomputation-free reuse of per-document KV
-// caches. Documents are prefilled alone, each wrapped in a trained soft header and trailer
+// kv_packet: KV Packet (Chen et al., arXiv 2604.13226) -- recomputation-free reuse of per-document
+// KV caches. Documents are prefilled alone, each wrapped in a trained soft header and trailer
 // (packet_adapter.h), and placed one after another at query time with their keys re-rotated (the
-// store's splice); only the question is prefilled then. The store is the dense per-sequence cache of
-// `full` (or, with a `codec`, the codec store: packets kept quantized; or, with `inner`, any method
-// whose store can splice, wrapped: e.g. SnapKV-compressed packets): what differs from that store is
-// the qa protocol's document route, which this store's document_reuse() turns on. The protocols
-// without documents (stream, probe, perf) run it as that store.
+// store's splice); only the question is prefilled then. The store is the dense per-sequence cache
+// of `full` (or, with a `codec`, the codec store: packets kept quantized; or, with `inner`, any
+// method whose store can splice, wrapped: e.g. SnapKV-compressed packets): what differs from that
+// store is the qa protocol's document route, which this store's document_reuse() turns on. The
+// protocols without documents (stream, probe, perf) run it as that store.
 
 #include <ATen/ATen.h>
 
@@ -21,6 +21,7 @@
 #include "methods/common/contiguous_kv_cache.h"
 #include "methods/common/eviction_select.h"
 #include "methods/common/forwarding_kv_cache.h"
+#include "methods/common/method_listing.h"
 #include "methods/kv_packet/packet_adapter.h"
 
 namespace kvb {
@@ -85,32 +86,33 @@ class PacketWrapper : public ForwardingKvCache,
 };
 
 MethodInfo kv_packet_info() {
-  MethodInfo m;
-  m.name = "kv_packet";
-  m.summary =
+  MethodInfo m = method_listing(
+      "kv_packet",
       "KV Packet: documents cached separately (each wrapped in a trained soft header/trailer), "
-      "spliced with re-rotated keys at query time; no document token recomputed";
-  m.paper =
-      "Chen et al., KV Packet: Recomputation-Free Context-Independent KV Caching (arXiv 2604.13226)";
-  m.params = {
-      string_param("wrap", "adapter", {"adapter", "none", "bos"},
-                   "adapter: the trained header and trailer (KV Packet); none: plain concatenation "
-                   "of separately prefilled documents (the paper's no-recompute baseline); bos: a BOS "
-                   "token before each document (an untrained one-row header)"),
-      string_param("adapter", "", {},
-                   "the header/trailer file from `kvbench packet-train` (safetensors); required with "
-                   "wrap=adapter"),
-      int_param("doc_tokens", 256, 0, 1 << 24,
-                "tokens per document: the qa context is cut into documents of about this many "
-                "tokens, at a sentence end where one is near (0: the whole context is one "
-                "document)"),
-      string_param("inner", "full", {},
-                   "the store that keeps the packets: full (the dense cache; with `codec`, the "
-                   "codec store) or any method whose store can splice, e.g. snapkv, h2o, "
-                   "streaming_llm, pyramidkv (each document is then compressed by that method when "
-                   "it is cached, before the question exists)"),
-      string_param("inner_params", "{}", {},
-                   "the inner method's parameters, a JSON object, e.g. {\"budget\": 0.25}")};
+      "spliced with re-rotated keys at query time; no document token recomputed",
+      "Chen et al., KV Packet: Recomputation-Free Context-Independent KV Caching (arXiv "
+      "2604.13226)",
+      {string_param(
+           "wrap", "adapter", {"adapter", "none", "bos"},
+           "adapter: the trained header and trailer (KV Packet); none: plain concatenation "
+           "of separately prefilled documents (the paper's no-recompute baseline); bos: a BOS "
+           "token before each document (an untrained one-row header)"),
+       string_param(
+           "adapter", "", {},
+           "the header/trailer file from `kvbench packet-train` (safetensors); required with "
+           "wrap=adapter"),
+       int_param("doc_tokens", 256, 0, 1 << 24,
+                 "tokens per document: the qa context is cut into documents of about this many "
+                 "tokens, at a sentence end where one is near (0: the whole context is one "
+                 "document)"),
+       string_param(
+           "inner", "full", {},
+           "the store that keeps the packets: full (the dense cache; with `codec`, the "
+           "codec store) or any method whose store can splice, e.g. snapkv, h2o, "
+           "streaming_llm, pyramidkv (each document is then compressed by that method when "
+           "it is cached, before the question exists)"),
+       string_param("inner_params", "{}", {},
+                    "the inner method's parameters, a JSON object, e.g. {\"budget\": 0.25}")});
   for (auto& c : codec_params()) m.params.push_back(c);  // packets kept quantized (CPU codec store)
   // Where the codec runs, and where the inner store runs (when its parameters parse; the factory
   // reports any that do not).
@@ -171,9 +173,8 @@ std::unique_ptr<KvCache> make_kv_packet(const CacheContext& ctx, const nlohmann:
   }
   if (auto codec = parse_codec(p, "kv_packet", ctx.config.head_dim))
     return std::make_unique<KvPacketCache<CodecKvCache>>(std::move(r), ctx, codec, "kv_packet");
-  return std::make_unique<KvPacketCache<ContiguousKvCache>>(std::move(r), ctx,
-                                                            ContiguousKvCache::Mode::kGrow, 0,
-                                                            "kv_packet");
+  return std::make_unique<KvPacketCache<ContiguousKvCache>>(
+      std::move(r), ctx, ContiguousKvCache::Mode::kGrow, 0, "kv_packet");
 }
 
 }  // namespace

@@ -4,10 +4,13 @@
 #include <ATen/CPUGeneratorImpl.h>
 
 #include "harness/common/error.h"
-#include "harness/formats/safetensors.h"
-#include "harness/formats/safetensors_writer.h"
+#include "methods/common/adapter_file.h"
 
 namespace kvb::kv_packet {
+
+namespace {
+const char* const kKind = "kv-packet-adapter";  // the file's metadata 'kind'
+}  // namespace
 
 Adapter Adapter::fresh(const ModelConfig& c, int64_t header_rows, int64_t trailer_rows, double std,
                        uint64_t seed) {
@@ -22,20 +25,14 @@ Adapter Adapter::fresh(const ModelConfig& c, int64_t header_rows, int64_t traile
 }
 
 Adapter Adapter::load(const std::string& path, const ModelConfig& c) {
-  SafetensorsFile f(path);
+  const SafetensorsFile f = open_adapter(path, kKind, "KV Packet");
   const auto& m = f.metadata();
-  auto kind = m.find("kind");
-  KVB_CHECK(kind != m.end() && kind->second == "kv-packet-adapter", path,
-            ": not a KV Packet adapter (metadata 'kind' is not 'kv-packet-adapter')");
   Adapter a;
-  for (auto [name, dst] : {std::pair<const char*, at::Tensor*>{"header", &a.header},
-                           {"trailer", &a.trailer}}) {
-    const StTensor& t = f.get(name);
-    KVB_CHECK(t.dtype == StDtype::kF32, path, ": tensor '", name, "' is not F32");
-    KVB_CHECK(t.shape.size() == 2 && t.shape[1] == c.dim, path, ": tensor '", name,
+  for (auto [name, dst] :
+       {std::pair<const char*, at::Tensor*>{"header", &a.header}, {"trailer", &a.trailer}}) {
+    *dst = adapter_tensor(f, name);
+    KVB_CHECK(dst->dim() == 2 && dst->size(1) == c.dim, path, ": tensor '", name,
               "' should be [rows, ", c.dim, "] for model ", c.name, " (dim ", c.dim, ")");
-    *dst = at::from_blob(const_cast<uint8_t*>(t.data), t.shape, at::TensorOptions().dtype(at::kFloat))
-               .clone();
     KVB_CHECK(at::isfinite(*dst).all().item<bool>(), path, ": tensor '", name,
               "' holds NaN or infinity");
   }
@@ -45,24 +42,11 @@ Adapter Adapter::load(const std::string& path, const ModelConfig& c) {
 }
 
 void Adapter::save(const std::string& path, const std::map<std::string, std::string>& extra) const {
-  at::Tensor h = header.detach().to(at::kCPU, at::kFloat).contiguous();
-  at::Tensor t = trailer.detach().to(at::kCPU, at::kFloat).contiguous();
-  std::vector<StWriteEntry> entries;
-  for (auto [name, x] : {std::pair<const char*, const at::Tensor*>{"header", &h}, {"trailer", &t}}) {
-    StWriteEntry e;
-    e.name = name;
-    e.dtype = StDtype::kF32;
-    e.shape = x->sizes().vec();
-    e.data = x->data_ptr<float>();
-    e.nbytes = static_cast<size_t>(x->numel()) * sizeof(float);
-    entries.push_back(e);
-  }
   std::map<std::string, std::string> meta = extra;
-  meta["kind"] = "kv-packet-adapter";
-  meta["dim"] = std::to_string(h.size(1));
-  meta["header_rows"] = std::to_string(h.size(0));
-  meta["trailer_rows"] = std::to_string(t.size(0));
-  write_safetensors(path, entries, meta);
+  meta["dim"] = std::to_string(header.size(1));
+  meta["header_rows"] = std::to_string(header.size(0));
+  meta["trailer_rows"] = std::to_string(trailer.size(0));
+  write_adapter(path, kKind, {{"header", header}, {"trailer", trailer}}, std::move(meta));
 }
 
 }  // namespace kvb::kv_packet

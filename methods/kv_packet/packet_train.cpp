@@ -5,12 +5,10 @@
 
 #include <algorithm>
 #include <random>
-#include <sstream>
 
 #include "datasets/corpus.h"
 #include "datasets/synthetic_tasks.h"
 #include "harness/common/error.h"
-#include "harness/common/progress_eta.h"
 #include "harness/engine/engine.h"
 #include "harness/eval/documents.h"
 #include "harness/formats/tokenizer.h"
@@ -19,6 +17,7 @@
 #include "harness/model/model.h"
 #include "harness/train/adapter_adam.h"
 #include "harness/train/trainer.h"
+#include "methods/common/adapter_training.h"
 #include "methods/kv_packet/packet_adapter.h"
 
 namespace kvb::kv_packet {
@@ -60,8 +59,8 @@ std::vector<int64_t> teacher_answer(const std::shared_ptr<Model>& model, const T
 
 }  // namespace
 
-at::Tensor student_query_logits(const TrainWeights& w, const ModelConfig& c, const at::Tensor& header,
-                                const at::Tensor& trailer,
+at::Tensor student_query_logits(const TrainWeights& w, const ModelConfig& c,
+                                const at::Tensor& header, const at::Tensor& trailer,
                                 const std::vector<std::vector<int64_t>>& docs,
                                 const std::vector<int64_t>& query, const at::Tensor& rope_cos,
                                 const at::Tensor& rope_sin) {
@@ -93,7 +92,8 @@ at::Tensor student_query_logits(const TrainWeights& w, const ModelConfig& c, con
                         .expand({1, c.n_kv_heads, T, T});
   AttentionBiasFn bias = [&](int64_t, const at::Tensor&) { return mask; };
   at::Tensor logits = train_forward_embeds(w, c, x, rope_cos, rope_sin, at::kFloat, bias)[0];
-  return logits.narrow(0, T - static_cast<int64_t>(query.size()), static_cast<int64_t>(query.size()));
+  return logits.narrow(0, T - static_cast<int64_t>(query.size()),
+                       static_cast<int64_t>(query.size()));
 }
 
 namespace {
@@ -187,8 +187,6 @@ TrainResult train_adapter(const std::shared_ptr<Model>& model, const TrainOption
   for (auto& t : w.tensors) t.requires_grad_(false);
   Adapter a = Adapter::fresh(c, o.header_rows, o.trailer_rows, o.init_std, o.seed);
   std::vector<at::Tensor*> params = {&a.header, &a.trailer};
-  for (auto* p : params) p->requires_grad_(true);
-  AdapterAdam adam(params);
   at::Tensor cos, sin;
   compute_rope_tables(c, max_rows(data, o.header_rows + o.trailer_rows), &cos, &sin);
 
@@ -200,11 +198,9 @@ TrainResult train_adapter(const std::shared_ptr<Model>& model, const TrainOption
   TrainResult res;
   res.samples = N;
   res.teacher_answers_correct = teacher_right;
-  double kl_acc = 0;
-  int64_t acc_n = 0;
   bool first_interval = true;
-  const Stopwatch clock;
-  for (int64_t step = 0; step < o.steps; ++step) {
+  // Per step: the batch's mean KL per answer token; the learning rate decays linearly to 0.
+  auto train_step = [&](int64_t step, AdapterAdam& adam) -> std::vector<double> {
     double kl_step = 0;
     for (int64_t r = 0; r < o.batch; ++r) {
       const Sample& s = data[order[(step * o.batch + r) % N]];
@@ -213,26 +209,17 @@ TrainResult train_adapter(const std::shared_ptr<Model>& model, const TrainOption
       kl_step += kl.item<double>() / static_cast<double>(o.batch);
     }
     adam.step(o.lr * (1.0 - static_cast<double>(step) / static_cast<double>(o.steps)), step);
-    kl_acc += kl_step;
-    ++acc_n;
-    if ((step + 1) % o.log_every == 0 || step + 1 == o.steps) {
-      const double kl = kl_acc / static_cast<double>(acc_n);
-      if (first_interval) res.kl_first = kl;
-      first_interval = false;
-      res.kl_last = kl;
-      if (o.log) {
-        std::ostringstream os;
-        os << "step " << step + 1 << "/" << o.steps << ": KL " << kl << " nats per answer token, "
-           << elapsed_and_eta(clock.seconds(), static_cast<double>(step + 1),
-                              static_cast<double>(o.steps));
-        o.log(os.str());
-      }
-      kl_acc = 0;
-      acc_n = 0;
-    }
-  }
+    return {kl_step};
+  };
+  auto interval = [&](const std::vector<double>& means, std::ostream& line) {
+    const double kl = means[0];
+    if (first_interval) res.kl_first = kl;
+    first_interval = false;
+    res.kl_last = kl;
+    line << "KL " << kl << " nats per answer token";
+  };
+  train_adapter_tensors(params, {o.steps, o.log_every, o.log}, train_step, interval);
   res.steps = o.steps;
-  for (auto* p : params) p->requires_grad_(false);
   std::string tasks, docs;
   for (const auto& t : o.tasks) tasks += (tasks.empty() ? "" : ",") + t;
   for (int64_t d : o.doc_tokens) docs += (docs.empty() ? "" : ",") + std::to_string(d);

@@ -16,6 +16,7 @@
 #include "harness/model/model.h"
 #include "kvb/kernels/cpu_ops.h"
 #include "methods/common/eviction_select.h"
+#include "methods/common/method_listing.h"
 #include "methods/common/row_attention.h"
 
 namespace kvb {
@@ -153,9 +154,9 @@ void MergeBuckets::centroid(int64_t b, float* k_out, float* v_out) const {
 
 int64_t MergeBuckets::bytes() const {
   if (ksum_.empty()) return 0;
-  return width_ * (2 * dim_ * static_cast<int64_t>(sizeof(float)) +
-                   static_cast<int64_t>(sizeof(int32_t)) +
-                   (positions_ ? static_cast<int64_t>(sizeof(int64_t)) : 0));
+  return width_ *
+         (2 * dim_ * static_cast<int64_t>(sizeof(float)) + static_cast<int64_t>(sizeof(int32_t)) +
+          (positions_ ? static_cast<int64_t>(sizeof(int64_t)) : 0));
 }
 
 }  // namespace kvreviver
@@ -263,9 +264,7 @@ at::Tensor KvReviverKvCache::attend(const LayerInput& in) {
   const StepBatch& batch = *in.batch;
   const int64_t T = batch.num_tokens();
   const int layer = in.layer;
-  at::Tensor q = in.q->contiguous();
-  at::Tensor k = in.k->contiguous();
-  at::Tensor v = in.v->contiguous();
+  const auto [q, k, v] = contiguous_rows(in);
   at::Tensor out = at::empty({T, Hq_, D_}, in.q->options());
   const float* Q = q.data_ptr<float>();
   const float* Kin = k.data_ptr<float>();
@@ -471,26 +470,24 @@ void KvReviverKvCache::truncate(int64_t seq_id, int64_t new_len) {
 
 Footprint KvReviverKvCache::footprint() const {
   // CPU only: every host array is the device's. payload = exact K/V; metadata = accumulated scores
-  // + both sketches (sketch mode) or the merge buckets (merge mode); index = exact entries' token indices + per-token position and epoch.
+  // + both sketches (sketch mode) or the merge buckets (merge mode); index = exact entries' token
+  // indices + per-token position and epoch.
   Footprint f;
   const int64_t entry_bytes = 2 * D_ * 4;
   int64_t entries_all = 0, model_rows = 0;
   for (const auto& [id, s] : seqs_) {
-    int64_t entries = 0;
-    for (const auto& layer : s.heads) {
-      for (const auto& h : layer) {
-        entries += h.len;
-        const RaggedBytes b = heads_.bytes(h);
-        f.device_payload_bytes += b.payload;
-        f.device_metadata_bytes += b.metadata + h.sk.bytes() + h.sv.bytes() + h.mb.bytes();
-        f.device_index_bytes += b.index;
-        f.device_reserved_bytes += b.reserved;
-        model_rows += b.model_dtype;
-      }
-    }
+    const RaggedBytes b = heads_.bytes(s.heads);
+    f.device_payload_bytes += b.payload;
+    f.device_metadata_bytes += b.metadata;
+    f.device_index_bytes += b.index;
+    f.device_reserved_bytes += b.reserved;
+    model_rows += b.model_dtype;
+    for (const auto& layer : s.heads)
+      for (const auto& h : layer)
+        f.device_metadata_bytes += h.sk.bytes() + h.sv.bytes() + h.mb.bytes();
     f.device_index_bytes += static_cast<int64_t>(s.pos.size() + s.epoch.size()) * 4;
-    entries_all += entries;
-    f.tokens_held += entries / (L_ * Hkv_);
+    entries_all += b.entries;
+    f.tokens_held += b.entries / (L_ * Hkv_);
   }
   f.logical_bytes = entries_all * entry_bytes;
   // Exact rows are in the model dtype (fp32 here); scores and sketch or bucket sums stay fp32 in
@@ -553,52 +550,51 @@ std::map<std::string, double> KvReviverKvCache::counters() const {
 }
 
 std::vector<HeadSnapshot> KvReviverKvCache::probe_view(int layer, int64_t seq_id) const {
-  const Seq* found = probed(seq_id, layer, L_);
-  if (!found) return {};
-  const Seq& s = *found;
-  std::vector<HeadSnapshot> out;
-  auto* self = const_cast<KvReviverKvCache*>(this);
-  int32_t max_pos = 0;
-  for (int64_t t = 0; t < s.seen; ++t) max_pos = std::max(max_pos, s.pos[t]);
-  if (opts_.revive && opts_.keys_pre_rope) self->ensure_rope(max_pos + 1);
-  if (opts_.revive && merge() && !opts_.measure_error) return out;  // token -> bucket unknown
-  for (int64_t h = 0; h < Hkv_; ++h) {
-    const Head& hd = s.heads[layer][h];
-    std::vector<int32_t> vague;
-    if (opts_.revive) vague = vague_tokens(s, hd, s.seen);
-    const int64_t nv = static_cast<int64_t>(vague.size()), n = nv + hd.len;
-    std::vector<float> rk(static_cast<size_t>(nv * D_)), rv(static_cast<size_t>(nv * D_));
-    if (nv > 0 && merge()) {
-      const int64_t nb = hd.mb.used();
-      std::vector<float> bk(static_cast<size_t>(nb * D_)), bv(static_cast<size_t>(nb * D_));
-      bucket_entries(hd, bk.data(), bv.data());
-      for (int64_t i = 0; i < nv; ++i) {
-        const int64_t b = hd.assign[vague[i]];
-        std::memcpy(rk.data() + i * D_, bk.data() + b * D_, sizeof(float) * D_);
-        std::memcpy(rv.data() + i * D_, bv.data() + b * D_, sizeof(float) * D_);
+  return probe_seq(seq_id, layer, L_, [&](const Seq& s) -> std::vector<HeadSnapshot> {
+    std::vector<HeadSnapshot> out;
+    auto* self = const_cast<KvReviverKvCache*>(this);
+    int32_t max_pos = 0;
+    for (int64_t t = 0; t < s.seen; ++t) max_pos = std::max(max_pos, s.pos[t]);
+    if (opts_.revive && opts_.keys_pre_rope) self->ensure_rope(max_pos + 1);
+    if (opts_.revive && merge() && !opts_.measure_error) return out;  // token -> bucket unknown
+    for (int64_t h = 0; h < Hkv_; ++h) {
+      const Head& hd = s.heads[layer][h];
+      std::vector<int32_t> vague;
+      if (opts_.revive) vague = vague_tokens(s, hd, s.seen);
+      const int64_t nv = static_cast<int64_t>(vague.size()), n = nv + hd.len;
+      std::vector<float> rk(static_cast<size_t>(nv * D_)), rv(static_cast<size_t>(nv * D_));
+      if (nv > 0 && merge()) {
+        const int64_t nb = hd.mb.used();
+        std::vector<float> bk(static_cast<size_t>(nb * D_)), bv(static_cast<size_t>(nb * D_));
+        bucket_entries(hd, bk.data(), bv.data());
+        for (int64_t i = 0; i < nv; ++i) {
+          const int64_t b = hd.assign[vague[i]];
+          std::memcpy(rk.data() + i * D_, bk.data() + b * D_, sizeof(float) * D_);
+          std::memcpy(rv.data() + i * D_, bv.data() + b * D_, sizeof(float) * D_);
+        }
+      } else if (nv > 0) {
+        reconstruct(s, hd, vague, rk.data(), rv.data());
       }
-    } else if (nv > 0) {
-      reconstruct(s, hd, vague, rk.data(), rv.data());
+      // Merge both sets in token order.
+      const float *EK = nullptr, *EV = nullptr;
+      std::vector<float> kbuf, vbuf;
+      heads_.rows_f32(hd, &EK, &EV, &kbuf, &vbuf);
+      at::Tensor K = at::empty({n, D_}, at::kFloat), V = at::empty({n, D_}, at::kFloat);
+      std::vector<int64_t> index;
+      int64_t a = 0, e = 0;
+      while (a < nv || e < hd.len) {
+        const bool take_vague = e >= hd.len || (a < nv && vague[a] < hd.idx[e]);
+        const int64_t r = static_cast<int64_t>(index.size());
+        const float* ks = take_vague ? rk.data() + a * D_ : EK + e * D_;
+        const float* vs = take_vague ? rv.data() + a * D_ : EV + e * D_;
+        std::memcpy(K.data_ptr<float>() + r * D_, ks, sizeof(float) * D_);
+        std::memcpy(V.data_ptr<float>() + r * D_, vs, sizeof(float) * D_);
+        index.push_back(take_vague ? vague[a++] : hd.idx[e++]);
+      }
+      out.push_back({K, V, at::tensor(index, at::kLong)});
     }
-    // Merge both sets in token order.
-    const float *EK = nullptr, *EV = nullptr;
-    std::vector<float> kbuf, vbuf;
-    heads_.rows_f32(hd, &EK, &EV, &kbuf, &vbuf);
-    at::Tensor K = at::empty({n, D_}, at::kFloat), V = at::empty({n, D_}, at::kFloat);
-    std::vector<int64_t> index;
-    int64_t a = 0, e = 0;
-    while (a < nv || e < hd.len) {
-      const bool take_vague = e >= hd.len || (a < nv && vague[a] < hd.idx[e]);
-      const int64_t r = static_cast<int64_t>(index.size());
-      const float* ks = take_vague ? rk.data() + a * D_ : EK + e * D_;
-      const float* vs = take_vague ? rv.data() + a * D_ : EV + e * D_;
-      std::memcpy(K.data_ptr<float>() + r * D_, ks, sizeof(float) * D_);
-      std::memcpy(V.data_ptr<float>() + r * D_, vs, sizeof(float) * D_);
-      index.push_back(take_vague ? vague[a++] : hd.idx[e++]);
-    }
-    out.push_back({K, V, at::tensor(index, at::kLong)});
-  }
-  return out;
+    return out;
+  });
 }
 
 const kvreviver::CountSketch& KvReviverKvCache::key_sketch(int64_t seq_id, int layer,
@@ -619,21 +615,19 @@ const kvreviver::MergeBuckets& KvReviverKvCache::buckets(int64_t seq_id, int lay
 namespace {
 
 MethodInfo kvreviver_info() {
-  MethodInfo m;
-  m.name = "kvreviver";
-  m.summary =
+  MethodInfo m = method_listing(
+      "kvreviver",
       "KVReviver-style: recent + heavy candidates exact, evicted tokens merged into width buckets "
       "attended with a log(count) bias (default) or, reconstruction=sketch, in a count-sketch "
-      "that attention reconstructs (kvbench design; paper internals unpublished)";
-  m.paper =
+      "that attention reconstructs (kvbench design; paper internals unpublished)",
       "KVReviver: reversible KV cache compression with sketch-based token reconstruction, arXiv "
-      "2512.17917 (design inferred from the abstract: see methods/kvreviver/README.md)";
-  m.params = budget_params(0.25, "ratio");
-  m.params[0].doc =
-      "EXACT entries kept per KV head (recent window + candidates); the buckets / sketches come "
-      "on top and "
-      "are counted in the ledger: a fraction of the tokens seen (budget_unit=ratio, (0, 1]) or a "
-      "token count";
+      "2512.17917 (design inferred from the abstract: see methods/kvreviver/README.md)",
+      budget_params(
+          0.25, "ratio",
+          "EXACT entries kept per KV head (recent window + candidates); the buckets / sketches "
+          "come "
+          "on top and are counted in the ledger: a fraction of the tokens seen (budget_unit=ratio, "
+          "(0, 1]) or a token count"));
   m.params.push_back(float_param("recent_fraction", 0.5, 0.0, 1.0,
                                  "share of the exact budget given to the recent window; the rest "
                                  "goes to candidates by accumulated attention (H2O-style)"));
@@ -644,7 +638,8 @@ MethodInfo kvreviver_info() {
       "key/value, logit + log(count)); sketch: the literal count-sketch reading, every evicted "
       "token reconstructed (median over depth rows) and attended -- breaks the model unless the "
       "sketch is larger than the cache (README)"));
-  m.params.push_back(int_param("depth", 3, 1, 64, "sketch mode: count-sketch rows (median over rows); "
+  m.params.push_back(int_param("depth", 3, 1, 64,
+                               "sketch mode: count-sketch rows (median over rows); "
                                "ignored by merge"));
   m.params.push_back(int_param("width", 32, 1, 1 << 20,
                                "merge: buckets per layer, KV head and sequence, each 2 x head_dim "

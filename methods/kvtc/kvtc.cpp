@@ -1,12 +1,14 @@
 // kvtc: KV Cache Transform Coding (arXiv 2511.01815, ICLR 2026). The first `sinks` tokens and the
 // most recent `window` tokens stay exact; older tokens leave the window in blocks of `block_tokens`
 // and are stored transform-coded: keys un-rotated (the engine's pre-RoPE keys), values as they are,
-// each projected onto a PCA basis calibrated once per model (all layers x heads concatenated, or per
-// layer / head), quantized with the bits a DP allocated per component under a bit budget (0 bits:
-// dropped), bit-packed and entropy-coded (DEFLATE or zstd). A block is encoded once and never again.
-// Attention reads the reconstructed cache: blocks are inflated and unpacked into coefficients once
-// per step (transient scratch), each layer reconstructs its slice, keys are re-rotated at their
-// positions, then exact attention. CPU only. See README.md.
+// each projected onto a PCA basis calibrated once per model (all layers x heads concatenated, or
+// per layer / head), quantized with the bits a DP allocated per component under a bit budget (0
+// bits: dropped), bit-packed and entropy-coded (DEFLATE or zstd). A block is encoded once and never
+// again. Attention reads the reconstructed cache: blocks are inflated and unpacked into
+// coefficients once per step (transient scratch), each layer reconstructs its slice, keys are
+// re-rotated at their positions, then exact attention. CPU only. See README.md.
+
+#include "methods/kvtc/kvtc.h"
 
 #include <ATen/ATen.h>
 
@@ -21,7 +23,7 @@
 #include "harness/model/model.h"
 #include "kvb/kernels/cpu_ops.h"
 #include "methods/common/kv_codec.h"
-#include "methods/kvtc/kvtc.h"
+#include "methods/common/method_listing.h"
 
 namespace kvb {
 namespace {
@@ -29,50 +31,48 @@ namespace {
 using kvtc::Entropy;
 
 MethodInfo kvtc_info() {
-  MethodInfo m;
-  m.name = "kvtc";
-  m.summary =
+  MethodInfo m = method_listing(
+      "kvtc",
       "KVTC: sinks + recent window exact; older tokens PCA-projected (pre-RoPE keys), DP bit "
-      "allocation, bit-packed and entropy-coded (DEFLATE/zstd)";
-  m.paper =
+      "allocation, bit-packed and entropy-coded (DEFLATE/zstd)",
       "Staniszewski et al. (NVIDIA), KV Cache Transform Coding for Compact Storage in LLM "
-      "Inference, ICLR 2026 (arXiv 2511.01815)";
-  m.params = {
-      float_param("ratio", 16.0, 1.0, 1024.0,
-                  "target compression of the coded tokens vs 16-bit: code bits per element = "
-                  "16 / ratio (before entropy coding; the measured ratio is a counter)"),
-      float_param("bits", 0.0, 0.0, 16.0,
-                  "code bits per element of a coded token; > 0 overrides `ratio`"),
-      int_param("rank", -1, -1, 1 << 20,
-                "PCA components considered per basis (-1: all); the DP drops more"),
-      string_param("pca_scope", "model", {"model", "layer", "head"},
-                   "model: one basis over all layers x KV heads (the paper); layer / head: one "
-                   "basis per layer / per (layer, head)"),
-      int_param("band", 1, 1, 4096, "consecutive components tied to one bit width in the DP"),
-      int_param("sinks", 4, 0, 1 << 20, "first tokens kept exact (attention sinks)"),
-      int_param("window", 128, 0, 1 << 20, "most recent tokens kept exact"),
-      int_param("block_tokens", 32, 1, 1 << 16,
-                "tokens coded together once they leave the window (the exact tail holds "
-                "window .. window + block_tokens - 1 tokens)"),
-      string_param("entropy", "deflate", {"deflate", "zstd", "none"},
-                   "entropy coder of each packed block (the paper: DEFLATE via nvCOMP)"),
-      int_param("entropy_level", -1, -1, 22, "-1: deflate 9, zstd 19"),
-      string_param("exact_dtype", "fp16", {"fp16", "bf16", "fp32"},
-                   "storage of the exact sinks and window"),
-      string_param("calib_corpus", "tinystories-valid-sample", {},
-                   "calibration text: a built-in corpus name or a .txt path"),
-      int_param("calib_tokens", 16384, 2, 1 << 24, "token positions collected for calibration"),
-      int_param("calib_skip_tokens", 32768, 0, 1 << 30,
-                "corpus tokens skipped before calibration (keeps the evaluation text out)"),
-      int_param("calib_window", -1, -1, 1 << 20,
-                "tokens per calibration sequence (-1: min(512, the model's max_seq_len))"),
-      string_param("calib_model", "", {},
-                   "model spec to calibrate with (\"\": the run's model itself, or by name where "
-                   "the cache was built without it); must match the run's config"),
-      string_param("data_dir", "", {}, "where calib_corpus lives (\"\": $KVBENCH_DATA, ./data, "
-                                       "../shared/data)"),
-      string_param("cache_dir", "results/cache/kvtc", {},
-                   "calibration artifacts, by content hash (\"\": not saved)")};
+      "Inference, ICLR 2026 (arXiv 2511.01815)",
+      {float_param("ratio", 16.0, 1.0, 1024.0,
+                   "target compression of the coded tokens vs 16-bit: code bits per element = "
+                   "16 / ratio (before entropy coding; the measured ratio is a counter)"),
+       float_param("bits", 0.0, 0.0, 16.0,
+                   "code bits per element of a coded token; > 0 overrides `ratio`"),
+       int_param("rank", -1, -1, 1 << 20,
+                 "PCA components considered per basis (-1: all); the DP drops more"),
+       string_param("pca_scope", "model", {"model", "layer", "head"},
+                    "model: one basis over all layers x KV heads (the paper); layer / head: one "
+                    "basis per layer / per (layer, head)"),
+       int_param("band", 1, 1, 4096, "consecutive components tied to one bit width in the DP"),
+       int_param("sinks", 4, 0, 1 << 20, "first tokens kept exact (attention sinks)"),
+       int_param("window", 128, 0, 1 << 20, "most recent tokens kept exact"),
+       int_param("block_tokens", 32, 1, 1 << 16,
+                 "tokens coded together once they leave the window (the exact tail holds "
+                 "window .. window + block_tokens - 1 tokens)"),
+       string_param("entropy", "deflate", {"deflate", "zstd", "none"},
+                    "entropy coder of each packed block (the paper: DEFLATE via nvCOMP)"),
+       int_param("entropy_level", -1, -1, 22, "-1: deflate 9, zstd 19"),
+       string_param("exact_dtype", "fp16", {"fp16", "bf16", "fp32"},
+                    "storage of the exact sinks and window"),
+       string_param("calib_corpus", "tinystories-valid-sample", {},
+                    "calibration text: a built-in corpus name or a .txt path"),
+       int_param("calib_tokens", 16384, 2, 1 << 24, "token positions collected for calibration"),
+       int_param("calib_skip_tokens", 32768, 0, 1 << 30,
+                 "corpus tokens skipped before calibration (keeps the evaluation text out)"),
+       int_param("calib_window", -1, -1, 1 << 20,
+                 "tokens per calibration sequence (-1: min(512, the model's max_seq_len))"),
+       string_param("calib_model", "", {},
+                    "model spec to calibrate with (\"\": the run's model itself, or by name where "
+                    "the cache was built without it); must match the run's config"),
+       string_param("data_dir", "", {},
+                    "where calib_corpus lives (\"\": $KVBENCH_DATA, ./data, "
+                    "../shared/data)"),
+       string_param("cache_dir", "results/cache/kvtc", {},
+                    "calibration artifacts, by content hash (\"\": not saved)")});
   m.caps.quantizes = true;
   m.caps.needs_calibration = true;
   m.caps.cpu_only = true;  // the PCA transform coder is host code
@@ -84,14 +84,15 @@ constexpr int64_t kHeaderBytes = 16;  // start pos i32, n u16, k coder u8, v cod
 struct Block {
   std::vector<uint8_t> bytes;  // header | [n x i32 positions when not consecutive] | k | v
   int64_t n = 0;
-  int64_t k_len = 0, v_len = 0;   // stored payload bytes
-  int64_t k_raw = 0, v_raw = 0;   // packed bytes before entropy coding
-  int64_t pos_bytes = 0;          // explicit positions (0 when consecutive)
+  int64_t k_len = 0, v_len = 0;  // stored payload bytes
+  int64_t k_raw = 0, v_raw = 0;  // packed bytes before entropy coding
+  int64_t pos_bytes = 0;         // explicit positions (0 when consecutive)
 };
 
 template <typename T>
 void put_le(std::vector<uint8_t>& o, T v) {
-  for (size_t i = 0; i < sizeof(T); ++i) o.push_back(static_cast<uint8_t>((static_cast<uint64_t>(v) >> (8 * i)) & 0xff));
+  for (size_t i = 0; i < sizeof(T); ++i)
+    o.push_back(static_cast<uint8_t>((static_cast<uint64_t>(v) >> (8 * i)) & 0xff));
 }
 template <typename T>
 T get_le(const uint8_t* p) {
@@ -114,8 +115,8 @@ class KvtcCache : public KvCache {
     KVB_CHECK(entropy_ != Entropy::kDeflate || level_ <= 9, "method kvtc.entropy_level: ", level_,
               " is above DEFLATE's 9");
     exact_dtype_ = parse_row_dtype(p["exact_dtype"].get<std::string>());
-    const double bits = p["bits"].get<double>() > 0 ? p["bits"].get<double>()
-                                                   : 16.0 / p["ratio"].get<double>();
+    const double bits =
+        p["bits"].get<double>() > 0 ? p["bits"].get<double>() : 16.0 / p["ratio"].get<double>();
     topt_.scope = kvtc::parse_scope(p["pca_scope"].get<std::string>());
     topt_.rank = p["rank"].get<int64_t>();
     topt_.bits_per_element = bits;
@@ -127,7 +128,8 @@ class KvtcCache : public KvCache {
     const int64_t cw = p["calib_window"].get<int64_t>();
     copt_.window = cw > 0 ? cw : std::min<int64_t>(512, c.max_seq_len > 0 ? c.max_seq_len : 512);
     copt_.exclude_sinks = sinks_;
-    copt_.exclude_recent = std::min<int64_t>(window_, std::max<int64_t>(0, copt_.window - sinks_ - 32));
+    copt_.exclude_recent =
+        std::min<int64_t>(window_, std::max<int64_t>(0, copt_.window - sinks_ - 32));
     calib_model_ = p["calib_model"].get<std::string>();
     cache_dir_ = p["cache_dir"].get<std::string>();
     width_ = c.kv_dim();
@@ -155,7 +157,8 @@ class KvtcCache : public KvCache {
     for (int64_t b = 0; b < batch.batch_size(); ++b) {
       Seq& s = seqs_.at(batch.seq_ids[b]);
       const int64_t n = batch.new_tokens(b), start = batch.q_indptr[b];
-      const int64_t S = static_cast<int64_t>(s.sink_pos.size()), T = static_cast<int64_t>(s.tail_pos.size());
+      const int64_t S = static_cast<int64_t>(s.sink_pos.size()),
+                    T = static_cast<int64_t>(s.tail_pos.size());
       if (!s.decoded) decode_middle(s);
       const int64_t M = static_cast<int64_t>(s.mid_pos.size());
       const int64_t stored = S + M + T, L = stored + n;
@@ -182,13 +185,12 @@ class KvtcCache : public KvCache {
       ensure_rope(max_pos + 1);
       kernels::rope_f32(K, stored, c.n_kv_heads, c.head_dim, W, rope_cos_.data_ptr<float>(),
                         rope_sin_.data_ptr<float>(), P, c.rope_style == RopeStyle::kInterleaved);
-      at::Tensor kn = in.k->narrow(0, start, n).to(at::kFloat).contiguous();       // post-RoPE
+      at::Tensor kn = in.k->narrow(0, start, n).to(at::kFloat).contiguous();  // post-RoPE
       at::Tensor kpre = in.k_pre_rope->narrow(0, start, n).to(at::kFloat).contiguous();
       at::Tensor vn = in.v->narrow(0, start, n).to(at::kFloat).contiguous();
       std::memcpy(K + stored * W, kn.data_ptr<float>(), static_cast<size_t>(n * W * 4));
       std::memcpy(V + stored * W, vn.data_ptr<float>(), static_cast<size_t>(n * W * 4));
-      scratch_peak_bytes_ =
-          std::max<int64_t>(scratch_peak_bytes_, 2 * L * W * 4 + s.coef_bytes());
+      scratch_peak_bytes_ = std::max<int64_t>(scratch_peak_bytes_, 2 * L * W * 4 + s.coef_bytes());
       auto opts = at::TensorOptions().dtype(at::kFloat);
       at::Tensor Kt = at::from_blob(K, {L, c.n_kv_heads, c.head_dim}, opts);
       at::Tensor Vt = at::from_blob(V, {L, c.n_kv_heads, c.head_dim}, opts);
@@ -337,8 +339,8 @@ class KvtcCache : public KvCache {
       m["calib_transform_bytes"] = static_cast<double>(art_->transform_bytes);
       m["calib_seconds"] = art_->seconds;
       m["calib_from_cache"] = art_->from_cache ? 1.0 : 0.0;
-      for (const auto& [k, t] : {std::pair<const char*, const kvtc::KindTransform*>{"k", &art_->k},
-                                 {"v", &art_->v}}) {
+      for (const auto& [k, t] :
+           {std::pair<const char*, const kvtc::KindTransform*>{"k", &art_->k}, {"v", &art_->v}}) {
         const std::string p = k;
         m[p + "_code_bits_per_token"] = static_cast<double>(t->code_bits_per_token);
         m[p + "_components_used"] = static_cast<double>(t->components_used);
@@ -363,7 +365,8 @@ class KvtcCache : public KvCache {
         hdr += kHeaderBytes + bl.block->pos_bytes;
       }
     }
-    const double elems = static_cast<double>(coded_tokens) * ctx_.config.n_layers * width_;  // per K or V
+    const double elems =
+        static_cast<double>(coded_tokens) * ctx_.config.n_layers * width_;  // per K or V
     m["blocks"] = static_cast<double>(nblocks);
     m["coded_tokens"] = static_cast<double>(coded_tokens);
     m["exact_tokens"] = static_cast<double>(exact_tokens);
@@ -438,14 +441,15 @@ class KvtcCache : public KvCache {
   // How many of n new tokens go to the sinks (only while nothing follows them).
   int64_t sink_share(const Seq& s, int64_t n) const {
     if (!s.blocks.empty() || !s.tail_pos.empty()) return 0;
-    return std::min<int64_t>(n, std::max<int64_t>(0, sinks_ - static_cast<int64_t>(s.sink_pos.size())));
+    return std::min<int64_t>(
+        n, std::max<int64_t>(0, sinks_ - static_cast<int64_t>(s.sink_pos.size())));
   }
 
   void ensure_rope(int64_t n) {
     if (rope_cos_.defined() && rope_cos_.size(0) >= n) return;
-    const int64_t len = std::max<int64_t>(n, std::max<int64_t>(
-                                                 rope_cos_.defined() ? 2 * rope_cos_.size(0) : 0,
-                                                 std::max<int64_t>(ctx_.config.max_seq_len, 1024)));
+    const int64_t len =
+        std::max<int64_t>(n, std::max<int64_t>(rope_cos_.defined() ? 2 * rope_cos_.size(0) : 0,
+                                               std::max<int64_t>(ctx_.config.max_seq_len, 1024)));
     compute_rope_tables(ctx_.config, len, &rope_cos_, &rope_sin_);
   }
 
@@ -454,8 +458,9 @@ class KvtcCache : public KvCache {
     // The run's model when the cache was built with it (CacheContext::model); a second copy is
     // loaded only for calib_model, or where no model came with the context.
     const bool own = calib_model_.empty() && ctx_.model;
-    const std::string spec = own ? ctx_.model->source
-                                 : calib_model_.empty() ? ctx_.config.name : calib_model_;
+    const std::string spec = own                    ? ctx_.model->source
+                             : calib_model_.empty() ? ctx_.config.name
+                                                    : calib_model_;
     std::shared_ptr<Model> model = own ? ctx_.model : nullptr;
     if (!model) {
       try {
@@ -518,8 +523,9 @@ class KvtcCache : public KvCache {
     blk->k_raw = static_cast<int64_t>(kp.size());
     blk->v_raw = static_cast<int64_t>(vp.size());
     blk->pos_bytes = consecutive ? 0 : 4 * B;
-    KVB_CHECK(static_cast<int64_t>(o.size()) == kHeaderBytes + blk->pos_bytes + blk->k_len + blk->v_len,
-              "kvtc: block layout");
+    KVB_CHECK(
+        static_cast<int64_t>(o.size()) == kHeaderBytes + blk->pos_bytes + blk->k_len + blk->v_len,
+        "kvtc: block layout");
     s.blocks.push_back({blk, B});
     std::vector<int64_t> keep;
     for (int64_t t = B; t < T; ++t) keep.push_back(t);

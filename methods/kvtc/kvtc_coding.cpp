@@ -11,30 +11,23 @@
 #include <limits>
 
 #include "harness/common/error.h"
+#include "methods/common/enum_names.h"
 #include "methods/kvtc/kvtc.h"
 
 namespace kvb::kvtc {
 
 // ---------------------------------------------------------------- entropy coding
 
+namespace {
+const EnumName<Entropy> kEntropies[] = {
+    {Entropy::kZstd, "zstd"}, {Entropy::kDeflate, "deflate"}, {Entropy::kNone, "none"}};
+}  // namespace
+
 Entropy parse_entropy(const std::string& s) {
-  if (s == "none") return Entropy::kNone;
-  if (s == "zstd") return Entropy::kZstd;
-  if (s == "deflate") return Entropy::kDeflate;
-  KVB_FAIL("kvtc: unknown entropy coder '", s, "' (allowed: zstd, deflate, none)");
+  return parse_enum(kEntropies, s, "kvtc entropy coder");
 }
 
-const char* entropy_name(Entropy e) {
-  switch (e) {
-    case Entropy::kNone:
-      return "none";
-    case Entropy::kZstd:
-      return "zstd";
-    case Entropy::kDeflate:
-      return "deflate";
-  }
-  return "?";
-}
+const char* entropy_name(Entropy e) { return enum_name(kEntropies, e); }
 
 std::vector<uint8_t> entropy_encode(Entropy e, const uint8_t* src, size_t n, int level) {
   if (e == Entropy::kNone) return std::vector<uint8_t>(src, src + n);
@@ -94,8 +87,8 @@ void entropy_decode(Entropy e, const uint8_t* src, size_t n, uint8_t* out, size_
   const int r = inflate(&zs, Z_FINISH);
   const size_t produced = raw_size - zs.avail_out;
   inflateEnd(&zs);
-  KVB_CHECK(r == Z_STREAM_END && produced == raw_size, "kvtc: DEFLATE block is corrupt (", r,
-            ", ", produced, " of ", raw_size, " bytes)");
+  KVB_CHECK(r == Z_STREAM_END && produced == raw_size, "kvtc: DEFLATE block is corrupt (", r, ", ",
+            produced, " of ", raw_size, " bytes)");
 }
 
 // ---------------------------------------------------------------- bit packing
@@ -136,7 +129,8 @@ uint32_t BitReader::get(int bits) {
 uint32_t quantize(float y, int bits, float step) {
   const int64_t half = int64_t{1} << (bits - 1), top = (int64_t{1} << bits) - 1;
   const double q = std::floor(static_cast<double>(y) / step) + static_cast<double>(half);
-  return static_cast<uint32_t>(std::min<double>(std::max<double>(q, 0.0), static_cast<double>(top)));
+  return static_cast<uint32_t>(
+      std::min<double>(std::max<double>(q, 0.0), static_cast<double>(top)));
 }
 
 float dequantize(uint32_t code, int bits, float step) {
@@ -188,7 +182,8 @@ Allocation allocate_bits(const std::vector<std::vector<double>>& distortion,
   std::vector<double> dp(static_cast<size_t>(B + 1), kInf), nd(static_cast<size_t>(B + 1));
   dp[0] = 0;
   // choice[i][c]: width index item i took to reach cost c after items 0..i (255: unreachable).
-  std::vector<std::vector<uint8_t>> choice(n, std::vector<uint8_t>(static_cast<size_t>(B + 1), 255));
+  std::vector<std::vector<uint8_t>> choice(n,
+                                           std::vector<uint8_t>(static_cast<size_t>(B + 1), 255));
   for (size_t i = 0; i < n; ++i) {
     KVB_CHECK(distortion[i].size() == nw, "kvtc: allocate_bits: item ", i, " has ",
               distortion[i].size(), " distortions for ", nw, " widths");
@@ -284,24 +279,14 @@ double energy_fraction(const Pca& p, int64_t k) {
 
 // ---------------------------------------------------------------- transform
 
-Scope parse_scope(const std::string& s) {
-  if (s == "model") return Scope::kModel;
-  if (s == "layer") return Scope::kLayer;
-  if (s == "head") return Scope::kHead;
-  KVB_FAIL("kvtc: unknown pca_scope '", s, "' (allowed: model, layer, head)");
-}
+namespace {
+const EnumName<Scope> kScopes[] = {
+    {Scope::kModel, "model"}, {Scope::kLayer, "layer"}, {Scope::kHead, "head"}};
+}  // namespace
 
-const char* scope_name(Scope s) {
-  switch (s) {
-    case Scope::kModel:
-      return "model";
-    case Scope::kLayer:
-      return "layer";
-    case Scope::kHead:
-      return "head";
-  }
-  return "?";
-}
+Scope parse_scope(const std::string& s) { return parse_enum(kScopes, s, "kvtc pca_scope"); }
+
+const char* scope_name(Scope s) { return enum_name(kScopes, s); }
 
 KindTransform build_transform(const at::Tensor& x, int64_t n_layers, int64_t n_kv_heads,
                               int64_t head_dim, const TransformOptions& o) {
@@ -318,7 +303,7 @@ KindTransform build_transform(const at::Tensor& x, int64_t n_layers, int64_t n_k
 
   struct Fit {
     Pca pca;
-    at::Tensor coef;  // [n_fit, r] fp32
+    at::Tensor coef;                       // [n_fit, r] fp32
     std::vector<std::vector<float>> step;  // [r][widths]
     std::vector<std::vector<double>> mse;  // [r][widths]
   };
@@ -335,8 +320,8 @@ KindTransform build_transform(const at::Tensor& x, int64_t n_layers, int64_t n_k
     f.pca = pca_fit(xg, o.rank);
     t.total_variance += f.pca.total_variance;
     dropped_by_rank += f.pca.total_variance - f.pca.variance.sum().item<double>();
-    at::Tensor sub = xg.index_select(
-        0, at::arange(0, N, fit_stride, at::TensorOptions().dtype(at::kLong)));
+    at::Tensor sub =
+        xg.index_select(0, at::arange(0, N, fit_stride, at::TensorOptions().dtype(at::kLong)));
     f.coef = at::mm(sub.to(at::kDouble) - f.pca.mean, f.pca.basis).to(at::kFloat).contiguous();
     const int64_t r = f.pca.basis.size(1), nf = f.coef.size(0);
     const float* c = f.coef.data_ptr<float>();
@@ -391,8 +376,8 @@ KindTransform build_transform(const at::Tensor& x, int64_t n_layers, int64_t n_k
       if (b == 0) continue;
       used.push_back(i);
       G.bits.push_back(b);
-      const size_t w = static_cast<size_t>(
-          std::find(widths.begin(), widths.end(), b) - widths.begin());
+      const size_t w =
+          static_cast<size_t>(std::find(widths.begin(), widths.end(), b) - widths.begin());
       G.step.push_back(f.step[i][w]);
       kept_var += f.pca.variance[i].item<double>();
     }
@@ -418,11 +403,13 @@ std::vector<uint8_t> pack_block(const KindTransform& t, const float* x, int64_t 
   for (const Group& g : t.groups) {
     const int64_t used = g.basis.size(1);
     if (used == 0) continue;
-    at::Tensor Y = at::mm(X.narrow(1, g.offset, g.dim) - g.mean, g.basis).contiguous();  // [n, used]
+    at::Tensor Y =
+        at::mm(X.narrow(1, g.offset, g.dim) - g.mean, g.basis).contiguous();  // [n, used]
     const float* y = Y.data_ptr<float>();
     // Component-major: a component's codes are adjacent (similar statistics for the entropy coder).
     for (int64_t i = 0; i < used; ++i)
-      for (int64_t s = 0; s < n; ++s) bw.put(quantize(y[s * used + i], g.bits[i], g.step[i]), g.bits[i]);
+      for (int64_t s = 0; s < n; ++s)
+        bw.put(quantize(y[s * used + i], g.bits[i], g.step[i]), g.bits[i]);
   }
   KVB_CHECK(bw.bit_count() == t.code_bits_per_token * n, "kvtc: packed ", bw.bit_count(),
             " bits, the allocation says ", t.code_bits_per_token * n);

@@ -18,34 +18,32 @@
 #include "harness/kv/method_registry.h"
 #include "methods/common/codec_kv_cache.h"
 #include "methods/common/kv_codec.h"
+#include "methods/common/method_listing.h"
 
 namespace kvb {
 namespace {
 
 MethodInfo kvtuner_info() {
-  MethodInfo m;
-  m.name = "kvtuner";
-  m.summary =
-      "KVTuner: per-layer (K bits, V bits) pairs from a precision config, KIVI or per-token layout";
-  m.paper =
+  MethodInfo m = method_listing(
+      "kvtuner",
+      "KVTuner: per-layer (K bits, V bits) pairs from a precision config, KIVI or per-token layout",
       "Li et al., KVTuner: Sensitivity-Aware Layer-wise Mixed Precision KV Cache Quantization, "
-      "ICML 2025 (arXiv 2502.04420)";
-  m.params = {
-      string_param(
-          "pairs", "KV4", {},
-          "per-layer pairs in KVTuner's notation, comma-separated, one per layer (KV8, K8V4, "
-          "K4V2, ...); a single pair applies to every layer"),
-      string_param("config", "", {},
-                   "JSON precision file instead of `pairs`: {\"<layer>\": {\"nbits_key\": b, "
-                   "\"nbits_value\": b}, ...} (KVTuner's YAML as JSON), [[bK, bV], ...], or a "
-                   "kvtuner-search artifact (its \"layers\")"),
-      string_param("mode", "kivi", {"kivi", "per_token"},
-                   "kivi: per-channel K, per-token V, G=32, R=32; per_token: K and V per token, "
-                   "group = head_dim, R=0 (KVTuner's two modes)"),
-      int_param("group_size", -1, -1, 4096, "-1: the mode's (kivi 32, per_token head_dim)"),
-      int_param("residual_length", -1, -1, 1 << 20, "-1: the mode's (kivi 32, per_token 0)"),
-      string_param("residual_dtype", "fp16", {"fp16", "bf16", "fp32"},
-                   "storage of the full-precision residual")};
+      "ICML 2025 (arXiv 2502.04420)",
+      {string_param(
+           "pairs", "KV4", {},
+           "per-layer pairs in KVTuner's notation, comma-separated, one per layer (KV8, K8V4, "
+           "K4V2, ...); a single pair applies to every layer"),
+       string_param("config", "", {},
+                    "JSON precision file instead of `pairs`: {\"<layer>\": {\"nbits_key\": b, "
+                    "\"nbits_value\": b}, ...} (KVTuner's YAML as JSON), [[bK, bV], ...], or a "
+                    "kvtuner-search artifact (its \"layers\")"),
+       string_param("mode", "kivi", {"kivi", "per_token"},
+                    "kivi: per-channel K, per-token V, G=32, R=32; per_token: K and V per token, "
+                    "group = head_dim, R=0 (KVTuner's two modes)"),
+       int_param("group_size", -1, -1, 4096, "-1: the mode's (kivi 32, per_token head_dim)"),
+       int_param("residual_length", -1, -1, 1 << 20, "-1: the mode's (kivi 32, per_token 0)"),
+       string_param("residual_dtype", "fp16", {"fp16", "bf16", "fp32"},
+                    "storage of the full-precision residual")});
   m.caps.quantizes = true;
   return m;
 }

@@ -4,27 +4,25 @@
 #include "harness/common/error.h"
 #include "harness/kv/method_registry.h"
 #include "harness/kv/paged_kv_cache.h"
+#include "methods/common/method_listing.h"
 
 namespace kvb {
 namespace {
 
 MethodInfo paged_info() {
-  MethodInfo m;
-  m.name = "paged";
-  m.summary = "vLLM-style paged KV: fixed-size blocks, block tables, copy-on-write fork";
-  m.paper =
-      "Kwon et al., Efficient Memory Management for LLM Serving with PagedAttention, SOSP 2023";
-  m.params = {
-      int_param("block_size", 16, 1, 4096, "tokens per block"),
-      int_param("initial_blocks", 64, 1, 1 << 24,
-                "blocks allocated up front (the pool doubles when full)"),
-      bool_param("decode_kernel", true,
-                 "decode steps in fp16/bf16 (CPU or CUDA) through kvbench's decode-attention "
-                 "kernel (kernels/torch/paged_decode_torch.h) when it supports the shapes; "
-                 "false: LibTorch over the gathered rows (an A/B switch)"),
-      string_param("cuda_decode", "cuda_cores", {"cuda_cores", "tensor_cores", "auto"},
-                   "the CUDA decode kernel: cuda_cores, tensor_cores (mma over the KV as "
-                   "stored), auto (tensor cores at GQA >= 4); CUDA only")};
+  MethodInfo m = method_listing(
+      "paged", "vLLM-style paged KV: fixed-size blocks, block tables, copy-on-write fork",
+      "Kwon et al., Efficient Memory Management for LLM Serving with PagedAttention, SOSP 2023",
+      {int_param("block_size", 16, 1, 4096, "tokens per block"),
+       int_param("initial_blocks", 64, 1, 1 << 24,
+                 "blocks allocated up front (the pool doubles when full)"),
+       bool_param("decode_kernel", true,
+                  "decode steps in fp16/bf16 (CPU or CUDA) through kvbench's decode-attention "
+                  "kernel (kernels/torch/paged_decode_torch.h) when it supports the shapes; "
+                  "false: LibTorch over the gathered rows (an A/B switch)"),
+       string_param("cuda_decode", "cuda_cores", {"cuda_cores", "tensor_cores", "auto"},
+                    "the CUDA decode kernel: cuda_cores, tensor_cores (mma over the KV as "
+                    "stored), auto (tensor cores at GQA >= 4); CUDA only")});
   // The CUDA decode kernels are a CUDA choice.
   m.target_check = [](const nlohmann::json& p, const RunTarget& t) -> std::string {
     const std::string cuda_decode = p.at("cuda_decode");

@@ -6,26 +6,25 @@
 #include "harness/kv/method_registry.h"
 #include "methods/common/codec_kv_cache.h"
 #include "methods/common/kv_codec.h"
+#include "methods/common/method_listing.h"
 
 namespace kvb {
 namespace {
 
 MethodInfo pertoken_info() {
-  MethodInfo m;
-  m.name = "pertoken";
-  m.summary = "per-token asymmetric b-bit group quantization of K and V (fp16 scale/min per group)";
-  m.paper =
-      "per-token-asym mode of KVTuner (Li et al., ICML 2025, arXiv 2502.04420); a common baseline";
-  m.params = {
-      int_param("k_bits", 4, 2, 8, "key bits: 2, 3, 4 or 8"),
-      int_param("v_bits", 4, 2, 8, "value bits: 2, 3, 4 or 8"),
-      int_param("group_size", 0, 0, 4096,
-                "channels per group; 0 = head_dim (one group per head and token); reduced to "
-                "the largest divisor of head_dim <= group_size"),
-      int_param("residual_length", 0, 0, 1 << 20,
-                "newest tokens kept at full precision (a sliding window; 0 = none)"),
-      string_param("residual_dtype", "fp16", {"fp16", "bf16", "fp32"},
-                   "storage of the full-precision residual")};
+  MethodInfo m = method_listing(
+      "pertoken",
+      "per-token asymmetric b-bit group quantization of K and V (fp16 scale/min per group)",
+      "per-token-asym mode of KVTuner (Li et al., ICML 2025, arXiv 2502.04420); a common baseline",
+      {int_param("k_bits", 4, 2, 8, "key bits: 2, 3, 4 or 8"),
+       int_param("v_bits", 4, 2, 8, "value bits: 2, 3, 4 or 8"),
+       int_param("group_size", 0, 0, 4096,
+                 "channels per group; 0 = head_dim (one group per head and token); reduced to "
+                 "the largest divisor of head_dim <= group_size"),
+       int_param("residual_length", 0, 0, 1 << 20,
+                 "newest tokens kept at full precision (a sliding window; 0 = none)"),
+       string_param("residual_dtype", "fp16", {"fp16", "bf16", "fp32"},
+                    "storage of the full-precision residual")});
   m.caps.quantizes = true;
   return m;
 }

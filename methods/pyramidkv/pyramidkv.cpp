@@ -10,17 +10,16 @@ namespace kvb {
 namespace {
 
 ScoredMethod pyramidkv_method() {
-  ScoredMethod m = snap_family_method(
+  return snap_family_method(
       "pyramidkv", "PyramidKV: SnapKV scores with linearly decreasing per-layer budgets (beta)",
       "Cai et al., PyramidKV: Dynamic KV Cache Compression based on Pyramidal Information "
-      "Funneling, arXiv 2406.02069");
-  m.info.params.push_back(
-      float_param("beta", 20.0, 1.0, 1e6,
-                  "pyramid steepness: the top layer keeps (budget - window) / beta prefix tokens"));
-  m.allocator = [](const nlohmann::json& p, const Budget& b) {
-    return make_pyramid_allocator(b, p.at("beta").get<double>());
-  };
-  return m;
+      "Funneling, arXiv 2406.02069",
+      {float_param(
+          "beta", 20.0, 1.0, 1e6,
+          "pyramid steepness: the top layer keeps (budget - window) / beta prefix tokens")},
+      [](const nlohmann::json& p, const Budget& b) {
+        return make_pyramid_allocator(b, p.at("beta").get<double>());
+      });
 }
 
 }  // namespace

@@ -13,6 +13,8 @@
 #include "harness/common/internal_error.h"
 #include "harness/kv/attention.h"
 #include "harness/kv/method_registry.h"
+#include "methods/common/head_snapshots.h"
+#include "methods/common/method_listing.h"
 #include "methods/common/row_attention.h"
 
 namespace kvb {
@@ -76,7 +78,8 @@ void QuestKvCache::reallocate(Seq& s, int64_t capacity) {
     }
   }
   for (int64_t l = 0; l < L_; ++l) {
-    for (auto* t : opts_.codec ? std::vector<at::Tensor*>{} : std::vector<at::Tensor*>{&s.k[l], &s.v[l]}) {
+    for (auto* t :
+         opts_.codec ? std::vector<at::Tensor*>{} : std::vector<at::Tensor*>{&s.k[l], &s.v[l]}) {
       at::Tensor fresh = at::empty({capacity, Hkv_, D_}, opts);
       if (s.len > 0) fresh.narrow(0, 0, s.len).copy_(t->narrow(0, 0, s.len));
       *t = fresh;
@@ -115,7 +118,7 @@ void QuestKvCache::recompute_page(Seq& s, int layer, int64_t page, int64_t len) 
 }
 
 std::pair<at::Tensor, at::Tensor> QuestKvCache::rows_of(const Seq& s, int layer,
-                                                       int64_t rows) const {
+                                                        int64_t rows) const {
   if (!opts_.codec) return {s.k[layer].narrow(0, 0, rows), s.v[layer].narrow(0, 0, rows)};
   const auto& ks = *s.ks[layer];
   const auto& vs = *s.vs[layer];
@@ -129,8 +132,10 @@ std::pair<at::Tensor, at::Tensor> QuestKvCache::rows_of(const Seq& s, int layer,
   ks.decode(scratch_k_.data_ptr<float>());
   vs.decode(scratch_v_.data_ptr<float>());
   if (pend > 0) {
-    std::memcpy(scratch_k_.data_ptr<float>() + ks.rows() * row, s.pk[layer].data(), sizeof(float) * pend * row);
-    std::memcpy(scratch_v_.data_ptr<float>() + ks.rows() * row, s.pv[layer].data(), sizeof(float) * pend * row);
+    std::memcpy(scratch_k_.data_ptr<float>() + ks.rows() * row, s.pk[layer].data(),
+                sizeof(float) * pend * row);
+    std::memcpy(scratch_v_.data_ptr<float>() + ks.rows() * row, s.pv[layer].data(),
+                sizeof(float) * pend * row);
   }
   return {scratch_k_.narrow(0, 0, rows), scratch_v_.narrow(0, 0, rows)};
 }
@@ -200,9 +205,7 @@ at::Tensor QuestKvCache::attend(const LayerInput& in) {
   const StepBatch& batch = *in.batch;
   const int64_t T = batch.num_tokens();
   const int layer = in.layer;
-  at::Tensor q = in.q->contiguous();
-  at::Tensor k = in.k->contiguous();
-  at::Tensor v = in.v->contiguous();
+  const auto [q, k, v] = contiguous_rows(in);
   at::Tensor out;
   for (int64_t b = 0; b < batch.batch_size(); ++b) {
     Seq& s = seqs_.at(batch.seq_ids[b]);
@@ -443,19 +446,14 @@ std::map<std::string, double> QuestKvCache::counters() const {
 }
 
 std::vector<HeadSnapshot> QuestKvCache::probe_view(int layer, int64_t seq_id) const {
-  const Seq* found = probed(seq_id, layer, L_);
-  if (!found) return {};
-  const Seq& s = *found;
-  const int64_t n = s.len + s.step_tokens;  // the running step's tokens once attend wrote them
-  if (n == 0) return {};
-  const auto [kr, vr] = rows_of(s, layer, n);
-  at::Tensor k = kr.to(at::kCPU).to(at::kFloat).clone();
-  at::Tensor v = vr.to(at::kCPU).to(at::kFloat).clone();
-  at::Tensor idx = at::arange(n, at::TensorOptions().dtype(at::kLong));
-  std::vector<HeadSnapshot> out;
-  for (int64_t h = 0; h < Hkv_; ++h)
-    out.push_back({k.select(1, h).contiguous(), v.select(1, h).contiguous(), idx});
-  return out;
+  return probe_seq(seq_id, layer, L_, [&](const Seq& s) -> std::vector<HeadSnapshot> {
+    const int64_t n = s.len + s.step_tokens;  // the running step's tokens once attend wrote them
+    if (n == 0) return {};
+    const auto [kr, vr] = rows_of(s, layer, n);
+    at::Tensor k = kr.to(at::kCPU).to(at::kFloat).clone();
+    at::Tensor v = vr.to(at::kCPU).to(at::kFloat).clone();
+    return dense_head_snapshots(k, v);
+  });
 }
 
 at::Tensor QuestKvCache::page_min(int64_t seq_id, int layer, int64_t page) const {
@@ -477,20 +475,18 @@ std::vector<int64_t> QuestKvCache::last_pages(int64_t seq_id, int layer, int64_t
 namespace {
 
 MethodInfo quest_info() {
-  MethodInfo m;
-  m.name = "quest";
-  m.summary =
-      "Quest: keep every token; per decode step read only the top pages by min/max key bounds";
-  m.paper =
+  MethodInfo m = method_listing(
+      "quest",
+      "Quest: keep every token; per decode step read only the top pages by min/max key bounds",
       "Tang et al., Quest: Query-Aware Sparsity for Efficient Long-Context LLM Inference, ICML "
       "2024 "
-      "(arXiv 2406.10774)";
-  m.params = budget_params(0.25, "ratio");
-  m.params[0].doc =
-      "tokens READ per decode step per KV head (nothing is evicted): a fraction of the tokens "
-      "visible to the query (budget_unit=ratio, (0, 1]) or a token count (tokens_per_head = "
-      "Quest's token_budget; tokens_per_layer = per layer over its KV heads); read in whole "
-      "pages: max(1, budget / page_size) pages, everything when budget >= visible tokens";
+      "(arXiv 2406.10774)",
+      budget_params(
+          0.25, "ratio",
+          "tokens READ per decode step per KV head (nothing is evicted): a fraction of the tokens "
+          "visible to the query (budget_unit=ratio, (0, 1]) or a token count (tokens_per_head = "
+          "Quest's token_budget; tokens_per_layer = per layer over its KV heads); read in whole "
+          "pages: max(1, budget / page_size) pages, everything when budget >= visible tokens"));
   m.params.push_back(int_param("page_size", 16, 1, 4096, "tokens per page (Quest's chunk size)"));
   m.params.push_back(int_param("skip_layers", 2, 0, 1e6,
                                "the first layers attend densely at every step (Quest skips 2)"));

@@ -25,6 +25,7 @@
 #include "harness/common/error.h"
 #include "harness/kv/attention.h"
 #include "harness/kv/method_registry.h"
+#include "methods/common/method_listing.h"
 #include "methods/common/row_attention.h"
 #include "methods/common/seq_store.h"
 #include "methods/retroinfer/wave_index.h"
@@ -177,10 +178,7 @@ class RetroinferKvCache : public SeqStore<RetroSeq> {
   Footprint footprint() const override {
     const auto& c = ctx_.config;
     const int64_t row = c.head_dim * 4;  // one fp32 row of one head
-    Footprint f;
-    f.model_dtype_device_bytes = 0;
-    for (const auto& [id, s] : seqs_) {
-      f.tokens_held += s.len;
+    return fp32_footprint(c, [&c, row](const Seq& s, Footprint* f) {
       for (const auto& y : s.layers)
         for (int64_t h = 0; h < c.n_kv_heads; ++h) {
           const Head& hd = y.heads[h];
@@ -188,20 +186,18 @@ class RetroinferKvCache : public SeqStore<RetroSeq> {
           for (const auto& cl : hd.clusters) indexed += static_cast<int64_t>(cl.members.size());
           // Device: steady rows (K and V), per cluster centroid + value sum (fp32) + size, and the
           // cached clusters' rows. Host: the indexed rows and their cluster page map.
-          f.device_payload_bytes += 2 * (s.len - indexed) * row;
-          f.device_metadata_bytes += static_cast<int64_t>(hd.clusters.size()) * (2 * row + 4);
+          f->device_payload_bytes += 2 * (s.len - indexed) * row;
+          f->device_metadata_bytes += static_cast<int64_t>(hd.clusters.size()) * (2 * row + 4);
           int64_t cached_rows = 0;
           for (int64_t cid : hd.cache.ids())
             cached_rows += 2 * static_cast<int64_t>(hd.clusters[cid].members.size()) * row;
-          f.device_payload_bytes += cached_rows;
-          f.host_bytes += 2 * indexed * row + indexed * 4;
+          f->device_payload_bytes += cached_rows;
+          f->host_bytes += 2 * indexed * row + indexed * 4;
           // K/V rows are in the model dtype; centroids and value sums are fp32 accumulators.
-          f.model_dtype_device_bytes += 2 * (s.len - indexed) * row + cached_rows;
-          f.model_dtype_host_bytes += 2 * indexed * row;
+          f->model_dtype_device_bytes += 2 * (s.len - indexed) * row + cached_rows;
+          f->model_dtype_host_bytes += 2 * indexed * row;
         }
-    }
-    f.logical_bytes = f.tokens_held * c.kv_bytes_per_token(4);
-    return f;
+    });
   }
 
   std::map<std::string, double> counters() const override {
@@ -357,34 +353,31 @@ class RetroinferKvCache : public SeqStore<RetroSeq> {
 };
 
 MethodInfo retroinfer_info() {
-  MethodInfo m;
-  m.name = "retroinfer";
-  m.summary =
+  MethodInfo m = method_listing(
+      "retroinfer",
       "RetroInfer: keys clustered after the prompt; exact steady zone + exact top clusters + "
-      "centroid-estimated next clusters in one softmax; clustered KV on the host";
-  m.paper =
+      "centroid-estimated next clusters in one softmax; clustered KV on the host",
       "Chen et al., RetroInfer: A Vector-Storage Approach for Scalable Long-Context LLM Inference, "
-      "VLDB 2026 (arXiv 2505.02922)";
-  m.params = {
-      int_param("sinks", 4, 0, 1 << 20, "first tokens kept exact on the device (steady zone)"),
-      int_param("steady_recent", 64, 0, 1 << 20,
-                "last prompt tokens kept exact (steady zone); later tokens join the tail"),
-      int_param("cluster_size", 16, 1, 4096, "average tokens per cluster"),
-      int_param("segment", 8192, 1, 1 << 24, "tokens per k-means segment"),
-      int_param("kmeans_iters", 10, 1, 100, "Lloyd rounds of the spherical k-means"),
-      float_param("retrieval_ratio", 0.018, 0.0, 1.0,
-                  "share of the clusters read exactly (the retrieval zone)"),
-      float_param("estimation_ratio", 0.232, 0.0, 1.0,
-                  "share of the clusters estimated from their centroid (0: no estimation zone)"),
-      int_param("min_retrieved", 1, 0, 1 << 20, "at least this many clusters read exactly"),
-      string_param("gqa_agg", "max", {"max", "mean"},
-                   "how a KV head ranks clusters from its query heads' scores"),
-      float_param("cache_multiple", 3.0, 0.0, 1000.0,
-                  "device cache of retrieved clusters per KV head, in retrieval zones (LRU)"),
-      int_param("reindex_every", 1024, 1, 1 << 24,
-                "tokens past the tail clustered into the index at a time"),
-      bool_param("measure_recall", true,
-                 "also compute exact attention to report attention_mass_recall (CPU cost)")};
+      "VLDB 2026 (arXiv 2505.02922)",
+      {int_param("sinks", 4, 0, 1 << 20, "first tokens kept exact on the device (steady zone)"),
+       int_param("steady_recent", 64, 0, 1 << 20,
+                 "last prompt tokens kept exact (steady zone); later tokens join the tail"),
+       int_param("cluster_size", 16, 1, 4096, "average tokens per cluster"),
+       int_param("segment", 8192, 1, 1 << 24, "tokens per k-means segment"),
+       int_param("kmeans_iters", 10, 1, 100, "Lloyd rounds of the spherical k-means"),
+       float_param("retrieval_ratio", 0.018, 0.0, 1.0,
+                   "share of the clusters read exactly (the retrieval zone)"),
+       float_param("estimation_ratio", 0.232, 0.0, 1.0,
+                   "share of the clusters estimated from their centroid (0: no estimation zone)"),
+       int_param("min_retrieved", 1, 0, 1 << 20, "at least this many clusters read exactly"),
+       string_param("gqa_agg", "max", {"max", "mean"},
+                    "how a KV head ranks clusters from its query heads' scores"),
+       float_param("cache_multiple", 3.0, 0.0, 1000.0,
+                   "device cache of retrieved clusters per KV head, in retrieval zones (LRU)"),
+       int_param("reindex_every", 1024, 1, 1 << 24,
+                 "tokens past the tail clustered into the index at a time"),
+       bool_param("measure_recall", true,
+                  "also compute exact attention to report attention_mass_recall (CPU cost)")});
   m.caps.tiers = true;
   m.caps.query_aware = true;
   m.caps.cpu_only = true;  // the wave index and its buffer are host fp32 code

@@ -27,6 +27,7 @@
 #include "harness/kv/method_registry.h"
 #include "kvb/kernels/half.h"
 #include "methods/common/kv_codec.h"
+#include "methods/common/method_listing.h"
 #include "methods/common/seq_store.h"
 
 namespace kvb {
@@ -353,28 +354,26 @@ class SpecacheKvCache : public SeqStore<SpecacheSeq>, public LookaheadCache {
 };
 
 MethodInfo specache_info() {
-  MethodInfo m;
-  m.name = "specache";
-  m.summary =
+  MethodInfo m = method_listing(
+      "specache",
       "SpeCache: low-bit KIVI copy on the device, fp16 copy on the host, top-k exact rows swapped "
-      "in per decode step (predicted one step ahead)";
-  m.paper =
+      "in per decode step (predicted one step ahead)",
       "Jie et al., SpeCache: Speculative Key-Value Caching for Efficient Generation of LLMs, ICML "
-      "2025 (arXiv 2503.16163)";
-  m.params = {
-      int_param("bits", 2, 2, 4,
-                "low-bit copy: 2, 3 or 4 bits (the paper: 1 or 2; 1 has no codec here)"),
-      int_param("group_size", 64, 1, 4096,
-                "KIVI group: tokens per key group; channels per value group (adapted to head_dim)"),
-      int_param(
-          "residual_length", 64, 0, 1 << 20,
-          "fp16 residual of the newest tokens in the low-bit copy (a multiple of group_size)"),
-      int_param("top_k", 64, 1, 1 << 20, "exact rows swapped in per KV head and decode step"),
-      string_param("predictor", "speculative", {"speculative", "previous", "oracle"},
-                   "speculative: the paper's speculative token (each decode step also runs the "
-                   "engine's guess of the next token; its query picks the next step's rows); "
-                   "previous: the last decode step's query (no speculative token); oracle: the "
-                   "current query (a speculative token that is always right)")};
+      "2025 (arXiv 2503.16163)",
+      {int_param("bits", 2, 2, 4,
+                 "low-bit copy: 2, 3 or 4 bits (the paper: 1 or 2; 1 has no codec here)"),
+       int_param(
+           "group_size", 64, 1, 4096,
+           "KIVI group: tokens per key group; channels per value group (adapted to head_dim)"),
+       int_param(
+           "residual_length", 64, 0, 1 << 20,
+           "fp16 residual of the newest tokens in the low-bit copy (a multiple of group_size)"),
+       int_param("top_k", 64, 1, 1 << 20, "exact rows swapped in per KV head and decode step"),
+       string_param("predictor", "speculative", {"speculative", "previous", "oracle"},
+                    "speculative: the paper's speculative token (each decode step also runs the "
+                    "engine's guess of the next token; its query picks the next step's rows); "
+                    "previous: the last decode step's query (no speculative token); oracle: the "
+                    "current query (a speculative token that is always right)")});
   m.caps.quantizes = true;
   m.caps.tiers = true;
   m.caps.query_aware = true;

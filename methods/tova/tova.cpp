@@ -13,9 +13,7 @@ class TovaScorer : public TokenScorer {
  public:
   explicit TovaScorer(bool heads_apart) : heads_apart_(heads_apart) {}
   EvictionPolicy::Needs needs() const override {
-    EvictionPolicy::Needs n;
-    n.last_row = true;
-    return n;
+    return EvictionPolicy::Needs::only(&EvictionPolicy::Needs::last_row, true);
   }
   bool score(const LayerView& v, std::vector<std::vector<float>>* scores) const override {
     if (heads_apart_) {

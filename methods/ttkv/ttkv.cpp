@@ -24,6 +24,7 @@
 #include "kvb/kernels/half.h"
 #include "kvb/kernels/quantize.h"
 #include "methods/common/kv_codec.h"
+#include "methods/common/method_listing.h"
 #include "methods/common/row_attention.h"
 #include "methods/common/seq_store.h"
 
@@ -160,24 +161,19 @@ class TtkvKvCache : public SeqStore<TtkvSeq> {
   }
 
   Footprint footprint() const override {
-    const auto& c = ctx_.config;
-    Footprint f;
-    f.model_dtype_device_bytes = 0;
-    for (const auto& [id, s] : seqs_) {
-      f.tokens_held += s.len;
+    return fp32_footprint(ctx_.config, [](const Seq& s, Footprint* f) {
       for (const auto& y : s.layers) {
-        f.device_payload_bytes += static_cast<int64_t>((y.k.size() + y.v.size()) * sizeof(float));
+        const auto exact = static_cast<int64_t>((y.k.size() + y.v.size()) * sizeof(float));
+        f->device_payload_bytes += exact;
         // The exact tier's rows are in the model dtype; the slow tier is codes and fp16 bounds.
-        f.model_dtype_device_bytes += static_cast<int64_t>((y.k.size() + y.v.size()) * sizeof(float));
+        f->model_dtype_device_bytes += exact;
         for (const auto& blk : y.slow) {
-          f.device_metadata_bytes +=
+          f->device_metadata_bytes +=
               static_cast<int64_t>(2 * (blk.key_min.size() + blk.key_max.size()));
-          f.host_bytes += blk.bytes();
+          f->host_bytes += blk.bytes();
         }
       }
-    }
-    f.logical_bytes = f.tokens_held * c.kv_bytes_per_token(4);
-    return f;
+    });
   }
 
   std::map<std::string, double> counters() const override {
@@ -194,7 +190,8 @@ class TtkvKvCache : public SeqStore<TtkvSeq> {
     // Per decoded token, all layers: the slow-tier bytes its KV heads streamed in.
     if (decode_tokens_ > 0)
       m["cross_tier_bytes_per_step"] = streamed_decode_bytes_ / decode_tokens_;
-    if (decode_tokens_ > 0) m["decode_h2d_bytes_per_token"] = streamed_decode_bytes_ / decode_tokens_;
+    if (decode_tokens_ > 0)
+      m["decode_h2d_bytes_per_token"] = streamed_decode_bytes_ / decode_tokens_;
     if (recall_n_ > 0) m["block_recall"] = recall_sum_ / recall_n_;
     double slow = 0, fast = 0;
     for (const auto& [id, s] : seqs_) {
@@ -379,21 +376,22 @@ class TtkvKvCache : public SeqStore<TtkvSeq> {
 };
 
 MethodInfo ttkv_info() {
-  MethodInfo m;
-  m.name = "ttkv";
-  m.summary =
+  MethodInfo m = method_listing(
+      "ttkv",
       "TTKV: temporal tiers: sinks + recent blocks exact on the device, older blocks quantized "
-      "(K > V bits) on the host; top-k blocks by a min/max key bound streamed in per query";
-  m.paper = "TTKV: temporal-tiered KV cache (arXiv 2604.19769; design inferred from the abstract)";
-  m.params = {
-      int_param("block_size", 64, 1, 4096, "tokens per block (the unit of demotion and streaming)"),
-      int_param("sink_blocks", 1, 0, 1 << 20, "first blocks kept in the fast tier"),
-      int_param("fast_blocks", 4, 0, 1 << 20, "newest complete blocks kept in the fast tier"),
-      int_param("top_k_blocks", 4, 0, 1 << 20, "slow blocks streamed in per query row and KV head"),
-      int_param("k_bits", 8, 2, 8, "slow-tier key bits (2, 3, 4 or 8), per channel over the block"),
-      int_param("v_bits", 4, 2, 8, "slow-tier value bits (2, 3, 4 or 8), per token"),
-      int_param("v_group_size", 32, 1, 4096,
-                "channels per value group (reduced to the largest divisor of head_dim)")};
+      "(K > V bits) on the host; top-k blocks by a min/max key bound streamed in per query",
+      "TTKV: temporal-tiered KV cache (arXiv 2604.19769; design inferred from the abstract)",
+      {int_param("block_size", 64, 1, 4096,
+                 "tokens per block (the unit of demotion and streaming)"),
+       int_param("sink_blocks", 1, 0, 1 << 20, "first blocks kept in the fast tier"),
+       int_param("fast_blocks", 4, 0, 1 << 20, "newest complete blocks kept in the fast tier"),
+       int_param("top_k_blocks", 4, 0, 1 << 20,
+                 "slow blocks streamed in per query row and KV head"),
+       int_param("k_bits", 8, 2, 8,
+                 "slow-tier key bits (2, 3, 4 or 8), per channel over the block"),
+       int_param("v_bits", 4, 2, 8, "slow-tier value bits (2, 3, 4 or 8), per token"),
+       int_param("v_group_size", 32, 1, 4096,
+                 "channels per value group (reduced to the largest divisor of head_dim)")});
   m.caps.quantizes = true;
   m.caps.tiers = true;
   m.caps.query_aware = true;

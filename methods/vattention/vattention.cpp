@@ -6,37 +6,35 @@
 
 #include "harness/kv/method_registry.h"
 #include "kernels/torch/virtual_arena_torch.h"
+#include "methods/common/method_listing.h"
 #include "methods/vattention/vattention_kv_cache.h"
 
 namespace kvb {
 namespace {
 
 MethodInfo vattention_info() {
-  MethodInfo m;
-  m.name = "vattention";
-  m.summary =
+  MethodInfo m = method_listing(
+      "vattention",
       "contiguous virtual KV per sequence slot (reserved up front), physical pages committed as "
       "tokens arrive; dense kernels read it with no block table; the ledger is what the OS reports "
-      "resident";
-  m.paper =
+      "resident",
       "Prabhu et al., vAttention: Dynamic Memory Management for Serving LLMs without "
-      "PagedAttention, ASPLOS 2025 (arXiv 2405.04437)";
-  m.params = {
-      int_param("page_kib", 64, 4, 1 << 20,
-                "physical page in KiB (a power of two, a multiple of the OS page; 4, 64 or 2048 "
-                "as in the paper; CUDA maps 2048 KiB and up)"),
-      int_param("max_batch", 16, 1, 4096, "sequence slots reserved per layer"),
-      int_param("max_context", 0, 0, 1 << 24,
-                "tokens reserved per slot; 0: the model's max_position_embeddings"),
-      string_param("hugepages", "auto", {"auto", "off"},
-                   "host: pages of 2 MiB and up asked of the OS as transparent huge pages (auto) "
-                   "or never (off); the counters say what the OS gave"),
-      string_param("reclaim", "eager", {"eager", "deferred"},
-                   "eager: a released sequence's pages go back to the OS at once; deferred: they "
-                   "stay with its slot for the next sequence (counted as reserved)"),
-      bool_param("decode_kernel", true,
-                 "decode steps through the decode kernel, one contiguous slot per sequence "
-                 "(false: attend_dense over the slot's rows, an A/B switch)")};
+      "PagedAttention, ASPLOS 2025 (arXiv 2405.04437)",
+      {int_param("page_kib", 64, 4, 1 << 20,
+                 "physical page in KiB (a power of two, a multiple of the OS page; 4, 64 or 2048 "
+                 "as in the paper; CUDA maps 2048 KiB and up)"),
+       int_param("max_batch", 16, 1, 4096, "sequence slots reserved per layer"),
+       int_param("max_context", 0, 0, 1 << 24,
+                 "tokens reserved per slot; 0: the model's max_position_embeddings"),
+       string_param("hugepages", "auto", {"auto", "off"},
+                    "host: pages of 2 MiB and up asked of the OS as transparent huge pages (auto) "
+                    "or never (off); the counters say what the OS gave"),
+       string_param("reclaim", "eager", {"eager", "deferred"},
+                    "eager: a released sequence's pages go back to the OS at once; deferred: they "
+                    "stay with its slot for the next sequence (counted as reserved)"),
+       bool_param("decode_kernel", true,
+                  "decode steps through the decode kernel, one contiguous slot per sequence "
+                  "(false: attend_dense over the slot's rows, an A/B switch)")});
   m.target_check = [](const nlohmann::json& p, const RunTarget& t) -> std::string {
     const int64_t kib = p.at("page_kib");
     if ((kib & (kib - 1)) != 0)

@@ -9,6 +9,7 @@
 #include "harness/common/internal_error.h"
 #include "harness/kv/attention.h"
 #include "kernels/torch/virtual_arena_torch.h"
+#include "methods/common/head_snapshots.h"
 
 namespace kvb {
 
@@ -282,11 +283,7 @@ std::vector<HeadSnapshot> VAttentionKvCache::probe_view(int layer, int64_t seq_i
                      .to(at::kFloat, /*non_blocking=*/false, /*copy=*/true);
   at::Tensor v = slot_rows(v_pool_[static_cast<size_t>(layer)], s.slot, n)
                      .to(at::kFloat, /*non_blocking=*/false, /*copy=*/true);
-  at::Tensor idx = at::arange(n, at::TensorOptions().dtype(at::kLong).device(k.device()));
-  std::vector<HeadSnapshot> out;
-  for (int64_t h = 0; h < ctx_.config.n_kv_heads; ++h)
-    out.push_back({k.select(1, h).contiguous(), v.select(1, h).contiguous(), idx});
-  return out;
+  return dense_head_snapshots(k, v);
 }
 
 }  // namespace kvb

@@ -56,6 +56,28 @@ TEST(Ledger, SixteenBitBytesRescaleOnlyTheModelDtypeRows) {
   EXPECT_TRUE(std::isnan(metric_or_nan(ledger_metrics({ledger_from_json(old)}, false), "compression_ratio_16bit")));
 }
 
+TEST(Ledger, SampleRowHoldsEveryFieldAndRefusesARowWithoutARequiredOne) {
+  LedgerEntry e;
+  int64_t next = 1;  // every field a different value, so that no two can be swapped unseen
+  for (int64_t* x : {&e.tokens_seen, &e.baseline_bytes, &e.baseline_bytes_16bit,
+                     &e.fp.device_payload_bytes, &e.fp.device_metadata_bytes,
+                     &e.fp.device_index_bytes, &e.fp.device_reserved_bytes, &e.fp.host_bytes,
+                     &e.fp.remote_bytes, &e.fp.logical_bytes, &e.fp.tokens_held,
+                     &e.fp.model_dtype_device_bytes, &e.fp.model_dtype_host_bytes})
+    *x = next++;
+  const nlohmann::json j = ledger_to_json(e);
+  EXPECT_EQ(j.size(), 13u);
+  EXPECT_EQ(j.at("tokens_seen"), 1);
+  EXPECT_EQ(j.at("model_dtype_host_bytes"), 13);
+  EXPECT_EQ(ledger_to_json(ledger_from_json(j)), j);
+  nlohmann::json old = j;
+  old.erase("model_dtype_host_bytes");  // read as 0 from a row written before it existed
+  EXPECT_EQ(ledger_from_json(old).fp.model_dtype_host_bytes, 0);
+  nlohmann::json broken = j;
+  broken.erase("host_bytes");
+  EXPECT_ANY_THROW(ledger_from_json(broken));
+}
+
 // On the fp32 CPU path: the full cache is 1x at 16 bits as at 32; KIVI-2's codes and fp16 residual
 // are fixed-width, so its ratio against a 16-bit baseline is half the fp32 one; SnapKV keeps dense
 // rows, so its ratio barely moves.

@@ -1,0 +1,158 @@
+// The small shared parts of methods/common that several methods build on: enum name tables, the
+// adapter file format, the adapter training loop, the dense probe view and the row-attention
+// logits.
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "harness/common/error.h"
+#include "methods/common/adapter_file.h"
+#include "methods/common/adapter_training.h"
+#include "methods/common/enum_names.h"
+#include "methods/common/eviction_select.h"
+#include "methods/common/head_snapshots.h"
+#include "methods/common/kv_codec.h"
+#include "methods/common/row_attention.h"
+#include "tests/support/test_support.h"
+
+namespace kvb {
+namespace {
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+enum class Colour { kRed, kGreen, kBlue };
+const EnumName<Colour> kColours[] = {
+    {Colour::kRed, "red"}, {Colour::kGreen, "green"}, {Colour::kBlue, "blue"}};
+
+TEST(EnumNames, NamesAndParsesEveryValueOfTheTable) {
+  for (const auto& n : kColours) {
+    EXPECT_STREQ(enum_name(kColours, n.value), n.name);
+    EXPECT_EQ(parse_enum(kColours, n.name, "colour"), n.value);
+  }
+  // The tables the methods use read both ways too.
+  for (RowDtype d : {RowDtype::kF32, RowDtype::kF16, RowDtype::kBF16})
+    EXPECT_EQ(parse_row_dtype(row_dtype_name(d)), d);
+  for (Pooling p : {Pooling::kNone, Pooling::kAvg, Pooling::kMax})
+    EXPECT_STRNE(pooling_name(p), "?");
+  EXPECT_STREQ(gqa_agg_name(GqaAgg::kMax), "max");
+  EXPECT_STREQ(gqa_agg_name(GqaAgg::kMean), "mean");
+}
+
+TEST(EnumNames, UnknownNameErrorNamesTheValueAndListsTheChoices) {
+  const std::string e = error_of([] { parse_enum(kColours, "mauve", "colour"); });
+  EXPECT_NE(e.find("unknown colour 'mauve'"), std::string::npos) << e;
+  EXPECT_NE(e.find("(allowed: red, green, blue)"), std::string::npos) << e;
+  const std::string d = error_of([] { parse_row_dtype("fp8"); });
+  EXPECT_NE(d.find("storage dtype 'fp8'"), std::string::npos) << d;
+}
+
+TEST(AdapterFile, RoundTripsTensorsAndMetadataAndRefusesAnotherKind) {
+  const std::string path = test::make_temp_dir("adapter_file") + "/a.safetensors";
+  const at::Tensor x = at::arange(6, at::kFloat).view({2, 3});
+  const at::Tensor y = at::full({4}, 0.5, at::kDouble);  // written as fp32
+  write_adapter(path, "toy-adapter", {{"x", x}, {"y", y}}, {{"note", "n1"}});
+
+  const SafetensorsFile f = open_adapter(path, "toy-adapter", "toy");
+  EXPECT_TRUE(at::equal(adapter_tensor(f, "x"), x));
+  EXPECT_TRUE(at::equal(adapter_tensor(f, "y"), y.to(at::kFloat)));
+  EXPECT_EQ(f.metadata().at("note"), "n1");
+  EXPECT_EQ(f.metadata().at("kind"), "toy-adapter");
+
+  const std::string e = error_of([&] { open_adapter(path, "other-adapter", "Other"); });
+  EXPECT_NE(e.find(path), std::string::npos) << e;
+  EXPECT_NE(e.find("not a Other adapter (metadata 'kind' is not 'other-adapter')"),
+            std::string::npos)
+      << e;
+  EXPECT_NE(error_of([&] { adapter_tensor(f, "z"); }), "");
+}
+
+TEST(AdapterTraining, AveragesEachIntervalLogsItAndTrainsTheTensors) {
+  at::Tensor w = at::zeros({1});
+  std::vector<at::Tensor*> params = {&w};
+  std::vector<std::string> lines;
+  std::vector<std::vector<double>> means_seen;
+  AdapterTraining t;
+  t.steps = 5;
+  t.log_every = 2;
+  t.log = [&](const std::string& s) { lines.push_back(s); };
+  bool grad_during = true;
+  auto step = [&](int64_t i, AdapterAdam& adam) -> std::vector<double> {
+    grad_during = grad_during && w.requires_grad();
+    at::Tensor loss = (w - 3.0).pow(2).sum();  // pulls w towards 3
+    loss.backward();
+    adam.step(0.5, i);
+    return {static_cast<double>(i), 2.0};
+  };
+  auto interval = [&](const std::vector<double>& means, std::ostream& line) {
+    means_seen.push_back(means);
+    line << "mean step " << means[0];
+  };
+  train_adapter_tensors(params, t, step, interval);
+
+  EXPECT_TRUE(grad_during);
+  EXPECT_FALSE(w.requires_grad());
+  EXPECT_GT(w.item<float>(), 1.0f);  // five Adam steps of 0.5 towards 3
+  // Intervals end at steps 2, 4 and the last (5): means of the step indices 0-1, 2-3, 4.
+  ASSERT_EQ(means_seen.size(), 3u);
+  EXPECT_DOUBLE_EQ(means_seen[0][0], 0.5);
+  EXPECT_DOUBLE_EQ(means_seen[1][0], 2.5);
+  EXPECT_DOUBLE_EQ(means_seen[2][0], 4.0);
+  for (const auto& m : means_seen) EXPECT_DOUBLE_EQ(m[1], 2.0);
+  ASSERT_EQ(lines.size(), 3u);
+  EXPECT_EQ(lines[0].rfind("step 2/5: mean step 0.5, ", 0), 0u) << lines[0];
+  EXPECT_EQ(lines[2].rfind("step 5/5: mean step 4, ", 0), 0u) << lines[2];
+}
+
+TEST(HeadSnapshots, OneSnapshotPerKvHeadWithTokenIndices) {
+  const at::Tensor k = at::randn({5, 2, 4}), v = at::randn({5, 2, 4});  // [n, Hkv, D]
+  const auto snaps = dense_head_snapshots(k, v);
+  ASSERT_EQ(snaps.size(), 2u);
+  for (int64_t h = 0; h < 2; ++h) {
+    EXPECT_TRUE(at::equal(snaps[h].k, k.select(1, h)));
+    EXPECT_TRUE(at::equal(snaps[h].v, v.select(1, h)));
+    EXPECT_TRUE(at::equal(snaps[h].index, at::arange(5, at::kLong)));
+  }
+}
+
+TEST(RowAttention, BiasedEntriesMatchSoftmaxOfBiasedLogits) {
+  const int64_t D = 3, m = 4;
+  const std::vector<float> q = {0.5f, -1.f, 2.f};
+  const std::vector<float> keys = {1, 0, 0, 0, 1, 0, 0, 0, 1, 1, 1, 1};
+  const std::vector<float> vals = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12};
+  const std::vector<float> bias = {0.f, 3.f};  // biases the first two entries only
+  auto key = [&](int64_t j) { return keys.data() + j * D; };
+  auto value = [&](int64_t j) { return vals.data() + j * D; };
+  std::vector<float> logit(m);
+  const float mx = key_logits_f32(q.data(), D, 0.5f, m, key, logit.data());
+  EXPECT_FLOAT_EQ(logit[2], 1.0f);  // 2 * 0.5
+  EXPECT_FLOAT_EQ(mx, 1.0f);        // logits 0.25, -0.5, 1.0, 0.75
+
+  std::vector<float> p(m), o(D);
+  const float inv =
+      attend_entries_f32(q.data(), D, 0.5f, m, key, value, bias.data(), 2, p.data(), o.data());
+  // Expected: softmax over logits + bias (0.25, 2.5, 1.0, 0.75), the biased entry 1 is the max.
+  const std::vector<double> l = {0.25, 2.5, 1.0, 0.75};
+  double z = 0;
+  for (double x : l) z += std::exp(x - 2.5);
+  for (int64_t j = 0; j < m; ++j) EXPECT_NEAR(p[j] * inv, std::exp(l[j] - 2.5) / z, 1e-6);
+  for (int64_t d = 0; d < D; ++d) {
+    double want = 0;
+    for (int64_t j = 0; j < m; ++j) want += std::exp(l[j] - 2.5) / z * vals[j * D + d];
+    EXPECT_NEAR(o[d], want, 1e-5);
+  }
+}
+
+}  // namespace
+}  // namespace kvb
