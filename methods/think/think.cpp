@@ -13,6 +13,23 @@
 namespace kvb {
 namespace {
 
+// One channel mask per head, zero fill; the group's query energy as `query_energy` says.
+ChannelPruneSpec think_spec(const nlohmann::json& p) {
+  ChannelPruneSpec cs;
+  cs.mode = ChannelPruneMode::kThink;
+  cs.recovery = ChannelRecovery::kZero;
+  cs.energy = p.at("query_energy").get<std::string>() == "mean_square" ? QueryEnergy::kMeanSquare
+                                                                        : QueryEnergy::kGroupMean;
+  return cs;
+}
+
+ParamSpec query_energy_param() {
+  return string_param("query_energy", "group_mean", {"group_mean", "mean_square"},
+                      "how a GQA group's window queries make one energy per channel: the square of "
+                      "their mean (SparK's statistic) or the mean of their squares (kvpress's "
+                      "ThinKPress)");
+}
+
 MethodInfo think_info() {
   return pruned_snap_info(
       "think",
@@ -20,20 +37,11 @@ MethodInfo think_info() {
       "energy), on SnapKV-kept tokens",
       "Xu et al., ThinK: Thinner Key Cache by Query-Driven Pruning, ICLR 2025 (arXiv 2407.21018); "
       "as run in Xnhyacinth/SparK",
-      "rho: fraction of each head's key channels dropped",
-      {string_param("query_energy", "group_mean", {"group_mean", "mean_square"},
-                    "how a GQA group's window queries make one energy per channel: the square of "
-                    "their mean (SparK's statistic) or the mean of their squares (kvpress's "
-                    "ThinKPress)")});
+      "rho: fraction of each head's key channels dropped", {query_energy_param()});
 }
 
 std::unique_ptr<KvCache> make_think(const CacheContext& ctx, const nlohmann::json& p) {
-  ChannelPruneSpec cs;
-  cs.mode = ChannelPruneMode::kThink;
-  cs.recovery = ChannelRecovery::kZero;
-  cs.energy = p.at("query_energy").get<std::string>() == "mean_square" ? QueryEnergy::kMeanSquare
-                                                                        : QueryEnergy::kGroupMean;
-  return make_pruned_snap_cache(ctx, p, "think", cs);
+  return make_pruned_snap_cache(ctx, p, "think", think_spec(p));
 }
 
 }  // namespace
