@@ -53,6 +53,7 @@ AGES = [16, 64, 256, 1024]
 # is the attention mass a family's read of top_k rows keeps, as a share of the exact top-k's mass.
 CAPTURE_BAR = 0.90   # a family "covers" the workload when its capture reaches this
 LEAD_MARGIN = 0.03   # ... and the runner-up trails it by more than this (else: mixed)
+DIFFUSE_SUPPORT = 0.5  # a mixed workload this flat is marked diffuse
 DECISION_RULE = f"""\
 Let T = temporal_capture, C = content_capture, S = speculative_capture (means over layers x KV heads
 at the longest context length profiled; each is the mass a family's read of top_k rows keeps, as a
@@ -61,7 +62,10 @@ share of the exact top-k's mass).
    top-k would: the cheapest family, no index and no prefetch, wins; checked first for that reason).
 2. Else let X be the larger of C and S. X >= {CAPTURE_BAR:.2f} and X - max(the other two) > {LEAD_MARGIN:.2f}:
    **content** (X = C) or **speculative** (X = S).
-3. Otherwise **mixed**: no family's read covers the workload alone, or two are within {LEAD_MARGIN:.2f}."""
+3. Otherwise **mixed**: no family's read covers the workload alone, or two are within {LEAD_MARGIN:.2f}.
+   A mixed workload whose support90_frac >= {DIFFUSE_SUPPORT:.2f} (90% of the mass needs half the rows or more)
+   is marked **diffuse**: no sparse read holds its mass, so selection of any family loses, and
+   quantization (KIVI, KVTuner) is the compression that fits."""
 FAMILIES = {
     "temporal": ["streaming_llm", "h2o", "ttkv"],
     "content": ["retroinfer", "quest", "snapkv"],
@@ -72,6 +76,7 @@ FAVOURS = {
     "content": "RetroInfer / Quest / SnapKV",
     "speculative": "SpeCache",
     "mixed": "no single family; a hybrid (recent window + retrieval)",
+    "mixed (diffuse)": "no selection family; quantization (KIVI / KVTuner)",
 }
 
 
@@ -124,7 +129,14 @@ def fmt(v, name=""):
 
 
 def verdict(run):
-    t, c, s = (mean_of(run, n) for n in ("temporal_capture", "content_capture", "speculative_capture"))
+    v, tcs = verdict_of(*(mean_of(run, n) for n in ("temporal_capture", "content_capture", "speculative_capture")))
+    support = mean_of(run, "support90_frac")
+    if v == "mixed" and support is not None and support >= DIFFUSE_SUPPORT:
+        v = "mixed (diffuse)"
+    return v, tcs
+
+
+def verdict_of(t, c, s):
     if None in (t, c, s):
         return "mixed", (t, c, s)
     if t >= CAPTURE_BAR:
@@ -300,7 +312,7 @@ def build(args):
                           f"stacked with a codec left out):\n")
                 md.append(md_table(["family", "best method", table["metric"], "bytes/token"], rows) + "\n")
                 missing = [f for f in FAMILIES if f not in best]
-                if v == "mixed":
+                if v.startswith("mixed"):
                     agree = f"The profile names no single family; the leaderboard's best family is {winner}."
                 elif v == winner:
                     agree = f"**Agrees**: the profile predicts {v} and {winner} ranks best."
@@ -318,13 +330,18 @@ def build(args):
         md.append(f"### Per layer at {longest['protocol']['window']} tokens (mean over KV heads)\n")
         layers = sorted({l for (n, l, h) in longest["metrics"] if l is not None})
         rows = []
+        layer_verdicts = {}
         for l in layers:
-            row = [str(l)]
+            row, means = [str(l)], {}
             for n in PER_LAYER:
                 vs = [v for (ll, h), v in grid_of(longest, n).items() if ll == l and v is not None]
-                row.append(fmt(sum(vs) / len(vs) if vs else None, n))
-            rows.append(row)
-        md.append(md_table(["layer"] + PER_LAYER, rows) + "\n")
+                means[n] = sum(vs) / len(vs) if vs else None
+                row.append(fmt(means[n], n))
+            lv = verdict_of(means["temporal_capture"], means["content_capture"], means["speculative_capture"])[0]
+            layer_verdicts.setdefault(lv, []).append(l)
+            rows.append(row + [lv])
+        md.append(md_table(["layer"] + PER_LAYER + ["verdict (rules 1-3)"], rows) + "\n")
+        md.append("By layer: " + "; ".join(f"{v}: layer{'s' if len(ls) > 1 else ''} {', '.join(map(str, ls))}" for v, ls in sorted(layer_verdicts.items())) + ".\n")
         md.append("Heatmaps (layer x KV head) and recency curves by age: the HTML page beside this one.\n")
         hb.append((ds, rs))
     return md, hb

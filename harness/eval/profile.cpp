@@ -73,11 +73,12 @@ class ProfileKvCache : public KvCache {
     auto views = probe_view_of(*exact_, l, in.batch->seq_ids[0]);
     KVB_ASSERT(static_cast<int64_t>(views.size()) == kv_heads_, "profile",
                "the exact store shows every KV head");
-    at::Tensor q = in.q->to(at::kFloat)[0];  // [H, d] (decode: one token)
+    // The measures run on the host (index sets, k-means, the host quantizer), whatever the device.
+    at::Tensor q = in.q->to(at::kFloat).cpu()[0];  // [H, d] (decode: one token)
     const int64_t G = q.size(0) / kv_heads_;
     const int64_t k = opts_.top_k;
     for (int64_t h = 0; h < kv_heads_; ++h) {
-      const HeadSnapshot& s = views[h];
+      const HeadSnapshot s{views[h].k.cpu(), views[h].v.cpu(), views[h].index.cpu()};
       HeadState& st = state_[l * kv_heads_ + h];
       const int64_t n = s.k.size(0);
       KVB_ASSERT(s.index[-1].item<int64_t>() == n - 1, "profile",
