@@ -304,6 +304,11 @@ def build(args):
                           f"{', '.join(args.leaderboard)}: nothing to check.\n")
             else:
                 lower = table["direction"] == "lower"
+                # The table's context (stream: window; qa: length) picks the profiled length to check.
+                proto = (table.get("settings") or {}).get("protocol", {})
+                ctx = proto.get("window") or proto.get("length") or longest["protocol"]["window"]
+                checked = min(rs, key=lambda r: abs(r["protocol"]["window"] - ctx))
+                v = verdict(checked)[0]
                 order = sorted(best.items(), key=lambda kv: kv[1]["value"], reverse=not lower)
                 winner = order[0][0]
                 rows = [[fam, r["label"], f"{r['value']:.4g}", f"{r.get('bytes_per_token') or 0:.0f}"] for fam, r in order]
@@ -311,6 +316,8 @@ def build(args):
                           f"({'lower' if lower else 'higher'} is better); the best row of each family (rows "
                           f"stacked with a codec left out):\n")
                 md.append(md_table(["family", "best method", table["metric"], "bytes/token"], rows) + "\n")
+                md.append(f"The table's context is {ctx} tokens: checked against the profile at "
+                          f"{checked['protocol']['window']} tokens, whose verdict is **{v}**.\n")
                 missing = [f for f in FAMILIES if f not in best]
                 if v.startswith("mixed"):
                     agree = f"The profile names no single family; the leaderboard's best family is {winner}."
@@ -320,6 +327,13 @@ def build(args):
                     agree = f"**Disagrees**: the profile predicts {v}, {winner} ranks best."
                 if missing:
                     agree += f" Families without a run in that table: {', '.join(missing)}."
+                # The order of the families the table has: by capture in the profile, by rank in the table.
+                caps = dict(zip(("temporal", "content", "speculative"), verdict(checked)[1]))
+                by_profile = sorted(best, key=lambda f: -(caps[f] or 0))
+                by_table = [f for f, _ in order]
+                agree += (f" Order of the families in the table: by the profile's captures "
+                          f"{' > '.join(f'{f} ({fmt(caps[f])})' for f in by_profile)}; by the table "
+                          f"{' > '.join(by_table)}: {'the same' if by_profile == by_table else 'different'}.")
                 md.append(agree + "\n")
                 if args.why:
                     md.append(args.why + "\n")
