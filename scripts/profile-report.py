@@ -335,8 +335,8 @@ def build(args):
                           f"{' > '.join(f'{f} ({fmt(caps[f])})' for f in by_profile)}; by the table "
                           f"{' > '.join(by_table)}: {'the same' if by_profile == by_table else 'different'}.")
                 md.append(agree + "\n")
-                if args.why:
-                    md.append(args.why + "\n")
+        if args.why:
+            md.append(args.why + "\n")
         # Means per length.
         md.append("### Means over layers x KV heads\n")
         rows = [[n, doc] + [fmt(mean_of(r, n), n) for r in rs] for n, doc in MEASURES]

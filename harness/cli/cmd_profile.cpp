@@ -12,6 +12,7 @@
 
 namespace kvb::cli {
 
+// Defined beside `kvbench run` (cmd_run.cpp): the same default database and baseline cache folder.
 std::string default_db_path();
 std::string db_dir_of(const std::string& db);
 
