@@ -188,7 +188,7 @@ def svg_heatmap(grid, title, vmax=None):
     vals = [v for v in grid.values() if v is not None]
     lo, hi = 0.0, vmax if vmax is not None else max(max(vals), 1e-12)
     cw, ch, left, top = 28, 14, 54, 30
-    w, h = left + cw * len(heads) + 70, top + ch * len(layers) + 30
+    w, h = max(left + cw * len(heads) + 70, 300), top + ch * len(layers) + 30
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="10">',
            f'<text x="{left}" y="12" font-size="11">{html.escape(title)}</text>']
     for i, l in enumerate(layers):
