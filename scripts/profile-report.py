@@ -160,7 +160,8 @@ def leaderboard_check(lb_paths, model, dataset):
     (codec other than none) are left out: they measure the codec as much as the family."""
     for path in lb_paths:
         try:
-            lb = json.load(open(path))
+            with open(path) as f:
+                lb = json.load(f)
         except (OSError, ValueError) as e:
             fail(f"{path}: not a leaderboard JSON: {e}")
         for t in lb.get("tables", []):
@@ -211,6 +212,8 @@ def svg_heatmap(grid, title, vmax=None):
 def svg_recency(run, title):
     """Recency CDF by age, one line per layer (mean over KV heads) and the mean in black."""
     layers = sorted({l for (n, l, h) in run["metrics"] if n == "recency_16" and l is not None})
+    if not layers:
+        return ""
     window = run["protocol"]["window"]
     ages = [a for a in AGES if a < window] + [window]
     def val(name_age, layer):
@@ -236,7 +239,8 @@ def svg_recency(run, title):
         hue = int(360 * i / max(len(layers), 1))
         out.append(f'<polyline fill="none" stroke="hsl({hue},60%,55%)" stroke-width="1" points="'
                    + " ".join(f"{x:.1f},{y:.1f}" for x, y in pts) + f'"><title>layer {l}</title></polyline>')
-    means = [(lx(a), ly(mean_of(run, f"recency_{a}") if a in AGES else 1.0)) for a in ages]
+    mean_at = lambda a: mean_of(run, f"recency_{a}") if a in AGES else 1.0
+    means = [(lx(a), ly(mean_at(a))) for a in ages if mean_at(a) is not None]
     out.append('<polyline fill="none" stroke="black" stroke-width="2" points="' +
                " ".join(f"{x:.1f},{y:.1f}" for x, y in means) + '"><title>mean</title></polyline>')
     out.append("</svg>")
