@@ -19,7 +19,7 @@
 //                       / topk_mass
 //   topk_jaccard        Jaccard of this step's and the previous step's top-k positions
 //   speculative_capture mass on the previous step's top-k rows / topk_mass (what a prefetch of the
-//                       rows the last query wanted hits)
+//                       rows the last query wanted hits; the step's own token is never among them)
 //   reuse_distance      mean steps since a top-k row was last in a top-k (rows seen before);
 //   topk_fresh_share    share of the top-k in no earlier top-k of the window (both from step 2 on)
 //   cluster_recall      share of the top-k in the rows a clustered index scans: k-means over the
