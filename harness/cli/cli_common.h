@@ -36,6 +36,7 @@ void register_bench(CLI::App& app);
 void register_methods(CLI::App& app);
 void register_protocols(CLI::App& app);
 void register_run(CLI::App& app);
+void register_profile(CLI::App& app);
 void register_grid(CLI::App& app);
 void register_merge(CLI::App& app);
 void register_leaderboard(CLI::App& app);

@@ -52,6 +52,7 @@ int main(int argc, char** argv) {
     kvb::cli::register_methods(app);
     kvb::cli::register_protocols(app);
     kvb::cli::register_run(app);
+    kvb::cli::register_profile(app);
     kvb::cli::register_grid(app);
     kvb::cli::register_merge(app);
     kvb::cli::register_leaderboard(app);

@@ -92,7 +92,7 @@ TEST(Protocols, UnknownProtocolIsRefusedByName) {
 
 TEST(Protocols, BuiltinsAreRegisteredWithTheirSchemasAndHints) {
   const auto& r = ProtocolRegistry::instance();
-  for (const char* name : {"stream", "probe", "qa", "perf", "serve"}) {
+  for (const char* name : {"stream", "probe", "profile", "qa", "perf", "serve"}) {
     ASSERT_TRUE(r.has(name)) << name;
     EXPECT_EQ(r.info(name).origin, "builtin");
     EXPECT_FALSE(r.info(name).params.empty()) << name;
