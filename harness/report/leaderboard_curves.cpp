@@ -32,7 +32,8 @@ const char* const kHeadroomFloorMethod = "streaming_llm";
 double headroom_value(double value, double floor, double oracle) {
   if (!std::isfinite(value) || !std::isfinite(floor) || !std::isfinite(oracle) || oracle == floor)
     return NAN;
-  return (value - floor) / (oracle - floor);
+  const double h = (value - floor) / (oracle - floor);
+  return h == 0 ? 0.0 : h;  // the floor's own row: 0, not -0 (lower-is-better divides by < 0)
 }
 
 namespace {

@@ -13,9 +13,11 @@
 #include "harness/common/error.h"
 #include "harness/engine/engine.h"
 #include "harness/eval/run_config.h"
+#include "harness/eval/runner.h"
 #include "harness/eval/stream.h"
 #include "harness/kv/hindsight.h"
 #include "harness/kv/method_registry.h"
+#include "harness/store/results_db.h"
 #include "methods/common/evicting_kv_cache.h"
 #include "methods/common/observed_kv_cache.h"
 #include "tests/support/test_support.h"
@@ -98,7 +100,7 @@ TEST(OracleEvictModel, KeepsExactlyThePromptRowsWithTheHighestFutureMassPerHead)
   EXPECT_EQ(e.kv().seq_len(seq), 40);  // the pass's forks are gone
   e.kv().end_prefill(seq);
   const auto& store = dynamic_cast<const EvictingKvCache&>(e.kv());
-  int differing_heads = 0;
+  int differing_heads = 0, exact_heads = 0;
   for (int64_t l = 0; l < c.n_layers; ++l) {
     std::vector<int32_t> first;
     for (int64_t h = 0; h < c.n_kv_heads; ++h) {
@@ -107,16 +109,30 @@ TEST(OracleEvictModel, KeepsExactlyThePromptRowsWithTheHighestFutureMassPerHead)
       std::iota(order.begin(), order.end(), 0);
       std::stable_sort(order.begin(), order.end(),
                        [&](int32_t a, int32_t b) { return w[a] > w[b]; });
-      // 25% of 40 = 10 rows; the reference's 10th and 11th must be told apart.
-      ASSERT_GT(w[order[9]] - w[order[10]], 1e-5) << l << "/" << h;
+      // 25% of 40 = 10 rows. Where the reference's 10th and 11th rows are within fp32 rounding
+      // of each other (the store sums in fp32), either may be kept; every other row is decided.
+      const std::vector<int32_t> kept = store.kept_indices(seq, static_cast<int>(l), h);
+      ASSERT_EQ(kept.size(), 10u) << l << "/" << h;
+      const bool decided = w[order[9]] - w[order[10]] > 1e-6;
+      exact_heads += decided;
+      if (!decided) {
+        std::vector<int32_t> sure(order.begin(), order.begin() + 9);
+        for (int32_t t : sure)
+          EXPECT_NE(std::find(kept.begin(), kept.end(), t), kept.end()) << l << "/" << h;
+        EXPECT_TRUE(std::find(kept.begin(), kept.end(), order[9]) != kept.end() ||
+                    std::find(kept.begin(), kept.end(), order[10]) != kept.end());
+      }
       order.resize(10);
       std::sort(order.begin(), order.end());
-      EXPECT_EQ(store.kept_indices(seq, static_cast<int>(l), h), order) << l << "/" << h;
+      if (decided) {
+        EXPECT_EQ(kept, order) << l << "/" << h;
+      }
       if (h == 0) first = order;
       differing_heads += order != first;
     }
   }
-  EXPECT_GT(differing_heads, 0);  // per KV head, not per layer
+  EXPECT_GT(differing_heads, 0);                          // per KV head, not per layer
+  EXPECT_GE(exact_heads, c.n_layers * c.n_kv_heads - 2);  // near-ties are rare
   EXPECT_EQ(e.kv().counters().at("hindsight_tokens"), 12);
 }
 
@@ -147,6 +163,40 @@ TEST(OracleEvictStream, KeepEverythingIsTheFullCacheAndSmallerBudgetsBoundSnapKv
   const auto a = run_stream_sample(test::stories260k(), "oracle_evict", {{"budget", 0.2}}, w, so);
   const auto b = run_stream_sample(test::stories260k(), "oracle_evict", {{"budget", 0.2}}, w, so);
   EXPECT_EQ(max_diff(a.kl, b.kl), 0.0);
+}
+
+// qa (query-agnostic): the protocol computes the full cache's answers first and hands each
+// question + answer as a continuation; the oracle's answers agree with the full cache's at least as
+// often as StreamingLLM's and SnapKV's at the same budget (can fail), and question-only hindsight
+// runs too.
+TEST(OracleEvictQa, EveryQuestionAndItsFullAnswerAreTheHindsight) {
+  const std::string dir = test::make_temp_dir("oracle-qa");
+  ResultsDb db(dir + "/db.sqlite");
+  RunEnv env;
+  env.data_dir = test::data_dir();
+  env.cache_dir = dir + "/cache";
+  auto run = [&](const std::string& method, const nlohmann::json& params) {
+    const nlohmann::json cfg = resolve_run_config(
+        {{"model", test::models_dir() + "/stories260K"},
+         {"method", {{"name", method}, {"params", params}}},
+         {"protocol",
+          {{"name", "qa"}, {"source", "recall"}, {"num_samples", 6}, {"mode", "query_agnostic"}}}});
+    return execute_run(cfg, db, env);
+  };
+  const nlohmann::json b = {{"budget", 0.3}};
+  const RunOutcome oracle = run("oracle_evict", b);
+  const double a_oracle = test::metric(oracle.metrics, "agreement_with_full");
+  EXPECT_GE(a_oracle, test::metric(run("streaming_llm", b).metrics, "agreement_with_full"));
+  EXPECT_GE(a_oracle, test::metric(run("snapkv", b).metrics, "agreement_with_full"));
+  // Two questions per sample, each one continuation on its own fork.
+  const auto samples = db.samples(oracle.run_id);
+  ASSERT_EQ(samples.size(), 6u);
+  const auto j = nlohmann::json::parse(samples[0].output_json);
+  EXPECT_EQ(j["counters"]["hindsight_passes"], 1);
+  EXPECT_GT(j["counters"]["hindsight_tokens"].get<double>(), 2);
+  const RunOutcome q = run("oracle_evict", {{"budget", 0.3}, {"hindsight", "question"}});
+  EXPECT_EQ(q.samples_total, 6);
+  EXPECT_NE(q.config_hash, oracle.config_hash);  // the hash says which hindsight
 }
 
 TEST(OracleEvictRefusals, WithoutItsHindsightTheRunIsRefusedByName) {
@@ -181,7 +231,12 @@ TEST(OracleEvictRefusals, WithoutItsHindsightTheRunIsRefusedByName) {
   const nlohmann::json cfg = {
       {"model", "stories260K"},
       {"method", {{"name", "oracle_evict"}, {"params", nlohmann::json::object()}}},
-      {"protocol", {{"name", "qa"}, {"mode", "query_aware"}}}};
+      {"protocol",
+       {{"name", "qa"},
+        {"source", "synthetic"},
+        {"task", "passkey"},
+        {"length", 256},
+        {"mode", "query_aware"}}}};
   try {
     resolve_run_config(cfg);
     ADD_FAILURE() << "qa query_aware accepted oracle_evict";
