@@ -32,8 +32,11 @@
 // Headroom (LeaderRow::headroom), per finished row of a deployable method that has a `budget`:
 //     headroom = (score - floor) / (oracle - floor)
 // the share of the oracle's gain over the cheapest baseline that the method captures (1 = as good
-// as the oracle, 0 = no better than the floor, negative = worse than the floor; the same formula
-// for lower-is-better metrics, where both differences are negative). "At the same budget" means
+// as the oracle, 0 = no better than the floor, negative = worse than the floor, above 1 = better
+// than the oracle, which bounds its own criterion (attention mass, exact logits), not every
+// metric; the same formula for lower-is-better metrics, where both differences are negative).
+// "The same budget" is the same parameter, not the same bytes: a method that compresses as it
+// decodes (streaming_llm) holds fewer bytes at it than one that compresses the prompt once. "At the same budget" means
 // the same resolved `budget` value and `budget_unit`, in the same table.
 //   oracle: the best score (by the metric's direction) among the table's finished rows whose
 //           method's caps say `oracle` (MethodCaps::oracle) at the row's budget;
