@@ -161,6 +161,10 @@ class Protocol {
   // one its context pass (ContextPassCache), which methods with MethodCaps::needs_context_pass
   // require.
   virtual bool runs_context_pass(const nlohmann::json& protocol) const { return false; }
+  // Whether a run prefills each prompt alone and, before its end-of-prefill compression, hands a
+  // store that has one the continuation it will score (HindsightCache), which methods with
+  // MethodCaps::needs_hindsight (oracles) require.
+  virtual bool hands_hindsight(const nlohmann::json& protocol) const { return false; }
   // The cheap inputs (data files, traces) a grid checks before its first run.
   virtual void check_inputs(const nlohmann::json& protocol, const std::string& data_dir,
                             const InputCheck& check) const;

@@ -12,6 +12,7 @@
 #include "datasets/synthetic_tasks.h"
 #include "harness/common/atomic_file.h"
 #include "harness/common/error.h"
+#include "harness/common/internal_error.h"
 #include "harness/common/json_parse.h"
 #include "harness/common/mapped_file.h"
 #include "harness/common/sha256.h"
@@ -23,6 +24,7 @@
 #include "harness/kv/baseline_method.h"
 #include "harness/kv/context_pass.h"
 #include "harness/kv/document_reuse.h"
+#include "harness/kv/hindsight.h"
 #include "harness/kv/method_registry.h"
 #include "harness/kv/question_aware.h"
 #include "harness/metrics/text_metrics.h"
@@ -74,8 +76,11 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
+// full: the full cache's answers, handed to an oracle store that compresses with hindsight of them
+// (HindsightCache); null for every other method.
 Answers answer_all(std::shared_ptr<Model> model, const Tokenizer& tok, const std::string& method,
-                   const nlohmann::json& params, const QaSample& s, const QaOptions& opts) {
+                   const nlohmann::json& params, const QaSample& s, const QaOptions& opts,
+                   const std::vector<std::string>* full = nullptr) {
   CacheContext ctx{model->config, model->device, model->dtype, model};
   EngineOptions eo;
   eo.prefill_chunk = opts.prefill_chunk;
@@ -127,6 +132,24 @@ Answers answer_all(std::shared_ptr<Model> model, const Tokenizer& tok, const std
         pass.turn_close = opts.chat.active() ? close : tok.encode("\n");
         pass.encode = [&tok](const std::string& text) { return tok.encode(text); };
         a.timing.prefill_tokens += pass_cache->run_context_pass(pass);
+        e.kv().end_prefill(seq);
+      } else if (auto* oracle = dynamic_cast<HindsightCache*>(&e.kv())) {
+        // An oracle compresses the context knowing every question and the full cache's answer to
+        // it; its pass is no work a deployment does, so it is not counted as prefill.
+        KVB_ASSERT(full && full->size() == s.items.size(), "qa",
+                   "an oracle store needs the full cache's answers first");
+        e.prefill({seq}, {ctx_ids}, nullptr, /*call_end_prefill=*/false);
+        HindsightPass pass;
+        pass.engine = &e;
+        pass.seq = seq;
+        for (size_t i = 0; i < s.items.size(); ++i) {
+          std::vector<int64_t> c = question_ids(s.items[i].question);
+          pass.question_tokens.push_back(static_cast<int64_t>(c.size()));
+          const std::vector<int64_t> answer = tok.encode((*full)[i]);
+          c.insert(c.end(), answer.begin(), answer.end());
+          pass.continuations.push_back(std::move(c));
+        }
+        oracle->run_hindsight_pass(pass);
         e.kv().end_prefill(seq);
       } else {
         e.prefill({seq}, {ctx_ids});  // end_prefill: the method compresses the context here
@@ -290,15 +313,29 @@ QaSampleResult run_qa_sample(std::shared_ptr<Model> model, const Tokenizer& tok,
             opts.mode, "'");
   QaSampleResult r;
   auto t0 = std::chrono::steady_clock::now();
-  Answers mine = answer_all(model, tok, method, method_params, s, opts);
+  // An oracle with hindsight compresses knowing the full cache's answers: they come first.
+  const bool hindsight = MethodRegistry::instance().has(method) &&
+                         MethodRegistry::instance().info(method).caps.needs_hindsight;
+  std::vector<std::string> full;
+  double full_s = 0;
+  if (hindsight) {
+    full = full_answers(model, tok, s, opts);
+    full_s = seconds_since(t0);
+    t0 = std::chrono::steady_clock::now();
+  }
+  Answers mine =
+      answer_all(model, tok, method, method_params, s, opts, hindsight ? &full : nullptr);
   mine.timing.answer_s = seconds_since(t0);
   t0 = std::chrono::steady_clock::now();
   // A baseline (`full`) run is its own baseline, and leaves its answers in the baseline cache for the
   // methods compared with it (a grid's full-cache run is never repeated for them).
   const bool is_full = method == baseline_method() && method_params.empty();
   if (is_full) store_baseline(baseline_path(*model, s, opts), opts.cache_dir, mine.predictions);
-  std::vector<std::string> full = is_full ? mine.predictions : full_answers(model, tok, s, opts);
-  mine.timing.full_answer_s = is_full ? 0.0 : seconds_since(t0);
+  if (!hindsight) {
+    full = is_full ? mine.predictions : full_answers(model, tok, s, opts);
+    full_s = is_full ? 0.0 : seconds_since(t0);
+  }
+  mine.timing.full_answer_s = full_s;
   r.context_tokens = mine.context_tokens;
   r.ledger = mine.ledger;
   r.timing = mine.timing;

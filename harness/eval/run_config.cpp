@@ -100,6 +100,11 @@ nlohmann::json resolve_run_config(const nlohmann::json& raw) {
                 ProtocolRegistry::instance().get(spec.name).runs_context_pass(resolved),
             "config: method ", mname, " runs its own pass over the context before the question, "
             "which protocol ", spec.name, " does not run (use qa with mode=query_agnostic)");
+  KVB_CHECK(!minfo.caps.needs_hindsight ||
+                ProtocolRegistry::instance().get(spec.name).hands_hindsight(resolved),
+            "config: method ", mname,
+            " compresses with hindsight of the continuation, which protocol ", spec.name,
+            " does not hand over (use stream, or qa with mode=query_agnostic)");
   return out;
 }
 

@@ -15,6 +15,7 @@
 #include "harness/common/sha256.h"
 #include "harness/engine/engine.h"
 #include "harness/kv/baseline_method.h"
+#include "harness/kv/hindsight.h"
 #include "harness/kv/method_registry.h"
 #include "harness/metrics/statistics.h"
 
@@ -30,7 +31,19 @@ void feed_window(Engine& e, const std::vector<int64_t>& tokens, const StreamOpti
   const int64_t P = std::min<int64_t>(std::max<int64_t>(1, opts.prefill_tokens), n - 1);
   const int64_t seq = e.new_sequence();
   std::vector<int64_t> head(tokens.begin(), tokens.begin() + P);
-  e.prefill({seq}, {head}, cb);
+  if (auto* oracle = dynamic_cast<HindsightCache*>(&e.kv())) {
+    // An oracle compresses the prompt knowing the tokens the window feeds after it.
+    e.prefill({seq}, {head}, cb, /*call_end_prefill=*/false);
+    HindsightPass pass;
+    pass.engine = &e;
+    pass.seq = seq;
+    pass.continuations = {std::vector<int64_t>(tokens.begin() + P, tokens.end() - 1)};
+    pass.question_tokens = {0};
+    oracle->run_hindsight_pass(pass);
+    e.kv().end_prefill(seq);
+  } else {
+    e.prefill({seq}, {head}, cb);
+  }
   for (int64_t i = P; i < n - 1; ++i) cb(e.decode({seq}, {tokens[i]}), i);
 }
 

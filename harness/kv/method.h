@@ -41,7 +41,16 @@ struct MethodCaps {
   // to repeat the context), so it runs only where a protocol hands the store that pass (qa
   // query_agnostic); a run config pairing it with any other protocol is refused before anything runs.
   bool needs_context_pass = false;
+  // Compresses the prompt with hindsight of the run's continuation (HindsightCache: oracle_evict),
+  // so it runs only where a protocol hands the store that continuation (stream; qa
+  // query_agnostic); a run config pairing it with any other protocol is refused before anything
+  // runs.
+  bool needs_hindsight = false;
   bool simulated = false;          // declares that it saves nothing physically (masks only)
+  // A bound, not a deployable method: it uses what no real system has at that point (the future
+  // continuation's attention, the exact score of every key); the leaderboard marks it and never
+  // ranks it, and measures each deployable method's headroom against it.
+  bool oracle = false;
   bool supports_fork = true;
   // Where the store runs. A store written for the host says so here rather than in its constructor:
   // a config asking for another device or dtype is then refused when it is resolved (kvbench run,

@@ -135,7 +135,9 @@ nlohmann::json method_info_json(const MethodInfo& info) {
             {"query_aware", c.query_aware},
             {"needs_question", c.needs_question},
             {"needs_context_pass", c.needs_context_pass},
+            {"needs_hindsight", c.needs_hindsight},
             {"simulated", c.simulated},
+            {"oracle", c.oracle},
             {"supports_fork", c.supports_fork},
             {"cpu_only", c.cpu_only},
             {"fp32_only", c.fp32_only}}}};

@@ -552,6 +552,8 @@ Leaderboard build_leaderboard(ResultsDb& db, const LeaderboardOptions& options) 
       const json cfg = parse_json(r->config_json, "run " + std::to_string(r->id) + " config");
       row.method = r->method;
       row.params = cfg["method"]["params"];
+      row.oracle = MethodRegistry::instance().has(r->method) &&
+                   MethodRegistry::instance().info(r->method).caps.oracle;
       json show_list = json::array();
       for (const auto& p : show[r->method]) show_list.push_back(p);
       row.label = method_label(cfg["method"], show_list);
@@ -638,19 +640,21 @@ Leaderboard build_leaderboard(ResultsDb& db, const LeaderboardOptions& options) 
       if (ab != bb) return ab < bb;
       return a.label < b.label;
     });
+    // Oracle rows are bounds: listed among the others by score, never given a rank.
     int rank = 0;
     for (auto& row : t.rows)
-      if (row.status == "done") row.rank = ++rank;
+      if (row.status == "done" && !row.oracle) row.rank = ++rank;
+    set_headroom(t);
 
-    // Pareto frontiers.
+    // Pareto frontiers of the deployable rows (an oracle neither sits on one nor dominates).
     auto frontier = [&](auto x_of, Direction xdir, auto set) {
       for (auto& r : t.rows) {
-        if (r.status != "done" || !std::isfinite(r.value)) continue;
+        if (r.status != "done" || r.oracle || !std::isfinite(r.value)) continue;
         const double rx = x_of(r);
         if (!std::isfinite(rx)) continue;
         bool dominated = false;
         for (const auto& s : t.rows) {
-          if (&s == &r || s.status != "done" || !std::isfinite(s.value)) continue;
+          if (&s == &r || s.status != "done" || s.oracle || !std::isfinite(s.value)) continue;
           const double sx = x_of(s);
           if (!std::isfinite(sx)) continue;
           if (at_least(sx, rx, xdir, false) && at_least(s.value, r.value, t.direction, false) &&
@@ -744,7 +748,19 @@ namespace {
 
 struct Columns {
   bool top1 = false, throughput = false;
+  bool headroom = false;  // the table has an oracle row
 };
+
+// The rank cell: oracle rows are bounds, never ranked.
+std::string headroom_text(double h) { return std::isfinite(h) ? fmt("%.2f", h) : "n/a"; }
+
+std::string headroom_caption() {
+  return std::string("oracle rows are bounds (hindsight or exact scoring), never ranked. headroom = "
+                     "(score - floor) / (best oracle score - floor) at the same budget, floor = the ") +
+         kHeadroomFloorMethod + " row at that budget; n/a without both or when they are equal.";
+}
+
+std::string rank_text(const LeaderRow& r) { return r.oracle ? "oracle" : std::to_string(r.rank); }
 
 // A table gets a curves section when some method other than the full cache has a point on it.
 bool has_curves(const LeaderTable& t) {
@@ -781,6 +797,7 @@ Columns columns_of(const LeaderTable& t) {
   c.top1 = report.shows_top1 && t.metric != "top1_agreement";
   for (const auto& r : t.rows) c.throughput = c.throughput || r.decode_tok_s.has_value();
   if (report.measures_throughput) c.throughput = t.metric != "decode_tok_s";
+  for (const auto& r : t.rows) c.headroom = c.headroom || r.oracle;
   return c;
 }
 
@@ -806,32 +823,37 @@ std::string leaderboard_markdown(const Leaderboard& lb) {
     }
     if (c.top1) s << " top-1 ↑ |";
     if (c.throughput) s << " decode tok/s ↑ |";
+    if (c.headroom) s << " headroom ↑ |";
     s << " simulated | Pareto |\n";
     s << "|--:|---|--:|--:|--:|---|";
     for (size_t i = 0; i < t.secondary.size(); ++i) s << "--:|---|";
     if (c.top1) s << "--:|";
     if (c.throughput) s << "--:|";
+    if (c.headroom) s << "--:|";
     s << ":-:|:-:|\n";
     for (const auto& r : t.rows) {
       if (r.status != "done") {
         std::string err = r.error.size() > 100 ? r.error.substr(0, 97) + "..." : r.error;
         s << "| – | " << md_escape(r.label) << " | **failed**: " << md_escape(err) << " |";
-        const size_t rest = 3 + 2 * t.secondary.size() + (c.top1 ? 1 : 0) + (c.throughput ? 1 : 0) + 2;
+        const size_t rest = 3 + 2 * t.secondary.size() + (c.top1 ? 1 : 0) + (c.throughput ? 1 : 0) +
+                            (c.headroom ? 1 : 0) + 2;
         for (size_t i = 0; i < rest; ++i) s << " |";
         s << "\n";
         continue;
       }
-      s << "| " << r.rank << " | " << md_escape(r.label) << " | " << bytes_text(r.bytes_per_token) << " | "
+      s << "| " << rank_text(r) << " | " << md_escape(r.label) << " | " << bytes_text(r.bytes_per_token) << " | "
         << ratio_text(r) << " | " << format_value(r.value) << " | "
         << format_delta(r.deltas.at(t.metric)) << " |";
       for (const auto& m : t.secondary)
         s << " " << format_value(metric_or_nan(r.metrics, m)) << " | " << format_delta(r.deltas.at(m)) << " |";
       if (c.top1) s << " " << percent_text(metric_or_nan(r.metrics, "top1_agreement")) << " |";
       if (c.throughput) s << " " << tok_s_text(r.decode_tok_s) << " |";
+      if (c.headroom) s << " " << headroom_text(r.headroom) << " |";
       s << " " << (r.simulated ? "yes" : "no") << " | " << pareto_text(r) << " |\n";
     }
     s << "\n";
     if (t.incomplete_runs) s << "_" << t.incomplete_runs << " unfinished run(s) not shown._\n\n";
+    if (c.headroom) s << "_" << headroom_caption() << "_\n\n";
     if (!has_curves(t)) continue;
     s << "#### " << md_escape(t.metric) << " vs measured compression\n\n" << summary_caption(t) << "\n\n";
     s << "| method | points | within 1 pt: max compression | AUC " << t.metric << arrow(t.direction) << " |\n";
@@ -867,7 +889,8 @@ std::string leaderboard_csv(const Leaderboard& lb) {
   std::ostringstream s;
   s << "model,dataset,protocol,settings,rank,method,label,config_hash,run_id,status,metric,unit,direction,value,"
        "delta,delta_lo,delta_hi,delta_n,delta_status,ppl,delta_ppl,delta_ppl_lo,delta_ppl_hi,top1_agreement,"
-       "bytes_per_token,compression_ratio,decode_tok_s,simulated,pareto_memory,pareto_throughput,curve,budget,"
+       "bytes_per_token,compression_ratio,decode_tok_s,simulated,pareto_memory,pareto_throughput,oracle,headroom,"
+       "curve,budget,"
        "measured_compression,curve_max_compression_within_1pt,curve_auc,curve_auc_range,error\n";
   auto num = [](double v) { return std::isfinite(v) ? fmt("%.10g", v) : std::string(); };
   for (const auto& t : lb.tables)
@@ -888,7 +911,7 @@ std::string leaderboard_csv(const Leaderboard& lb) {
         << num(metric_or_nan(r.metrics, "top1_agreement")) << "," << num(r.bytes_per_token) << ","
         << num(r.compression_ratio) << "," << (r.decode_tok_s ? num(*r.decode_tok_s) : "") << ","
         << (r.simulated ? 1 : 0) << "," << (r.pareto_memory ? 1 : 0) << "," << (r.pareto_throughput ? 1 : 0) << ","
-        << (cv ? csv_field(cv->name) : "") << "," << (cp ? num(cp->budget) : "") << "," << (cp ? num(cp->compression) : "")
+        << (r.oracle ? 1 : 0) << "," << num(r.headroom) << "," << (cv ? csv_field(cv->name) : "") << "," << (cp ? num(cp->budget) : "") << "," << (cp ? num(cp->compression) : "")
         << "," << (cv ? num(cv->max_compression_within_1pt) : "") << "," << (cv ? num(cv->auc) : "") << ","
         << (cv ? num(t.curves.auc_range) : "") << "," << csv_field(r.error) << "\n";
     }
@@ -963,6 +986,8 @@ json leaderboard_json(const Leaderboard& lb) {
                       {"simulated", r.simulated},
                       {"pareto_memory", r.pareto_memory},
                       {"pareto_throughput", r.pareto_throughput},
+                      {"oracle", r.oracle},
+                      {"headroom", num(r.headroom)},
                       {"metrics", metrics}});
     }
     tables.push_back({{"model", t.model},
@@ -1228,18 +1253,22 @@ footer{color:#596275;font-size:12px;margin:30px 0}
     for (const auto& m : t.secondary) s << "<th>" << html_escape(m) << "</th><th class=\"l\">Δ " << html_escape(m) << " [95% CI]</th>";
     if (c.top1) s << "<th>top-1 ↑</th>";
     if (c.throughput) s << "<th>decode tok/s ↑</th>";
+    if (c.headroom) s << "<th>headroom ↑</th>";
     s << "<th class=\"c\">simulated</th><th class=\"c\">Pareto</th></tr></thead>\n<tbody>\n";
     for (const auto& r : t.rows) {
       const bool base = r.method == reference_method && r.status == "done";
       if (r.status != "done") {
         s << "<tr class=\"row failed\" data-hash=\"" << r.config_hash << "\"><td>–</td><td class=\"l\">"
           << html_label(r.label) << "</td><td class=\"l\" colspan=\""
-          << 4 + 2 * t.secondary.size() + (c.top1 ? 1 : 0) + (c.throughput ? 1 : 0) + 2 << "\">failed: "
+          << 4 + 2 * t.secondary.size() + (c.top1 ? 1 : 0) + (c.throughput ? 1 : 0) +
+                 (c.headroom ? 1 : 0) + 2
+          << "\">failed: "
           << html_escape(r.error) << "</td></tr>\n";
         continue;
       }
-      s << "<tr class=\"row" << (r.pareto_memory ? " front" : "") << (base ? " base" : "") << "\" data-hash=\""
-        << r.config_hash << "\"><td>" << r.rank << "</td><td class=\"l\">" << html_label(r.label) << "</td><td>"
+      s << "<tr class=\"row" << (r.pareto_memory ? " front" : "") << (base ? " base" : "")
+        << (r.oracle ? " oracle" : "") << "\" data-hash=\"" << r.config_hash << "\"><td>"
+        << rank_text(r) << "</td><td class=\"l\">" << html_label(r.label) << "</td><td>"
         << bytes_text(r.bytes_per_token) << "</td><td>" << ratio_text(r) << "</td><td>"
         << format_value(r.value) << "</td><td class=\"l ci\">" << delta_html(r.deltas.at(t.metric)) << "</td>";
       for (const auto& m : t.secondary)
@@ -1247,11 +1276,13 @@ footer{color:#596275;font-size:12px;margin:30px 0}
           << delta_html(r.deltas.at(m)) << "</td>";
       if (c.top1) s << "<td>" << percent_text(metric_or_nan(r.metrics, "top1_agreement")) << "</td>";
       if (c.throughput) s << "<td>" << tok_s_text(r.decode_tok_s) << "</td>";
+      if (c.headroom) s << "<td>" << headroom_text(r.headroom) << "</td>";
       s << "<td class=\"c\">" << (r.simulated ? "<span class=\"sim\">yes</span>" : "no") << "</td><td class=\"c\">"
         << pareto_text(r) << "</td></tr>\n";
     }
     s << "</tbody></table>\n";
     if (t.incomplete_runs) s << "<p class=\"note\">" << t.incomplete_runs << " unfinished run(s) not shown.</p>\n";
+    if (c.headroom) s << "<p class=\"note\">" << html_escape(headroom_caption()) << "</p>\n";
     std::vector<Pt> mem, thr;
     for (const auto& r : t.rows) {
       if (r.status != "done" || !std::isfinite(r.value)) continue;

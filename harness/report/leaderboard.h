@@ -45,7 +45,7 @@ struct DeltaCi {
 };
 
 struct LeaderRow {
-  int rank = 0;  // 1-based; 0 for failed runs
+  int rank = 0;  // 1-based; 0 for failed runs and oracle rows (never ranked)
   std::string method;
   nlohmann::json params;  // resolved method params
   std::string label;      // compact: "snapkv(budget=0.25)"
@@ -64,6 +64,9 @@ struct LeaderRow {
   std::optional<double> decode_tok_s;  // from this run (perf) or a matching perf run
   std::string perf_config_hash;        // the perf run it came from
   bool simulated = false;
+  bool oracle = false;  // the method's caps say `oracle`: a bound, shown but never ranked
+  // (value - floor) / (oracle - floor) at the row's budget (leaderboard_curves.h); NaN = n/a.
+  double headroom = 0;
   bool pareto_memory = false, pareto_throughput = false;
 };
 

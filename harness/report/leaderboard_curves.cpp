@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <map>
 #include <set>
 
@@ -25,6 +26,54 @@ using json = nlohmann::json;
 std::string param_text(const json& v) { return v.is_string() ? v.get<std::string>() : v.dump(); }
 
 }  // namespace
+
+const char* const kHeadroomFloorMethod = "streaming_llm";
+
+double headroom_value(double value, double floor, double oracle) {
+  if (!std::isfinite(value) || !std::isfinite(floor) || !std::isfinite(oracle) || oracle == floor)
+    return NAN;
+  const double h = (value - floor) / (oracle - floor);
+  return h == 0 ? 0.0 : h;  // the floor's own row: 0, not -0 (lower-is-better divides by < 0)
+}
+
+namespace {
+
+// The row's budget as "value|unit", or "" for a method without a numeric `budget`.
+std::string budget_key(const LeaderRow& r) {
+  if (!r.params.is_object() || !r.params.contains("budget") || !r.params["budget"].is_number())
+    return "";
+  const json unit = r.params.value("budget_unit", json("ratio"));
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "%.17g", r.params["budget"].get<double>());
+  return std::string(buf) + "|" + param_text(unit);
+}
+
+}  // namespace
+
+void set_headroom(LeaderTable& t) {
+  const bool higher = t.direction == Direction::kHigher;
+  std::map<std::string, double> oracle, floor;  // by budget key
+  for (const auto& r : t.rows) {
+    const std::string key = budget_key(r);
+    if (r.status != "done" || key.empty() || !std::isfinite(r.value)) continue;
+    if (r.oracle) {
+      auto [it, fresh] = oracle.emplace(key, r.value);
+      if (!fresh && (higher ? r.value > it->second : r.value < it->second)) it->second = r.value;
+    } else if (r.method == kHeadroomFloorMethod) {
+      auto [it, fresh] = floor.emplace(key, r.value);
+      if (!fresh && (higher ? r.value < it->second : r.value > it->second)) it->second = r.value;
+    }
+  }
+  for (auto& r : t.rows) {
+    r.headroom = NAN;
+    const std::string key = budget_key(r);
+    if (r.status != "done" || r.oracle || key.empty()) continue;
+    auto o = oracle.find(key);
+    auto f = floor.find(key);
+    if (o == oracle.end() || f == floor.end()) continue;
+    r.headroom = headroom_value(r.value, f->second, o->second);
+  }
+}
 
 double curve_auc(double full_value, const std::vector<CurvePoint>& points, double range) {
   if (!std::isfinite(full_value) || !(range > 0) || points.empty()) return NAN;

@@ -28,6 +28,24 @@
 // over the same measured range without extrapolation. NaN when the table has no full run, no swept
 // curve, X <= 0, or the curve's largest compression is below X (a single-point method short of it).
 // The full cache's own auc is its score.
+//
+// Headroom (LeaderRow::headroom), per finished row of a deployable method that has a `budget`:
+//     headroom = (score - floor) / (oracle - floor)
+// the share of the oracle's gain over the cheapest baseline that the method captures (1 = as good
+// as the oracle, 0 = no better than the floor, negative = worse than the floor, above 1 = better
+// than the oracle, which bounds its own criterion (attention mass, exact logits), not every
+// metric; the same formula for lower-is-better metrics, where both differences are negative).
+// "The same budget" is the same parameter, not the same bytes: a method that compresses as it
+// decodes (streaming_llm) holds fewer bytes at it than one that compresses the prompt once. "At the same budget" means
+// the same resolved `budget` value and `budget_unit`, in the same table.
+//   oracle: the best score (by the metric's direction) among the table's finished rows whose
+//           method's caps say `oracle` (MethodCaps::oracle) at the row's budget;
+//   floor:  the cheapest baseline, the table's finished `streaming_llm` row at the row's budget
+//           (kHeadroomFloorMethod: keep the sinks and the newest tokens, no scoring at all); when
+//           several differ in other parameters, the worst-scoring one.
+// NaN (shown "n/a") for failed rows, oracle rows, rows without a budget (the full cache), and when
+// the oracle row or the floor is missing, a score is not finite, or oracle == floor. The floor
+// row's own headroom is 0. Point values only (no interval).
 
 #include <cstdint>
 #include <map>
@@ -80,6 +98,16 @@ LeaderCurves build_curves(const LeaderTable& table);
 double curve_auc(double full_value, const std::vector<CurvePoint>& points, double range);
 double max_compression_within(double full_value, double tolerance, bool higher_is_better,
                               const std::vector<CurvePoint>& points);
+
+// The baseline method whose row at a budget is the headroom floor (see above).
+extern const char* const kHeadroomFloorMethod;
+
+// (value - floor) / (oracle - floor); NaN when any is not finite or oracle == floor.
+double headroom_value(double value, double floor, double oracle);
+
+// Sets LeaderRow::headroom for every row of a built table (rows, metric, direction, and each row's
+// `oracle` flag set), as defined above.
+void set_headroom(LeaderTable& table);
 
 // `cat > run.json <<'EOF' ... EOF` then `kvbench run -c run.json`: reproduces one run exactly.
 std::string reproduce_command(const nlohmann::json& config);

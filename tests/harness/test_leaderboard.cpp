@@ -351,6 +351,107 @@ TEST(Leaderboard, FormatsAreCompleteAndDeterministicUnderTheSeed) {
   EXPECT_NE(badm.err.find("did you mean 'kl_mean'"), std::string::npos) << badm.err;
 }
 
+// ---------------------------------------------------------------- oracle rows and headroom
+
+const LeaderRow& row_labelled(const LeaderTable& t, const std::string& label) {
+  for (const auto& r : t.rows)
+    if (r.label == label) return r;
+  throw std::runtime_error("no row " + label);
+}
+
+TEST(LeaderboardHeadroom, OracleRowsAreMarkedUnrankedAndEachMethodGetsItsShareOfTheGain) {
+  EXPECT_DOUBLE_EQ(headroom_value(0.2, 0.5, 0.1), 0.75);
+  EXPECT_DOUBLE_EQ(headroom_value(0.8, 0.6, 1.0), 0.5);    // higher is better: the same formula
+  EXPECT_TRUE(std::isnan(headroom_value(0.3, 0.4, 0.4)));  // oracle == floor
+  EXPECT_TRUE(std::isnan(headroom_value(0.3, NAN, 0.1)));
+  EXPECT_EQ(std::string(kHeadroomFloorMethod), "streaming_llm");
+
+  const std::string dir = test::make_temp_dir("lb-headroom");
+  const std::string path = dir + "/db.sqlite";
+  {
+    ResultsDb db(path);
+    auto run = [&](const std::string& model, const std::string& name, json params, double kl,
+                   int64_t bytes) {
+      std::vector<json> v;
+      for (int i = 0; i < 4; ++i) v.push_back(stream_sample(kl, 4.0 + kl, 4, bytes));
+      add_stream_run(db, stream_cfg(model, {{"name", name}, {"params", params}}), v);
+    };
+    run("h", "full", json::object(), 0.0, 400);
+    run("h", "streaming_llm", {{"budget", 0.25}}, 0.5, 100);
+    run("h", "snapkv", {{"budget", 0.25}}, 0.2, 100);
+    run("h", "oracle_topk", {{"budget", 0.25}}, 0.1, 100);  // the best oracle at 0.25
+    run("h", "oracle_topk", {{"budget", 0.25}, {"gqa_agg", "mean"}}, 0.15, 100);
+    run("h", "snapkv", {{"budget", 0.5}}, 0.05, 200);  // no oracle at 0.5
+    run("h", "streaming_llm", {{"budget", 0.5}}, 0.3, 200);
+    run("h", "snapkv", {{"budget", 25}, {"budget_unit", "tokens_per_head"}}, 0.3, 100);  // no floor
+    // A group where the oracle does no better than the floor: nothing to share.
+    run("h2", "streaming_llm", {{"budget", 0.25}}, 0.4, 100);
+    run("h2", "oracle_topk", {{"budget", 0.25}}, 0.4, 100);
+    run("h2", "snapkv", {{"budget", 0.25}}, 0.3, 100);
+  }
+  ResultsDb db(path);
+  const Leaderboard lb = build_leaderboard(db, LeaderboardOptions{});
+  const LeaderTable& t = table_for(lb, "h", "stream");
+  ASSERT_EQ(t.rows.size(), 8u);
+  const LeaderRow& snap = row_labelled(t, "snapkv(budget=0.25)");
+  EXPECT_NEAR(snap.headroom, 0.75, 1e-6);  // KL is stored in fp32
+  EXPECT_EQ(row_labelled(t, "streaming_llm(budget=0.25)").headroom, 0.0);
+  EXPECT_FALSE(std::signbit(row_labelled(t, "streaming_llm(budget=0.25)").headroom));  // not "-0.00"
+  EXPECT_TRUE(std::isnan(row_labelled(t, "snapkv(budget=0.5)").headroom));
+  EXPECT_TRUE(
+      std::isnan(row_labelled(t, "snapkv(budget=25, budget_unit=tokens_per_head)").headroom));
+  EXPECT_TRUE(std::isnan(row_labelled(t, "full").headroom));
+  // Oracle rows: flagged from the registry's caps, never ranked, off the Pareto frontier (the
+  // oracle at 100 B/token would otherwise dominate snapkv at 0.25).
+  int oracles = 0;
+  std::vector<int> ranks;
+  for (const auto& r : t.rows) {
+    if (r.method == "oracle_topk") {
+      ++oracles;
+      EXPECT_TRUE(r.oracle);
+      EXPECT_EQ(r.rank, 0);
+      EXPECT_FALSE(r.pareto_memory);
+      EXPECT_TRUE(std::isnan(r.headroom));
+    } else {
+      EXPECT_FALSE(r.oracle) << r.label;
+      ranks.push_back(r.rank);
+    }
+  }
+  EXPECT_EQ(oracles, 2);
+  EXPECT_EQ(ranks, (std::vector<int>{1, 2, 3, 4, 5, 6}));
+  EXPECT_TRUE(snap.pareto_memory);
+  const LeaderTable& t2 = table_for(lb, "h2", "stream");
+  for (const auto& r : t2.rows) EXPECT_TRUE(std::isnan(r.headroom)) << r.label;
+
+  // Every format carries the flag and the value.
+  const std::string md = leaderboard_markdown(lb);
+  EXPECT_NE(md.find(" headroom ↑ |"), std::string::npos) << md;
+  EXPECT_NE(md.find("| oracle | oracle_topk |"), std::string::npos) << md;
+  EXPECT_NE(md.find("| 0.75 |"), std::string::npos) << md;
+  EXPECT_NE(md.find("| n/a |"), std::string::npos) << md;
+  const std::string csv = leaderboard_csv(lb);
+  EXPECT_NE(csv.find(",oracle,headroom,"), std::string::npos);
+  EXPECT_NE(csv.find(",0,0.75,"), std::string::npos) << csv;  // snapkv: not an oracle, 0.75
+  const json j = leaderboard_json(lb);
+  int json_oracles = 0;
+  for (const auto& tj : j["tables"])
+    for (const auto& r : tj["rows"]) {
+      json_oracles += r["oracle"].get<bool>();
+      if (r["label"] == snap.label && tj["model"] == "h") {
+        EXPECT_NEAR(r["headroom"].get<double>(), 0.75, 1e-6);
+      }
+      if (r["oracle"].get<bool>()) {
+        EXPECT_TRUE(r["rank"].is_null());
+        EXPECT_TRUE(r["headroom"].is_null());
+      }
+    }
+  EXPECT_EQ(json_oracles, 3);
+  const std::string html = leaderboard_html(lb);
+  EXPECT_NE(html.find("<th>headroom ↑</th>"), std::string::npos);
+  EXPECT_NE(html.find("<td>oracle</td>"), std::string::npos);
+  EXPECT_NE(html.find("<td>0.75</td>"), std::string::npos);
+}
+
 // ---------------------------------------------------------------- curves
 
 std::vector<CurvePoint> curve_points(const std::vector<std::pair<double, double>>& xy) {

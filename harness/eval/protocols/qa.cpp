@@ -209,6 +209,9 @@ class QaProtocol : public PlannedProtocol<QaRun> {
   bool runs_context_pass(const nlohmann::json& proto) const override {
     return proto.at("mode").get<std::string>() == "query_agnostic";
   }
+  bool hands_hindsight(const nlohmann::json& proto) const override {
+    return runs_context_pass(proto);
+  }
   std::string dataset_label(const nlohmann::json& proto) const override {
     const std::string src = proto.at("source");
     if (src == "synthetic")

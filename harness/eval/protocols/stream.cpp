@@ -71,6 +71,8 @@ class StreamProtocol : public PlannedProtocol<StreamRun> {
     r.always_shown_settings = {"window", "max_windows"};
     r.shows_top1 = true;
   }
+  // The window's tokens after the prompt are the continuation an oracle compresses with.
+  bool hands_hindsight(const nlohmann::json&) const override { return true; }
   int64_t expected_samples(const nlohmann::json& proto) const override {
     return proto["max_windows"].get<int64_t>();
   }
