@@ -76,6 +76,9 @@ struct ProtocolReport {
   std::string exact_delta_note;
   bool measures_throughput = false;  // its decode_tok_s fills the other tables' throughput column
   int table_order = 0;               // tables sort by it first (accuracy 0, speed 1, serving 2)
+  // False for a protocol that measures the workload rather than the methods (profile): the
+  // leaderboard leaves its runs out.
+  bool ranks_methods = true;
 };
 
 struct ProtocolInfo {

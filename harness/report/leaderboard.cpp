@@ -439,6 +439,7 @@ Leaderboard build_leaderboard(ResultsDb& db, const LeaderboardOptions& options) 
   };
   std::map<std::string, Group> groups;
   for (const auto& r : runs) {
+    if (!ProtocolRegistry::instance().report(r.protocol).ranks_methods) continue;
     json cfg = parse_json(r.config_json, "run " + std::to_string(r.id) + " config");
     json key = cfg;
     key.erase("method");

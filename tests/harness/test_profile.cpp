@@ -13,6 +13,7 @@
 #include "harness/eval/profile.h"
 #include "harness/eval/run_config.h"
 #include "harness/eval/runner.h"
+#include "harness/report/leaderboard.h"
 #include "harness/store/results_db.h"
 #include "tests/support/test_support.h"
 
@@ -142,7 +143,7 @@ TEST(ProfileProtocol, RunsEndToEndWithEveryMeasurePerLayerAndHead) {
   ResultsDb db(dir + "/db.sqlite");
   RunEnv env;
   env.data_dir = test::data_dir();
-  for (const std::string extra :
+  for (const std::string& extra :
        {std::string(""), std::string(", \"dataset\": \"random-tokens\"")}) {
     nlohmann::json cfg = resolve_run_config(nlohmann::json::parse(profile_config(extra)));
     RunOutcome o = execute_run(cfg, db, env);
@@ -164,12 +165,16 @@ TEST(ProfileProtocol, RunsEndToEndWithEveryMeasurePerLayerAndHead) {
       // 4 decode steps; the step-to-step measures start at the second.
       const bool from_second = m.name == "topk_jaccard" || m.name == "speculative_capture" ||
                                m.name == "topk_fresh_share" || m.name == "reuse_distance";
-      if (m.name != "reuse_distance") EXPECT_EQ(*m.n, from_second ? 3 : 4) << m.name;
+      if (m.name != "reuse_distance") {
+        EXPECT_EQ(*m.n, from_second ? 3 : 4) << m.name;
+      }
     }
     EXPECT_EQ(layers.size(), 5u) << extra;  // stories260K: 5 layers x 4 KV heads
     EXPECT_EQ(heads.size(), 4u) << extra;
     for (const auto& n : names) {
-      if (n != "reuse_distance") EXPECT_EQ(cells[n], 20) << n << extra;
+      if (n != "reuse_distance") {
+        EXPECT_EQ(cells[n], 20) << n << extra;
+      }
       EXPECT_FALSE(std::isnan(test::metric(o.metrics, n))) << n << extra;
     }
     // The window is 61..64 tokens long at the measured steps: everything is younger than 1024.
@@ -188,6 +193,10 @@ TEST(ProfileProtocol, RunsEndToEndWithEveryMeasurePerLayerAndHead) {
     EXPECT_TRUE(again.skipped);
     EXPECT_NEAR(test::metric(again.metrics, "entropy"), test::metric(o.metrics, "entropy"), 1e-12);
   }
+  // The runs measure the workload, not a method: the leaderboard leaves them out.
+  const Leaderboard lb = build_leaderboard(db, LeaderboardOptions{});
+  for (const auto& t : lb.tables) EXPECT_NE(t.protocol, "profile");
+  EXPECT_TRUE(lb.tables.empty());
 }
 
 TEST(ProfileProtocol, BadSettingsAreRefusedBeforeAnyRunRow) {
@@ -216,8 +225,9 @@ TEST(ProfileProtocol, BadSettingsAreRefusedBeforeAnyRunRow) {
     EXPECT_EQ(r.exit_code, 2) << cases[i].config << "\n" << r.err;
     EXPECT_NE(r.err.find(cases[i].needle), std::string::npos)
         << "want '" << cases[i].needle << "' in: " << r.err;
-    if (std::ifstream(db).good())
+    if (std::ifstream(db).good()) {
       EXPECT_EQ(ResultsDb(db).list_runs().size(), 0u) << cases[i].config;
+    }
   }
 }
 

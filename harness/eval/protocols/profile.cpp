@@ -107,6 +107,7 @@ class ProfileProtocol : public PlannedProtocol<ProfileRun> {
              int_param("kmeans_iterations", 8, 0, 1000, "Lloyd iterations of the clustered index"),
              int_param("quant_group", 32, 1, 4096, "group size of the key/value quantization")}) {
     info_.report.default_metric = "temporal_capture";
+    info_.report.ranks_methods = false;  // it measures the workload on the full cache alone
   }
   int64_t expected_samples(const nlohmann::json& protocol) const override {
     return protocol.at("max_windows").get<int64_t>();
