@@ -1,5 +1,5 @@
-// kvbench reproduce: run a paper's claim suite (configs/reproduce/<paper>.json) and write its report
-// (harness/report/reproduce.h has the logic).
+// kvbench reproduce: run a paper's claim suite (configs/reproduce/<paper>.json) and write its
+// report (harness/report/reproduce.h has the logic).
 
 #include <signal.h>
 #include <unistd.h>
@@ -55,28 +55,36 @@ void register_reproduce(CLI::App& app) {
     std::string models_dir, data_dir, cache_dir;
   };
   auto args = std::make_shared<Args>();
-  CLI::App* sub = app.add_subcommand(
-      "reproduce", "check a paper's claims: run its suite's cells, evaluate each claim's predicate, write the report");
+  CLI::App* sub = app.add_subcommand("reproduce",
+                                     "check a paper's claims: run its suite's cells, evaluate each "
+                                     "claim's predicate, write the report");
   sub->add_option("paper", args->paper, "paper (a file of --suites-dir without .json)");
   sub->add_flag("--all", args->all, "every suite of --suites-dir");
-  sub->add_option("--db", args->db, "results database (a copy of results/main.sqlite skips its finished cells)")
+  sub->add_option("--db", args->db,
+                  "results database (a copy of results/main.sqlite skips its finished cells)")
       ->capture_default_str();
   sub->add_option("--scale", args->scale, "cpu: the CPU-size claims; gpu: also the GPU-size cells")
       ->check(CLI::IsMember({"cpu", "gpu"}))
       ->capture_default_str();
-  sub->add_flag("--evaluate-only", args->evaluate_only, "run no cell; evaluate what the database holds");
+  sub->add_flag("--evaluate-only", args->evaluate_only,
+                "run no cell; evaluate what the database holds");
   sub->add_option("--suites-dir", args->suites_dir, "claim suites")->capture_default_str();
-  sub->add_option("--grids-dir", args->grids_dir, "grids the suites reference")->capture_default_str();
-  sub->add_option("--out-dir", args->out_dir, "where <paper>.md and <paper>.html go")->capture_default_str();
+  sub->add_option("--grids-dir", args->grids_dir, "grids the suites reference")
+      ->capture_default_str();
+  sub->add_option("--out-dir", args->out_dir, "where <paper>.md and <paper>.html go")
+      ->capture_default_str();
   sub->add_option("--readme", args->readme,
                   "with --all: rewrite this file's reproduce-summary block with the summary table");
   sub->add_option("--models-dir", args->models_dir, "extra directory to look models up in");
-  sub->add_option("--data-dir", args->data_dir, "data directory (else $KVBENCH_DATA, ./data, ../shared/data)");
-  sub->add_option("--cache-dir", args->cache_dir, "full-cache baseline cache (default: <db dir>/cache/baseline)");
+  sub->add_option("--data-dir", args->data_dir,
+                  "data directory (else $KVBENCH_DATA, ./data, ../shared/data)");
+  sub->add_option("--cache-dir", args->cache_dir,
+                  "full-cache baseline cache (default: <db dir>/cache/baseline)");
   sub->add_flag("--quiet,-q", args->quiet, "no progress output");
   sub->callback([args] {
     KVB_CHECK(args->all != !args->paper.empty(), "reproduce: give a PAPER or --all (one of them)");
-    KVB_CHECK(args->all || args->readme.empty(), "reproduce: --readme needs --all (the summary covers every paper)");
+    KVB_CHECK(args->all || args->readme.empty(),
+              "reproduce: --readme needs --all (the summary covers every paper)");
     std::vector<std::string> paths;
     if (args->all) {
       paths = list_reproduce_suites(args->suites_dir);
@@ -88,8 +96,8 @@ void register_reproduce(CLI::App& app) {
         if (std::filesystem::is_directory(args->suites_dir))
           for (const auto& p : list_reproduce_suites(args->suites_dir))
             names.push_back(std::filesystem::path(p).stem().string());
-        KVB_CHECK(false, "reproduce: unknown paper '", args->paper, "'", did_you_mean(args->paper, names),
-                  "; known: ", join(names, ", "));
+        KVB_CHECK(false, "reproduce: unknown paper '", args->paper, "'",
+                  did_you_mean(args->paper, names), "; known: ", join(names, ", "));
       }
       paths.push_back(path);
     }
@@ -112,7 +120,8 @@ void register_reproduce(CLI::App& app) {
       check_db_path(args->db, "--db");
 
     std::ostringstream cmd;
-    cmd << "kvbench reproduce " << (args->all ? std::string("--all") : args->paper) << " --scale " << args->scale;
+    cmd << "kvbench reproduce " << (args->all ? std::string("--all") : args->paper) << " --scale "
+        << args->scale;
     ResultsDb db(args->db);
     if (!args->evaluate_only) {
       struct sigaction sa {};
@@ -125,8 +134,9 @@ void register_reproduce(CLI::App& app) {
       ro.grid.env.models_dir = args->models_dir;
       ro.grid.env.data_dir = args->data_dir;
       const std::string db_dir = std::filesystem::path(args->db).parent_path().string();
-      ro.grid.env.cache_dir =
-          args->cache_dir.empty() ? (db_dir.empty() ? "." : db_dir) + "/cache/baseline" : args->cache_dir;
+      ro.grid.env.cache_dir = args->cache_dir.empty()
+                                  ? (db_dir.empty() ? "." : db_dir) + "/cache/baseline"
+                                  : args->cache_dir;
       ro.grid.stop = &g_reproduce_stop;
       ro.grid.progress = args->quiet ? nullptr : &std::cerr;
       for (const ReproSuite& s : suites) {
@@ -135,8 +145,11 @@ void register_reproduce(CLI::App& app) {
           std::cerr << "reproduce " << s.paper << ": " << sum.ran << " cells ran, " << sum.skipped
                     << " already done, " << sum.failed << " failed\n";
         if (sum.interrupted || sum.disk_full) {
-          std::cerr << "reproduce: stopped; re-run the same command to finish (finished cells are kept)\n";
-          std::exit(sum.disk_full ? 3 : 128 + (g_reproduce_stop.load() ? g_reproduce_stop.load() : SIGINT));
+          std::cerr << "reproduce: stopped; re-run the same command to finish (finished cells are "
+                       "kept)\n";
+          std::exit(sum.disk_full
+                        ? 3
+                        : 128 + (g_reproduce_stop.load() ? g_reproduce_stop.load() : SIGINT));
         }
       }
     }
@@ -150,19 +163,23 @@ void register_reproduce(CLI::App& app) {
     std::filesystem::create_directories(args->out_dir);
     for (const SuiteReport& r : reports) {
       const std::string c = "kvbench reproduce " + r.suite->paper + " --scale " + args->scale;
-      write_file_atomically(args->out_dir + "/" + r.suite->paper + ".md", render_reproduce_markdown(r, c));
-      write_file_atomically(args->out_dir + "/" + r.suite->paper + ".html", render_reproduce_html(r, c));
+      write_file_atomically(args->out_dir + "/" + r.suite->paper + ".md",
+                            render_reproduce_markdown(r, c));
+      write_file_atomically(args->out_dir + "/" + r.suite->paper + ".html",
+                            render_reproduce_html(r, c));
       for (size_t i = 0; i < r.results.size(); ++i)
-        std::cout << r.suite->paper << "/" << r.suite->claims[i].id << ": " << verdict_name(r.results[i].verdict)
-                  << "\n";
+        std::cout << r.suite->paper << "/" << r.suite->claims[i].id << ": "
+                  << verdict_name(r.results[i].verdict) << "\n";
     }
     const std::string summary = render_reproduce_summary(reports);
     if (args->all) {
       write_file_atomically(args->out_dir + "/summary.md",
                             "# Paper claims reproduced\n\nGenerated by `" + cmd.str() +
-                                "`; one page per paper in this directory.\n\n" + summary);
+                                "`; one page per paper in this directory.\n\n" +
+                                render_reproduce_summary(reports, ""));
       if (!args->readme.empty())
-        write_file_atomically(args->readme, replace_marked_block(readme_text, summary, args->readme));
+        write_file_atomically(args->readme,
+                              replace_marked_block(readme_text, summary, args->readme));
     }
     std::cout << summary;
   });

@@ -26,7 +26,8 @@ namespace fs = std::filesystem;
 
 namespace {
 
-void check_keys(const json& obj, const std::vector<std::string>& allowed, const std::string& where) {
+void check_keys(const json& obj, const std::vector<std::string>& allowed,
+                const std::string& where) {
   KVB_CHECK(obj.is_object(), where, ": expected a JSON object");
   for (auto it = obj.begin(); it != obj.end(); ++it)
     KVB_CHECK(std::find(allowed.begin(), allowed.end(), it.key()) != allowed.end(), where,
@@ -83,8 +84,9 @@ ClaimSide load_side(const json& j, const std::string& where, const std::string& 
   go.check_inputs = options.check_inputs && scale == "cpu";
   ClaimSide side;
   if (j.contains("config")) {
-    KVB_CHECK(!j.contains("grid") && !j.contains("where"), where,
-              ": give either \"config\" (an inline run config) or \"grid\" with \"where\", not both");
+    KVB_CHECK(
+        !j.contains("grid") && !j.contains("where"), where,
+        ": give either \"config\" (an inline run config) or \"grid\" with \"where\", not both");
     KVB_CHECK(j["config"].is_object(), where, ".config: expected a run config object");
     side.grid = "reproduce_" + paper;
     side.origin = "inline";
@@ -98,9 +100,11 @@ ClaimSide load_side(const json& j, const std::string& where, const std::string& 
     return side;
   }
   const std::string grid = get_string(j, "grid", where, true);
-  KVB_CHECK(j.contains("where") && j["where"].is_object() && !j["where"].empty(), where,
-            ".where: expected a non-empty object {\"dotted.config.key\": value} picking one cell of "
-            "grid '", grid, "'");
+  KVB_CHECK(
+      j.contains("where") && j["where"].is_object() && !j["where"].empty(), where,
+      ".where: expected a non-empty object {\"dotted.config.key\": value} picking one cell of "
+      "grid '",
+      grid, "'");
   KVB_CHECK(grid.find('/') == std::string::npos && grid.find("..") == std::string::npos, where,
             ".grid: a grid name (a file of ", options.grids_dir, "), not a path: '", grid, "'");
   const std::string path = options.grids_dir + "/" + grid + ".json";
@@ -108,7 +112,8 @@ ClaimSide load_side(const json& j, const std::string& where, const std::string& 
   auto it = cache.plans.find(path + (go.check_inputs ? "" : "#schema"));
   if (it == cache.plans.end()) {
     try {
-      it = cache.plans.emplace(path + (go.check_inputs ? "" : "#schema"), load_grid(path, go)).first;
+      it =
+          cache.plans.emplace(path + (go.check_inputs ? "" : "#schema"), load_grid(path, go)).first;
     } catch (const Error& e) {
       throw Error(where + ".grid '" + grid + "': " + e.what());
     }
@@ -146,14 +151,21 @@ ClaimPredicate load_predicate(const json& j, const std::string& where) {
   KVB_CHECK(std::find(names.begin(), names.end(), p.metric) != names.end(), where,
             ".metric: unknown metric '", p.metric, "'", did_you_mean(p.metric, names));
   const std::string kind = get_string(j, "kind", where, true);
-  if (kind == "value") p.kind = ClaimKind::kValue;
-  else if (kind == "difference") p.kind = ClaimKind::kDifference;
-  else if (kind == "ratio") p.kind = ClaimKind::kRatio;
-  else KVB_CHECK(false, where, ".kind: '", kind, "' is not one of value, difference, ratio");
+  if (kind == "value")
+    p.kind = ClaimKind::kValue;
+  else if (kind == "difference")
+    p.kind = ClaimKind::kDifference;
+  else if (kind == "ratio")
+    p.kind = ClaimKind::kRatio;
+  else
+    KVB_CHECK(false, where, ".kind: '", kind, "' is not one of value, difference, ratio");
   const std::string dir = get_string(j, "direction", where, true);
-  if (dir == "greater") p.direction = ClaimDirection::kGreater;
-  else if (dir == "less") p.direction = ClaimDirection::kLess;
-  else KVB_CHECK(false, where, ".direction: '", dir, "' is not one of greater, less");
+  if (dir == "greater")
+    p.direction = ClaimDirection::kGreater;
+  else if (dir == "less")
+    p.direction = ClaimDirection::kLess;
+  else
+    KVB_CHECK(false, where, ".direction: '", dir, "' is not one of greater, less");
   KVB_CHECK(j.contains("threshold") && j["threshold"].is_number(), where,
             ".threshold: expected a number");
   p.threshold = j["threshold"].get<double>();
@@ -189,8 +201,8 @@ ClaimPredicate load_predicate(const json& j, const std::string& where) {
 Claim load_claim(const json& j, const std::string& where, const std::string& paper,
                  const ReproLoadOptions& options, GridCache& cache) {
   check_keys(j,
-             {"id", "statement", "paper_value", "source", "scale", "not_runnable", "caveat", "a", "b",
-              "predicate"},
+             {"id", "statement", "paper_value", "source", "scale", "not_runnable", "caveat", "a",
+              "b", "predicate"},
              where);
   Claim c;
   c.id = get_string(j, "id", where, true);
@@ -203,8 +215,9 @@ Claim load_claim(const json& j, const std::string& where, const std::string& pap
   KVB_CHECK(c.scale == "cpu" || c.scale == "gpu", where, ".scale: '", c.scale,
             "' is not one of cpu, gpu");
   if (!j.contains("predicate")) {
-    KVB_CHECK(!c.not_runnable.empty(), where,
-              ": missing required key 'predicate' (only a claim with \"not_runnable\" may go without)");
+    KVB_CHECK(
+        !c.not_runnable.empty(), where,
+        ": missing required key 'predicate' (only a claim with \"not_runnable\" may go without)");
     KVB_CHECK(!j.contains("a") && !j.contains("b"), where,
               ": cells \"a\"/\"b\" without a \"predicate\" would test nothing");
     return c;
@@ -217,14 +230,16 @@ Claim load_claim(const json& j, const std::string& where, const std::string& pap
     KVB_CHECK(!j.contains("b"), where, ".b: a \"value\" predicate measures one cell; drop \"b\"");
   } else {
     KVB_CHECK(j.contains("b"), where, ": missing required key 'b' (a ",
-              c.predicate.kind == ClaimKind::kRatio ? "ratio" : "difference", " compares two cells)");
+              c.predicate.kind == ClaimKind::kRatio ? "ratio" : "difference",
+              " compares two cells)");
     c.sides.push_back(load_side(j["b"], where + ".b", paper, c.scale, options, cache));
     KVB_CHECK(c.sides[0].cell.config_hash != c.sides[1].cell.config_hash, where,
               ": \"a\" and \"b\" are the same run (", c.sides[0].cell.label,
               "): the check could not fail");
   }
   if (c.sides.size() == 2)
-    KVB_CHECK(c.sides[0].cell.resolved["protocol"]["name"] == c.sides[1].cell.resolved["protocol"]["name"],
+    KVB_CHECK(c.sides[0].cell.resolved["protocol"]["name"] ==
+                  c.sides[1].cell.resolved["protocol"]["name"],
               where, ": \"a\" and \"b\" run different protocols; their samples do not pair");
   return c;
 }
@@ -238,7 +253,8 @@ struct SideRun {
 SideRun find_done_run(ResultsDb& db, const ClaimSide& side) {
   SideRun out;
   out.run = db.find_run_by_hash(side.cell.config_hash);
-  if (!out.run) out.missing = "cell " + side.cell.label + " has not run";
+  if (!out.run)
+    out.missing = "cell " + side.cell.label + " has not run";
   else if (out.run->status != RunStatus::kDone)
     out.missing = "cell " + side.cell.label + " is " + to_string(out.run->status);
   if (!out.missing.empty()) out.run.reset();
@@ -330,9 +346,11 @@ std::string scale_note(const RunRow& run) {
       if (p.contains(k) && p[k].is_number()) note += std::string(", ") + k + " " + p[k].dump();
   }
   json prov = json::parse(run.provenance_json, nullptr, false);
-  std::string device = cfg.is_object() && cfg.contains("device") ? cfg["device"].get<std::string>() : "";
+  std::string device =
+      cfg.is_object() && cfg.contains("device") ? cfg["device"].get<std::string>() : "";
   if (prov.is_object() && prov.contains("cpu") && prov["cpu"].is_string())
-    device += device.empty() ? prov["cpu"].get<std::string>() : " (" + prov["cpu"].get<std::string>() + ")";
+    device += device.empty() ? prov["cpu"].get<std::string>()
+                             : " (" + prov["cpu"].get<std::string>() + ")";
   if (!device.empty()) note += ", " + device;
   return note;
 }
@@ -341,10 +359,14 @@ std::string scale_note(const RunRow& run) {
 
 const char* verdict_name(Verdict v) {
   switch (v) {
-    case Verdict::kHolds: return "holds";
-    case Verdict::kDoesNotHold: return "does not hold";
-    case Verdict::kInconclusive: return "inconclusive";
-    case Verdict::kNotRunnable: return "not runnable here";
+    case Verdict::kHolds:
+      return "holds";
+    case Verdict::kDoesNotHold:
+      return "does not hold";
+    case Verdict::kInconclusive:
+      return "inconclusive";
+    case Verdict::kNotRunnable:
+      return "not runnable here";
   }
   return "?";
 }
@@ -411,15 +433,17 @@ ClaimResult evaluate_claim(const Claim& claim, ResultsDb& db, const std::string&
     }
     runs.push_back(*sr.run);
     r.scale_notes.push_back(scale_note(*sr.run));
-    r.wall_s += sr.run->wall_s.value_or(0);
+    r.cell_wall_s[sr.run->config_hash] = sr.run->wall_s.value_or(0);
   }
   const bool paired = runs.size() == 2;
   const std::string& protocol = runs[0].protocol;
-  KVB_CHECK(!paired || runs[1].protocol == protocol, "claim '", claim.id, "': its cells run different protocols (",
-            protocol, ", ", runs[1].protocol, "): their samples do not pair");
+  KVB_CHECK(!paired || runs[1].protocol == protocol, "claim '", claim.id,
+            "': its cells run different protocols (", protocol, ", ", runs[1].protocol,
+            "): their samples do not pair");
   const SampleMetricDef* def = find_sample_metric(protocol, p.metric);
-  const bool deterministic = ProtocolRegistry::instance().has(protocol) &&
-                             !ProtocolRegistry::instance().report(protocol).exact_delta_note.empty();
+  const bool deterministic =
+      ProtocolRegistry::instance().has(protocol) &&
+      !ProtocolRegistry::instance().report(protocol).exact_delta_note.empty();
   if (def != nullptr && !deterministic) {
     const RunSamples sa = extract_samples(protocol, db.samples(runs[0].id));
     const RunSamples sb = paired ? extract_samples(protocol, db.samples(runs[1].id)) : sa;
@@ -435,16 +459,36 @@ ClaimResult evaluate_claim(const Claim& claim, ResultsDb& db, const std::string&
     r.estimate = ci.estimate;
     r.lo = ci.lo;
     r.hi = ci.hi;
-    r.a_value = claim_statistic(ClaimKind::kValue, def->exp_transform,
-                                [&] { double s = 0; for (double v : x.a_num) s += v; return s; }(),
-                                [&] { double s = 0; for (double v : x.a_den) s += v; return s; }(), 1, 1);
+    r.a_value = claim_statistic(
+        ClaimKind::kValue, def->exp_transform,
+        [&] {
+          double s = 0;
+          for (double v : x.a_num) s += v;
+          return s;
+        }(),
+        [&] {
+          double s = 0;
+          for (double v : x.a_den) s += v;
+          return s;
+        }(),
+        1, 1);
     if (paired)
-      r.b_value = claim_statistic(ClaimKind::kValue, def->exp_transform,
-                                  [&] { double s = 0; for (double v : x.b_num) s += v; return s; }(),
-                                  [&] { double s = 0; for (double v : x.b_den) s += v; return s; }(), 1, 1);
+      r.b_value = claim_statistic(
+          ClaimKind::kValue, def->exp_transform,
+          [&] {
+            double s = 0;
+            for (double v : x.b_num) s += v;
+            return s;
+          }(),
+          [&] {
+            double s = 0;
+            for (double v : x.b_den) s += v;
+            return s;
+          }(),
+          1, 1);
     if (static_cast<int64_t>(r.n) < p.min_samples) {
-      r.why = std::to_string(r.n) + (paired ? " paired" : "") + " samples, fewer than the claim's minimum " +
-              std::to_string(p.min_samples);
+      r.why = std::to_string(r.n) + (paired ? " paired" : "") +
+              " samples, fewer than the claim's minimum " + std::to_string(p.min_samples);
       return r;
     }
     r.verdict = verdict_of(p, r.lo, r.hi);
@@ -485,7 +529,8 @@ ClaimResult evaluate_claim(const Claim& claim, ResultsDb& db, const std::string&
   return r;
 }
 
-GridSummary run_reproduce_cells(const ReproSuite& suite, ResultsDb& db, const ReproRunOptions& options) {
+GridSummary run_reproduce_cells(const ReproSuite& suite, ResultsDb& db,
+                                const ReproRunOptions& options) {
   // Cells grouped by grid, in the order the claims name them, each once.
   std::vector<std::string> order;
   std::map<std::string, std::vector<GridCell>> by_grid;
@@ -521,9 +566,12 @@ std::string kind_text(const ClaimPredicate& p) {
   const std::string m = "`" + p.metric + "`";
   const std::string rel = p.direction == ClaimDirection::kGreater ? " > " : " < ";
   switch (p.kind) {
-    case ClaimKind::kValue: return m + "(a)" + rel + fmt(p.threshold);
-    case ClaimKind::kDifference: return m + "(a) − " + m + "(b)" + rel + fmt(p.threshold);
-    case ClaimKind::kRatio: return m + "(a) / " + m + "(b)" + rel + fmt(p.threshold);
+    case ClaimKind::kValue:
+      return m + "(a)" + rel + fmt(p.threshold);
+    case ClaimKind::kDifference:
+      return m + "(a) − " + m + "(b)" + rel + fmt(p.threshold);
+    case ClaimKind::kRatio:
+      return m + "(a) / " + m + "(b)" + rel + fmt(p.threshold);
   }
   return "";
 }
@@ -532,15 +580,19 @@ std::string ours_text(const ClaimResult& r) {
   if (!r.have_value) return "—";
   if (r.exact) return fmt(r.estimate) + " (exact)";
   if (r.n <= 1) return fmt(r.estimate) + " (no interval)";
-  return fmt(r.estimate) + " [" + fmt(r.lo) + ", " + fmt(r.hi) + "] (n=" + std::to_string(r.n) + ")";
+  return fmt(r.estimate) + " [" + fmt(r.lo) + ", " + fmt(r.hi) + "] (n=" + std::to_string(r.n) +
+         ")";
 }
 
 std::string md_cell(std::string s) {
   std::string out;
   for (char c : s) {
-    if (c == '|') out += "\\|";
-    else if (c == '\n') out += ' ';
-    else out += c;
+    if (c == '|')
+      out += "\\|";
+    else if (c == '\n')
+      out += ' ';
+    else
+      out += c;
   }
   return out;
 }
@@ -549,11 +601,20 @@ std::string html_escape(const std::string& s) {
   std::string out;
   for (char c : s) {
     switch (c) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&quot;"; break;
-      default: out += c;
+      case '&':
+        out += "&amp;";
+        break;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '"':
+        out += "&quot;";
+        break;
+      default:
+        out += c;
     }
   }
   return out;
@@ -561,25 +622,39 @@ std::string html_escape(const std::string& s) {
 
 struct Counts {
   size_t holds = 0, not_hold = 0, inconclusive = 0, not_runnable = 0;
-  double wall_s = 0;
+  std::map<std::string, double> cell_wall_s;  // each evaluated cell once
+  double wall_s() const {
+    double s = 0;
+    for (const auto& [hash, w] : cell_wall_s) s += w;
+    return s;
+  }
 };
 
 Counts count(const SuiteReport& r) {
   Counts c;
   for (const ClaimResult& x : r.results) {
-    c.wall_s += x.wall_s;
+    c.cell_wall_s.insert(x.cell_wall_s.begin(), x.cell_wall_s.end());
     switch (x.verdict) {
-      case Verdict::kHolds: ++c.holds; break;
-      case Verdict::kDoesNotHold: ++c.not_hold; break;
-      case Verdict::kInconclusive: ++c.inconclusive; break;
-      case Verdict::kNotRunnable: ++c.not_runnable; break;
+      case Verdict::kHolds:
+        ++c.holds;
+        break;
+      case Verdict::kDoesNotHold:
+        ++c.not_hold;
+        break;
+      case Verdict::kInconclusive:
+        ++c.inconclusive;
+        break;
+      case Verdict::kNotRunnable:
+        ++c.not_runnable;
+        break;
     }
   }
   return c;
 }
 
 std::string side_text(const ClaimSide& s) {
-  return s.cell.label + " (" + (s.origin == "inline" ? std::string("inline cell") : "grid `" + s.grid + "`") +
+  return s.cell.label + " (" +
+         (s.origin == "inline" ? std::string("inline cell") : "grid `" + s.grid + "`") +
          ", config " + s.cell.config_hash.substr(0, 12) + ")";
 }
 
@@ -594,39 +669,47 @@ std::string render_reproduce_markdown(const SuiteReport& report, const std::stri
     << "` and the results store; do not edit by hand.\n\n";
   o << "Paper: " << s.reference << ". Its setting: " << s.setting << "\n\n";
   const Counts c = count(report);
-  o << "**" << s.claims.size() << " claims: " << c.holds << " hold, " << c.not_hold << " do not hold, "
-    << c.inconclusive << " inconclusive, " << c.not_runnable << " not runnable here.** "
-    << "Compute time of the evaluated cells as the store records it: " << fmt(c.wall_s) << " s.\n\n";
+  o << "**" << s.claims.size() << " claims: " << c.holds << " hold, " << c.not_hold
+    << " do not hold, " << c.inconclusive << " inconclusive, " << c.not_runnable
+    << " not runnable here.** "
+    << "Compute time of its " << c.cell_wall_s.size()
+    << " evaluated cells as the store records it: " << fmt(c.wall_s()) << " s.\n\n";
   o << "| claim | paper's number | predicate | ours [95% CI] | verdict |\n|---|---|---|---|---|\n";
   for (size_t i = 0; i < s.claims.size(); ++i) {
     const Claim& cl = s.claims[i];
     const ClaimResult& r = report.results[i];
-    o << "| " << md_cell(cl.id) << " | " << md_cell(cl.paper_value) << " (" << md_cell(cl.source) << ") | "
-      << (cl.has_predicate ? md_cell(kind_text(cl.predicate)) : "—") << " | " << md_cell(ours_text(r))
-      << " | **" << verdict_name(r.verdict) << "** |\n";
+    o << "| " << md_cell(cl.id) << " | " << md_cell(cl.paper_value) << " (" << md_cell(cl.source)
+      << ") | " << (cl.has_predicate ? md_cell(kind_text(cl.predicate)) : "—") << " | "
+      << md_cell(ours_text(r)) << " | **" << verdict_name(r.verdict) << "** |\n";
   }
   o << "\n## Claims\n";
   for (size_t i = 0; i < s.claims.size(); ++i) {
     const Claim& cl = s.claims[i];
     const ClaimResult& r = report.results[i];
     o << "\n### " << cl.id << ": " << verdict_name(r.verdict) << "\n\n";
-    o << "- Paper: " << cl.statement << " Quoted: " << cl.paper_value << " (" << cl.source << ").\n";
+    o << "- Paper: " << cl.statement << " Quoted: " << cl.paper_value << " (" << cl.source
+      << ").\n";
     if (cl.has_predicate) {
-      o << "- Predicate: " << kind_text(cl.predicate) << " at " << fmt(cl.predicate.confidence * 100)
-        << "% confidence, at least " << cl.predicate.min_samples << " samples.\n";
+      o << "- Predicate: " << kind_text(cl.predicate) << " at "
+        << fmt(cl.predicate.confidence * 100) << "% confidence, at least "
+        << cl.predicate.min_samples << " samples.\n";
       o << "- a: " << side_text(cl.sides[0]) << "\n";
       if (cl.sides.size() > 1) o << "- b: " << side_text(cl.sides[1]) << "\n";
     }
     o << "- Ours: " << ours_text(r);
-    if (r.have_value && cl.sides.size() > 1) o << " (a = " << fmt(r.a_value) << ", b = " << fmt(r.b_value) << ")";
-    else if (r.have_value && !r.exact) o << " (a = " << fmt(r.a_value) << ")";
+    if (r.have_value && cl.sides.size() > 1)
+      o << " (a = " << fmt(r.a_value) << ", b = " << fmt(r.b_value) << ")";
+    else if (r.have_value && !r.exact)
+      o << " (a = " << fmt(r.a_value) << ")";
     o << "; " << r.why << ".\n";
     for (size_t k = 0; k < r.scale_notes.size(); ++k)
       o << "- Scale (" << (k == 0 ? "a" : "b") << "): " << r.scale_notes[k] << ".\n";
     if (!cl.caveat.empty()) o << "- How our setting differs: " << cl.caveat << "\n";
   }
-  o << "\n## Commands\n\n```\n" << command << "\n```\n\n"
-    << "`--evaluate-only` re-evaluates the stored runs without running cells; `--scale gpu` adds the "
+  o << "\n## Commands\n\n```\n"
+    << command << "\n```\n\n"
+    << "`--evaluate-only` re-evaluates the stored runs without running cells; `--scale gpu` adds "
+       "the "
        "GPU-size cells. The cells of a shipped grid are the same runs `kvbench grid -c "
        "configs/grids/<grid>.json` computes, so a store that has them skips them.\n";
   return o.str();
@@ -636,14 +719,17 @@ std::string render_reproduce_html(const SuiteReport& report, const std::string& 
   const ReproSuite& s = *report.suite;
   std::ostringstream o;
   o << "<!doctype html><html><head><meta charset=\"utf-8\"><title>Reproducing "
-    << html_escape(s.title) << "</title><style>body{font-family:sans-serif;max-width:70em;margin:2em auto}"
-    << "table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:.3em .5em;vertical-align:top}"
+    << html_escape(s.title)
+    << "</title><style>body{font-family:sans-serif;max-width:70em;margin:2em auto}"
+    << "table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:.3em "
+       ".5em;vertical-align:top}"
     << ".holds{background:#dfd}.does-not-hold{background:#fdd}.inconclusive{background:#ffd}"
     << ".not-runnable-here{background:#eee}</style></head><body>\n";
   o << "<h1>Reproducing " << html_escape(s.title) << "</h1>\n<p>" << html_escape(s.reference)
     << ". Setting: " << html_escape(s.setting) << "</p>\n";
   o << "<table><tr><th>claim</th><th>statement</th><th>paper's number</th><th>predicate</th>"
-    << "<th>ours [95% CI]</th><th>verdict</th><th>scale</th><th>how our setting differs</th></tr>\n";
+    << "<th>ours [95% CI]</th><th>verdict</th><th>scale</th><th>how our setting "
+       "differs</th></tr>\n";
   for (size_t i = 0; i < s.claims.size(); ++i) {
     const Claim& cl = s.claims[i];
     const ClaimResult& r = report.results[i];
@@ -651,8 +737,9 @@ std::string render_reproduce_html(const SuiteReport& report, const std::string& 
     std::replace(cls.begin(), cls.end(), ' ', '-');
     std::string scale;
     for (const auto& n : r.scale_notes) scale += html_escape(n) + "<br>";
-    o << "<tr class=\"" << cls << "\"><td>" << html_escape(cl.id) << "</td><td>" << html_escape(cl.statement)
-      << "</td><td>" << html_escape(cl.paper_value) << " (" << html_escape(cl.source) << ")</td><td>"
+    o << "<tr class=\"" << cls << "\"><td>" << html_escape(cl.id) << "</td><td>"
+      << html_escape(cl.statement) << "</td><td>" << html_escape(cl.paper_value) << " ("
+      << html_escape(cl.source) << ")</td><td>"
       << (cl.has_predicate ? html_escape(kind_text(cl.predicate)) : "—") << "</td><td>"
       << html_escape(ours_text(r)) << "</td><td><b>" << verdict_name(r.verdict) << "</b><br>"
       << html_escape(r.why) << "</td><td>" << scale << "</td><td>" << html_escape(cl.caveat)
@@ -662,7 +749,8 @@ std::string render_reproduce_html(const SuiteReport& report, const std::string& 
   return o.str();
 }
 
-std::string render_reproduce_summary(const std::vector<SuiteReport>& reports) {
+std::string render_reproduce_summary(const std::vector<SuiteReport>& reports,
+                                     const std::string& link_dir) {
   std::ostringstream o;
   Counts total;
   size_t claims = 0;
@@ -675,13 +763,16 @@ std::string render_reproduce_summary(const std::vector<SuiteReport>& reports) {
     total.not_hold += c.not_hold;
     total.inconclusive += c.inconclusive;
     total.not_runnable += c.not_runnable;
+    total.cell_wall_s.insert(c.cell_wall_s.begin(), c.cell_wall_s.end());
     o << "| " << md_cell(r.suite->title) << " | " << r.results.size() << " | " << c.holds << " | "
-      << c.not_hold << " | " << c.inconclusive << " | " << c.not_runnable
-      << " | [results/reproduce/" << r.suite->paper << ".md](results/reproduce/" << r.suite->paper
-      << ".md) |\n";
+      << c.not_hold << " | " << c.inconclusive << " | " << c.not_runnable << " | ["
+      << r.suite->paper << ".md](" << link_dir << r.suite->paper << ".md) |\n";
   }
   o << "| **all** | " << claims << " | " << total.holds << " | " << total.not_hold << " | "
     << total.inconclusive << " | " << total.not_runnable << " | |\n";
+  o << "\n"
+    << total.cell_wall_s.size() << " distinct cells evaluated; their compute time as the store "
+    << "records it (one run each, whichever machine ran it): " << fmt(total.wall_s()) << " s.\n";
   return o.str();
 }
 

@@ -1,11 +1,11 @@
 #pragma once
 // `kvbench reproduce`: a paper's claims as predicates over the results store. A suite
-// (configs/reproduce/<paper>.json, format in configs/README.md) lists the paper's claims; each names
-// the quoted value and where in the paper it is, the cells that test it (a cell of a shipped grid
-// picked by a filter on its resolved config, or an inline run config), and a predicate: a metric,
-// a kind (the value of one run, the difference a - b or the ratio a / b of two), a direction and a
-// threshold. The claim is evaluated on the paired samples of its two runs by the bootstrap of
-// sample_stats.h and statistics.h, and gets one of four verdicts:
+// (configs/reproduce/<paper>.json, format in configs/README.md) lists the paper's claims; each
+// names the quoted value and where in the paper it is, the cells that test it (a cell of a shipped
+// grid picked by a filter on its resolved config, or an inline run config), and a predicate: a
+// metric, a kind (the value of one run, the difference a - b or the ratio a / b of two), a
+// direction and a threshold. The claim is evaluated on the paired samples of its two runs by the
+// bootstrap of sample_stats.h and statistics.h, and gets one of four verdicts:
 //
 //   holds            the whole confidence interval is on the claim's side of the threshold
 //   does not hold    the whole interval is on the other side
@@ -18,16 +18,17 @@
 // compares the value itself, and the report says the value is exact rather than sampled.
 //
 // Everything in a suite is validated before anything runs or is written: unknown keys, an unknown
-// metric, method or grid, a filter that does not pick exactly one cell, and a check that cannot fail
-// (both sides the same run, a ratio threshold <= 0) are refused with the file and the key named.
+// metric, method or grid, a filter that does not pick exactly one cell, and a check that cannot
+// fail (both sides the same run, a ratio threshold <= 0) are refused with the file and the key
+// named.
 
 #include <atomic>
 #include <cstdint>
+#include <map>
+#include <nlohmann/json.hpp>
 #include <ostream>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "harness/eval/grid.h"
 #include "harness/store/results_db.h"
@@ -80,7 +81,8 @@ struct ReproSuite {
 struct ReproLoadOptions {
   std::string grids_dir = "configs/grids";  // where a side's "grid" is looked up (<name>.json)
   std::string models_dir, data_dir;
-  bool check_inputs = true;  // models and data of cpu-scale cells must exist (gpu cells: schema only)
+  bool check_inputs =
+      true;  // models and data of cpu-scale cells must exist (gpu cells: schema only)
 };
 
 // Loads and validates one suite; throws kvb::Error naming the file and key on any problem.
@@ -89,7 +91,8 @@ ReproSuite load_reproduce_suite(const std::string& path, const ReproLoadOptions&
 std::vector<std::string> list_reproduce_suites(const std::string& suites_dir);
 
 enum class Verdict { kHolds, kDoesNotHold, kInconclusive, kNotRunnable };
-const char* verdict_name(Verdict v);  // "holds", "does not hold", "inconclusive", "not runnable here"
+const char* verdict_name(
+    Verdict v);  // "holds", "does not hold", "inconclusive", "not runnable here"
 
 struct ClaimResult {
   Verdict verdict = Verdict::kInconclusive;
@@ -99,8 +102,8 @@ struct ClaimResult {
   double estimate = 0, lo = 0, hi = 0;
   size_t n = 0;  // samples (pairs) the interval rests on
   double a_value = 0, b_value = 0;
-  std::vector<std::string> scale_notes;  // model, context and device of each side's run
-  double wall_s = 0;                     // compute time of its runs as the store records it
+  std::vector<std::string> scale_notes;       // model, context and device of each side's run
+  std::map<std::string, double> cell_wall_s;  // config hash -> the run's wall time as stored
 };
 
 // The claim's cells that `scale` runs ("cpu": cpu-scale claims; "gpu": all), not not_runnable.
@@ -115,7 +118,8 @@ struct ReproRunOptions {
 };
 // Runs the cells of the suite's claims that `scale` runs, through run_grid (resumable: finished
 // cells are skipped). Returns the summed grid summaries.
-GridSummary run_reproduce_cells(const ReproSuite& suite, ResultsDb& db, const ReproRunOptions& options);
+GridSummary run_reproduce_cells(const ReproSuite& suite, ResultsDb& db,
+                                const ReproRunOptions& options);
 
 struct SuiteReport {
   const ReproSuite* suite = nullptr;
@@ -126,7 +130,9 @@ struct SuiteReport {
 // Markdown, for the README's marked block). `command` is the reproduce command line shown.
 std::string render_reproduce_markdown(const SuiteReport& report, const std::string& command);
 std::string render_reproduce_html(const SuiteReport& report, const std::string& command);
-std::string render_reproduce_summary(const std::vector<SuiteReport>& reports);
+// `link_dir` prefixes the links to the pages ("results/reproduce/" from the repository root).
+std::string render_reproduce_summary(const std::vector<SuiteReport>& reports,
+                                     const std::string& link_dir = "results/reproduce/");
 
 // Replaces the text between the marker lines "<!-- reproduce-summary:begin -->" and
 // "<!-- reproduce-summary:end -->" of `document`; throws kvb::Error when the markers are missing.
