@@ -173,6 +173,23 @@ ClaimPredicate load_predicate(const json& j, const std::string& where) {
   KVB_CHECK(p.kind != ClaimKind::kRatio || p.threshold > 0, where,
             ".threshold: a ratio's threshold must be > 0 (a ratio of non-negative metrics is never "
             "below 0, so the check could not fail)");
+  // A fraction lies in [0, 1], so a value or difference of fractions has bounds a threshold beyond
+  // which the check could not fail.
+  std::string unit;
+  if (is_known_metric(p.metric)) unit = std::string(metric_info(p.metric).unit);
+  for (const std::string& proto : protocols.names())
+    for (const SampleMetricDef& d : protocols.report(proto).sample_metrics)
+      if (d.name == p.metric && unit.empty()) unit = d.unit;
+  if (unit == "fraction" && p.kind != ClaimKind::kRatio) {
+    const double lo = p.kind == ClaimKind::kValue ? 0.0 : -1.0;
+    const bool can_fail =
+        p.direction == ClaimDirection::kGreater ? p.threshold >= lo : p.threshold <= 1.0;
+    KVB_CHECK(can_fail, where, ".threshold: ", p.metric, " is a fraction, so ", p.threshold,
+              " is beyond its range and the check could not fail");
+  }
+  if (p.kind == ClaimKind::kValue && p.direction == ClaimDirection::kGreater)
+    KVB_CHECK(p.threshold >= 0, where, ".threshold: ", p.metric,
+              " is never negative, so 'greater than ", p.threshold, "' could not fail");
   if (j.contains("min_samples")) {
     KVB_CHECK(j["min_samples"].is_number_integer() && j["min_samples"].get<int64_t>() >= 2 &&
                   j["min_samples"].get<int64_t>() <= 1000000,
@@ -346,11 +363,14 @@ std::string scale_note(const RunRow& run) {
       if (p.contains(k) && p[k].is_number()) note += std::string(", ") + k + " " + p[k].dump();
   }
   json prov = json::parse(run.provenance_json, nullptr, false);
-  std::string device =
-      cfg.is_object() && cfg.contains("device") ? cfg["device"].get<std::string>() : "";
-  if (prov.is_object() && prov.contains("cpu") && prov["cpu"].is_string())
-    device += device.empty() ? prov["cpu"].get<std::string>()
-                             : " (" + prov["cpu"].get<std::string>() + ")";
+  std::string device = cfg.is_object() && cfg.contains("device") && cfg["device"].is_string()
+                           ? cfg["device"].get<std::string>()
+                           : "";
+  if (prov.is_object() && prov.contains("cpu_model") && prov["cpu_model"].is_string() &&
+      !prov["cpu_model"].get<std::string>().empty())
+    device += " (" + prov["cpu_model"].get<std::string>() + ")";
+  if (cfg.is_object() && cfg.contains("threads") && cfg["threads"].is_number())
+    device += ", " + cfg["threads"].dump() + " threads";
   if (!device.empty()) note += ", " + device;
   return note;
 }

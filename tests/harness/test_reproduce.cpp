@@ -282,6 +282,15 @@ TEST(Reproduce, SuiteErrorsAreNamed) {
   expect_suite_error(json::array({no_grid}), "unknown grid 'nosuchgrid'");
   expect_suite_error(json::array({good, good}), "repeats an earlier claim's id");
   expect_suite_error(json::array({good}), "must equal the file name's stem", "other");
+  json beyond = good;
+  beyond["predicate"]["threshold"] = -1.5;
+  expect_suite_error(json::array({beyond}), "is a fraction, so -1.5 is beyond its range");
+  json negative_value = good;
+  negative_value.erase("b");
+  negative_value["predicate"]["kind"] = "value";
+  negative_value["predicate"]["metric"] = "kl_mean";
+  negative_value["predicate"]["threshold"] = -0.1;
+  expect_suite_error(json::array({negative_value}), "is never negative");
   json bare = good;
   bare.erase("predicate");
   expect_suite_error(json::array({bare}), "missing required key 'predicate'");
