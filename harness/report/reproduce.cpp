@@ -94,6 +94,19 @@ ClaimSide load_side(const json& j, const std::string& where, const std::string& 
       GridPlan plan = expand_grid(json{{"name", side.grid}, {"base", j["config"]}}, go);
       KVB_ASSERT(plan.cells.size() == 1, "reproduce", "an inline config expands to one cell");
       side.cell = plan.cells[0];
+      // A grid without axes labels its one cell "(base)"; name what it runs instead (the method as
+      // the suite gives it, the model, the protocol and its task or dataset).
+      const json& r = side.cell.resolved;
+      const json& rp = r["protocol"];
+      std::string proto = rp["name"].get<std::string>();
+      const char* what =
+          rp.contains("task") && rp["task"].is_string() && rp["name"] == "qa" ? "task" : "dataset";
+      if (rp.contains(what) && rp[what].is_string()) proto += " " + rp[what].get<std::string>();
+      for (const char* k : {"length", "window", "max_windows"})
+        if (rp.contains(k) && rp[k].is_number()) proto += std::string(" ") + k + "=" + rp[k].dump();
+      const json& raw_method = j["config"].contains("method") ? j["config"]["method"] : r["method"];
+      side.cell.label =
+          method_label(raw_method) + " on " + r["model"].get<std::string>() + ", " + proto;
     } catch (const Error& e) {
       throw Error(where + ".config: " + e.what());
     }
