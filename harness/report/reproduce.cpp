@@ -286,7 +286,8 @@ SideRun find_done_run(ResultsDb& db, const ClaimSide& side) {
   if (!out.run)
     out.missing = "cell " + side.cell.label + " has not run";
   else if (out.run->status != RunStatus::kDone)
-    out.missing = "cell " + side.cell.label + " is " + to_string(out.run->status);
+    out.missing = "cell " + side.cell.label + " is " + to_string(out.run->status) +
+                  (out.run->error.empty() ? "" : " (" + out.run->error + ")");
   if (!out.missing.empty()) out.run.reset();
   return out;
 }
