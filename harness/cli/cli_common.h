@@ -41,6 +41,7 @@ void register_grid(CLI::App& app);
 void register_merge(CLI::App& app);
 void register_leaderboard(CLI::App& app);
 void register_compare(CLI::App& app);
+void register_reproduce(CLI::App& app);
 void register_show(CLI::App& app);
 void register_train(CLI::App& app);
 void register_tokenize(CLI::App& app);

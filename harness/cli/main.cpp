@@ -57,6 +57,7 @@ int main(int argc, char** argv) {
     kvb::cli::register_merge(app);
     kvb::cli::register_leaderboard(app);
     kvb::cli::register_compare(app);
+    kvb::cli::register_reproduce(app);
     kvb::cli::register_show(app);
     kvb::cli::register_train(app);
     // The methods' tools (kvtuner-search, dms-train, packet-train, and any plugin's), by name.
