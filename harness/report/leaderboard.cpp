@@ -764,9 +764,11 @@ std::string headroom_caption() {
 std::string rank_text(const LeaderRow& r) { return r.oracle ? "oracle" : std::to_string(r.rank); }
 
 // A table gets a curves section when some method other than the full cache has a point on it.
+// A curve section needs a sweep: some method with two or more budgets. Where every method has one
+// point, the ranked table already shows each point and there is no range to summarise.
 bool has_curves(const LeaderTable& t) {
   for (const auto& c : t.curves.curves)
-    if (!c.baseline) return true;
+    if (!c.baseline && c.points.size() >= 2) return true;
   return false;
 }
 

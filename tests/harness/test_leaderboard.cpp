@@ -483,6 +483,23 @@ TEST(LeaderboardCurves, SummariesMatchAWorkedExample) {
   EXPECT_DOUBLE_EQ(max_compression_within(0.0, 0.1, false, kl), 0.5);
 }
 
+// No sweep, no curve section: a table whose every method has one budget shows its points in the
+// ranked table only (a single point has no range to summarise).
+TEST(LeaderboardCurves, ATableWithoutASweepHasNoCurveSection) {
+  const std::string dir = test::make_temp_dir("lb-nosweep");
+  ResultsDb db(dir + "/db.sqlite");
+  std::vector<json> full_s, e_s;
+  for (int i = 0; i < 4; ++i) {
+    full_s.push_back(stream_sample(0.0, 4.0, 4, 400));
+    e_s.push_back(stream_sample(0.1, 4.4, 3, 200));
+  }
+  add_stream_run(db, stream_cfg("m", json{{"name", "full"}, {"params", json::object()}}), full_s);
+  add_stream_run(db, stream_cfg("m", json{{"name", "evict"}, {"params", {{"budget", 0.5}}}}), e_s);
+  const std::string md = leaderboard_markdown(build_leaderboard(db, LeaderboardOptions{}));
+  EXPECT_NE(md.find("| evict(budget=0.5)"), std::string::npos) << md;
+  EXPECT_EQ(md.find("vs measured compression"), std::string::npos) << md;
+}
+
 TEST(LeaderboardCurves, EveryFormatCarriesTheCurvesAndTheirSummaries) {
   Fixture f = make_fixture();
   ResultsDb db(f.db);
