@@ -43,51 +43,43 @@ void linear_f32(const float* x, const float* w, const float* bias, float* y, int
       for (int64_t r = 0; r < rows; ++r)
         for (int64_t o = o0; o < o1; ++o) y[r * out + o] += bias[o];
   };
+  // Products whose every output is a dot product of its own (gemv_cpu.cpp, gemm_rows_cpu.cpp): the
+  // output channels split evenly over the threads (in multiples of 8, the GEMV's row block) without
+  // changing a bit. part(o0, o1) computes outputs [o0, o1) of every row.
+  auto split_outputs = [&](const auto& part) {
+    const int threads = macs >= kMinParallelMacs && out >= 16 ? cpu_threads() : 1;
+    if (threads <= 1) {  // an OpenMP region, even an inactive one, costs thousands of instructions
+      part(int64_t{0}, out);
+      add_bias(0, out);
+      return;
+    }
+    const int64_t chunk = ((out + threads - 1) / threads + 7) / 8 * 8;
+#pragma omp parallel num_threads(threads)
+    {
+      const int64_t o0 = std::min(out, omp_get_thread_num() * chunk),
+                    o1 = std::min(out, o0 + chunk);
+      if (o1 > o0) {
+        part(o0, o1);
+        add_bias(o0, o1);
+      }
+    }
+  };
   if (rows == 1) {
-    // One row: our GEMV, whose every output is a dot product of its own (gemv_cpu.cpp), so the
-    // rows can be split evenly over the threads (in multiples of 8, its row block) without
-    // changing a bit. A matrix beyond the L2 cache is streamed row by row (gemv_stream_n); the
+    // One row: our GEMV. A matrix beyond the L2 cache is streamed row by row (gemv_stream_n); the
     // choice depends on the matrix alone, not on the threads.
     constexpr double kStreamBytes = 1 << 20;
     const auto gemv = 4.0 * macs >= kStreamBytes ? detail::gemv_stream_n : detail::gemv_n;
-    const int threads = macs >= kMinParallelMacs && out >= 16 ? cpu_threads() : 1;
-    if (threads <=
-        1) {  // (an OpenMP region, even an inactive one, costs a few thousand instructions)
-      gemv(out, in, w, in, x, beta, y);
-      add_bias(0, out);
-      return;
-    }
-    const int64_t chunk = ((out + threads - 1) / threads + 7) / 8 * 8;
-#pragma omp parallel num_threads(threads)
-    {
-      const int64_t o0 = std::min(out, omp_get_thread_num() * chunk),
-                    o1 = std::min(out, o0 + chunk);
-      if (o1 > o0) {
-        gemv(o1 - o0, in, w + o0 * in, in, x, beta, y + o0);
-        add_bias(o0, o1);
-      }
-    }
+    split_outputs([&](int64_t o0, int64_t o1) {
+      gemv(o1 - o0, in, w + o0 * in, in, x, beta, y + o0);
+    });
     return;
   }
   if (rows <= kMaxTiledRows) {
-    // A few rows (a batched decode step): our register-tiled kernel, each output gemv_n's dot
-    // product (gemm_rows_cpu.cpp), so the output channels split over the threads like the GEMV's.
-    const int threads = macs >= kMinParallelMacs && out >= 16 ? cpu_threads() : 1;
-    if (threads <= 1) {
-      detail::gemm_nt_rows(rows, out, in, x, in, w, in, beta, y, out);
-      add_bias(0, out);
-      return;
-    }
-    const int64_t chunk = ((out + threads - 1) / threads + 7) / 8 * 8;
-#pragma omp parallel num_threads(threads)
-    {
-      const int64_t o0 = std::min(out, omp_get_thread_num() * chunk),
-                    o1 = std::min(out, o0 + chunk);
-      if (o1 > o0) {
-        detail::gemm_nt_rows(rows, o1 - o0, in, x, in, w + o0 * in, in, beta, y + o0, out);
-        add_bias(o0, o1);
-      }
-    }
+    // A few rows (a batched decode step): the register-tiled kernel, each output gemv_n's dot
+    // product.
+    split_outputs([&](int64_t o0, int64_t o1) {
+      detail::gemm_nt_rows(rows, o1 - o0, in, x, in, w + o0 * in, in, beta, y + o0, out);
+    });
     return;
   }
   // Many rows: output channels in fixed slices of kSlice, the slices shared out over the OpenMP

@@ -24,6 +24,8 @@
 #include "harness/kv/method_registry.h"
 #include "methods/common/evicting_kv_cache.h"
 #include "methods/common/eviction_select.h"
+#include "methods/common/fork_pass.h"
+#include "methods/common/pre_pass_scores.h"
 
 namespace kvb {
 namespace {
@@ -49,22 +51,16 @@ struct ContextScores {
 
 // What the store and its policy share: the scores of the sequence being compressed.
 struct KvzipState {
-  const ContextScores* compressing = nullptr;
+  PrePassScores<ContextScores> scores;
 };
 
 // Keeps the layer's best keep_per_layer entries over all its heads (ties: the earlier head, then
 // the earlier entry), so each head keeps what its own entries earn.
-class KvzipPolicy : public EvictionPolicy {
+class KvzipPolicy : public PrePassPolicy {
  public:
   explicit KvzipPolicy(std::shared_ptr<KvzipState> state) : state_(std::move(state)) {}
-  Needs needs() const override { return {}; }
-  Schedule schedule() const override {
-    Schedule s;
-    s.end_prefill = true;
-    return s;
-  }
   bool select(const LayerView& v, std::vector<std::vector<int64_t>>* keep) const override {
-    const ContextScores* cs = state_->compressing;
+    const ContextScores* cs = state_->scores.compressing();
     KVB_CHECK(cs != nullptr, "method kvzip: a prefill ended without the context reconstruction "
                              "pass; only a protocol that runs it (qa with mode=query_agnostic) "
                              "can run kvzip");
@@ -127,55 +123,34 @@ class KvzipKvCache : public EvictingKvCache, public ContextPassCache {
       }
       ids.insert(ids.end(), p.turn_close.begin(), p.turn_close.end());
       ids.insert(ids.end(), p.context.begin() + start, p.context.begin() + end);
-      Engine& e = *p.engine;
-      const int64_t f = e.fork(p.seq);
-      pass_ = Pass{f, start, end, n, &cs};
-      try {
-        e.prefill({f}, {ids}, nullptr, /*call_end_prefill=*/false);
-      } catch (...) {
-        pass_.reset();
-        e.release(f);
-        throw;
-      }
-      pass_.reset();
-      e.release(f);
+      run_on_fork(*p.engine, p.seq, ids, &pass_,
+                  [&](int64_t fork) { return Pass{fork, start, end, n, &cs}; });
       prefilled += static_cast<int64_t>(ids.size());
     }
-    pending_[p.seq] = std::move(cs);
+    state_->scores.put(p.seq, std::move(cs));
     reconstruction_tokens_ += prefilled;
     ++passes_;
     return prefilled;
   }
 
   at::Tensor attend(const LayerInput& in) override {
-    if (pass_) {
-      const StepBatch& b = *in.batch;
-      for (int64_t i = 0; i < b.batch_size(); ++i)
-        if (b.seq_ids[i] == pass_->fork) score_reconstruction(in, b.q_indptr[i], b.new_tokens(i));
-    }
+    for_fork_rows(pass_, in,
+                  [&](int64_t row0, int64_t rows) { score_reconstruction(in, row0, rows); });
     return EvictingKvCache::attend(in);
   }
 
   void end_prefill(int64_t seq_id) override {
-    auto it = pending_.find(seq_id);
-    KVB_CHECK(it != pending_.end(), "method kvzip: sequence ", seq_id,
+    KVB_CHECK(state_->scores.has(seq_id), "method kvzip: sequence ", seq_id,
               " ended its prefill without the context reconstruction pass; only a protocol that "
               "runs it (qa with mode=query_agnostic) can run kvzip");
-    rank(seq_len(seq_id), &it->second);
-    state_->compressing = &it->second;
-    try {
+    state_->scores.compress_with(seq_id, [&](ContextScores& cs) {
+      rank(seq_len(seq_id), &cs);
       EvictingKvCache::end_prefill(seq_id);
-    } catch (...) {
-      state_->compressing = nullptr;
-      pending_.erase(it);
-      throw;
-    }
-    state_->compressing = nullptr;
-    pending_.erase(it);
+    });
   }
 
   void release(int64_t seq_id) override {
-    pending_.erase(seq_id);
+    state_->scores.drop(seq_id);
     EvictingKvCache::release(seq_id);
   }
 
@@ -206,19 +181,13 @@ class KvzipKvCache : public EvictingKvCache, public ContextPassCache {
     const at::Tensor k_new = in.k->narrow(0, row0, rows).to(at::kCPU).to(at::kFloat);
     const std::vector<HeadSnapshot> held = probe_view(in.layer, p.fork);
     const int64_t sink = std::min(s_.n_sink, p.start);
-    const at::Tensor future = at::ones({rows, rows}, at::kBool).triu(1);
     for (int64_t h = 0; h < n_kv_heads_; ++h) {
       const at::Tensor& idx = held[h].index;
       const at::Tensor scored = idx.lt(sink) | (idx.ge(p.start) & idx.lt(p.end)) | idx.ge(p.context);
       const at::Tensor sel = scored.nonzero().squeeze(1);
-      const at::Tensor keys = at::cat({held[h].k.index_select(0, sel), k_new.select(1, h)}, 0);
       const at::Tensor sel_idx = idx.index_select(0, sel);
-      const int64_t m = sel.size(0);
-      // [group, rows, m + rows]
-      at::Tensor logits =
-          at::matmul(q.narrow(1, h * group_, group_).permute({1, 0, 2}), keys.t()) * in.sm_scale;
-      logits.narrow(2, m, rows).masked_fill_(future, -std::numeric_limits<float>::infinity());
-      const at::Tensor probs = at::softmax(logits, -1);
+      const at::Tensor probs = fork_rows_attention(q, k_new, held[h].k.index_select(0, sel), h,
+                                                   group_, in.sm_scale);  // [group, rows, m + rows]
       const at::Tensor chunk_cols = (sel_idx.ge(p.start) & sel_idx.lt(p.end)).nonzero().squeeze(1);
       const at::Tensor best =
           std::get<0>(probs.index_select(2, chunk_cols).flatten(0, 1).max(0)).contiguous();
@@ -262,7 +231,6 @@ class KvzipKvCache : public EvictingKvCache, public ContextPassCache {
   std::shared_ptr<KvzipState> state_;
   int64_t n_layers_, n_kv_heads_, group_;
   std::optional<Pass> pass_;
-  std::unordered_map<int64_t, ContextScores> pending_;  // reconstructed, not yet compressed
   int64_t reconstruction_tokens_ = 0;
   int64_t passes_ = 0;
 };

@@ -23,6 +23,8 @@
 #include "harness/kv/method_registry.h"
 #include "methods/common/evicting_kv_cache.h"
 #include "methods/common/eviction_select.h"
+#include "methods/common/fork_pass.h"
+#include "methods/common/pre_pass_scores.h"
 
 namespace kvb {
 namespace {
@@ -33,22 +35,16 @@ using FutureMass = std::vector<std::vector<std::vector<float>>>;
 // What the store and its policy share: the budget and the mass of the sequence being compressed.
 struct OracleEvictState {
   Budget budget;
-  const FutureMass* compressing = nullptr;
+  PrePassScores<FutureMass> mass;
 };
 
 // Each KV head keeps its per-head budget of prompt rows by future mass (ties: the lower slot,
 // which is the earlier token).
-class OracleEvictPolicy : public EvictionPolicy {
+class OracleEvictPolicy : public PrePassPolicy {
  public:
   explicit OracleEvictPolicy(std::shared_ptr<OracleEvictState> state) : state_(std::move(state)) {}
-  Needs needs() const override { return {}; }
-  Schedule schedule() const override {
-    Schedule s;
-    s.end_prefill = true;
-    return s;
-  }
   bool select(const LayerView& v, std::vector<std::vector<int64_t>>* keep) const override {
-    const FutureMass* fm = state_->compressing;
+    const FutureMass* fm = state_->mass.compressing();
     KVB_CHECK(fm != nullptr,
               "method oracle_evict: a prefill ended without the hindsight pass; "
               "only a protocol that hands the continuation (stream, qa with "
@@ -109,58 +105,34 @@ class OracleEvictKvCache : public EvictingKvCache, public HindsightCache {
                               ? std::min<int64_t>(p.question_tokens[c], all.size())
                               : static_cast<int64_t>(all.size());
       if (len == 0) continue;
-      const int64_t f = e.fork(p.seq);
-      pass_ = Pass{f, n, &fm};
-      try {
-        e.prefill({f}, {std::vector<int64_t>(all.begin(), all.begin() + len)}, nullptr,
-                  /*call_end_prefill=*/false);
-      } catch (...) {
-        pass_.reset();
-        e.release(f);
-        throw;
-      }
-      pass_.reset();
-      e.release(f);
+      run_on_fork(e, p.seq, std::vector<int64_t>(all.begin(), all.begin() + len), &pass_,
+                  [&](int64_t fork) { return Pass{fork, n, &fm}; });
       fed += len;
     }
     KVB_CHECK(hindsight_ != Hindsight::kQuestion || question > 0,
               "method oracle_evict.hindsight: 'question' needs a protocol whose prompt is "
               "followed by a question (qa with mode=query_agnostic); this one hands none (use "
               "'continuation')");
-    pending_[p.seq] = std::move(fm);
+    state_->mass.put(p.seq, std::move(fm));
     hindsight_tokens_ += fed;
     ++passes_;
     return fed;
   }
 
   at::Tensor attend(const LayerInput& in) override {
-    if (pass_) {
-      const StepBatch& b = *in.batch;
-      for (int64_t i = 0; i < b.batch_size(); ++i)
-        if (b.seq_ids[i] == pass_->fork) add_mass(in, b.q_indptr[i], b.new_tokens(i));
-    }
+    for_fork_rows(pass_, in, [&](int64_t row0, int64_t rows) { add_mass(in, row0, rows); });
     return EvictingKvCache::attend(in);
   }
 
   void end_prefill(int64_t seq_id) override {
-    auto it = pending_.find(seq_id);
-    KVB_CHECK(it != pending_.end(), "method oracle_evict: sequence ", seq_id,
+    KVB_CHECK(state_->mass.has(seq_id), "method oracle_evict: sequence ", seq_id,
               " ended its prefill without the hindsight pass; only a protocol that hands the "
               "continuation (stream, qa with mode=query_agnostic) can run oracle_evict");
-    state_->compressing = &it->second;
-    try {
-      EvictingKvCache::end_prefill(seq_id);
-    } catch (...) {
-      state_->compressing = nullptr;
-      pending_.erase(it);
-      throw;
-    }
-    state_->compressing = nullptr;
-    pending_.erase(it);
+    state_->mass.compress_with(seq_id, [&](FutureMass&) { EvictingKvCache::end_prefill(seq_id); });
   }
 
   void release(int64_t seq_id) override {
-    pending_.erase(seq_id);
+    state_->mass.drop(seq_id);
     EvictingKvCache::release(seq_id);
   }
 
@@ -188,17 +160,14 @@ class OracleEvictKvCache : public EvictingKvCache, public HindsightCache {
     const at::Tensor k_new =
         in.k->narrow(0, row0, rows).to(at::kCPU).to(at::kFloat);  // [rows, Hkv, D]
     const std::vector<HeadSnapshot> held = probe_view(in.layer, p.fork);
-    const at::Tensor future = at::ones({rows, rows}, at::kBool).triu(1);
     for (int64_t h = 0; h < n_kv_heads_; ++h) {
       const at::Tensor& idx = held[h].index.to(at::kCPU);
       const int64_t m = idx.size(0);
-      const at::Tensor keys =
-          at::cat({held[h].k.to(at::kCPU), k_new.select(1, h)}, 0);  // [m + rows, D]
-      at::Tensor logits = at::matmul(q.narrow(1, h * group_, group_).permute({1, 0, 2}), keys.t()) *
-                          in.sm_scale;  // [group, rows, m + rows]
-      logits.narrow(2, m, rows).masked_fill_(future, -std::numeric_limits<float>::infinity());
       const at::Tensor mass =
-          at::softmax(logits, -1).narrow(2, 0, m).sum(at::IntArrayRef{0, 1}).contiguous();  // [m]
+          fork_rows_attention(q, k_new, held[h].k.to(at::kCPU), h, group_, in.sm_scale)
+              .narrow(2, 0, m)
+              .sum(at::IntArrayRef{0, 1})
+              .contiguous();  // [m]
       const at::Tensor tok = idx.contiguous();
       const float* w = mass.data_ptr<float>();
       const int64_t* t = tok.data_ptr<int64_t>();
@@ -212,7 +181,6 @@ class OracleEvictKvCache : public EvictingKvCache, public HindsightCache {
   std::shared_ptr<OracleEvictState> state_;
   int64_t n_layers_, n_kv_heads_, group_;
   std::optional<Pass> pass_;
-  std::unordered_map<int64_t, FutureMass> pending_;  // scored, not yet compressed
   int64_t hindsight_tokens_ = 0;
   int64_t passes_ = 0;
 };
