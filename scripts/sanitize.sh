@@ -43,7 +43,7 @@ if [ -n "${KVB_SANITIZE_SHARD:-}" ]; then
   [[ "$KVB_SANITIZE_SHARD" =~ ^([0-9]+)/([1-9][0-9]*)$ ]] && [ "${BASH_REMATCH[1]}" -lt "${BASH_REMATCH[2]}" ] ||
     { echo "sanitize: KVB_SANITIZE_SHARD must be i/n with 0 <= i < n, got '$KVB_SANITIZE_SHARD'" >&2; exit 2; }
   shard_i=${BASH_REMATCH[1]} shard_n=${BASH_REMATCH[2]}
-  echo "sanitize: shard $shard_i/$shard_n (every ${shard_n}th test from test $((shard_i + 1)))" >&2
+  echo "sanitize: shard $shard_i/$shard_n (one test in $shard_n, from test $((shard_i + 1)))" >&2
 fi
 chunk=$total
 [ -z "${KVB_SANITIZE_BUDGET_S:-}" ] || chunk=$((JOBS * 8 * shard_n))
