@@ -130,7 +130,8 @@ if lin:
     w("thread: rows x SmolLM2-135M's gate/up projection (576 -> 1536, weights rotated over 64 MiB so")
     w("they come from memory as in a decode step). `gemm_nt_rows` (kernels/cpu/gemm_rows_cpu.cpp: tiles")
     w("of 3 rows x 3 weight rows in registers, each output gemv_n's dot product bit for bit) against")
-    w("OpenBLAS's sgemm held to one thread; linear_f32 uses the tiled kernel up to 32 rows.")
+    w("OpenBLAS's sgemm held to one thread; linear_f32 uses the tiled kernel up to `kMaxTiledRows` rows")
+    w("(kernels/cpu/cpu_ops.cpp), set from this table.")
     w("")
     w("| rows | BLAS us | tiled us | BLAS GFLOP/s | tiled GFLOP/s | tiled / BLAS speed |" +
       (" tiled % of one core's peak |" if core_peak else ""))

@@ -28,10 +28,11 @@ void rms_norm_f32(const float* x, const float* w, float* out, int64_t rows, int6
   }
 }
 
-// Up to this many rows, linear_f32 runs the register-tiled kernel rather than the BLAS: its
-// weights are streamed once and its rows stay in L2, where the BLAS's packing costs more than it
-// saves (scripts/bench-kernels.sh measures both per row count).
-constexpr int64_t kMaxTiledRows = 32;
+// Up to this many rows, linear_f32 runs the register-tiled kernel rather than the BLAS, whose
+// packing costs more than it saves on a few rows. Measured on one core against SmolLM2's 576 ->
+// 1536 projection (scripts/bench-kernels.sh, results/kernels-cpu.md): the tiled kernel is 2.05x
+// the BLAS at 2 rows, 1.08x at 16 and 0.96x at 32.
+constexpr int64_t kMaxTiledRows = 16;
 
 void linear_f32(const float* x, const float* w, const float* bias, float* y, int64_t rows,
                 int64_t in, int64_t out, bool accumulate) {

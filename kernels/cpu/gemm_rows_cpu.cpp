@@ -1,7 +1,7 @@
 // gemm_nt_rows (detail/gemm.h): a few activation rows against a row-major weight matrix, the
 // matmul of a batched decode step (one row per sequence). The BLAS packs (copies) its operands and
 // blocks for large matrices; with 2 to 32 rows the packing of the weights is paid for a few rows
-// only, and OpenBLAS reaches about half of the cores' peak there. This kernel instead holds a tile
+// only, and OpenBLAS reaches well under half of a core's peak there up to about 16 rows. This kernel instead holds a tile
 // of MR rows x NR weight rows in MR * NR vector accumulators (3 x 3: 9 accumulators, 3 weight
 // vectors, 1 row vector and the product: 14 of the 16 AVX registers; without FMA a product needs a
 // register of its own, and 4 x 3 spills one accumulator), so that every weight vector loaded feeds
