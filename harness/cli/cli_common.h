@@ -21,6 +21,11 @@ using tool::check_db_path;
 using tool::load_model_from_args;
 using tool::load_tokenizer;
 
+// The results database a run command writes by default, and the folder of a database path (its
+// baseline cache lives in <folder>/cache/baseline) (cmd_run.cpp).
+std::string default_db_path();
+std::string db_dir_of(const std::string& db);
+
 // A parameter schema as `kvbench methods NAME` and `kvbench protocols NAME` print it.
 void print_param_specs(const std::vector<ParamSpec>& params);
 

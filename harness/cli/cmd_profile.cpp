@@ -12,10 +12,6 @@
 
 namespace kvb::cli {
 
-// Defined beside `kvbench run` (cmd_run.cpp): the same default database and baseline cache folder.
-std::string default_db_path();
-std::string db_dir_of(const std::string& db);
-
 namespace {
 
 // "512,2048" -> {512, 2048}; each an integer >= 3, no duplicates.
@@ -58,7 +54,7 @@ void register_profile(CLI::App& app) {
     int64_t samples = 2, decode_steps = 16, top_k = 32;
     std::vector<std::string> sets;
     std::string db = default_db_path();
-    std::string models_dir, data_dir, cache_dir;
+    std::string models_dir, data_dir;
     std::optional<int64_t> threads;
     bool quiet = false;
   };

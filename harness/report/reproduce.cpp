@@ -1,6 +1,7 @@
 #include "harness/report/reproduce.h"
 
 #include <algorithm>
+#include <numeric>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -493,33 +494,14 @@ ClaimResult evaluate_claim(const Claim& claim, ResultsDb& db, const std::string&
     r.estimate = ci.estimate;
     r.lo = ci.lo;
     r.hi = ci.hi;
-    r.a_value = claim_statistic(
-        ClaimKind::kValue, def->exp_transform,
-        [&] {
-          double s = 0;
-          for (double v : x.a_num) s += v;
-          return s;
-        }(),
-        [&] {
-          double s = 0;
-          for (double v : x.a_den) s += v;
-          return s;
-        }(),
-        1, 1);
+    const auto sum = [](const std::vector<double>& v) {
+      return std::accumulate(v.begin(), v.end(), 0.0);
+    };
+    r.a_value =
+        claim_statistic(ClaimKind::kValue, def->exp_transform, sum(x.a_num), sum(x.a_den), 1, 1);
     if (paired)
-      r.b_value = claim_statistic(
-          ClaimKind::kValue, def->exp_transform,
-          [&] {
-            double s = 0;
-            for (double v : x.b_num) s += v;
-            return s;
-          }(),
-          [&] {
-            double s = 0;
-            for (double v : x.b_den) s += v;
-            return s;
-          }(),
-          1, 1);
+      r.b_value =
+          claim_statistic(ClaimKind::kValue, def->exp_transform, sum(x.b_num), sum(x.b_den), 1, 1);
     if (static_cast<int64_t>(r.n) < p.min_samples) {
       r.why = std::to_string(r.n) + (paired ? " paired" : "") +
               " samples, fewer than the claim's minimum " + std::to_string(p.min_samples);

@@ -7,6 +7,7 @@
 #include "harness/common/error.h"
 #include "harness/engine/engine.h"
 #include "harness/kv/method_registry.h"
+#include "tests/methods/greedy_trace.h"
 #include "tests/support/test_support.h"
 
 namespace kvb {
@@ -67,21 +68,7 @@ TEST(Methods, ParamErrorsNameKeyValueAndRange) {
 
 // Prefill a 40-token prompt in chunks of 7, then decode 10 tokens; return every logit row.
 at::Tensor trace(std::shared_ptr<Model> m, std::unique_ptr<KvCache> kv) {
-  EngineOptions o;
-  o.prefill_chunk = 7;
-  Engine e(m, std::move(kv), o);
-  std::vector<int64_t> prompt = {1};
-  for (int i = 0; i < 39; ++i) prompt.push_back(260 + (i * 13) % 250);
-  int64_t s = e.new_sequence();
-  std::vector<at::Tensor> rows;
-  e.prefill({s}, {prompt}, [&](const at::Tensor& l, int64_t) { rows.push_back(l.clone()); });
-  int64_t tok = rows.back()[rows.back().size(0) - 1].argmax().item<int64_t>();
-  for (int i = 0; i < 10; ++i) {
-    at::Tensor l = e.decode({s}, {tok});
-    rows.push_back(l.clone());
-    tok = l[0].argmax().item<int64_t>();
-  }
-  return at::cat(rows);
+  return test::greedy_trace(std::move(m), std::move(kv));
 }
 
 TEST(Methods, BaselinesGiveTheEngineDefaultLogits) {

@@ -15,6 +15,7 @@
 #include "methods/oracle_topk/oracle_topk.h"
 #include "tests/methods/cache_driver.h"
 #include "tests/methods/method_test_util.h"
+#include "tests/methods/greedy_trace.h"
 #include "tests/support/test_support.h"
 
 namespace kvb {
@@ -32,22 +33,7 @@ std::unique_ptr<KvCache> make(const CacheContext& ctx, const std::string& name,
 
 // Prefill a 40-token prompt in chunks of 7, then decode 10 tokens; every logit row.
 at::Tensor trace(std::unique_ptr<KvCache> kv, std::map<std::string, double>* counters = nullptr) {
-  EngineOptions o;
-  o.prefill_chunk = 7;
-  Engine e(test::stories260k(), std::move(kv), o);
-  std::vector<int64_t> prompt = {1};
-  for (int i = 0; i < 39; ++i) prompt.push_back(260 + (i * 13) % 250);
-  int64_t s = e.new_sequence();
-  std::vector<at::Tensor> rows;
-  e.prefill({s}, {prompt}, [&](const at::Tensor& l, int64_t) { rows.push_back(l.clone()); });
-  int64_t tok = rows.back()[rows.back().size(0) - 1].argmax().item<int64_t>();
-  for (int i = 0; i < 10; ++i) {
-    at::Tensor l = e.decode({s}, {tok});
-    rows.push_back(l.clone());
-    tok = l[0].argmax().item<int64_t>();
-  }
-  if (counters) *counters = e.kv().counters();
-  return at::cat(rows);
+  return test::greedy_trace(test::stories260k(), std::move(kv), 7, counters);
 }
 
 double max_diff(const at::Tensor& a, const at::Tensor& b) {
