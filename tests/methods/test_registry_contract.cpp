@@ -106,7 +106,11 @@ TEST(RegistryContract, DeclaredTargetsAreTheOnesThatRun) {
     SCOPED_TRACE(name);
     const MethodInfo& info = reg.info(name);
     if (info.caps.needs_question || info.caps.needs_context_pass) continue;
-    const nlohmann::json params = test::runnable_params(name);
+    nlohmann::json params = test::runnable_params(name);
+    if (params.contains("eval_window")) {  // a method tuned on the eval's windows: this stream's
+      params["eval_window"] = 96;
+      params["eval_prefill_tokens"] = 64;
+    }
     const nlohmann::json cfg = {{"model", "stories260K"}, {"dtype", "bf16"},
                                 {"method", {{"name", name}, {"params", params}}},
                                 {"protocol", {{"name", "stream"}, {"dataset", "tinystories-valid-sample"}}}};

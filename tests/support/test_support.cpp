@@ -120,6 +120,11 @@ nlohmann::json runnable_params(const std::string& method) {
     return {{"cache_dir", ""}, {"calib_samples", 4}, {"calib_tokens", 128},
             {"sink_size", 16},  {"recent_size", 64}};
   if (method == "qfilters") return {{"cache_dir", ""}, {"calib_samples", 4}, {"calib_tokens", 128}};
+  // oracle_quant tunes on the eval's own windows, which its params name: the registry contract's
+  // stream (one TinyStories window of 256 tokens, 128 prefilled); at 2 bits the search is KV2.
+  if (method == "oracle_quant")
+    return {{"cache_dir", ""}, {"bits", 2}, {"eval_window", 256}, {"eval_max_windows", 1},
+            {"eval_prefill_tokens", 128}};
   return nlohmann::json::object();
 }
 
