@@ -758,7 +758,9 @@ std::string headroom_text(double h) { return std::isfinite(h) ? fmt("%.2f", h) :
 std::string headroom_caption() {
   return std::string("oracle rows are bounds (hindsight or exact scoring), never ranked. headroom = "
                      "(score - floor) / (best oracle score - floor) at the same budget, floor = the ") +
-         kHeadroomFloorMethod + " row at that budget; n/a without both or when they are equal.";
+         kHeadroomFloorMethod + " row at that budget (quantizers: the " +
+         kHeadroomQuantFloorMethod +
+         " row at the same equivalent bits); n/a without both or when they are equal.";
 }
 
 std::string rank_text(const LeaderRow& r) { return r.oracle ? "oracle" : std::to_string(r.rank); }

@@ -28,6 +28,46 @@ std::string param_text(const json& v) { return v.is_string() ? v.get<std::string
 }  // namespace
 
 const char* const kHeadroomFloorMethod = "streaming_llm";
+const char* const kHeadroomQuantFloorMethod = "pertoken";
+
+double equivalent_bits_of(const std::string& method, const json& p) {
+  if (!p.is_object()) return NAN;
+  auto num = [&](const char* k) {
+    return p.contains(k) && p[k].is_number() ? p[k].get<double>() : NAN;
+  };
+  if (method == "oracle_quant") return num("bits");
+  if (method == "pertoken") return 0.5 * (num("k_bits") + num("v_bits"));
+  if (method == "kivi") {
+    const std::string preset = p.value("preset", "none");
+    if (preset == "kivi-2") return 2;
+    if (preset == "kivi-4") return 4;
+    return 0.5 * (num("k_bits") + num("v_bits"));
+  }
+  if (method != "kvtuner") return NAN;
+  // "KV4" or "K4V2,KV8,...": the mean over the listed layers (one pair = every layer). A config
+  // file's pairs are not in the params: NaN.
+  if (!p.value("config", std::string()).empty() || !p.contains("pairs") || !p["pairs"].is_string())
+    return NAN;
+  const std::string pairs = p["pairs"];
+  double sum = 0;
+  int n = 0;
+  for (size_t at = 0; at <= pairs.size(); ++n) {
+    size_t end = pairs.find(',', at);
+    if (end == std::string::npos) end = pairs.size();
+    std::string t = pairs.substr(at, end - at);
+    t.erase(0, t.find_first_not_of(' '));
+    t.erase(t.find_last_not_of(' ') + 1);
+    int k = 0, v = 0;
+    char rest = 0;
+    if (std::sscanf(t.c_str(), "KV%d%c", &k, &rest) == 1)
+      v = k;
+    else if (std::sscanf(t.c_str(), "K%dV%d%c", &k, &v, &rest) != 2)
+      return NAN;
+    sum += 0.5 * (k + v);
+    at = end + 1;
+  }
+  return n ? sum / n : NAN;
+}
 
 double headroom_value(double value, double floor, double oracle) {
   if (!std::isfinite(value) || !std::isfinite(floor) || !std::isfinite(oracle) || oracle == floor)
@@ -38,14 +78,29 @@ double headroom_value(double value, double floor, double oracle) {
 
 namespace {
 
-// The row's budget as "value|unit", or "" for a method without a numeric `budget`.
+constexpr const char* kBitsUnit = "equivalent_bits";
+
+// The row's budget as "value|unit": its numeric `budget`, else a quantizer's equivalent bits
+// ("value|equivalent_bits"); "" for neither.
 std::string budget_key(const LeaderRow& r) {
-  if (!r.params.is_object() || !r.params.contains("budget") || !r.params["budget"].is_number())
-    return "";
-  const json unit = r.params.value("budget_unit", json("ratio"));
   char buf[40];
+  if (!r.params.is_object() || !r.params.contains("budget") || !r.params["budget"].is_number()) {
+    const double bits = equivalent_bits_of(r.method, r.params);
+    if (!std::isfinite(bits)) return "";
+    std::snprintf(buf, sizeof buf, "%.17g", bits);
+    return std::string(buf) + "|" + kBitsUnit;
+  }
+  const json unit = r.params.value("budget_unit", json("ratio"));
   std::snprintf(buf, sizeof buf, "%.17g", r.params["budget"].get<double>());
   return std::string(buf) + "|" + param_text(unit);
+}
+
+// The floor's method at a budget key: pertoken at equivalent bits, else streaming_llm.
+const char* floor_method(const std::string& key) {
+  const std::string suffix = std::string("|") + kBitsUnit;
+  const bool bits = key.size() > suffix.size() &&
+                    key.compare(key.size() - suffix.size(), suffix.size(), suffix) == 0;
+  return bits ? kHeadroomQuantFloorMethod : kHeadroomFloorMethod;
 }
 
 }  // namespace
@@ -59,7 +114,7 @@ void set_headroom(LeaderTable& t) {
     if (r.oracle) {
       auto [it, fresh] = oracle.emplace(key, r.value);
       if (!fresh && (higher ? r.value > it->second : r.value < it->second)) it->second = r.value;
-    } else if (r.method == kHeadroomFloorMethod) {
+    } else if (r.method == floor_method(key)) {
       auto [it, fresh] = floor.emplace(key, r.value);
       if (!fresh && (higher ? r.value < it->second : r.value > it->second)) it->second = r.value;
     }

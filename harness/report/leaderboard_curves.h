@@ -37,12 +37,18 @@
 // metric; the same formula for lower-is-better metrics, where both differences are negative).
 // "The same budget" is the same parameter, not the same bytes: a method that compresses as it
 // decodes (streaming_llm) holds fewer bytes at it than one that compresses the prompt once. "At the same budget" means
-// the same resolved `budget` value and `budget_unit`, in the same table.
+// the same resolved `budget` value and `budget_unit`, in the same table. Quantizers have no
+// `budget`: their rows match at the same KVTuner equivalent bits, the mean over layers of
+// (bK + bV) / 2 from the params (equivalent_bits_of: oracle_quant's `bits` budget; kivi's preset or
+// k_bits/v_bits; pertoken's k_bits/v_bits; kvtuner's inline `pairs`), whatever their group size,
+// residual or mode (their measured bytes differ: the memory columns show it).
 //   oracle: the best score (by the metric's direction) among the table's finished rows whose
 //           method's caps say `oracle` (MethodCaps::oracle) at the row's budget;
 //   floor:  the cheapest baseline, the table's finished `streaming_llm` row at the row's budget
 //           (kHeadroomFloorMethod: keep the sinks and the newest tokens, no scoring at all); when
-//           several differ in other parameters, the worst-scoring one.
+//           several differ in other parameters, the worst-scoring one. At equivalent bits, the
+//           `pertoken` row there (kHeadroomQuantFloorMethod: round-to-nearest per token, no
+//           residual, no search).
 // NaN (shown "n/a") for failed rows, oracle rows, rows without a budget (the full cache), and when
 // the oracle row or the floor is missing, a score is not finite, or oracle == floor. The floor
 // row's own headroom is 0. Point values only (no interval).
@@ -101,6 +107,10 @@ double max_compression_within(double full_value, double tolerance, bool higher_i
 
 // The baseline method whose row at a budget is the headroom floor (see above).
 extern const char* const kHeadroomFloorMethod;
+// The floor at equivalent bits (quantizers), and a row's equivalent bits from its method and
+// params; NaN for a method that is not matched by bits (see above).
+extern const char* const kHeadroomQuantFloorMethod;
+double equivalent_bits_of(const std::string& method, const nlohmann::json& params);
 
 // (value - floor) / (oracle - floor); NaN when any is not finite or oracle == floor.
 double headroom_value(double value, double floor, double oracle);

@@ -452,6 +452,54 @@ TEST(LeaderboardHeadroom, OracleRowsAreMarkedUnrankedAndEachMethodGetsItsShareOf
   EXPECT_NE(html.find("<td>0.75</td>"), std::string::npos);
 }
 
+// Quantizers have no `budget`: their rows meet oracle_quant at the same KVTuner equivalent bits,
+// with the pertoken row there as the floor.
+TEST(LeaderboardHeadroom, QuantizersMatchTheQuantOracleAtTheSameEquivalentBits) {
+  EXPECT_EQ(equivalent_bits_of("kvtuner", {{"pairs", "K4V2"}}), 3);
+  EXPECT_EQ(equivalent_bits_of("kvtuner", {{"pairs", "KV8, K4V2,KV2,KV4"}}), 4.25);
+  EXPECT_TRUE(std::isnan(equivalent_bits_of("kvtuner", {{"pairs", "K4"}})));
+  EXPECT_TRUE(std::isnan(equivalent_bits_of("kvtuner", {{"pairs", "KV4"}, {"config", "c.json"}})));
+  EXPECT_EQ(equivalent_bits_of("kivi", {{"preset", "kivi-4"}, {"k_bits", 2}, {"v_bits", 2}}), 4);
+  EXPECT_EQ(equivalent_bits_of("kivi", {{"preset", "none"}, {"k_bits", 4}, {"v_bits", 2}}), 3);
+  EXPECT_EQ(equivalent_bits_of("pertoken", {{"k_bits", 8}, {"v_bits", 4}}), 6);
+  EXPECT_EQ(equivalent_bits_of("oracle_quant", {{"bits", 3.5}}), 3.5);
+  EXPECT_TRUE(std::isnan(equivalent_bits_of("snapkv", {{"budget", 0.25}})));
+  EXPECT_EQ(std::string(kHeadroomQuantFloorMethod), "pertoken");
+
+  const std::string dir = test::make_temp_dir("lb-headroom-quant");
+  const std::string path = dir + "/db.sqlite";
+  {
+    ResultsDb db(path);
+    auto run = [&](const std::string& name, json params, double kl) {
+      std::vector<json> v;
+      for (int i = 0; i < 4; ++i) v.push_back(stream_sample(kl, 4.0 + kl, 4, 100));
+      add_stream_run(db, stream_cfg("q", {{"name", name}, {"params", params}}), v);
+    };
+    run("full", json::object(), 0.0);
+    run("pertoken", {{"k_bits", 4}, {"v_bits", 2}}, 0.5);
+    run("kvtuner", {{"pairs", "K4V2"}}, 0.3);
+    run("kivi", {{"preset", "none"}, {"k_bits", 4}, {"v_bits", 2}}, 0.25);
+    run("oracle_quant", {{"bits", 3}}, 0.1);
+    run("kvtuner", {{"pairs", "KV4"}}, 0.2);  // 4 bits: no oracle there
+    run("streaming_llm", {{"budget", 0.25}}, 0.6);
+  }
+  ResultsDb db(path);
+  const Leaderboard lb = build_leaderboard(db, LeaderboardOptions{});
+  const LeaderTable& t = table_for(lb, "q", "stream");
+  auto headroom = [&](const std::string& method, const std::string& needle) {
+    for (const auto& r : t.rows)
+      if (r.method == method && r.label.find(needle) != std::string::npos) return r.headroom;
+    ADD_FAILURE() << "no row " << method << " " << needle;
+    return static_cast<double>(NAN);
+  };
+  EXPECT_NEAR(headroom("kvtuner", "K4V2"), 0.5, 1e-6);  // (0.3 - 0.5) / (0.1 - 0.5)
+  EXPECT_NEAR(headroom("kivi", "k_bits=4"), 0.625, 1e-6);
+  EXPECT_EQ(headroom("pertoken", "v_bits=2"), 0.0);  // the floor
+  EXPECT_TRUE(std::isnan(headroom("kvtuner", "KV4")));
+  EXPECT_TRUE(std::isnan(headroom("streaming_llm", "0.25")));  // no oracle at that budget
+  EXPECT_TRUE(std::isnan(headroom("oracle_quant", "3")));
+}
+
 // ---------------------------------------------------------------- curves
 
 std::vector<CurvePoint> curve_points(const std::vector<std::pair<double, double>>& xy) {
