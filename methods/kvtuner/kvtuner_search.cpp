@@ -619,7 +619,7 @@ Profile profile_layers(std::shared_ptr<Model> model, const KlEvaluator& kl,
     return ", " + elapsed_and_eta(clock.seconds(), done, passes);
   };
   p.at.assign(static_cast<size_t>(L), std::vector<PairStats>(p.pairs.size()));
-  for (size_t j = 0; j < p.pairs.size(); ++j) {
+  for (size_t j = 0; j < p.pairs.size() && o.local_errors; ++j) {
     auto loc = local_errors(model, windows, p.pairs[j], o.mode, o.prefill_tokens, o.probe_every,
                             &p.probed_positions);
     for (int64_t l = 0; l < L; ++l) {
@@ -781,6 +781,9 @@ nlohmann::json run_search(std::shared_ptr<Model> model, const CalibrationData& d
   KVB_CHECK(o.search == "auto" || o.search == "exhaustive" || o.search == "nsga2",
             "kvtuner-search: --search '", o.search, "' is not auto, exhaustive or nsga2");
   KVB_CHECK(!o.budgets.empty(), "kvtuner-search: --budgets is empty");
+  KVB_CHECK(o.local_errors || o.sensitivity == "kl",
+            "kvtuner-search: the local errors are skipped but --sensitivity ", o.sensitivity,
+            " needs them");
   for (double b : o.budgets)
     KVB_CHECK(b >= 2 && b <= 8, "kvtuner-search: budget ", b, " is outside [2, 8] bits");
   const double max_bits =
@@ -987,6 +990,7 @@ nlohmann::json run_search(std::shared_ptr<Model> model, const CalibrationData& d
                    {"seed", o.seed},
                    {"prefill_tokens", o.prefill_tokens},
                    {"probe_every", o.probe_every},
+                   {"local_errors", o.local_errors},
                    {"equivalent_bits", "mean over layers of (bK + bV) / 2, without scales, mins and "
                                        "the fp16 residual (KVTuner's figure)"}};
   a["model"] = {{"name", model->config.name},

@@ -131,6 +131,7 @@ struct SearchOptions {
   uint64_t seed = 0;
   int64_t prefill_tokens = 1;  // as the stream protocol: BOS prefilled, the rest decoded
   int64_t probe_every = 1;     // local errors at every probe_every-th decode position
+  bool local_errors = true;    // false: not profiled (sensitivity kl only: it does not use them)
   std::function<void(const std::string&)> log;
 };
 

@@ -119,6 +119,7 @@ std::map<std::string, at::Tensor> search_on_eval(const std::shared_ptr<Model>& m
   o.mode = p.at("mode");
   o.budgets = {bits};
   o.sensitivity = "kl";     // the eval's own end-to-end KL, not a local proxy
+  o.local_errors = false;   // which the KL sensitivity does not use
   o.cluster_threshold = 0;  // one group per layer: the oracle is not bound to KVTuner's clusters
   o.max_exhaustive = p.at("max_exhaustive");
   o.prefill_tokens = p.at("eval_prefill_tokens");

@@ -181,6 +181,11 @@ TEST(OracleQuantRefusals, BadBudgetsModesWindowsAndProtocolsAreRefusedByName) {
   });
   EXPECT_NE(w.find("not tuned on"), std::string::npos) << w;
   EXPECT_NE(w.find("eval_window"), std::string::npos) << w;
+  // The search it runs skips the local errors, which only the KL sensitivity may do.
+  kvtuner::SearchOptions o;
+  o.local_errors = false;
+  const std::string eo = error_of([&] { kvtuner::run_search(m, {{{1, 2, 3}}, {}}, o); });
+  EXPECT_NE(eo.find("--sensitivity eo needs them"), std::string::npos) << eo;
   // A protocol that hands no continuation is refused when the config is resolved.
   const std::string q = error_of([&] {
     resolve_run_config({{"model", "stories260K"},
