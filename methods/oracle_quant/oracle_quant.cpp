@@ -136,7 +136,8 @@ std::map<std::string, at::Tensor> search_on_eval(const std::shared_ptr<Model>& m
       best_uniform = u.at("kl_mean");
       uniform_pair = u.at("pair");
     }
-  const int64_t L = model->config.n_layers;
+  // The layers the kvtuner store serves, as the search numbers them ("layers" keys 0..L-1).
+  const int64_t L = static_cast<int64_t>(pick.at("layers").size());
   at::Tensor pairs = at::empty({L, 2}, at::kFloat);  // [layer, (k bits, v bits)]
   const bool search_won = pick.at("kl_mean").get<double>() <= best_uniform;
   if (search_won) {
