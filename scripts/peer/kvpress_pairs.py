@@ -22,6 +22,8 @@ the context prefill: kept sets still match at the end of the context, answers ma
 from dataclasses import dataclass
 from typing import Callable
 
+from kvzip_tokenizer import kvzip_press
+
 
 @dataclass(frozen=True)
 class Pair:
@@ -142,6 +144,24 @@ PAIRS = [
                                                       kernel_size=5), chunk_length=20),
          note="Same definition (SnapKV scores summed over the layer's heads, mean per chunk of 20, "
               "the top chunks kept by every head)."),
+    Pair("kvzip", lambda r: _m("kvzip", budget=1 - r, n_sink=4, chunk_size=2048),
+         lambda kp, r: kvzip_press(kp, r, plus=False),
+         relation="nested",
+         note="Same scores (the largest attention weight any reconstruction query of the KV head's "
+              "group gives an entry, kvpress's repeat prompts and key subset; BOS the prefix on "
+              "both sides, see scripts/peer/kvzip_tokenizer.py) and one ranking over every layer "
+              "and head, the 4 sinks first, but the totals round differently: kvpress prunes "
+              "int(L H n r) entries of the whole cache, kvbench keeps floor(n (1 - r)) per KV head times "
+              "L H, so kvpress keeps up to L H - 1 more entries, the next ones of the same ranking: "
+              "per head kvbench's set is inside kvpress's. kvpress masks the pruned keys in "
+              "attention (its KVzip keeps every key); kvbench frees them."),
+    Pair("kvzip_plus", lambda r: _m("kvzip", budget=1 - r, n_sink=4, chunk_size=2048, plus=True),
+         lambda kp, r: kvzip_press(kp, r, plus=True),
+         relation="nested",
+         note="KVzip+ (kvzip_plus_normalization): as kvzip, each weight divided by the norm of its "
+              "query's attention input and multiplied by the entry's norm through the query "
+              "head's slice of W_O (kvbench computes the first from the residual stream: "
+              "||x w|| / sqrt(mean(x^2) + eps))."),
 ]
 
 BY_NAME = {p.name: p for p in PAIRS}
