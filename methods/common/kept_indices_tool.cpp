@@ -132,7 +132,8 @@ void setup_kept_indices(CLI::App* sub) {
     const auto [name, params] = parse_method(a->method);
     auto model = load_model_from_args(a->model);
     const auto prompts = read_prompts(a->ids, model->config.vocab_size);
-    const CacheContext ctx{model->config, model->device, model->dtype};
+    // With the model: a calibrating method (qfilters, kvzap) calibrates on it first.
+    const CacheContext ctx{model->config, model->device, model->dtype, model};
     std::unique_ptr<KvCache> kv = MethodRegistry::instance().create(name, ctx, params);
     KVB_CHECK(dynamic_cast<EvictingKvCache*>(kv.get()) != nullptr, "--method: ", name, "'s store (",
               kv->name(),

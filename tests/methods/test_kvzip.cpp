@@ -15,9 +15,7 @@
 #include "harness/eval/run_config.h"
 #include "harness/formats/tokenizer.h"
 #include "harness/kv/context_pass.h"
-#include "harness/kv/hidden_state.h"
 #include "methods/common/evicting_kv_cache.h"
-#include "methods/common/observed_kv_cache.h"
 #include "tests/methods/calibrated_test_util.h"
 
 namespace kvb {
@@ -68,32 +66,6 @@ ContextPass pass_for(Engine& e, int64_t seq, const Prepared& p, const Tokenizer&
   return pass;
 }
 
-// What the forward hands a layer: queries, keys, values and the residual stream entering it.
-class Capture : public ObservedKvCache, public HiddenStateCache {
- public:
-  Capture(std::unique_ptr<KvCache> inner, int64_t layers)
-      : ObservedKvCache(std::move(inner),
-                        [this](const LayerInput& in) {
-                          q_[in.layer].push_back(in.q->to(at::kDouble).clone());
-                          k_[in.layer].push_back(in.k->to(at::kDouble).clone());
-                          v_[in.layer].push_back(in.v->to(at::kDouble).clone());
-                        }),
-        q_(layers),
-        k_(layers),
-        v_(layers),
-        x_(layers) {}
-  void layer_hidden(int layer, const at::Tensor& hidden) override {
-    x_[layer].push_back(hidden.to(at::kDouble).clone());
-  }
-  at::Tensor q(int l) const { return at::cat(q_[l], 0); }  // [T, Hq, D]
-  at::Tensor k(int l) const { return at::cat(k_[l], 0); }  // [T, Hkv, D]
-  at::Tensor v(int l) const { return at::cat(v_[l], 0); }  // [T, Hkv, D]
-  at::Tensor x(int l) const { return at::cat(x_[l], 0); }  // [T, dim]
-
- private:
-  std::vector<std::vector<at::Tensor>> q_, k_, v_, x_;
-};
-
 // Scores [layer][kv head][token] computed directly from the queries, keys and values the model
 // produces with the full cache. plus (KVzip+): each weight divided by the norm of the attention's
 // input row (RMSNorm of the residual stream, times the norm weight) and multiplied by the norm of
@@ -102,8 +74,8 @@ std::vector<std::vector<std::vector<double>>> direct_scores(const std::shared_pt
                                                             const Prepared& p, int64_t n_sink,
                                                             bool plus = false) {
   const ModelConfig& c = m->config;
-  auto owned = std::make_unique<Capture>(make_default_kv(*m), c.n_layers);
-  Capture* cap = owned.get();
+  auto owned = std::make_unique<test::LayerCapture>(make_default_kv(*m), c.n_layers);
+  test::LayerCapture* cap = owned.get();
   Engine e(m, std::move(owned));
   const int64_t seq = e.new_sequence();
   e.prefill({seq}, {p.context}, nullptr, false);
@@ -132,7 +104,12 @@ std::vector<std::vector<std::vector<double>>> direct_scores(const std::shared_pt
       const at::Tensor keys = K.index_select(0, at::tensor(cols, at::kLong));  // [m, Hkv, D]
       const int64_t m0 = static_cast<int64_t>(cols.size()) - r;
       for (int64_t h = 0; h < c.n_kv_heads; ++h)
-        for (int64_t g = 0; g < G; ++g)
+        for (int64_t g = 0; g < G; ++g) {
+          std::vector<double> value_scale(static_cast<size_t>(m0), 1.0);  // per column
+          if (plus)
+            for (int64_t j = 0; j < m0; ++j)
+              value_scale[j] =
+                  wo.narrow(1, (h * G + g) * D, D).matmul(V[cols[j]][h]).norm().item<double>();
           for (int64_t i = 0; i < r; ++i) {
             const at::Tensor q = Q[row + i][h * G + g];
             const at::Tensor lg = (keys.select(1, h).matmul(q) * scale).narrow(0, 0, m0 + i + 1);
@@ -146,13 +123,11 @@ std::vector<std::vector<std::vector<double>>> direct_scores(const std::shared_pt
             for (int64_t j = 0; j < m0; ++j) {
               const int64_t t = cols[j];
               if (t < s) continue;  // a sink: only in the denominator
-              double value_scale = 1.0;
-              if (plus)
-                value_scale =
-                    wo.narrow(1, (h * G + g) * D, D).matmul(V[t][h]).norm().item<double>();
-              out[l][h][t] = std::max(out[l][h][t], w[j].item<double>() * row_scale * value_scale);
+              out[l][h][t] =
+                  std::max(out[l][h][t], w[j].item<double>() * row_scale * value_scale[j]);
             }
           }
+        }
       row += r;
     }
   }
