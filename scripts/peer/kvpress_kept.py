@@ -45,8 +45,11 @@ def press_params(press):
     out = {}
     for f in dataclasses.fields(press):
         v = getattr(press, f.name)
-        out[f.name] = ({"press": type(v).__name__, **press_params(v)}
-                       if dataclasses.is_dataclass(v) else v)
+        if dataclasses.is_dataclass(v):
+            v = {"press": type(v).__name__, **press_params(v)}
+        elif hasattr(v, "shape"):  # a tensor field (QFilterPress.q_filters): its shape
+            v = f"tensor{list(v.shape)}"
+        out[f.name] = v
     return out
 
 

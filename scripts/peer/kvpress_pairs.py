@@ -22,7 +22,7 @@ the context prefill: kept sets still match at the end of the context, answers ma
 from dataclasses import dataclass
 from typing import Callable
 
-from kvzap_surrogate import artifact_dir, kvzap_press
+from calibrated_presses import artifact_dir, kvzap_press, qfilter_press
 from kvzip_tokenizer import kvzip_press
 
 
@@ -163,15 +163,23 @@ PAIRS = [
               "query's attention input and multiplied by the entry's norm through the query "
               "head's slice of W_O (kvbench computes the first from the residual stream: "
               "||x w|| / sqrt(mean(x^2) + eps))."),
+    Pair("qfilters", lambda r: _m("qfilters", budget=1 - r, cache_dir=artifact_dir("qfilters")),
+         lambda kp, r: qfilter_press(kp, r),
+         note="Same definition at inference: the keys with the highest -(k . f) kept per KV "
+              "head, k the post-RoPE key and f the head's filter. kvpress downloads the filters "
+              "published for a list of models, none for this one; both sides use the filters "
+              "kvbench calibrated on it (scripts/peer/calibrated_presses.py), so the pair checks "
+              "the scoring and selection, not the calibration (which tests/methods/test_qfilters "
+              "checks against a direct SVD)."),
     Pair("kvzap",
          lambda r: _m("kvzap", budget=1 - r, calib_samples=16, calib_tokens=256,
-                      cache_dir=artifact_dir()),
+                      cache_dir=artifact_dir("kvzap")),
          lambda kp, r: kvzap_press(kp, r),
          note="Same definition at inference: per layer a linear map from the attention input "
               "(the layer's RMSNorm output) to one score per KV head, the top "
               "int(n (1 - r)) entries kept per head. kvpress downloads NVIDIA's trained "
               "surrogate, which does not exist for this model; both sides run the surrogate "
-              "kvbench fitted on it (scripts/peer/kvzap_surrogate.py), so the pair checks the "
+              "kvbench fitted on it (scripts/peer/calibrated_presses.py), so the pair checks the "
               "inference path (which hidden state, which map, which selection), not the "
               "training. At layer 0 the attention input is a function of the token alone, so "
               "every copy of a token the filler text repeats scores exactly the same: those are "

@@ -50,7 +50,7 @@ const std::map<std::string, std::string> kPairs = {
     {"think", "channels"}, {"h2o", "equal"},        {"keydiff", "equal"},
     {"lagkv", "equal"},    {"cur", "equal"},        {"expected_attention", "equal"},
     {"chunkkv", "equal"},  {"kvzip", "nested"},     {"kvzip_plus", "nested"},
-    {"kvzap", "equal"}};
+    {"kvzap", "equal"},    {"qfilters", "equal"}};
 
 fs::path repo_root() { return fs::path(test::fixtures_dir()).parent_path().parent_path(); }
 
