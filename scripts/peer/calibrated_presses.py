@@ -2,7 +2,8 @@
 pairs of scripts/peer/kvpress_pairs.py).
 
 QFilterPress downloads `nthngdy/<model>_qfilt` and KVzapPress `nvidia/KVzap-<type>-<model>` from the
-Hugging Face hub; neither exists for kvb-testbed, and the point of a pair is the press's inference
+Hugging Face hub, DuoAttentionPress its head patterns from the DuoAttention repository (or scores heads
+on the fly from BookSum, also a download); none exists for kvb-testbed, and the point of a pair is the press's inference
 path, not how its artifact was made. So each press is given what kvbench calibrated on the same
 model (a calibration artifact, `<dir>/<method>-<key>.safetensors`, written by the pair's kvbench
 runs into the directory below), and its post_init_from_model (which would download) is replaced on
@@ -10,6 +11,9 @@ the instance by nothing:
   qfilters  `filters` [layers, kv heads, head_dim] -> QFilterPress.q_filters
   kvzap     `weight` [layers, dim, kv heads], `bias` [layers, kv heads] -> a KVzapModel of type
             linear (one nn.Linear(dim, kv heads) per layer)
+  duo_attention  `head_scores` [layers, kv heads] -> DuoAttentionPress's streaming_mask by the
+            press's own rule (the round(n ratio) lowest-scored heads stream), with the pair's sink
+            and recent sizes
 """
 
 import glob
@@ -58,4 +62,18 @@ def kvzap_press(kp, ratio):
             layer.bias.copy_(b[i])
     press = kp.KVzapPress(compression_ratio=ratio, model_type="linear")
     press.kvzap_model = model
+    return _no_download(press)
+
+
+def duo_attention_press(kp, head_ratio, sink_size, recent_size):
+    import numpy as np
+    import torch
+
+    scores = load_artifact("duo_attention")["head_scores"].numpy()
+    press = kp.DuoAttentionPress(head_compression_ratio=head_ratio)
+    n_pruned = round(scores.size * head_ratio)  # post_init_from_model's rule, on kvbench's scores
+    mask = torch.zeros(scores.shape, dtype=torch.bool)
+    if n_pruned > 0:
+        mask[np.unravel_index(np.argsort(scores, axis=None, kind="stable")[:n_pruned], scores.shape)] = True
+    press.sink_size, press.recent_size, press.streaming_mask = sink_size, recent_size, mask
     return _no_download(press)

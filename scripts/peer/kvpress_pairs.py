@@ -22,7 +22,7 @@ the context prefill: kept sets still match at the end of the context, answers ma
 from dataclasses import dataclass
 from typing import Callable
 
-from calibrated_presses import artifact_dir, kvzap_press, qfilter_press
+from calibrated_presses import artifact_dir, duo_attention_press, kvzap_press, qfilter_press
 from kvzip_tokenizer import kvzip_press
 
 
@@ -171,6 +171,19 @@ PAIRS = [
               "kvbench calibrated on it (scripts/peer/calibrated_presses.py), so the pair checks "
               "the scoring and selection, not the calibration (which tests/methods/test_qfilters "
               "checks against a direct SVD)."),
+    Pair("duo_attention",
+         lambda r: _m("duo_attention", head_compression_ratio=r, sink_size=16, recent_size=64,
+                      compress_every=0, calib_samples=8, cache_dir=artifact_dir("duo_attention")),
+         lambda kp, r: duo_attention_press(kp, r, sink_size=16, recent_size=64),
+         note="Same definition: the share r of KV heads with the lowest head scores stream "
+              "(keep the first 16 and the newest 64 tokens), the others keep everything; r is "
+              "the share of heads, not of entries. kvpress loads DuoAttention's published head "
+              "patterns (none for this model) or scores heads on the fly from BookSum (a "
+              "download); both sides use the head scores kvbench calibrated on the model "
+              "(kvpress's on-the-fly rule, scripts/peer/calibrated_presses.py), with kvpress's "
+              "own rule for which heads stream, cut once at the end of the context "
+              "(compress_every=0; kvbench's default cuts again every decode step). kvpress masks "
+              "the streaming heads' keys; kvbench frees them."),
     Pair("kvzap",
          lambda r: _m("kvzap", budget=1 - r, calib_samples=16, calib_tokens=256,
                       cache_dir=artifact_dir("kvzap")),
