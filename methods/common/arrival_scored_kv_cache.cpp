@@ -49,9 +49,16 @@ std::unique_ptr<TokenScorer> recorded_scorer(std::shared_ptr<const ArrivalScores
 ArrivalScoredKvCache::ArrivalScoredKvCache(const CacheContext& ctx, Options o, PolicyParts parts,
                                            std::shared_ptr<const ArrivalScores*> slot)
     : EvictingKvCache(ctx, std::move(o), make_composed_policy(std::move(parts))),
+      artifact_(ctx.calibration),
       slot_(std::move(slot)),
       L_(ctx.config.n_layers),
       H_(ctx.config.n_kv_heads) {}
+
+std::map<std::string, double> ArrivalScoredKvCache::counters() const {
+  std::map<std::string, double> m = EvictingKvCache::counters();
+  if (artifact_) add_calibration_counters(*artifact_, &m);
+  return m;
+}
 
 at::Tensor ArrivalScoredKvCache::attend(const LayerInput& in) {
   const at::Tensor s = arrival_scores(in).contiguous();  // [T, H]

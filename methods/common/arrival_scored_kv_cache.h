@@ -9,10 +9,13 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <map>
 #include <memory>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
+#include "harness/kv/calibration.h"
 #include "methods/common/composed_policy.h"
 #include "methods/common/evicting_kv_cache.h"
 
@@ -23,9 +26,12 @@ using ArrivalScores = std::vector<std::vector<float>>;
 
 class ArrivalScoredKvCache : public EvictingKvCache {
  public:
-  // parts.scorer must come from recorded_scorer(slot) with this constructor's `slot`.
+  // parts.scorer must come from recorded_scorer(slot) with this constructor's `slot`. The store's
+  // scores come from its calibration artifact (ctx.calibration), whose counters it reports.
   ArrivalScoredKvCache(const CacheContext& ctx, Options o, PolicyParts parts,
                        std::shared_ptr<const ArrivalScores*> slot);
+
+  std::map<std::string, double> counters() const override;
 
   at::Tensor attend(const LayerInput& in) override;
   void end_prefill(int64_t seq_id) override;
@@ -41,6 +47,7 @@ class ArrivalScoredKvCache : public EvictingKvCache {
 
  private:
   ArrivalScores& table(int64_t seq_id);
+  std::shared_ptr<const CalibrationArtifact> artifact_;
   std::shared_ptr<const ArrivalScores*> slot_;  // the sequence being compressed, for the scorer
   std::unordered_map<int64_t, ArrivalScores> scores_;
   int64_t L_, H_;

@@ -64,29 +64,17 @@ std::shared_ptr<const CalibrationArtifact> kvzap_calibrate(const std::shared_ptr
 class KvzapKvCache : public ArrivalScoredKvCache, public HiddenStateCache {
  public:
   KvzapKvCache(const CacheContext& ctx, Options o, PolicyParts parts, kvzap::Surrogate s,
-               std::shared_ptr<const CalibrationArtifact> art,
                std::shared_ptr<const ArrivalScores*> slot)
       : ArrivalScoredKvCache(ctx, std::move(o), std::move(parts), std::move(slot)),
         model_(ctx.model),
-        surrogate_(std::move(s)),
-        art_(std::move(art)) {}
+        surrogate_(std::move(s)) {}
 
   void layer_hidden(int layer, const at::Tensor& hidden) override { hidden_ = {layer, hidden}; }
-
-  std::map<std::string, double> counters() const override {
-    std::map<std::string, double> m = EvictingKvCache::counters();
-    m["calib_from_cache"] = art_->from_cache ? 1.0 : 0.0;
-    m["calib_seconds"] = art_->seconds;
-    m["calib_artifact_bytes"] = static_cast<double>(art_->file_bytes);
-    return m;
-  }
 
  protected:
   at::Tensor arrival_scores(const LayerInput& in) override {
     KVB_ASSERT(hidden_ && hidden_->first == in.layer, kName,
-               "no hidden states handed over for "
-               "layer ",
-               in.layer);
+               "no hidden states handed over for layer ", in.layer);
     const at::Tensor a = kvzap::attention_input(*model_, in.layer, hidden_->second);
     hidden_.reset();  // the forward's buffer is only valid during this layer's call
     return kvzap::surrogate_scores(surrogate_, in.layer, a).contiguous();
@@ -95,7 +83,6 @@ class KvzapKvCache : public ArrivalScoredKvCache, public HiddenStateCache {
  private:
   std::shared_ptr<Model> model_;
   kvzap::Surrogate surrogate_;
-  std::shared_ptr<const CalibrationArtifact> art_;
   std::optional<std::pair<int, at::Tensor>> hidden_;  // (layer, [T, dim] residual stream)
 };
 
@@ -118,7 +105,7 @@ std::unique_ptr<KvCache> make_kvzap(const CacheContext& ctx, const nlohmann::jso
   parts.allocator = parse_allocator(p, budget);
   parts.schedule.end_prefill = true;
   return std::make_unique<KvzapKvCache>(ctx, evicting_options(p, kName, c.head_dim),
-                                        std::move(parts), std::move(s), ctx.calibration, slot);
+                                        std::move(parts), std::move(s), slot);
 }
 
 }  // namespace

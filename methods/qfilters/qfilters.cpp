@@ -50,18 +50,9 @@ std::shared_ptr<const CalibrationArtifact> qfilters_calibrate(const std::shared_
 class QFilterKvCache : public ArrivalScoredKvCache {
  public:
   QFilterKvCache(const CacheContext& ctx, Options o, PolicyParts parts, at::Tensor filters,
-                 std::shared_ptr<const CalibrationArtifact> art,
                  std::shared_ptr<const ArrivalScores*> slot)
       : ArrivalScoredKvCache(ctx, std::move(o), std::move(parts), std::move(slot)),
-        filters_(std::move(filters)),
-        art_(std::move(art)) {}
-  std::map<std::string, double> counters() const override {
-    std::map<std::string, double> m = EvictingKvCache::counters();
-    m["calib_from_cache"] = art_->from_cache ? 1.0 : 0.0;
-    m["calib_seconds"] = art_->seconds;
-    m["calib_artifact_bytes"] = static_cast<double>(art_->file_bytes);
-    return m;
-  }
+        filters_(std::move(filters)) {}
 
  protected:
   // score[t, h] = -(k[t, h] . f[h]): the key as kvpress's cache holds it (post-RoPE).
@@ -71,7 +62,6 @@ class QFilterKvCache : public ArrivalScoredKvCache {
 
  private:
   at::Tensor filters_;  // [layers, kv heads, head_dim] fp32 CPU
-  std::shared_ptr<const CalibrationArtifact> art_;
 };
 
 std::unique_ptr<KvCache> make_qfilters(const CacheContext& ctx, const nlohmann::json& p) {
@@ -90,7 +80,7 @@ std::unique_ptr<KvCache> make_qfilters(const CacheContext& ctx, const nlohmann::
   parts.allocator = parse_allocator(p, budget);
   parts.schedule.end_prefill = true;
   return std::make_unique<QFilterKvCache>(ctx, evicting_options(p, kName, c.head_dim),
-                                          std::move(parts), f, ctx.calibration, slot);
+                                          std::move(parts), f, slot);
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <memory>
 #include <string>
 #include <vector>
@@ -56,6 +57,19 @@ class KeyCapture {
  private:
   std::vector<std::vector<at::Tensor>> k_, q_;
 };
+
+// The `keep` highest-scored positions of scores [T] (ties: the earlier position), ascending: what a
+// per-head top-k store keeps.
+inline std::vector<int32_t> top_positions(const at::Tensor& scores, int64_t keep) {
+  const at::Tensor s = scores.to(at::kFloat).contiguous();
+  const float* sp = s.data_ptr<float>();
+  std::vector<int32_t> order(static_cast<size_t>(s.size(0)));
+  for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int32_t>(i);
+  std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return sp[a] > sp[b]; });
+  order.resize(static_cast<size_t>(keep));
+  std::sort(order.begin(), order.end());
+  return order;
+}
 
 // Everything the forward hands a layer, in fp64: queries, keys, values and the residual stream
 // entering it, concatenated over the steps.

@@ -184,16 +184,8 @@ TEST(Kvzap, EachHeadKeepsItsTopSurrogateScoresAndFreesTheRest) {
     const at::Tensor scores =
         kvzap::surrogate_scores(s, l, kvzap::attention_input(*m, l, cap->x(l))).contiguous();
     for (int64_t h = 0; h < c.n_kv_heads; ++h) {
-      const at::Tensor sh = scores.select(1, h).contiguous();
-      const float* sp = sh.data_ptr<float>();
-      std::vector<int32_t> want(static_cast<size_t>(T));
-      std::iota(want.begin(), want.end(), 0);
-      std::stable_sort(want.begin(), want.end(),
-                       [&](int32_t a, int32_t b) { return sp[a] > sp[b]; });
-      want.resize(static_cast<size_t>(B));
-      std::sort(want.begin(), want.end());
       const std::vector<int32_t> kept = ev->kept_indices(seq, l, h);
-      EXPECT_EQ(kept, want) << l << "/" << h;
+      EXPECT_EQ(kept, test::top_positions(scores.select(1, h), B)) << l << "/" << h;
       entries += static_cast<int64_t>(kept.size());
     }
   }
