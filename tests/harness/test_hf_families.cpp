@@ -241,20 +241,17 @@ TEST(HfFamilies, ForkContinuesExactlyAndTruncationBeyondTheWindowIsRefused) {
   }
 }
 
-// A compressing method on a model whose every layer is a window (Mistral's sliding_window 6 here):
+// An eviction method on a model whose every layer is a window (Mistral's sliding_window 6 here):
 // its store takes every layer while no sequence passes the window, where the model is plain causal
 // attention; a sequence past the window is refused, naming the model, the window and the store.
 // The full cache runs at any length.
-TEST(HfFamilies, CompressingMethodOnAnAllWindowModelRunsWithinTheWindow) {
+TEST(HfFamilies, EvictionOnAnAllWindowModelRunsWithinTheWindowOnly) {
   const Reference ref = read_reference("mistral_sw");
   auto m = load_dir(fixture_dir("mistral_sw"));
   const std::vector<int64_t> six(ref.prompts[0].begin(), ref.prompts[0].begin() + 6);
-  for (const char* method : {"snapkv", "kivi", "streaming_llm"}) {
+  for (const char* method : {"snapkv", "streaming_llm"}) {
     SCOPED_TRACE(method);
-    Engine e(m, method_store(*m, method,
-                             std::string(method) == "kivi"
-                                 ? json{{"group_size", 2}, {"residual_length", 2}}
-                                 : json{{"budget", 0.5}}));
+    Engine e(m, method_store(*m, method, json{{"budget", 0.5}}));
     ASSERT_NE(dynamic_cast<const WindowedKvCache*>(&e.kv()), nullptr);
     const int64_t s = e.new_sequence();
     std::vector<at::Tensor> rows;
@@ -270,12 +267,57 @@ TEST(HfFamilies, CompressingMethodOnAnAllWindowModelRunsWithinTheWindow) {
       const std::string msg = err.what();
       EXPECT_NE(msg.find("reaches 7 tokens, past the sliding window (6)"), std::string::npos)
           << msg;
+      EXPECT_NE(msg.find("does not apply a sliding window"), std::string::npos) << msg;
       EXPECT_NE(msg.find("mistral_sw"), std::string::npos) << msg;
     }
   }
   // The full cache keeps the window layers itself, at any length.
   EXPECT_LT(rel_err(prompt_logits(m, method_store(*m, "full"), ref.prompts[0]), ref.logits[0]),
             1e-4);
+}
+
+// A quantization codec on an all-window model quantizes the window, which is the whole cache there,
+// at any length: its store applies each layer's window and keeps only the window's rows. With the
+// rows kept exactly (an fp32 residual longer than the prompt) it is the model: transformers' logits
+// past the window, in one prefill, in chunks and one token at a time (20 tokens, window 6).
+TEST(HfFamilies, CodecOnAnAllWindowModelQuantizesTheWindowPastIt) {
+  const Reference ref = read_reference("mistral_sw");
+  auto m = load_dir(fixture_dir("mistral_sw"));
+  const ModelConfig& c = m->config;
+  const auto& ids = ref.prompts[0];
+  const int64_t n = static_cast<int64_t>(ids.size());
+  ASSERT_GT(n, 6);
+  const json exact = {{"group_size", 2}, {"residual_length", 64}, {"residual_dtype", "fp32"}};
+  for (int64_t chunk : {int64_t{512}, int64_t{7}, int64_t{1}}) {
+    SCOPED_TRACE(chunk);
+    EXPECT_LT(rel_err(prompt_logits(m, method_store(*m, "kivi", exact), ids, chunk), ref.logits[0]),
+              1e-4);
+  }
+  // Quantized (2 bits, groups of 2, a residual of 2): it runs past the window, each layer holds
+  // its last window - 1 rows, and the ledger is below the windowed full cache of the same length.
+  const json kivi2 = {{"group_size", 2}, {"residual_length", 2}};
+  for (const char* method : {"kivi", "pertoken", "kvtuner"}) {
+    SCOPED_TRACE(method);
+    const std::string name = method;
+    Engine e(m, method_store(*m, name,
+                             name == "kivi"      ? kivi2
+                             : name == "kvtuner" ? json{{"mode", "per_token"}, {"pairs", "K4V2"}}
+                                                 : json::object()));
+    const int64_t s = e.new_sequence();
+    std::vector<at::Tensor> rows;
+    auto keep = [&](const at::Tensor& l, int64_t) { rows.push_back(l.clone()); };
+    e.prefill({s}, {std::vector<int64_t>(ids.begin(), ids.begin() + 9)}, keep);
+    for (int64_t i = 9; i < n; ++i) rows.push_back(e.decode({s}, {ids[i]}).clone());
+    EXPECT_EQ(e.kv().seq_len(s), n);
+    const Footprint f = e.kv().footprint();
+    EXPECT_EQ(f.logical_bytes, c.full_kv_bytes(n, 4));  // 2 layers x 5 rows, K and V, fp32
+    EXPECT_EQ(f.logical_bytes, 2 * 2 * 5 * c.kv_dim() * 4);
+    EXPECT_LT(f.physical_bytes(), c.full_kv_bytes(n, 4));
+    // Quantized, so not the model's logits, but near them (random weights: the logits are small).
+    const double err = rel_err(at::cat(rows), ref.logits[0]);
+    EXPECT_GT(err, 0.0);
+    EXPECT_LT(err, 0.5);
+  }
 }
 
 // KVzip's context pass reaches the global layers' store through the windowing (the qa protocol
