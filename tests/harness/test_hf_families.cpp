@@ -293,6 +293,30 @@ TEST(HfFamilies, CodecOnAnAllWindowModelQuantizesTheWindowPastIt) {
     EXPECT_LT(rel_err(prompt_logits(m, method_store(*m, "kivi", exact), ids, chunk), ref.logits[0]),
               1e-4);
   }
+  {
+    // A fork copies the window's rows and continues exactly; truncating below what a layer still
+    // holds is refused, not answered from a short window.
+    const std::vector<int64_t> head(ids.begin(), ids.begin() + 12),
+        tail(ids.begin() + 12, ids.end());
+    const at::Tensor want = ref.logits[0].narrow(0, 12, n - 12);
+    Engine e(m, method_store(*m, "kivi", exact));
+    const int64_t s = e.new_sequence();
+    e.prefill({s}, {head});
+    const int64_t f = e.fork(s);
+    for (int64_t seq : {f, s}) {
+      std::vector<at::Tensor> rows;
+      e.prefill({seq}, {tail}, [&](const at::Tensor& l, int64_t) { rows.push_back(l.clone()); });
+      EXPECT_LT(rel_err(at::cat(rows), want), 1e-4) << (seq == f ? "fork" : "source");
+    }
+    try {
+      e.kv().truncate(s, n - 2);
+      ADD_FAILURE() << "expected an error";
+    } catch (const Error& err) {
+      EXPECT_NE(std::string(err.what()).find("no longer holds the rows its window needs"),
+                std::string::npos)
+          << err.what();
+    }
+  }
   // Quantized (2 bits, groups of 2, a residual of 2): it runs past the window, each layer holds
   // its last window - 1 rows, and the ledger is below the windowed full cache of the same length.
   const json kivi2 = {{"group_size", 2}, {"residual_length", 2}};
@@ -313,10 +337,12 @@ TEST(HfFamilies, CodecOnAnAllWindowModelQuantizesTheWindowPastIt) {
     EXPECT_EQ(f.logical_bytes, c.full_kv_bytes(n, 4));  // 2 layers x 5 rows, K and V, fp32
     EXPECT_EQ(f.logical_bytes, 2 * 2 * 5 * c.kv_dim() * 4);
     EXPECT_LT(f.physical_bytes(), c.full_kv_bytes(n, 4));
-    // Quantized, so not the model's logits, but near them (random weights: the logits are small).
+    // Quantized, so not the model's logits, but near them: far nearer than the same store
+    // without the window's mask (0.41 to 0.46 on the exact rows). Measured: kivi 2.7e-4 (groups of
+    // 2 are nearly exact at 2 bits), pertoken (4 bits) 0.068, kvtuner K4V2 0.20.
     const double err = rel_err(at::cat(rows), ref.logits[0]);
     EXPECT_GT(err, 0.0);
-    EXPECT_LT(err, 0.5);
+    EXPECT_LT(err, name == "kivi" ? 1e-3 : name == "pertoken" ? 0.1 : 0.3);
   }
 }
 
