@@ -22,6 +22,10 @@ const char* param_type_name(ParamType t) {
       return "bool";
     case ParamType::kString:
       return "string";
+    case ParamType::kStringList:
+      return "string list";
+    case ParamType::kSection:
+      return "section";
   }
   return "?";
 }
@@ -39,12 +43,22 @@ std::string number_str(double x) {
 std::string range_str(const ParamSpec& s) {
   std::string lo = s.min ? number_str(*s.min) : "-inf";
   std::string hi = s.max ? number_str(*s.max) : "inf";
-  return (s.min_open ? "(" : "[") + lo + ", " + hi + "]";
+  return (s.min_open ? "(" : "[") + lo + ", " + hi + (s.max_open ? ")" : "]");
 }
 
 bool in_range(const ParamSpec& s, double x) {
   const bool above = !s.min || (s.min_open ? x > *s.min : x >= *s.min);
-  return above && (!s.max || x <= *s.max);
+  return above && (!s.max || (s.max_open ? x < *s.max : x <= *s.max));
+}
+
+// "<owner>.<name>", or "<file>: <name>" for an owner that is a file alone.
+std::string param_key(const std::string& owner, const std::string& name) {
+  return ends_with(owner, ": ") ? owner + name : owner + "." + name;
+}
+
+// The owner as an error's subject: "recipe.json" for "recipe.json: ".
+std::string owner_subject(const std::string& owner) {
+  return ends_with(owner, ": ") ? owner.substr(0, owner.size() - 2) : owner;
 }
 
 // What else besides the type's own values a parameter takes, for "expected ..." messages.
@@ -56,7 +70,7 @@ std::string extra_values(const ParamSpec& s) {
 }
 
 nlohmann::json check_value(const ParamSpec& s, const nlohmann::json& v, const std::string& owner) {
-  const std::string key = owner + "." + s.name;
+  const std::string key = param_key(owner, s.name);
   if (s.nullable && v.is_null()) return v;
   if (s.accepts_auto && v.is_string() && v.get<std::string>() == "auto") return v;
   switch (s.type) {
@@ -105,6 +119,16 @@ nlohmann::json check_value(const ParamSpec& s, const nlohmann::json& v, const st
       }
       return x;
     }
+    case ParamType::kStringList: {
+      bool ok = v.is_array();
+      for (size_t i = 0; ok && i < v.size(); ++i) ok = v[i].is_string();
+      KVB_CHECK(ok, key, ": expected a list of strings", extra_values(s), ", got ", v.dump());
+      return v;
+    }
+    case ParamType::kSection:
+      KVB_CHECK(v.is_object() || v.is_array(), key, ": expected an object or a list of objects",
+                extra_values(s), ", got ", v.dump());
+      return v;
   }
   return v;
 }
@@ -113,15 +137,17 @@ nlohmann::json check_value(const ParamSpec& s, const nlohmann::json& v, const st
 
 nlohmann::json resolve_params(const std::vector<ParamSpec>& specs, const nlohmann::json& given,
                               const std::string& owner) {
-  KVB_CHECK(given.is_null() || given.is_object(), owner, ": expected an object of parameters, got ",
-            given.dump());
+  const std::string subject = owner_subject(owner);
+  KVB_CHECK(given.is_null() || given.is_object(), subject,
+            ": expected an object of parameters, got ", given.dump());
   std::vector<std::string> names;
   for (const auto& s : specs) names.push_back(s.name);
   if (given.is_object()) {
     for (auto it = given.begin(); it != given.end(); ++it) {
       bool known = false;
       for (const auto& n : names) known = known || n == it.key();
-      KVB_CHECK(known, owner, ": unknown parameter '", it.key(), "'", did_you_mean(it.key(), names),
+      KVB_CHECK(known, subject, ": unknown parameter '", it.key(), "'",
+                did_you_mean(it.key(), names),
                 names.empty() ? "; it takes no parameters" : "; known: " + join(names, ", "));
     }
   }
@@ -223,6 +249,14 @@ ParamSpec string_param(std::string name, std::string def, std::vector<std::strin
                    std::move(doc));
 }
 
+ParamSpec string_list_param(std::string name, std::vector<std::string> def, std::string doc) {
+  return make_spec(std::move(name), ParamType::kStringList, def, {}, {}, {}, std::move(doc));
+}
+
+ParamSpec section_param(std::string name, std::string doc) {
+  return make_spec(std::move(name), ParamType::kSection, nullptr, {}, {}, {}, std::move(doc));
+}
+
 nlohmann::json param_spec_json(const ParamSpec& s) {
   nlohmann::json j = {{"name", s.name},
                       {"type", param_type_name(s.type)},
@@ -233,6 +267,7 @@ nlohmann::json param_spec_json(const ParamSpec& s) {
   if (!s.choices.empty()) j["choices"] = s.choices;
   // Only where used, so that listings of parameters without them are unchanged.
   if (s.min_open) j["min_open"] = true;
+  if (s.max_open) j["max_open"] = true;
   if (s.accepts_auto) j["auto"] = true;
   if (s.nullable) j["nullable"] = true;
   if (!s.aliases.empty()) {

@@ -18,7 +18,14 @@
 
 namespace kvb {
 
-enum class ParamType { kInt, kFloat, kBool, kString };
+enum class ParamType {
+  kInt,
+  kFloat,
+  kBool,
+  kString,
+  kStringList,  // a JSON array of strings (a recipe's corpora)
+  kSection,     // an object or an array of objects with a table of its own, resolved by the owner
+};
 
 struct ParamSpec {
   std::string name;
@@ -34,6 +41,7 @@ struct ParamSpec {
   // and so every hash, holds the choice only.
   std::vector<std::pair<std::string, std::string>> aliases;
   bool min_open = false;      // the range excludes min: (min, max]
+  bool max_open = false;      // the range excludes max: [min, max)
   bool accepts_auto = false;  // the string "auto" is a value too (its owner resolves it later)
   bool nullable = false;      // null is a value too
 
@@ -48,6 +56,10 @@ struct ParamSpec {
   }
   ParamSpec above_min() && {
     min_open = true;
+    return std::move(*this);
+  }
+  ParamSpec below_max() && {
+    max_open = true;
     return std::move(*this);
   }
   ParamSpec with_aliases(std::vector<std::pair<std::string, std::string>> a) && {
@@ -65,8 +77,11 @@ const char* param_type_name(ParamType t);
 
 // Validates `given` (a JSON object, or null for "all defaults") against `specs` and returns the
 // full resolved object with defaults filled in. `owner` names whose parameters they are ("method
-// snapkv", "task vt", "config.protocol"). Unknown keys are errors with a nearest-name hint and the
-// known names; type, range and choice errors name "<owner>.<key>", the value and what is allowed.
+// snapkv", "task vt", "config.protocol", "recipe.json: optim"); an owner that is a file alone ends
+// in ": "
+// ("recipe.json: "), and its keys read "recipe.json: seed". Unknown keys are errors with a
+// nearest-name hint and the known names; type, range and choice errors name "<owner>.<key>", the
+// value and what is allowed.
 nlohmann::json resolve_params(const std::vector<ParamSpec>& specs, const nlohmann::json& given,
                               const std::string& owner);
 
@@ -78,6 +93,10 @@ ParamSpec float_param(std::string name, double def, std::optional<double> min,
 ParamSpec bool_param(std::string name, bool def, std::string doc);
 ParamSpec string_param(std::string name, std::string def, std::vector<std::string> choices,
                        std::string doc);
+ParamSpec string_list_param(std::string name, std::vector<std::string> def, std::string doc);
+// A nested section (a recipe's "optim"), left out when not given; its owner resolves it against its
+// own table.
+ParamSpec section_param(std::string name, std::string doc);
 
 // The names of an enum's table, in table order.
 template <typename E, std::size_t N>
