@@ -178,6 +178,38 @@ TEST(Params, ListingsShowOnlyTheExtrasInUse) {
   EXPECT_EQ(param_spec_json(specs()[5])["nullable"], true);
 }
 
+TEST(Params, RecipeShapes) {
+  const std::vector<ParamSpec> recipe = {
+      float_param("heldout", 0.02, 0, 0.5, "held out").above_min().below_max(),
+      string_list_param("corpora", {"a"}, "corpus names"),
+      section_param("optim", "a nested table"),
+  };
+  // A file alone as the owner: its keys read "<file>: <key>".
+  const json r = resolve_params(recipe, {{"optim", {{"lr", 1}}}}, "recipe.json: ");
+  EXPECT_EQ(r.dump(), R"({"corpora":["a"],"heldout":0.02,"optim":{"lr":1}})");
+  EXPECT_FALSE(resolve_params(recipe, json::object(), "r: ").contains("optim"));  // no default
+  expect_kvb_error(
+      [&] {
+        resolve_params(recipe, {{"heldout", 0.5}}, "recipe.json: ");
+      },
+      {"recipe.json: heldout: 0.5 is outside the allowed range (0, 0.5)"});
+  expect_kvb_error(
+      [&] {
+        resolve_params(recipe, {{"corpora", {"a", 1}}}, "recipe.json: data");
+      },
+      {"recipe.json: data.corpora: expected a list of strings, got [\"a\",1]"});
+  expect_kvb_error(
+      [&] {
+        resolve_params(recipe, {{"optim", 3}}, "recipe.json: ");
+      },
+      {"recipe.json: optim: expected an object or a list of objects, got 3"});
+  expect_kvb_error(
+      [&] {
+        resolve_params(recipe, {{"optimm", 3}}, "recipe.json: ");
+      },
+      {"recipe.json: unknown parameter 'optimm' (did you mean 'optim'?)"});
+}
+
 TEST(ParamLists, IntegersInRange) {
   EXPECT_EQ(parse_int_list("512,2048", "--tokens", "context length", 3, 1 << 20),
             (std::vector<int64_t>{512, 2048}));
