@@ -78,10 +78,9 @@ const char* param_type_name(ParamType t);
 // Validates `given` (a JSON object, or null for "all defaults") against `specs` and returns the
 // full resolved object with defaults filled in. `owner` names whose parameters they are ("method
 // snapkv", "task vt", "config.protocol", "recipe.json: optim"); an owner that is a file alone ends
-// in ": "
-// ("recipe.json: "), and its keys read "recipe.json: seed". Unknown keys are errors with a
-// nearest-name hint and the known names; type, range and choice errors name "<owner>.<key>", the
-// value and what is allowed.
+// in ": " ("recipe.json: "), and its keys then read "recipe.json: seed". Unknown keys are errors
+// with a nearest-name hint and the known names; type, range and choice errors name
+// "<owner>.<key>", the value and what is allowed.
 nlohmann::json resolve_params(const std::vector<ParamSpec>& specs, const nlohmann::json& given,
                               const std::string& owner);
 

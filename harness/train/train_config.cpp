@@ -40,13 +40,19 @@ std::vector<ParamSpec> model_specs() {
   const auto required = [](const char* name, const char* doc) {
     return int_param(name, 0, 1, std::nullopt, doc).unset_by_default();
   };
+  // "auto" unless given: derived from the other sizes.
+  const auto derived = [](const char* name, const char* doc) {
+    ParamSpec p = int_param(name, 0, 1, std::nullopt, doc).or_auto();
+    p.default_value = "auto";
+    return p;
+  };
   return {
       required("dim", "hidden size"),
       required("hidden_dim", "FFN intermediate size"),
       required("n_layers", "layers"),
       required("n_heads", "query heads"),
-      int_param("n_kv_heads", 0, 1, std::nullopt, "KV heads (auto: n_heads)").or_auto(),
-      int_param("head_dim", 0, 1, std::nullopt, "per head (auto: dim / n_heads)").or_auto(),
+      derived("n_kv_heads", "KV heads (auto: n_heads)"),
+      derived("head_dim", "per head (auto: dim / n_heads)"),
       required("max_seq_len", "trained context"),
       float_param("rope_theta", d.rope_theta, 0, std::nullopt, "RoPE base").above_min(),
       float_param("norm_eps", d.norm_eps, 0, std::nullopt, "RMSNorm epsilon").above_min(),

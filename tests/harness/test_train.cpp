@@ -81,7 +81,7 @@ TEST(TrainConfig, RejectsUnknownKeysAndBadValues) {
   };
   auto j = tiny_recipe();
   j["optim"]["lr_typo"] = 1;
-  expect_error(j, "recipe.json: optim: unknown parameter 'lr_typo' (did you mean 'lr'?)");
+  expect_error(j, "recipe.json: optim: unknown parameter 'lr_typo'; known: lr, min_lr_ratio");
   j = tiny_recipe();
   j["stagez"] = j["stages"];
   expect_error(j, "recipe.json: unknown parameter 'stagez' (did you mean 'stages'?)");
