@@ -197,10 +197,11 @@ TrainConfig parse_train_config(const nlohmann::json& j, const std::string& src) 
   c.device = top.at("device");
   c.init_from = top.at("init_from");
   c.dtype = top.at("dtype");
-  c.checkpoint_every = top.at("checkpoint_every");
-  c.log_every = top.at("log_every");
-  c.eval_every = top.at("eval_every");
-  c.eval_windows = top.at("eval_windows");
+  for (const auto& [key, field] : {std::pair{"checkpoint_every", &TrainConfig::checkpoint_every},
+                                   {"log_every", &TrainConfig::log_every},
+                                   {"eval_every", &TrainConfig::eval_every},
+                                   {"eval_windows", &TrainConfig::eval_windows}})
+    c.*field = top.at(key).get<int64_t>();
 
   KVB_CHECK(j.contains("model"), src, ": missing 'model'");
   const nlohmann::json m = section(j, "model", model_specs(), src + ": model");
@@ -246,15 +247,16 @@ TrainConfig parse_train_config(const nlohmann::json& j, const std::string& src) 
             ": 'data.synthetic_fraction' > 0 needs 'data.tasks'");
 
   const nlohmann::json o = section(j, "optim", optim_specs(), src + ": optim");
-  c.lr = o.at("lr");
-  c.min_lr_ratio = o.at("min_lr_ratio");
-  c.weight_decay = o.at("weight_decay");
-  c.beta1 = o.at("beta1");
-  c.beta2 = o.at("beta2");
-  c.eps = o.at("eps");
+  for (const auto& [key, field] : {std::pair{"lr", &TrainConfig::lr},
+                                   {"min_lr_ratio", &TrainConfig::min_lr_ratio},
+                                   {"weight_decay", &TrainConfig::weight_decay},
+                                   {"beta1", &TrainConfig::beta1},
+                                   {"beta2", &TrainConfig::beta2},
+                                   {"eps", &TrainConfig::eps},
+                                   {"grad_clip", &TrainConfig::grad_clip},
+                                   {"init_std", &TrainConfig::init_std}})
+    c.*field = o.at(key).get<double>();
   c.warmup_steps = o.at("warmup_steps");
-  c.grad_clip = o.at("grad_clip");
-  c.init_std = o.at("init_std");
 
   KVB_CHECK(j.contains("stages") && j.at("stages").is_array() && !j.at("stages").empty(), src,
             ": 'stages' must be a non-empty array of {steps, seq_len, batch_size}");
