@@ -28,6 +28,7 @@
 #include "harness/common/error.h"
 #include "harness/common/json_parse.h"
 #include "harness/common/mapped_file.h"
+#include "harness/common/params.h"
 #include "harness/common/sha256.h"
 #include "harness/common/strings.h"
 #include "harness/formats/tokenizer.h"
@@ -85,6 +86,18 @@ constexpr int kMaxAttempts = 32;  // fresh draws when a value happens to occur t
 
 enum class Kind { kNiah, kVt, kCwe, kFwe, kPasskey, kCopy };
 
+// niah_*: what fills the context around the needles.
+enum class Haystack { kNoise, kCorpus, kNeedles };
+const EnumName<Haystack> kHaystacks[] = {
+    {Haystack::kNoise, "noise"}, {Haystack::kCorpus, "corpus"}, {Haystack::kNeedles, "needles"}};
+
+// niah_*: what a needle's key or value is. The name is also the prompt's word for it ("special
+// magic numbers"), so the generator keeps it as text.
+enum class NeedleItem { kWords, kNumbers, kUuids };
+const EnumName<NeedleItem> kNeedleItems[] = {{NeedleItem::kWords, "words"},
+                                             {NeedleItem::kNumbers, "numbers"},
+                                             {NeedleItem::kUuids, "uuids"}};
+
 struct TaskDef {
   const char* name;
   Kind kind;
@@ -119,18 +132,49 @@ const std::vector<TaskDef>& task_defs() {
   return kDefs;
 }
 
-std::vector<std::string> param_names(Kind kind) {
-  switch (kind) {
+// A task's parameters, with its preset (TaskDef::defaults) as their defaults.
+std::vector<ParamSpec> param_specs(const TaskDef& def) {
+  const json d = json::parse(def.defaults);
+  // few_shot: true, false, or "auto" (the example is kept when it fits the target).
+  const auto few_shot = [](const char* doc) { return bool_param("few_shot", true, doc).or_auto(); };
+  switch (def.kind) {
     case Kind::kNiah:
-      return {"haystack", "key_type", "value_type", "num_keys", "num_values", "num_queries"};
-    case Kind::kVt:
-      return {"num_chains", "num_hops", "few_shot"};
+      return {
+          string_param("haystack", d.at("haystack").get<std::string>(), enum_choices(kHaystacks),
+                       "what fills the context around the needles")
+              .with_aliases({{"repeat", "noise"}, {"essay", "corpus"}, {"needle", "needles"}}),
+          string_param("key_type", d.at("key_type").get<std::string>(), enum_choices(kNeedleItems),
+                       "needle keys"),
+          string_param("value_type", d.at("value_type").get<std::string>(),
+                       enum_choices(kNeedleItems), "needle values"),
+          int_param("num_keys", d.at("num_keys").get<int64_t>(), 1, 100,
+                    "needles (raised to num_queries)"),
+          int_param("num_values", d.at("num_values").get<int64_t>(), 1, 100, "values per key"),
+          int_param("num_queries", d.at("num_queries").get<int64_t>(), 1, 100, "keys asked for"),
+      };
+    case Kind::kVt: {
+      ParamSpec fs = few_shot("an example chain before the task");
+      fs.default_value = d.at("few_shot");
+      return {int_param("num_chains", d.at("num_chains").get<int64_t>(), 1, 100, "variable chains"),
+              int_param("num_hops", d.at("num_hops").get<int64_t>(), 1, 100, "hops per chain"), fs};
+    }
     case Kind::kCwe:
-      return {"freq_cw", "freq_ucw", "num_cw", "few_shot"};
+      // No defaults: RULER's settings depend on the length (see setup_cwe).
+      return {
+          int_param("freq_cw", 0, 2, 10000, "occurrences of each common word").unset_by_default(),
+          int_param("freq_ucw", 0, 1, 10000, "occurrences of each uncommon word")
+              .unset_by_default(),
+          int_param("num_cw", 0, 1, 1000, "common words asked for").unset_by_default(),
+          few_shot("a worked example before the task").unset_by_default()};
     case Kind::kFwe:
-      return {"alpha", "vocab_size", "coded_wordlen"};
+      return {
+          float_param("alpha", d.at("alpha").get<double>(), 1.0, 10.0, "Zipf exponent").above_min(),
+          int_param("vocab_size", d.at("vocab_size").get<int64_t>(), 0, 1000000,
+                    "coded words (0: target_tokens / 50, RULER's)"),
+          int_param("coded_wordlen", d.at("coded_wordlen").get<int64_t>(), 2, 20,
+                    "letters per coded word")};
     case Kind::kPasskey:
-      return {"digits"};
+      return {int_param("digits", d.at("digits").get<int64_t>(), 1, 18, "digits of the pass key")};
     case Kind::kCopy:
       return {};
   }
@@ -146,7 +190,8 @@ const TaskDef& find_task(const std::string& name) {
 
 bool uses_corpus(Kind kind, const json& params) {
   if (kind == Kind::kCwe) return true;
-  return kind == Kind::kNiah && params.value("haystack", "") == "corpus";
+  return kind == Kind::kNiah &&
+         params.value("haystack", "") == enum_name(kHaystacks, Haystack::kCorpus);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -377,60 +422,11 @@ int64_t search_units(int64_t lo, int64_t max_n, int64_t budget, bool floor_only,
 }
 
 // ---------------------------------------------------------------------------------------------
-// Parameter access with errors that name the task and the key.
-
-int64_t get_int(const json& p, const std::string& task, const char* key, int64_t lo, int64_t hi) {
-  const json& v = p.at(key);
-  KVB_CHECK(v.is_number_integer() ||
-                (v.is_number_float() && std::floor(v.get<double>()) == v.get<double>()),
-            "task '", task, "': parameter '", key, "' must be an integer, got ", v.dump());
-  const int64_t x =
-      v.is_number_integer() ? v.get<int64_t>() : static_cast<int64_t>(v.get<double>());
-  KVB_CHECK(x >= lo && x <= hi, "task '", task, "': parameter '", key, "' = ", x, " is outside [",
-            lo, ", ", hi, "]");
-  return x;
-}
-
-double get_double(const json& p, const std::string& task, const char* key, double lo, double hi,
-                  bool lo_open) {
-  const json& v = p.at(key);
-  KVB_CHECK(v.is_number(), "task '", task, "': parameter '", key, "' must be a number, got ",
-            v.dump());
-  const double x = v.get<double>();
-  KVB_CHECK(std::isfinite(x) && (lo_open ? x > lo : x >= lo) && x <= hi, "task '", task,
-            "': parameter '", key, "' = ", x, " is outside ", lo_open ? "(" : "[", lo, ", ", hi,
-            "]");
-  return x;
-}
-
-std::string get_enum(const json& p, const std::string& task, const char* key,
-                     const std::vector<std::string>& choices,
-                     const std::vector<std::pair<std::string, std::string>>& aliases = {}) {
-  const json& v = p.at(key);
-  KVB_CHECK(v.is_string(), "task '", task, "': parameter '", key, "' must be a string, got ",
-            v.dump());
-  std::string s = v.get<std::string>();
-  for (const auto& a : aliases)
-    if (s == a.first) s = a.second;
-  KVB_CHECK(std::find(choices.begin(), choices.end(), s) != choices.end(), "task '", task,
-            "': parameter '", key, "' = '", s, "' is not one of ", join(choices, ", "),
-            did_you_mean(s, choices));
-  return s;
-}
-
-json get_bool_or_auto(const json& p, const std::string& task, const char* key) {
-  const json& v = p.at(key);
-  if (v.is_boolean()) return v;
-  KVB_CHECK(v.is_string() && v.get<std::string>() == "auto", "task '", task, "': parameter '", key,
-            "' must be true, false or \"auto\", got ", v.dump());
-  return v;
-}
-
-// ---------------------------------------------------------------------------------------------
 // The generator.
 
 struct NiahParams {
-  std::string haystack, key_type, value_type;
+  Haystack haystack = Haystack::kNoise;
+  std::string key_type, value_type;  // kNeedleItems names
   int num_keys = 1, num_values = 1, num_queries = 1;
 };
 
@@ -494,7 +490,7 @@ class Generator {
     const std::string& t = spec_.task;
     switch (def_.kind) {
       case Kind::kNiah:
-        niah_.haystack = p.at("haystack").get<std::string>();
+        niah_.haystack = param_enum(p, "haystack", kHaystacks);
         niah_.key_type = p.at("key_type").get<std::string>();
         niah_.value_type = p.at("value_type").get<std::string>();
         niah_.num_keys = static_cast<int>(p.at("num_keys").get<int64_t>());
@@ -785,7 +781,7 @@ class Generator {
 
       // Haystack.
       size_t start_index = 0, start = 0;  // the haystack's first word (corpus or noise stream)
-      if (p.haystack == "corpus") {
+      if (p.haystack == Haystack::kCorpus) {
         start_index = uniform_index(rng, sentence_starts_.size());
         start = sentence_starts_[start_index];
       }
@@ -805,10 +801,10 @@ class Generator {
       l.target = target;
       size_t pad_words = 0, pad_block = 0;
       auto configure = [&](size_t count) {
-        if (p.haystack == "noise") {
+        if (p.haystack == Haystack::kNoise) {
           l.n = count;
           l.unit = [start](size_t i) { return noise_words()[(start + i) % noise_words().size()]; };
-        } else if (p.haystack == "corpus") {
+        } else if (p.haystack == Haystack::kCorpus) {
           l.n = count;
           l.unit = [this, start](size_t i) { return words_[(start + i) % words_.size()]; };
         } else {
@@ -827,7 +823,7 @@ class Generator {
           size_t gap = static_cast<size_t>(std::llround(o.first * n));
           // Other needles need no precision: in prose they go to the nearest sentence boundary,
           // as RULER inserts every needle between sentences.
-          if (p.haystack == "corpus")
+          if (p.haystack == Haystack::kCorpus)
             gap = nearest_sentence_gap(l, gap, [](size_t) { return true; });
           l.inserts.push_back({gap, o.second, false});
         }
@@ -839,7 +835,7 @@ class Generator {
         configure(static_cast<size_t>(count));
         return prompt_count(s.preamble, render(l), rest);
       };
-      if (p.haystack == "needles") {
+      if (p.haystack == Haystack::kNeedles) {
         // A needle is tens of tokens: too coarse for 1% of a short target, and for the depth.
         // So two needles fewer than fit, and the rest is a block of noise words placed where the
         // target goes, which lets the target sit at word precision. (RULER's needle haystack has
@@ -875,20 +871,20 @@ class Generator {
         configure(m);
       } else {
         const int64_t max_n =
-            p.haystack == "corpus" ? static_cast<int64_t>(words_.size()) : 1 << 26;
+            p.haystack == Haystack::kCorpus ? static_cast<int64_t>(words_.size()) : 1 << 26;
         // Word granularity (a few tokens) can miss 1% of a short target; then the haystack starts
         // at the next sentence instead (other words, other lengths), up to 8 times.
         int64_t best_n = 0, best_err = INT64_MAX;
         size_t best_start = 0;
         for (int retry = 0; retry < 8; ++retry) {
-          if (p.haystack == "corpus") {
+          if (p.haystack == Haystack::kCorpus) {
             start = sentence_starts_[(start_index + retry) % sentence_starts_.size()];
           } else {
             static const size_t kNoiseStarts[] = {0, 4, 8, 12, 15};  // its sentence starts
             start = kNoiseStarts[retry % 5];
           }
           const int64_t n = search_units(0, max_n, budget_, false, f);
-          if (p.haystack == "corpus" && n == max_n)
+          if (p.haystack == Haystack::kCorpus && n == max_n)
             KVB_CHECK(f(n) >= budget_ - tol_, "task '", spec_.task, "': corpus '", corpus_->name,
                       "' has too few words for target_tokens ", spec_.target_tokens);
           const int64_t err = std::llabs(f(n) - budget_);
@@ -898,14 +894,14 @@ class Generator {
         start = best_start;
         configure(static_cast<size_t>(best_n));
       }
-      const bool words_haystack = p.haystack != "needles";
+      const bool words_haystack = p.haystack != Haystack::kNeedles;
       place_target(
           l, depth,
           [&](size_t g) {
             if (!words_haystack || g == 0 || g == l.n) return true;
             return ends_sentence(l.unit(g - 1));
           },
-          s, p.haystack == "corpus");
+          s, p.haystack == Haystack::kCorpus);
       // Each answer must occur once: a value that also occurs in the haystack (a number in a
       // book, a word key inside a longer key) would make the task ambiguous; draw again.
       bool ok = count_occurrences(s.context, target) == 1;
@@ -1458,7 +1454,13 @@ const std::vector<std::string>& synthetic_task_names() {
 }
 
 std::vector<std::string> task_param_names(const std::string& task) {
-  return param_names(find_task(task).kind);
+  std::vector<std::string> names;
+  for (const auto& p : param_specs(find_task(task))) names.push_back(p.name);
+  return names;
+}
+
+std::vector<ParamSpec> task_param_specs(const std::string& task) {
+  return param_specs(find_task(task));
 }
 
 TaskSpec task_spec_from_json(const json& j) {
@@ -1522,49 +1524,10 @@ TaskSpec resolve_task_spec(const TaskSpec& spec) {
               " is outside [0, 1]");
 
   KVB_CHECK(spec.params.is_object(), "task '", t, "': params must be an object");
-  const std::vector<std::string> names = param_names(def.kind);
-  for (const auto& [k, v] : spec.params.items())
-    KVB_CHECK(std::find(names.begin(), names.end(), k) != names.end(), "task '", t,
-              "': unknown parameter '", k, "'", did_you_mean(k, names),
-              names.empty() ? "; it takes no parameters" : "; allowed: " + join(names, ", "));
-  json p = json::parse(def.defaults);
-  for (const auto& [k, v] : spec.params.items()) p[k] = v;
-
-  switch (def.kind) {
-    case Kind::kNiah: {
-      p["haystack"] = get_enum(p, t, "haystack", {"noise", "corpus", "needles"},
-                               {{"repeat", "noise"}, {"essay", "corpus"}, {"needle", "needles"}});
-      p["key_type"] = get_enum(p, t, "key_type", {"words", "numbers", "uuids"});
-      p["value_type"] = get_enum(p, t, "value_type", {"words", "numbers", "uuids"});
-      p["num_keys"] = get_int(p, t, "num_keys", 1, 100);
-      p["num_values"] = get_int(p, t, "num_values", 1, 100);
-      p["num_queries"] = get_int(p, t, "num_queries", 1, 100);
-      // RULER: num_needle_k = max(num_needle_k, num_needle_q).
-      p["num_keys"] = std::max(p["num_keys"].get<int64_t>(), p["num_queries"].get<int64_t>());
-      break;
-    }
-    case Kind::kVt:
-      p["num_chains"] = get_int(p, t, "num_chains", 1, 100);
-      p["num_hops"] = get_int(p, t, "num_hops", 1, 100);
-      p["few_shot"] = get_bool_or_auto(p, t, "few_shot");
-      break;
-    case Kind::kCwe:
-      if (p.contains("freq_cw")) p["freq_cw"] = get_int(p, t, "freq_cw", 2, 10000);
-      if (p.contains("freq_ucw")) p["freq_ucw"] = get_int(p, t, "freq_ucw", 1, 10000);
-      if (p.contains("num_cw")) p["num_cw"] = get_int(p, t, "num_cw", 1, 1000);
-      if (p.contains("few_shot")) p["few_shot"] = get_bool_or_auto(p, t, "few_shot");
-      break;
-    case Kind::kFwe:
-      p["alpha"] = get_double(p, t, "alpha", 1.0, 10.0, true);
-      p["vocab_size"] = get_int(p, t, "vocab_size", 0, 1000000);
-      p["coded_wordlen"] = get_int(p, t, "coded_wordlen", 2, 20);
-      break;
-    case Kind::kPasskey:
-      p["digits"] = get_int(p, t, "digits", 1, 18);
-      break;
-    case Kind::kCopy:
-      break;
-  }
+  json p = resolve_params(param_specs(def), spec.params, "task " + t);
+  // RULER: num_needle_k = max(num_needle_k, num_needle_q).
+  if (def.kind == Kind::kNiah)
+    p["num_keys"] = std::max(p["num_keys"].get<int64_t>(), p["num_queries"].get<int64_t>());
   r.params = p;
   if (uses_corpus(def.kind, p)) {
     if (r.corpus.empty()) r.corpus = kDefaultTaskCorpus;

@@ -43,6 +43,8 @@
 #include <string>
 #include <vector>
 
+#include "harness/common/params.h"
+
 namespace kvb {
 
 class Tokenizer;
@@ -54,8 +56,10 @@ inline constexpr const char* kSyntheticGeneratorVersion = "kvb-synthetic-1";
 inline constexpr const char* kDefaultTaskCorpus = "gutenberg-long";
 
 const std::vector<std::string>& synthetic_task_names();
-// The parameter names a task accepts in TaskSpec::params. Unknown task: kvb::Error with a hint.
+// The parameters a task accepts in TaskSpec::params (names; whole schemas with the task's preset
+// as defaults). Unknown task: kvb::Error with a hint.
 std::vector<std::string> task_param_names(const std::string& task);
+std::vector<ParamSpec> task_param_specs(const std::string& task);
 
 struct TaskSpec {
   std::string task;
@@ -85,7 +89,8 @@ struct TaskSpec {
 TaskSpec task_spec_from_json(const nlohmann::json& j);
 
 // Validates a spec and fills in the task's defaults (RULER's preset parameters, the default
-// corpus). Throws kvb::Error naming the task, key and value, with nearest-name hints.
+// corpus). Throws kvb::Error naming the task, key and value, with nearest-name hints; parameter
+// errors are resolve_params's, owned by "task <name>" ("task vt.num_hops: 0 is outside ...").
 TaskSpec resolve_task_spec(const TaskSpec& spec);
 
 // The canonical JSON of a resolved spec, without data_dir: what the set hash covers.

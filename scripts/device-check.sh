@@ -13,9 +13,11 @@
 #      the ceiling) and torch's scaled_dot_product_attention on contiguous KV of the same shapes;
 #   5. runs `kvbench run` with the perf protocol on synthetic llama-3-8b shapes (2 layers) in bf16 on
 #      CUDA: full vs kivi (4 and 2 bits) vs a 25%-budget eviction method, as the budget allows;
+#      then (5d) `kvbench reproduce --all --scale gpu-only`: the GPU-size cells of the paper claims;
 #   6. prints a short table last and writes it with the raw JSON under $OUT (default
 #      build-device-check/out): summary.md, device-check.json, kernel_bench.json, sdpa.json, e2e.json,
-#      cuda_tests.json, device-check.log, and testbed-gpu.tar with 5b (8 files: what the device tool returns).
+#      cuda_tests.json, adapter_tests.json, device-check.log, reproduce-gpu.tar with 5d and
+#      testbed-gpu.tar with 5b (the device tool returns 8 files: 5b and 5d together leave one out).
 # Every stage has a timeout; a failing or missing part is skipped and said so, the rest goes on. The
 # whole run is sized for 8 minutes on an H200 (DEVICE_CHECK_BUDGET_S, default 450 s).
 #
@@ -28,6 +30,7 @@
 #   DEVICE_CHECK_BUDGET_S   total seconds (default 450)
 #   DEVICE_CHECK_QUICK=1    the short benchmark plan (2 shapes) and the smallest end-to-end grid
 #   DEVICE_CHECK_SKIP_FULL=1  skip the LibTorch build and the end-to-end runs
+#   DEVICE_CHECK_REPRODUCE_S=N  seconds for the GPU-size reproduce claims (5d; default 120, 0: off)
 #   DEVICE_CHECK_TRAIN_S=N  also train the testbed (configs/models/kvb-testbed-gpu.json, bf16 on CUDA)
 #                           for N seconds after the end-to-end runs (5b; default 0: off) and return
 #                           the exported model + log as testbed-gpu.tar (corpora from .devdeps/data)
@@ -573,6 +576,44 @@ if [ -n "$FULL_PID" ] && [ "$DRY" != 1 ]; then
   else
     say "SKIP torch adapter tests: kvb_tests not built in time (see $FULL_LOG)"
     record "torch adapter tests" skipped "$(now)" "kvb_tests not built"
+  fi
+fi
+# ---- 5d. the GPU-size claims of `kvbench reproduce` (--scale gpu-only: the CPU-size cells are the
+#      CPU machine's; configs/reproduce/*.json with "scale": "gpu"), while the budget lasts. Their
+#      models and corpora are looked up in .devdeps/models and .devdeps/data (carried), then as
+#      kvbench does; a model the machine lacks fails its cells, named in reproduce.log, and the stage
+#      says so (SmolLM2-135M's 98 MB GGUF is over the 64 MiB the device tool carries). The database
+#      and the pages come back as reproduce-gpu.tar, to be merged into results/reproduce.sqlite with
+#      `kvbench merge` and evaluated with `kvbench reproduce --all --scale gpu --evaluate-only` ----
+REPRO_S=${DEVICE_CHECK_REPRODUCE_S:-120}
+RDIR=$WORK/reproduce
+REPRO_ARGS=(reproduce --all --scale gpu-only --db "$RDIR/reproduce-gpu.sqlite" --out-dir "$RDIR/pages")
+[ -d "$ROOT/.devdeps/models" ] && REPRO_ARGS+=(--models-dir "$ROOT/.devdeps/models")
+[ -d "$ROOT/.devdeps/data" ] && REPRO_ARGS+=(--data-dir "$ROOT/.devdeps/data")
+if ((REPRO_S > 0)) && { [ -x "$KVBENCH" ] || [ "$DRY" = 1 ]; }; then
+  mkdir -p "$RDIR"
+  run_stage "reproduce gpu claims" "$REPRO_S" "$WORK/reproduce.log" "$KVBENCH" "${REPRO_ARGS[@]}"
+  if [ "$DRY" != 1 ] && [ -f "$RDIR/reproduce-gpu.sqlite" ]; then
+    grep -E '^[a-z_]+/[^ ]+: ' "$WORK/reproduce.log" | grep -v 'not runnable here' | tee -a "$LOG" >&2
+    cp "$WORK/reproduce.log" "$RDIR/reproduce.log"
+    tar -C "$RDIR" -cf "$OUTDIR/reproduce-gpu.tar" reproduce-gpu.sqlite pages reproduce.log &&
+      say "reproduce: $OUTDIR/reproduce-gpu.tar"
+  fi
+  # Dry run with a CPU kvbench: the suites load and the gpu-only selection evaluates (no cell runs),
+  # so that a suite error shows here and not on device time.
+  if [ "$DRY" = 1 ] && [ -n "${DEVICE_CHECK_E2E_CPU:-}" ]; then
+    rm -rf "$RDIR/dry" && mkdir -p "$RDIR/dry"
+    "$DEVICE_CHECK_E2E_CPU" run -q -c configs/examples/stream_paged.json --set protocol.max_windows=1 \
+      --db "$RDIR/dry/empty.sqlite" >/dev/null 2>&1
+    if out=$("$DEVICE_CHECK_E2E_CPU" reproduce --all --scale gpu-only --evaluate-only -q \
+               --db "$RDIR/dry/empty.sqlite" --out-dir "$RDIR/dry/pages" 2>&1) &&
+       gpu_claims=$(grep -E '^[a-z_]+/[^ ]+: ' <<<"$out" | grep -vc 'not runnable here') &&
+       ((gpu_claims > 0)); then
+      say "  reproduce --scale gpu-only evaluates on the CPU: $gpu_claims GPU-size claim(s), none run"
+    else
+      E2E_CPU_BAD=$((E2E_CPU_BAD + 1))
+      say "  REPRODUCE FAILS on the CPU: $(tail -n 1 <<<"$out")"
+    fi
   fi
 fi
 # ---- 5b. optional: train the testbed on the GPU for DEVICE_CHECK_TRAIN_S seconds ----

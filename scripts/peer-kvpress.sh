@@ -57,6 +57,8 @@ PEER=scripts/peer
 loadavg=$(cut -d' ' -f1-3 /proc/loadavg)
 rm -rf "$WORK"
 mkdir -p "$WORK"
+# The calibrated pairs (qfilters, kvzap): kvbench writes its artifacts there, kvpress's side reads them.
+export KVB_PEER_ARTIFACTS="$WORK/artifacts"
 DB="$WORK/qa.sqlite"
 proto="{\"name\":\"qa\",\"source\":\"synthetic\",\"task\":\"passkey\",\"length\":1024,\"num_samples\":$N}"
 mapfile -t names < <(python3 "$PEER/kvpress_pairs.py" names "$PAIRS")

@@ -7,6 +7,7 @@
 #include "harness/cli/cli_common.h"
 #include "harness/common/atomic_file.h"
 #include "harness/common/error.h"
+#include "harness/common/params.h"
 #include "harness/eval/run_config.h"
 #include "harness/eval/runner.h"
 
@@ -16,26 +17,7 @@ namespace {
 
 // "512,2048" -> {512, 2048}; each an integer >= 3, no duplicates.
 std::vector<int64_t> parse_lengths(const std::string& text) {
-  std::vector<int64_t> out;
-  size_t start = 0;
-  while (start <= text.size()) {
-    const size_t end = std::min(text.find(',', start), text.size());
-    const std::string item = text.substr(start, end - start);
-    size_t used = 0;
-    int64_t v = 0;
-    try {
-      v = std::stoll(item, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    KVB_CHECK(!item.empty() && used == item.size() && v >= 3 && v <= (1 << 20), "--tokens: '", item,
-              "' is not a context length (an integer from 3 to 1048576; a comma-separated list)");
-    KVB_CHECK(std::find(out.begin(), out.end(), v) == out.end(), "--tokens: ", v,
-              " is given twice");
-    out.push_back(v);
-    start = end + 1;
-  }
-  return out;
+  return parse_int_list(text, "--tokens", "context length", 3, 1 << 20, /*unique=*/true);
 }
 
 nlohmann::json metric_json(const Metric& m) {

@@ -63,8 +63,10 @@ void register_reproduce(CLI::App& app) {
   sub->add_option("--db", args->db,
                   "results database (a copy of results/main.sqlite skips its finished cells)")
       ->capture_default_str();
-  sub->add_option("--scale", args->scale, "cpu: the CPU-size claims; gpu: also the GPU-size cells")
-      ->check(CLI::IsMember({"cpu", "gpu"}))
+  sub->add_option("--scale", args->scale,
+                  "cpu: the CPU-size claims; gpu: also the GPU-size cells; gpu-only: the GPU-size "
+                  "claims alone (scripts/device-check.sh)")
+      ->check(CLI::IsMember({"cpu", "gpu", "gpu-only"}))
       ->capture_default_str();
   sub->add_flag("--evaluate-only", args->evaluate_only,
                 "run no cell; evaluate what the database holds");
@@ -85,6 +87,10 @@ void register_reproduce(CLI::App& app) {
     KVB_CHECK(args->all != !args->paper.empty(), "reproduce: give a PAPER or --all (one of them)");
     KVB_CHECK(args->all || args->readme.empty(),
               "reproduce: --readme needs --all (the summary covers every paper)");
+    KVB_CHECK(
+        args->scale != "gpu-only" || args->readme.empty(),
+        "reproduce: --readme with --scale gpu-only would mark every CPU-size claim unevaluated; "
+        "evaluate with --scale cpu or gpu for the README");
     std::vector<std::string> paths;
     if (args->all) {
       paths = list_reproduce_suites(args->suites_dir);

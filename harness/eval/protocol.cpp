@@ -3,6 +3,7 @@
 #include <cstdlib>
 
 #include "harness/common/error.h"
+#include "harness/common/params.h"
 #include "harness/common/strings.h"
 #include "harness/metrics/metric_table.h"
 
@@ -36,15 +37,8 @@ void Protocol::sample_sums(const nlohmann::json& sample, const SampleSumSink& pu
 
 std::vector<int64_t> protocol_int_list(const nlohmann::json& protocol, const std::string& key,
                                        const std::string& what, int64_t min, int64_t max) {
-  std::vector<int64_t> out;
-  for (const std::string& item : split(protocol.at(key).get<std::string>(), ',')) {
-    char* end = nullptr;
-    const long long v = std::strtoll(item.c_str(), &end, 10);
-    KVB_CHECK(!item.empty() && end && *end == '\0' && v >= min && v <= max, "config.protocol.", key,
-              ": '", item, "' is not a ", what, " in [", min, ", ", max, "]");
-    out.push_back(v);
-  }
-  return out;
+  return parse_int_list(protocol.at(key).get<std::string>(), "config.protocol." + key, what, min,
+                        max);
 }
 
 double sample_number(const nlohmann::json& j, const char* key, double fallback) {

@@ -15,6 +15,7 @@
 #include "harness/common/internal_error.h"
 #include "harness/common/json_parse.h"
 #include "harness/common/mapped_file.h"
+#include "harness/common/params.h"
 #include "harness/common/sha256.h"
 #include "harness/common/strings.h"
 #include "harness/engine/engine.h"
@@ -482,20 +483,8 @@ std::vector<QaSample> qa_samples(const Tokenizer& tok, const nlohmann::json& p,
     spec.num_samples = p["num_samples"];
     spec.seed = p["seed"].get<uint64_t>();
     const std::string depths = p["depths"];
-    if (!depths.empty()) {
-      size_t start = 0;
-      while (start <= depths.size()) {
-        const size_t comma = depths.find(',', start);
-        const std::string d = depths.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
-        char* end = nullptr;
-        const double v = std::strtod(d.c_str(), &end);
-        KVB_CHECK(!d.empty() && end && *end == '\0' && v >= 0 && v <= 1, "config.protocol.depths: '",
-                  d, "' is not a depth in [0, 1]");
-        spec.depths.push_back(v);
-        if (comma == std::string::npos) break;
-        start = comma + 1;
-      }
-    }
+    if (!depths.empty())
+      spec.depths = parse_float_list(depths, "config.protocol.depths", "depth", 0, 1);
     spec.corpus = p["corpus"];
     spec.data_dir = data_dir.empty() ? "" : resolve_data_dir(data_dir);
     SampleSet set = cache_dir.empty() ? generate_task(tok, spec) : generate_task_cached(tok, spec, cache_dir + "/tasks");

@@ -21,7 +21,7 @@ namespace kvb {
 std::vector<FootprintPoint> measure_footprint_points(
     std::shared_ptr<Model> model, const std::string& method, const nlohmann::json& method_params,
     const std::vector<int64_t>& tokens, const std::vector<int64_t>& lengths, int64_t decode_tokens,
-    int64_t prefill_chunk, int64_t serving_elem_bytes) {
+    int64_t prefill_chunk, int64_t serving_elem_bytes, bool* store_applies_windows) {
   const auto& c = model->config;
   const int64_t model_elem = dtype_bytes(model->dtype);
   // The share of a model-dtype byte that remains at the serving width.
@@ -42,6 +42,8 @@ std::vector<FootprintPoint> measure_footprint_points(
       at::Tensor l = e.decode({seq}, {next});
       next = l.argmax(-1)[0].item<int64_t>();
     }
+    if (store_applies_windows)
+      *store_applies_windows = c.n_window_layers() == 0 && e.kv().serves_windows();
     const Footprint fp = e.kv().footprint();
     FootprintPoint p;
     p.tokens = len + decode_tokens;
@@ -162,17 +164,24 @@ FootprintCurve curve_from_json(const nlohmann::json& footprint) {
 
 // The method's curve at a target's shapes. The run's model has no window layers, so its curve is
 // the method on global layers: it scales to the target's global layers, and each of the target's
-// window layers adds its dense window (min(n, window - 1) rows at 16 bits) whatever the method. The
-// points are the measured lengths plus each window's knee and the target's context, so the
-// piecewise-linear curve is exact at the knees. Without window layers: the plain scaling.
+// window layers adds its dense window (min(n, window - 1) rows at 16 bits) whatever the method. A
+// target whose every layer is a window has no global layer (the window is the whole cache); there
+// a store that applies windows itself (store_applies_windows: the codec store) holds each layer's
+// last window - 1 rows encoded as it encodes any rows, so each layer adds the method's per-layer
+// curve at min(n, window - 1) instead. The points are the measured lengths plus each window's knee
+// and the target's context, so the piecewise-linear curve is exact at the knees. Without window
+// layers: the plain scaling.
 FootprintCurve target_curve(const FootprintCurve& run, const ModelConfig& tc, double target_bpt,
-                            double run_bpt) {
+                            double run_bpt, bool store_applies_windows) {
   if (tc.n_window_layers() == 0) return run.scaled(target_bpt / run_bpt);
   const double row_bytes = 2.0 * static_cast<double>(tc.kv_dim()) * 2.0;  // K and V, 16-bit
   const double global_bpt = static_cast<double>(tc.n_layers - tc.n_window_layers()) * row_bytes;
   // A target whose every layer is a window (Phi-3-mini's 2,047) has no global layer to scale to.
   const FootprintCurve base =
       global_bpt > 0 ? run.scaled(global_bpt / run_bpt) : FootprintCurve::proportional(0.0);
+  // The method on one layer of the target, for the windows a store applies itself.
+  const bool encoded_windows = global_bpt == 0 && store_applies_windows;
+  const FootprintCurve layer = run.scaled(row_bytes / run_bpt);
   std::vector<int64_t> lengths;
   for (const auto& p : run.points()) lengths.push_back(p.tokens);
   for (int64_t l = 0; l < tc.n_layers; ++l)
@@ -183,17 +192,27 @@ FootprintCurve target_curve(const FootprintCurve& run, const ModelConfig& tc, do
   lengths.erase(std::unique(lengths.begin(), lengths.end()), lengths.end());
   std::vector<FootprintPoint> points;
   for (int64_t t : lengths) {
-    double window_bytes = 0;
-    for (int64_t l = 0; l < tc.n_layers; ++l)
-      if (tc.is_window_layer(l))
-        window_bytes += static_cast<double>(std::min(t, tc.layer_windows[l] - 1)) * row_bytes;
+    double window_bytes = 0, window_read = 0, window_host = 0, window_h2d = 0;
+    for (int64_t l = 0; l < tc.n_layers; ++l) {
+      if (!tc.is_window_layer(l)) continue;
+      const int64_t rows = std::min(t, tc.layer_windows[l] - 1);
+      if (encoded_windows) {
+        window_bytes += layer.device_bytes(rows);
+        window_read += layer.decode_read_bytes(rows);
+        window_host += layer.host_bytes(rows);
+        window_h2d += layer.h2d_bytes_per_token(rows);
+      } else {
+        window_bytes += static_cast<double>(rows) * row_bytes;
+        window_read += static_cast<double>(rows) * row_bytes;
+      }
+    }
     FootprintPoint p;
     p.tokens = t;
     p.device_bytes = base.device_bytes(t) + window_bytes;
-    p.host_bytes = base.host_bytes(t);
+    p.host_bytes = base.host_bytes(t) + window_host;
     p.read_fraction =
-        p.device_bytes > 0 ? (base.decode_read_bytes(t) + window_bytes) / p.device_bytes : 1.0;
-    p.h2d_bytes_per_token = base.h2d_bytes_per_token(t);
+        p.device_bytes > 0 ? (base.decode_read_bytes(t) + window_read) / p.device_bytes : 1.0;
+    p.h2d_bytes_per_token = base.h2d_bytes_per_token(t) + window_h2d;
     points.push_back(p);
   }
   return FootprintCurve(points);
@@ -241,11 +260,12 @@ nlohmann::json serve_simulation_sample(const nlohmann::json& proto, const nlohma
   const double run_bpt = footprint.at("run_kv_bytes_per_token");
   const ModelConfig target_config = synthetic_preset(proto.at("target"));
   const FootprintCurve kv =
-      target_curve(curve_from_json(footprint), target_config, target.kv_bytes_per_token, run_bpt);
+      target_curve(curve_from_json(footprint), target_config, target.kv_bytes_per_token, run_bpt,
+                   footprint.value("store_applies_windows", false));
   // The same target without the method (the co-design policies start requests uncompressed): the
   // full cache, proportional at the run's model, through the same scaling and window rules.
   const FootprintCurve dense = target_curve(FootprintCurve::proportional(run_bpt), target_config,
-                                            target.kv_bytes_per_token, run_bpt);
+                                            target.kv_bytes_per_token, run_bpt, false);
 
   const std::string trace_name = proto.at("trace");
   const std::string path =

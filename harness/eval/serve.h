@@ -28,11 +28,14 @@ namespace kvb {
 // serving_elem_bytes would hold them: bytes the store keeps in the model's dtype are rescaled
 // (an fp32 CPU run's dense rows count at 16 bits), fixed-width codes and fp16 rows are kept as
 // measured. A store that does not report its model-dtype bytes can only be probed in the serving
-// dtype itself (kvb::Error otherwise). tokens must be long enough.
+// dtype itself (kvb::Error otherwise). tokens must be long enough. store_applies_windows (when
+// given): whether the method's store applies sliding windows itself (KvCache::serves_windows, the
+// codec store) on this model without window layers, so that on a target whose every layer is a
+// window it holds each layer's window encoded (target_curve in serve.cpp).
 std::vector<FootprintPoint> measure_footprint_points(
     std::shared_ptr<Model> model, const std::string& method, const nlohmann::json& method_params,
     const std::vector<int64_t>& tokens, const std::vector<int64_t>& lengths, int64_t decode_tokens,
-    int64_t prefill_chunk, int64_t serving_elem_bytes = 2);
+    int64_t prefill_chunk, int64_t serving_elem_bytes = 2, bool* store_applies_windows = nullptr);
 
 // The serve protocol's parameters added after its first stored runs: the vattention allocator's
 // page, the paged kernel's slowdown, the co-design policies (kv_policy, admission,

@@ -47,7 +47,7 @@ struct LayerInput {
   float sm_scale = 1.0f;
   // 0: a global layer. W > 0: a sliding-window layer, whose query at sequence index p sees the keys
   // at p - W + 1 .. p (Gemma 3's local layers, Mistral). A WindowedKvCache serves such layers itself
-  // and hands a method's store only the global ones, so a method's store sees 0 here.
+  // and hands a method's store 0 here (all-window models: the layer's W, to a store that slides).
   int64_t window = 0;
 };
 
@@ -107,8 +107,8 @@ class KvCache {
   //                                 SpeCache, TTKV, RetroInfer).
   virtual std::map<std::string, double> counters() const { return {}; }
 
-  // True for a store that applies LayerInput::window (WindowedKvCache). The engine refuses to run
-  // a model with window layers on any other store, which would attend to every token.
+  // True for a store that applies LayerInput::window (WindowedKvCache, the codec store). The engine
+  // refuses a model with window layers on any other store, which would attend to every token.
   virtual bool serves_windows() const { return false; }
 };
 

@@ -17,11 +17,11 @@
 // A plugin may also add kvbench subcommands with KVB_REGISTER_TOOL (harness/tool/tool_registry.h):
 // kvbench loads the plugins named before the subcommand first, so their tools parse like the
 // built-in ones. Exceptions never cross the boundary. The ABI version changes whenever KvCache,
-// LayerInput, StepBatch, Footprint, MethodInfo, CacheContext, Protocol, ProtocolInfo, an existing
-// capability interface (harness/kv/*: QuestionAwareCache, LookaheadCache, ...) or the registries
-// change layout; adding a capability interface does not. The LibTorch version must be kvbench's
-// own (tensors cross the boundary: a plugin built against another LibTorch would crash at its
-// first call instead of being refused).
+// LayerInput, StepBatch, Footprint, MethodInfo, ParamSpec, CacheContext, Protocol, ProtocolInfo, an
+// existing capability interface (harness/kv/*: QuestionAwareCache, LookaheadCache, ...) or the
+// registries change layout; adding a capability interface does not. The LibTorch version must be
+// kvbench's own (tensors cross the boundary: a plugin built against another LibTorch would crash at
+// its first call instead of being refused).
 
 #include <torch/version.h>  // TORCH_VERSION
 
@@ -33,7 +33,7 @@
 // The ABI version this header describes. (Defining it differently when building a plugin is how the
 // tests make a plugin "built for another ABI version"; kvbench itself always uses this value.)
 #ifndef KVB_PLUGIN_ABI_VERSION
-#define KVB_PLUGIN_ABI_VERSION 6
+#define KVB_PLUGIN_ABI_VERSION 7
 #endif
 // Likewise for the LibTorch version a plugin reports (the tests' "built against another LibTorch").
 #ifndef KVB_PLUGIN_TORCH_VERSION

@@ -97,6 +97,7 @@ WindowedKvCache::WindowedKvCache(const CacheContext& ctx, std::unique_ptr<KvCach
     KVB_ASSERT(globals == 0 && inner_ != nullptr, "windowed_kv_cache",
                "a store within the window needs a model of window layers only, and the store");
     within_window_ = *std::min_element(c.layer_windows.begin(), c.layer_windows.end());
+    inner_slides_ = inner_->serves_windows();
     for (int64_t l = 0; l < c.n_layers; ++l) inner_layer_[l] = l;
     return;
   }
@@ -118,14 +119,16 @@ void WindowedKvCache::begin_step(const StepBatch& batch) {
     const int64_t have = it == len_.end() ? 0 : it->second;
     KVB_ASSERT(have == batch.past_lens[b], "windowed_kv_cache", "sequence ", s, " holds ", have,
                " tokens but the step says ", batch.past_lens[b]);
-    // Within the window every query sees every earlier token; past it, it would not, and the
-    // store of every layer has no way to let rows go as the window does.
-    KVB_CHECK(within_window_ == 0 || have + batch.new_tokens(b) <= within_window_, ctx_.config.name,
-              ": a sequence reaches ", have + batch.new_tokens(b),
-              " tokens, past the sliding window (", within_window_,
-              ") that every layer of the model has; the method's store (", inner_->name(),
-              ") compresses every layer and runs only while no sequence passes the window (the "
-              "full cache runs at any length)");
+    // Within the window every query sees every earlier token; past it, it would not, and a store
+    // that does not apply windows itself has no way to let rows go as the window does.
+    KVB_CHECK(
+        within_window_ == 0 || inner_slides_ || have + batch.new_tokens(b) <= within_window_,
+        ctx_.config.name, ": a sequence reaches ", have + batch.new_tokens(b),
+        " tokens, past the sliding window (", within_window_,
+        ") that every layer of the model has; the method's store (", inner_->name(),
+        ") compresses every layer and does not apply a sliding window, so it runs only while "
+        "no sequence passes the window (the exact stores and the stores that apply the window "
+        "themselves, the quantization codecs' codec store, run at any length)");
   }
   if (inner_) inner_->begin_step(batch);
 }
@@ -136,7 +139,9 @@ at::Tensor WindowedKvCache::attend(const LayerInput& in) {
   if (inner_layer_[l] >= 0) {
     LayerInput g = in;
     g.layer = static_cast<int>(inner_layer_[l]);
-    g.window = 0;
+    // A global layer's store sees no window; a store of every layer that applies windows itself
+    // gets the layer's.
+    g.window = inner_slides_ ? ctx_.config.layer_windows[l] : 0;
     return inner_->attend(g);
   }
   const int64_t W = ctx_.config.layer_windows[l];

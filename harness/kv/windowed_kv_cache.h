@@ -9,14 +9,17 @@
 // ratios are against it.
 //
 // A model whose every layer is a window (Phi-3-mini-4k: 2047, Mistral-7B-v0.1: 4096) has no global
-// layer for a method to compress. There the method's store serves every layer (built for the model
-// without its windows) for as long as the windows do not bind: while a sequence holds at most
-// `window` tokens, every query sees every earlier token, so the model is plain causal attention and
-// the method compresses it as it would any model. A step that would take a sequence past the
-// window is refused (kvb::Error naming the model, the window and the store): what the window hides
-// from a query would have to leave the method's store too, and stores do not drop their oldest
-// rows on request. The exact stores (full, paged, static) keep the window layers here as above, at
-// any length.
+// layer for a method to compress: the window is the whole cache. There the method's store serves
+// every layer (built for the model without its windows). A store that applies windows itself
+// (KvCache::serves_windows: the quantization codecs' CodecKvCache, which attends within the window
+// and keeps only the window's rows, encoded) gets each layer's window and runs at any length: the
+// codec quantizes the window. Any other store (eviction, tiering, sparse attention) runs for as
+// long as the windows do not bind: while a sequence holds at most `window` tokens, every query
+// sees every earlier token, so the model is plain causal attention and the method compresses it as
+// it would any model. A step that would take a sequence past the window is refused (kvb::Error
+// naming the model, the window and the store): what the window hides from a query would have to
+// leave the method's store too, and such a store's budget is over rows the window already bounds.
+// The exact stores (full, paged, static) keep the window layers here as above, at any length.
 //
 // MethodRegistry::create and make_default_kv wrap every store of such a model; the engine refuses a
 // model with window layers on a store that does not apply them (KvCache::serves_windows).
@@ -47,7 +50,8 @@ class WindowedKvCache : public KvCache,
   // ctx: the whole model's context (config.layer_windows set). inner: the store of the global
   // layers, built for global_layer_context(ctx); null when the model has no global layer. Or, with
   // `inner_within_window` on a model whose every layer is a window: a store of every layer, built
-  // for the model without windows, which serves them while no sequence passes the window.
+  // for the model without windows, which serves them while no sequence passes the window, or at
+  // any length when it applies windows itself (serves_windows).
   WindowedKvCache(const CacheContext& ctx, std::unique_ptr<KvCache> inner,
                   bool inner_within_window = false);
 
@@ -93,6 +97,7 @@ class WindowedKvCache : public KvCache,
   // > 0: inner_ serves every layer and sequences may hold at most this many tokens (the smallest
   // window); 0: the window layers are kept here.
   int64_t within_window_ = 0;
+  bool inner_slides_ = false;  // within_window_ > 0 and inner_ applies each layer's window itself
   std::vector<int64_t> inner_layer_;  // [n_layers]: the inner store's layer, -1 for a window layer
   std::vector<std::map<int64_t, Rows>> held_;  // [n_layers]: per window layer, per sequence
   std::map<int64_t, int64_t> len_;             // tokens each sequence has seen

@@ -1,17 +1,19 @@
 #include "harness/report/reproduce.h"
 
 #include <algorithm>
-#include <numeric>
+#include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <map>
+#include <numeric>
 #include <random>
 #include <set>
 #include <sstream>
 
 #include "harness/common/error.h"
 #include "harness/common/internal_error.h"
+#include "harness/common/json_parse.h"
 #include "harness/common/strings.h"
 #include "harness/eval/protocol_registry.h"
 #include "harness/eval/run_config.h"
@@ -156,14 +158,27 @@ ClaimPredicate load_predicate(const json& j, const std::string& where) {
              where);
   ClaimPredicate p;
   p.metric = get_string(j, "metric", where, true);
+  const bool counter = is_counter_metric(p.metric);
+  if (counter) {
+    const std::string name = p.metric.substr(kCounterPrefix.size());
+    KVB_CHECK(!name.empty() && std::all_of(name.begin(), name.end(),
+                                           [](char ch) {
+                                             return std::isalnum(static_cast<unsigned char>(ch)) ||
+                                                    ch == '_' || ch == '.';
+                                           }),
+              where, ".metric: '", p.metric,
+              "': a counter metric is counter:<name>, the name as the method's counters() gives it "
+              "([A-Za-z0-9_.]+)");
+  }
   // A metric of the metric table, or a per-sample metric a protocol defines itself (qa: accuracy).
   std::vector<std::string> names;
   for (const auto& m : all_metrics()) names.emplace_back(m.name);
   const ProtocolRegistry& protocols = ProtocolRegistry::instance();
   for (const std::string& proto : protocols.names())
     for (const SampleMetricDef& d : protocols.report(proto).sample_metrics) names.push_back(d.name);
-  KVB_CHECK(std::find(names.begin(), names.end(), p.metric) != names.end(), where,
-            ".metric: unknown metric '", p.metric, "'", did_you_mean(p.metric, names));
+  KVB_CHECK(counter || std::find(names.begin(), names.end(), p.metric) != names.end(), where,
+            ".metric: unknown metric '", p.metric, "'", did_you_mean(p.metric, names),
+            " (or counter:<name> for a method counter)");
   const std::string kind = get_string(j, "kind", where, true);
   if (kind == "value")
     p.kind = ClaimKind::kValue;
@@ -201,7 +216,9 @@ ClaimPredicate load_predicate(const json& j, const std::string& where) {
     KVB_CHECK(can_fail, where, ".threshold: ", p.metric, " is a fraction, so ", p.threshold,
               " is beyond its range and the check could not fail");
   }
-  if (p.kind == ClaimKind::kValue && p.direction == ClaimDirection::kGreater)
+  // A method's counter may be negative (a difference it reports), so only table metrics are known
+  // to be non-negative.
+  if (!counter && p.kind == ClaimKind::kValue && p.direction == ClaimDirection::kGreater)
     KVB_CHECK(p.threshold >= 0, where, ".threshold: ", p.metric,
               " is never negative, so 'greater than ", p.threshold, "' could not fail");
   if (j.contains("min_samples")) {
@@ -273,6 +290,25 @@ Claim load_claim(const json& j, const std::string& where, const std::string& pap
                   c.sides[1].cell.resolved["protocol"]["name"],
               where, ": \"a\" and \"b\" run different protocols; their samples do not pair");
   return c;
+}
+
+// Each sample's value of the method counter `metric` ("counter:<name>", read from the sample's
+// "counters" object), as sums (value, 1) under the source name `metric`. A sample without the
+// counter has no entry, so it does not pair.
+RunSamples counter_samples(const std::vector<SampleRow>& rows, const std::string& metric) {
+  const std::string name = metric.substr(kCounterPrefix.size());
+  RunSamples out;
+  for (const SampleRow& row : rows) {
+    json j;
+    if (!parse_json_if_valid(row.output_json, "sample output", &j) || !j.is_object()) continue;
+    out.keys[row.index] = row.key;
+    if (!j.contains("counters") || !j["counters"].is_object()) continue;
+    const json& c = j["counters"];
+    if (!c.contains(name) || !c[name].is_number()) continue;
+    const double v = c[name].get<double>();
+    if (std::isfinite(v)) out.sums[metric][row.index] = {v, 1.0};
+  }
+  return out;
 }
 
 // A run of the claim's side, or why there is none.
@@ -392,6 +428,10 @@ std::string scale_note(const RunRow& run) {
 
 }  // namespace
 
+bool is_counter_metric(const std::string& metric) {
+  return metric.compare(0, kCounterPrefix.size(), kCounterPrefix) == 0;
+}
+
 const char* verdict_name(Verdict v) {
   switch (v) {
     case Verdict::kHolds:
@@ -443,6 +483,7 @@ std::vector<std::string> list_reproduce_suites(const std::string& suites_dir) {
 
 bool claim_runs_at(const Claim& claim, const std::string& scale) {
   if (!claim.has_predicate || !claim.not_runnable.empty()) return false;
+  if (scale == "gpu-only") return claim.scale == "gpu";
   return claim.scale == "cpu" || scale == "gpu";
 }
 
@@ -454,7 +495,10 @@ ClaimResult evaluate_claim(const Claim& claim, ResultsDb& db, const std::string&
     return r;
   }
   if (!claim_runs_at(claim, scale)) {
-    r.why = "needs a GPU: its cells are GPU-size (run with --scale gpu on a machine with one)";
+    r.why =
+        claim.scale == "cpu"
+            ? "a CPU-size claim: --scale gpu-only runs and evaluates the GPU-size claims alone"
+            : "needs a GPU: its cells are GPU-size (run with --scale gpu on a machine with one)";
     return r;
   }
   r.verdict = Verdict::kInconclusive;
@@ -475,18 +519,32 @@ ClaimResult evaluate_claim(const Claim& claim, ResultsDb& db, const std::string&
   KVB_CHECK(!paired || runs[1].protocol == protocol, "claim '", claim.id,
             "': its cells run different protocols (", protocol, ", ", runs[1].protocol,
             "): their samples do not pair");
-  const SampleMetricDef* def = find_sample_metric(protocol, p.metric);
+  const bool counter = is_counter_metric(p.metric);
+  // A counter is a per-sample value (num = value, den = 1): its run value is the mean over samples.
+  const SampleMetricDef counter_def{p.metric, "", Direction::kNone, "", false};
+  const SampleMetricDef* def = counter ? &counter_def : find_sample_metric(protocol, p.metric);
   const bool deterministic =
       ProtocolRegistry::instance().has(protocol) &&
       !ProtocolRegistry::instance().report(protocol).exact_delta_note.empty();
-  if (def != nullptr && !deterministic) {
-    const RunSamples sa = extract_samples(protocol, db.samples(runs[0].id));
-    const RunSamples sb = paired ? extract_samples(protocol, db.samples(runs[1].id)) : sa;
+  if (counter || (def != nullptr && !deterministic)) {
+    auto samples_of = [&](const RunRow& run) {
+      return counter ? counter_samples(db.samples(run.id), p.metric)
+                     : extract_samples(protocol, db.samples(run.id));
+    };
+    const RunSamples sa = samples_of(runs[0]);
+    const RunSamples sb = paired ? samples_of(runs[1]) : sa;
     std::vector<int64_t> idx = common_samples(sa, sb);
     PairedSums x = paired_sums(sa, sb, *def, idx);
     r.n = x.a_num.size();
     if (r.n == 0) {
-      r.why = "no samples of " + p.metric + (paired ? " common to both cells" : " in the cell");
+      r.why = "no samples of " + p.metric + (paired ? " common to both cells" : " in the cell") +
+              (counter ? " (no sample records the counter)" : "");
+      return r;
+    }
+    if (p.kind == ClaimKind::kRatio && !def->exp_transform &&
+        !(std::accumulate(x.b_num.begin(), x.b_num.end(), 0.0) > 0)) {
+      // A ratio of sums whose denominator sums to 0 is undefined.
+      r.why = "the ratio's denominator " + p.metric + " sums to 0 over the samples";
       return r;
     }
     const BootstrapCi ci = claim_bootstrap(x, p.kind, def->exp_transform, p);
@@ -502,6 +560,18 @@ ClaimResult evaluate_claim(const Claim& claim, ResultsDb& db, const std::string&
     if (paired)
       r.b_value =
           claim_statistic(ClaimKind::kValue, def->exp_transform, sum(x.b_num), sum(x.b_den), 1, 1);
+    // A counter that every sample records alike is a per-run quantity (KVTC's calibration error):
+    // the samples do not vary, so no interval is claimed; the value is compared as it is.
+    const auto constant = [](const std::vector<double>& v) {
+      return std::all_of(v.begin(), v.end(), [&](double e) { return e == v.front(); });
+    };
+    if (counter && constant(x.a_num) && (!paired || constant(x.b_num))) {
+      r.exact = true;
+      r.verdict = verdict_of(p, r.estimate, r.estimate);
+      r.why = "every sample records the same " + p.metric +
+              " (a per-run quantity): the value is compared as it is, without an interval";
+      return r;
+    }
     if (static_cast<int64_t>(r.n) < p.min_samples) {
       r.why = std::to_string(r.n) + (paired ? " paired" : "") +
               " samples, fewer than the claim's minimum " + std::to_string(p.min_samples);

@@ -28,6 +28,7 @@
 #include <nlohmann/json.hpp>
 #include <ostream>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "harness/eval/grid.h"
@@ -44,6 +45,13 @@ struct ClaimSide {
 
 enum class ClaimKind { kValue, kDifference, kRatio };
 enum class ClaimDirection { kGreater, kLess };
+
+// A predicate's metric "counter:<name>" reads the method counter <name> from each sample's
+// "counters" object (retroinfer's attention_mass_recall, ttkv's cross_tier_bytes_per_step, ...):
+// a per-sample value whose run value is the mean over the samples, bootstrapped like any per-sample
+// metric. A sample without the counter does not pair; a run with none of it is inconclusive.
+inline constexpr std::string_view kCounterPrefix = "counter:";
+bool is_counter_metric(const std::string& metric);
 
 struct ClaimPredicate {
   std::string metric;
@@ -106,7 +114,9 @@ struct ClaimResult {
   std::map<std::string, double> cell_wall_s;  // config hash -> the run's wall time as stored
 };
 
-// The claim's cells that `scale` runs ("cpu": cpu-scale claims; "gpu": all), not not_runnable.
+// The claim's cells that `scale` runs ("cpu": cpu-scale claims; "gpu": all; "gpu-only": the
+// gpu-scale claims alone, for a device check whose machine should not spend its time on the CPU
+// cells), not not_runnable.
 bool claim_runs_at(const Claim& claim, const std::string& scale);
 
 // Evaluates a claim against the store (no writes).

@@ -5,40 +5,140 @@
 #include "harness/common/error.h"
 #include "harness/common/json_parse.h"
 #include "harness/common/mapped_file.h"
-#include "harness/common/strings.h"
+#include "harness/common/params.h"
 
 namespace kvb {
 
 namespace {
 
-// Checks that `obj` (at `where` in `source`) holds only `allowed` keys.
-void check_keys(const nlohmann::json& obj, const std::vector<std::string>& allowed,
-                const std::string& source, const std::string& where) {
-  KVB_CHECK(obj.is_object(), source, ": ", where.empty() ? "the config" : "'" + where + "'",
-            " must be a JSON object");
-  for (auto it = obj.begin(); it != obj.end(); ++it) {
-    const std::string& k = it.key();
-    if (std::find(allowed.begin(), allowed.end(), k) == allowed.end()) {
-      KVB_FAIL(source, ": unknown key '", where.empty() ? k : where + "." + k, "'",
-               did_you_mean(k, allowed), " (known: ", join(allowed, ", "), ")");
-    }
-  }
+// The recipe's parameters, section by section, in the one parameter system (params.h): defaults
+// come from TrainConfig's and ModelConfig's own, so they are written once.
+
+std::vector<ParamSpec> top_specs() {
+  const TrainConfig d;
+  return {
+      string_param("name", "", {}, "the model's name (and its exported directory's)"),
+      string_param("description", "", {}, "free text"),
+      int_param("seed", static_cast<int64_t>(d.seed), 0, std::nullopt, "seed of every draw"),
+      section_param("model", "architecture"),
+      section_param("tokenizer", "tokenizer file or spm_train settings"),
+      section_param("data", "corpora and synthetic tasks"),
+      section_param("optim", "AdamW and its schedule"),
+      section_param("stages", "[{steps, seq_len, batch_size}, ...]"),
+      string_param("device", d.device, {}, "cpu | cuda | cuda:N"),
+      string_param("dtype", d.dtype, {"fp32", "bf16"}, "compute dtype (fp32 master weights)"),
+      int_param("checkpoint_every", d.checkpoint_every, 1, std::nullopt, "steps"),
+      int_param("log_every", d.log_every, 1, std::nullopt, "steps"),
+      int_param("eval_every", d.eval_every, 1, std::nullopt, "steps"),
+      int_param("eval_windows", d.eval_windows, 1, std::nullopt, "held-out windows"),
+      string_param("init_from", d.init_from, {}, "a checkpoint to start from"),
+  };
 }
 
-template <typename T>
-void get(const nlohmann::json& obj, const char* key, T* out, const std::string& source,
-         const std::string& where) {
-  if (!obj.contains(key)) return;
-  try {
-    *out = obj.at(key).get<T>();
-  } catch (const nlohmann::json::exception&) {
-    KVB_FAIL(source, ": '", where.empty() ? std::string(key) : where + "." + key,
-             "' has the wrong type (", obj.at(key).dump(), ")");
-  }
+std::vector<ParamSpec> model_specs() {
+  const ModelConfig d;
+  const auto required = [](const char* name, const char* doc) {
+    return int_param(name, 0, 1, std::nullopt, doc).unset_by_default();
+  };
+  // "auto" unless given: derived from the other sizes.
+  const auto derived = [](const char* name, const char* doc) {
+    ParamSpec p = int_param(name, 0, 1, std::nullopt, doc).or_auto();
+    p.default_value = "auto";
+    return p;
+  };
+  return {
+      required("dim", "hidden size"),
+      required("hidden_dim", "FFN intermediate size"),
+      required("n_layers", "layers"),
+      required("n_heads", "query heads"),
+      derived("n_kv_heads", "KV heads (auto: n_heads)"),
+      derived("head_dim", "per head (auto: dim / n_heads)"),
+      required("max_seq_len", "trained context"),
+      float_param("rope_theta", d.rope_theta, 0, std::nullopt, "RoPE base").above_min(),
+      float_param("norm_eps", d.norm_eps, 0, std::nullopt, "RMSNorm epsilon").above_min(),
+      bool_param("tied_embeddings", d.tied_embeddings, "output layer shares the embedding"),
+  };
 }
 
-void positive(int64_t v, const std::string& source, const std::string& key) {
-  KVB_CHECK(v > 0, source, ": '", key, "' must be positive (got ", v, ")");
+std::vector<ParamSpec> tokenizer_specs() {
+  const TrainConfig d;
+  return {
+      string_param("path", d.tokenizer_path, {}, "a SentencePiece model; \"\": train one"),
+      int_param("vocab_size", d.vocab_size, std::nullopt, std::nullopt, "pieces when trained"),
+      string_list_param("spm_extra_args", d.spm_extra_args, "more spm_train flags"),
+  };
+}
+
+std::vector<ParamSpec> data_specs() {
+  const TrainConfig d;
+  return {
+      string_list_param("corpora", {}, "corpus names or .txt paths").unset_by_default(),
+      float_param("heldout_fraction", d.heldout_fraction, 0, 0.5, "tail of each corpus held out")
+          .above_min()
+          .below_max(),
+      float_param("synthetic_fraction", d.synthetic_fraction, 0, 1,
+                  "probability that a row starts with a synthetic task"),
+      int_param("min_task_tokens", d.min_task_tokens, std::nullopt, std::nullopt,
+                "shortest task prompt"),
+      section_param("tasks", "[{task, weight, params}, ...]"),
+      float_param("answer_loss_weight", d.answer_loss_weight, 0, 1000,
+                  "loss weight of retrieval answers")
+          .above_min(),
+  };
+}
+
+std::vector<ParamSpec> optim_specs() {
+  const TrainConfig d;
+  const auto number = [](const char* name, double def, const char* doc) {
+    return float_param(name, def, std::nullopt, std::nullopt, doc);
+  };
+  return {
+      float_param("lr", d.lr, 0, std::nullopt, "peak learning rate").above_min(),
+      number("min_lr_ratio", d.min_lr_ratio, "final lr / peak lr"),
+      number("weight_decay", d.weight_decay, "AdamW decay"),
+      number("beta1", d.beta1, "AdamW beta1"),
+      number("beta2", d.beta2, "AdamW beta2"),
+      number("eps", d.eps, "AdamW epsilon"),
+      int_param("warmup_steps", d.warmup_steps, 0, std::nullopt, "linear warm-up"),
+      number("grad_clip", d.grad_clip, "max global L2 norm; <= 0 disables"),
+      number("init_std", d.init_std, "initial weight std"),
+  };
+}
+
+std::vector<ParamSpec> stage_specs() {
+  const auto required = [](const char* name, const char* doc) {
+    return int_param(name, 0, 1, std::nullopt, doc).unset_by_default();
+  };
+  return {
+      required("steps", "optimiser steps"),
+      required("seq_len", "tokens per row"),
+      required("batch_size", "rows per step"),
+      float_param("synthetic_fraction", 0, 0, 1, "this stage's mix (default: data's)")
+          .unset_by_default(),
+      section_param("tasks", "this stage's tasks (default: data's)"),
+  };
+}
+
+std::vector<ParamSpec> task_mix_specs() {
+  const TrainTaskMix d;
+  return {
+      string_param("task", "", {}, "a synthetic task").unset_by_default(),
+      float_param("weight", d.weight, 0, std::nullopt, "relative draw probability").above_min(),
+      section_param("params", "the task's parameters"),
+  };
+}
+
+// The resolved section `key` of `obj`, all defaults when it is absent.
+nlohmann::json section(const nlohmann::json& obj, const char* key,
+                       const std::vector<ParamSpec>& specs, const std::string& owner) {
+  return resolve_params(specs, obj.contains(key) ? obj.at(key) : nlohmann::json(), owner);
+}
+
+// The keys a table leaves out unless given, named when missing.
+void require(const nlohmann::json& resolved, const std::vector<const char*>& keys,
+             const std::string& src, const std::string& where) {
+  for (const char* k : keys)
+    KVB_CHECK(resolved.contains(k), src, ": missing '", where, ".", k, "'");
 }
 
 }  // namespace
@@ -71,15 +171,14 @@ std::vector<TrainTaskMix> parse_tasks(const nlohmann::json& a, const std::string
   KVB_CHECK(a.is_array(), src, ": '", where, "' must be an array");
   std::vector<TrainTaskMix> out;
   for (size_t i = 0; i < a.size(); ++i) {
-    const auto& tj = a[i];
     const std::string w = where + "[" + std::to_string(i) + "]";
-    check_keys(tj, {"task", "weight", "params"}, src, w);
+    const nlohmann::json r = resolve_params(task_mix_specs(), a[i], src + ": " + w);
+    require(r, {"task"}, src, w);
     TrainTaskMix t;
-    get(tj, "task", &t.task, src, w);
-    get(tj, "weight", &t.weight, src, w);
-    if (tj.contains("params")) t.params = tj.at("params");
+    t.task = r.at("task");
+    t.weight = r.at("weight");
+    if (r.contains("params")) t.params = r.at("params");
     KVB_CHECK(!t.task.empty(), src, ": '", w, ".task' is required");
-    KVB_CHECK(t.weight > 0, src, ": '", w, ".weight' must be positive");
     out.push_back(t);
   }
   return out;
@@ -89,130 +188,91 @@ std::vector<TrainTaskMix> parse_tasks(const nlohmann::json& a, const std::string
 
 TrainConfig parse_train_config(const nlohmann::json& j, const std::string& src) {
   TrainConfig c;
-  check_keys(j, {"name", "description", "seed", "model", "tokenizer", "data", "optim", "stages",
-                 "device", "dtype", "checkpoint_every", "log_every", "eval_every", "eval_windows",
-                 "init_from"},
-             src, "");
-  get(j, "name", &c.name, src, "");
+  const nlohmann::json top = resolve_params(top_specs(), j, src + ": ");
+  c.name = top.at("name");
   KVB_CHECK(!c.name.empty() && c.name.find('/') == std::string::npos, src,
             ": 'name' must be a non-empty name without '/'");
-  get(j, "description", &c.description, src, "");
-  get(j, "seed", &c.seed, src, "");
-  get(j, "device", &c.device, src, "");
-  get(j, "init_from", &c.init_from, src, "");
-  get(j, "dtype", &c.dtype, src, "");
-  KVB_CHECK(c.dtype == "fp32" || c.dtype == "bf16", src, ": 'dtype' must be fp32 or bf16 (got '",
-            c.dtype, "')");
-  get(j, "checkpoint_every", &c.checkpoint_every, src, "");
-  get(j, "log_every", &c.log_every, src, "");
-  get(j, "eval_every", &c.eval_every, src, "");
-  get(j, "eval_windows", &c.eval_windows, src, "");
-  positive(c.checkpoint_every, src, "checkpoint_every");
-  positive(c.log_every, src, "log_every");
-  positive(c.eval_every, src, "eval_every");
-  positive(c.eval_windows, src, "eval_windows");
+  c.description = top.at("description");
+  c.seed = top.at("seed").get<uint64_t>();
+  c.device = top.at("device");
+  c.init_from = top.at("init_from");
+  c.dtype = top.at("dtype");
+  for (const auto& [key, field] : {std::pair{"checkpoint_every", &TrainConfig::checkpoint_every},
+                                   {"log_every", &TrainConfig::log_every},
+                                   {"eval_every", &TrainConfig::eval_every},
+                                   {"eval_windows", &TrainConfig::eval_windows}})
+    c.*field = top.at(key).get<int64_t>();
 
   KVB_CHECK(j.contains("model"), src, ": missing 'model'");
-  const auto& m = j.at("model");
-  check_keys(m, {"dim", "hidden_dim", "n_layers", "n_heads", "n_kv_heads", "head_dim", "max_seq_len",
-                 "rope_theta", "norm_eps", "tied_embeddings"},
-             src, "model");
+  const nlohmann::json m = section(j, "model", model_specs(), src + ": model");
+  require(m, {"dim", "hidden_dim", "n_layers", "n_heads", "max_seq_len"}, src, "model");
   ModelConfig& mc = c.model;
   mc.format = "hf";
   mc.name = c.name;
-  get(m, "dim", &mc.dim, src, "model");
-  get(m, "hidden_dim", &mc.hidden_dim, src, "model");
-  get(m, "n_layers", &mc.n_layers, src, "model");
-  get(m, "n_heads", &mc.n_heads, src, "model");
-  mc.n_kv_heads = mc.n_heads;
-  get(m, "n_kv_heads", &mc.n_kv_heads, src, "model");
-  mc.head_dim = mc.n_heads > 0 ? mc.dim / mc.n_heads : 0;
-  get(m, "head_dim", &mc.head_dim, src, "model");
-  get(m, "max_seq_len", &mc.max_seq_len, src, "model");
-  get(m, "rope_theta", &mc.rope_theta, src, "model");
-  get(m, "norm_eps", &mc.norm_eps, src, "model");
-  get(m, "tied_embeddings", &mc.tied_embeddings, src, "model");
+  mc.dim = m.at("dim");
+  mc.hidden_dim = m.at("hidden_dim");
+  mc.n_layers = m.at("n_layers");
+  mc.n_heads = m.at("n_heads");
+  mc.n_kv_heads = param_is_auto(m, "n_kv_heads") ? mc.n_heads : m.at("n_kv_heads").get<int64_t>();
+  mc.head_dim =
+      param_is_auto(m, "head_dim") ? mc.dim / mc.n_heads : m.at("head_dim").get<int64_t>();
+  mc.max_seq_len = m.at("max_seq_len");
+  mc.rope_theta = m.at("rope_theta");
+  mc.norm_eps = m.at("norm_eps");
+  mc.tied_embeddings = m.at("tied_embeddings");
   mc.rope_style = RopeStyle::kHalf;  // HF layout: exported weights need no permutation
-  for (const auto& [k, v] : {std::pair<const char*, int64_t>{"model.dim", mc.dim},
-                             {"model.hidden_dim", mc.hidden_dim}, {"model.n_layers", mc.n_layers},
-                             {"model.n_heads", mc.n_heads}, {"model.n_kv_heads", mc.n_kv_heads},
-                             {"model.head_dim", mc.head_dim}, {"model.max_seq_len", mc.max_seq_len}})
-    positive(v, src, k);
+  KVB_CHECK(mc.head_dim > 0, src, ": 'model.head_dim' must be positive (dim ", mc.dim,
+            " / n_heads ", mc.n_heads, " is 0)");
   KVB_CHECK(mc.n_heads % mc.n_kv_heads == 0, src, ": 'model.n_heads' (", mc.n_heads,
             ") must be a multiple of 'model.n_kv_heads' (", mc.n_kv_heads, ")");
   KVB_CHECK(mc.head_dim % 2 == 0, src, ": 'model.head_dim' must be even (RoPE pairs)");
 
-  if (j.contains("tokenizer")) {
-    const auto& t = j.at("tokenizer");
-    check_keys(t, {"path", "vocab_size", "spm_extra_args"}, src, "tokenizer");
-    get(t, "path", &c.tokenizer_path, src, "tokenizer");
-    get(t, "vocab_size", &c.vocab_size, src, "tokenizer");
-    get(t, "spm_extra_args", &c.spm_extra_args, src, "tokenizer");
-    KVB_CHECK(c.vocab_size >= 300, src, ": 'tokenizer.vocab_size' must be >= 300 (256 byte pieces + ",
-              "specials + merges)");
-  }
+  const nlohmann::json t = section(j, "tokenizer", tokenizer_specs(), src + ": tokenizer");
+  c.tokenizer_path = t.at("path");
+  c.vocab_size = t.at("vocab_size");
+  c.spm_extra_args = t.at("spm_extra_args").get<std::vector<std::string>>();
+  KVB_CHECK(c.vocab_size >= 300, src, ": 'tokenizer.vocab_size' must be >= 300 (256 byte pieces + ",
+            "specials + merges)");
 
   KVB_CHECK(j.contains("data"), src, ": missing 'data'");
-  const auto& d = j.at("data");
-  check_keys(d,
-             {"corpora", "heldout_fraction", "synthetic_fraction", "min_task_tokens", "tasks",
-              "answer_loss_weight"},
-             src, "data");
-  get(d, "corpora", &c.corpora, src, "data");
+  const nlohmann::json d = section(j, "data", data_specs(), src + ": data");
+  if (d.contains("corpora")) c.corpora = d.at("corpora").get<std::vector<std::string>>();
   KVB_CHECK(!c.corpora.empty(), src, ": 'data.corpora' must name at least one corpus");
-  get(d, "heldout_fraction", &c.heldout_fraction, src, "data");
-  KVB_CHECK(c.heldout_fraction > 0 && c.heldout_fraction < 0.5, src,
-            ": 'data.heldout_fraction' must be in (0, 0.5)");
-  get(d, "synthetic_fraction", &c.synthetic_fraction, src, "data");
-  KVB_CHECK(c.synthetic_fraction >= 0 && c.synthetic_fraction <= 1, src,
-            ": 'data.synthetic_fraction' must be in [0, 1]");
-  get(d, "min_task_tokens", &c.min_task_tokens, src, "data");
-  get(d, "answer_loss_weight", &c.answer_loss_weight, src, "data");
-  KVB_CHECK(c.answer_loss_weight > 0 && c.answer_loss_weight <= 1000, src,
-            ": 'data.answer_loss_weight' must be in (0, 1000]");
+  c.heldout_fraction = d.at("heldout_fraction");
+  c.synthetic_fraction = d.at("synthetic_fraction");
+  c.min_task_tokens = d.at("min_task_tokens");
+  c.answer_loss_weight = d.at("answer_loss_weight");
   if (d.contains("tasks")) c.tasks = parse_tasks(d.at("tasks"), src, "data.tasks");
   KVB_CHECK(c.synthetic_fraction == 0 || !c.tasks.empty(), src,
             ": 'data.synthetic_fraction' > 0 needs 'data.tasks'");
 
-  if (j.contains("optim")) {
-    const auto& o = j.at("optim");
-    check_keys(o, {"lr", "min_lr_ratio", "weight_decay", "beta1", "beta2", "eps", "warmup_steps",
-                   "grad_clip", "init_std"},
-               src, "optim");
-    get(o, "lr", &c.lr, src, "optim");
-    get(o, "min_lr_ratio", &c.min_lr_ratio, src, "optim");
-    get(o, "weight_decay", &c.weight_decay, src, "optim");
-    get(o, "beta1", &c.beta1, src, "optim");
-    get(o, "beta2", &c.beta2, src, "optim");
-    get(o, "eps", &c.eps, src, "optim");
-    get(o, "warmup_steps", &c.warmup_steps, src, "optim");
-    get(o, "grad_clip", &c.grad_clip, src, "optim");
-    get(o, "init_std", &c.init_std, src, "optim");
-    KVB_CHECK(c.lr > 0, src, ": 'optim.lr' must be positive");
-    KVB_CHECK(c.warmup_steps >= 0, src, ": 'optim.warmup_steps' must be >= 0");
-  }
+  const nlohmann::json o = section(j, "optim", optim_specs(), src + ": optim");
+  for (const auto& [key, field] : {std::pair{"lr", &TrainConfig::lr},
+                                   {"min_lr_ratio", &TrainConfig::min_lr_ratio},
+                                   {"weight_decay", &TrainConfig::weight_decay},
+                                   {"beta1", &TrainConfig::beta1},
+                                   {"beta2", &TrainConfig::beta2},
+                                   {"eps", &TrainConfig::eps},
+                                   {"grad_clip", &TrainConfig::grad_clip},
+                                   {"init_std", &TrainConfig::init_std}})
+    c.*field = o.at(key).get<double>();
+  c.warmup_steps = o.at("warmup_steps");
 
   KVB_CHECK(j.contains("stages") && j.at("stages").is_array() && !j.at("stages").empty(), src,
             ": 'stages' must be a non-empty array of {steps, seq_len, batch_size}");
   for (size_t i = 0; i < j.at("stages").size(); ++i) {
     const std::string w = "stages[" + std::to_string(i) + "]";
-    const auto& sj = j.at("stages")[i];
-    check_keys(sj, {"steps", "seq_len", "batch_size", "synthetic_fraction", "tasks"}, src, w);
+    const nlohmann::json sr = resolve_params(stage_specs(), j.at("stages")[i], src + ": " + w);
+    require(sr, {"steps", "seq_len", "batch_size"}, src, w);
     TrainStage s;
-    get(sj, "steps", &s.steps, src, w);
-    get(sj, "seq_len", &s.seq_len, src, w);
-    get(sj, "batch_size", &s.batch_size, src, w);
-    positive(s.steps, src, w + ".steps");
-    positive(s.seq_len, src, w + ".seq_len");
-    positive(s.batch_size, src, w + ".batch_size");
-    if (sj.contains("synthetic_fraction")) {
-      get(sj, "synthetic_fraction", &s.synthetic_fraction, src, w);
-      KVB_CHECK(s.synthetic_fraction >= 0 && s.synthetic_fraction <= 1, src, ": '", w,
-                ".synthetic_fraction' must be in [0, 1]");
-    }
-    if (sj.contains("tasks")) {
-      s.tasks = parse_tasks(sj.at("tasks"), src, w + ".tasks");
-      KVB_CHECK(!s.tasks.empty(), src, ": '", w, ".tasks' is empty (leave it out to use 'data.tasks')");
+    s.steps = sr.at("steps");
+    s.seq_len = sr.at("seq_len");
+    s.batch_size = sr.at("batch_size");
+    if (sr.contains("synthetic_fraction")) s.synthetic_fraction = sr.at("synthetic_fraction");
+    if (sr.contains("tasks")) {
+      s.tasks = parse_tasks(sr.at("tasks"), src, w + ".tasks");
+      KVB_CHECK(!s.tasks.empty(), src, ": '", w,
+                ".tasks' is empty (leave it out to use 'data.tasks')");
     }
     KVB_CHECK(c.synthetic_fraction_of(s) == 0 || !c.tasks_of(s).empty(), src, ": '", w,
               "' draws synthetic rows but neither it nor 'data' has tasks");
@@ -238,7 +298,8 @@ void apply_train_override(nlohmann::json& j, const std::string& a) {
   size_t start = 0;
   while (true) {
     const size_t dot = path.find('.', start);
-    std::string key = path.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
+    std::string key =
+        path.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
     if (cur->is_array()) {
       size_t idx = 0;
       try {

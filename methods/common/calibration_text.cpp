@@ -50,26 +50,39 @@ CalibrationText parse_calibration_text(const nlohmann::json& p) {
 
 nlohmann::json calibration_text_json(const CalibrationText& t) {
   auto corpus = load_corpus(t.corpus, resolve_data_dir(t.data_dir));
-  return {{"corpus", t.corpus},     {"corpus_sha256", corpus->sha256},
-          {"samples", t.samples},   {"tokens", t.tokens},
+  return {{"corpus", t.corpus},
+          {"corpus_sha256", corpus->sha256},
+          {"samples", t.samples},
+          {"tokens", t.tokens},
           {"skip_tokens", t.skip_tokens}};
+}
+
+std::vector<std::vector<int64_t>> calibration_windows(const Model& model,
+                                                      const CalibrationText& t) {
+  KVB_CHECK(!model.tokenizer_path.empty(), "calibration: model ", model.source,
+            " has no tokenizer to read calibration text ", t.corpus, " with");
+  auto corpus = load_corpus(t.corpus, resolve_data_dir(t.data_dir));
+  Tokenizer tok(model.tokenizer_path);
+  const int64_t content = sequence_tokens(model, t) - 1;
+  const int64_t need = t.skip_tokens + t.samples * content;
+  const std::vector<int64_t> ids = encode_long_text(tok, corpus->text, need);
+  KVB_CHECK(static_cast<int64_t>(ids.size()) >= need, "calibration: corpus ", t.corpus, " holds ",
+            ids.size(), " tokens, fewer than calib_skip_tokens ", t.skip_tokens, " + ", t.samples,
+            " samples x ", content, " tokens");
+  std::vector<std::vector<int64_t>> out;
+  for (int64_t s = 0; s < t.samples; ++s) {
+    std::vector<int64_t> seq = {model.config.bos_id};
+    const auto from = ids.begin() + t.skip_tokens + s * content;
+    seq.insert(seq.end(), from, from + content);
+    out.push_back(std::move(seq));
+  }
+  return out;
 }
 
 int64_t run_calibration_text(const std::shared_ptr<Model>& model, const CalibrationText& t,
                              const LayerObserver& observe) {
-  const ModelConfig& c = model->config;
-  KVB_CHECK(!model->tokenizer_path.empty(), "calibration: model ", model->source,
-            " has no tokenizer to read calibration text ", t.corpus, " with");
-  auto corpus = load_corpus(t.corpus, resolve_data_dir(t.data_dir));
-  Tokenizer tok(model->tokenizer_path);
-  const int64_t n = sequence_tokens(*model, t);
-  const int64_t content = n - 1;
-  const int64_t need = t.skip_tokens + t.samples * content;
-  const std::vector<int64_t> ids = encode_long_text(tok, corpus->text, need);
-  KVB_CHECK(static_cast<int64_t>(ids.size()) >= need, "calibration: corpus ", t.corpus, " holds ",
-            ids.size(), " tokens, fewer than calib_skip_tokens ", t.skip_tokens, " + ",
-            t.samples, " samples x ", content, " tokens");
-  CacheContext ctx{c, model->device, model->dtype};
+  const std::vector<std::vector<int64_t>> windows = calibration_windows(*model, t);
+  CacheContext ctx{model->config, model->device, model->dtype};
   int64_t sample = 0;
   auto observer = std::make_unique<ObservedKvCache>(
       MethodRegistry::instance().create("full", ctx, nlohmann::json::object()),
@@ -79,16 +92,13 @@ int64_t run_calibration_text(const std::shared_ptr<Model>& model, const Calibrat
         observe(sample, in);
       });
   EngineOptions eo;
-  eo.prefill_chunk = n;
+  eo.prefill_chunk = sequence_tokens(*model, t);
   Engine e(model, std::move(observer), eo);
-  for (int64_t s = 0; s < t.samples; ++s) {
-    std::vector<int64_t> seq = {c.bos_id};
-    const auto from = ids.begin() + t.skip_tokens + s * content;
-    seq.insert(seq.end(), from, from + content);
-    sample = s;
+  for (const auto& seq : windows) {
     const int64_t id = e.new_sequence();
     e.prefill({id}, {seq}, nullptr, /*call_end_prefill=*/false);
     e.release(id);
+    ++sample;
   }
   return t.samples;
 }

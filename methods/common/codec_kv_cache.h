@@ -10,6 +10,13 @@
 // in the residual when they are attended). The scratch is transient (one sequence and layer at a
 // time); its high-water mark is reported as the counter scratch_bytes_peak, not in the footprint.
 //
+// Sliding windows (LayerInput::window > 0, which it is only on a model whose every layer is a
+// window: WindowedKvCache hands this store every layer there, windows included): each query attends
+// only the last `window` rows, and after the step the streams keep the last window - 1 rows
+// (keep_rows, which never re-encodes: a row that stays is exactly what it was; a key group that
+// lost rows to the window keeps its scales until its last row goes, as under eviction). So the
+// codec encodes the window, which is the model's whole cache there, at any length.
+//
 // CPU only for now: the streams live in host memory and the kernels are the CPU ones.
 
 #include <map>
@@ -39,6 +46,9 @@ class CodecKvCache : public SeqStore<CodecSeq>, public SplicingCache {
                std::map<std::string, double> extra_counters = {});
 
   at::Tensor attend(const LayerInput& in) override;
+  // It applies LayerInput::window itself (see above).
+  bool serves_windows() const override { return true; }
+  // Refused when a window layer no longer holds the rows the shorter sequence's window needs.
   void truncate(int64_t seq_id, int64_t new_len) override;
   Footprint footprint() const override;
   // The codec's figures plus measured ones: effective_bits_per_element (all physical bytes per live
@@ -64,6 +74,7 @@ class CodecKvCache : public SeqStore<CodecSeq>, public SplicingCache {
   CacheContext ctx_;
   std::shared_ptr<const KvCodec> codec_;
   std::map<std::string, double> extra_counters_;
+  std::vector<int64_t> layer_window_;  // [n_layers]: the window a layer was attended with, 0: none
   std::vector<float> k_scratch_, v_scratch_;
   int64_t scratch_peak_bytes_ = 0;
 };

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <limits>
 
+#include "harness/common/enum_names.h"
 #include "harness/common/error.h"
 #include "harness/common/internal_error.h"
 #include "harness/kv/rope_shift.h"
@@ -14,7 +15,6 @@
 #include "kvb/kernels/attention_scores.h"
 #include "kvb/kernels/cpu_ops.h"
 #include "kvb/kernels/paged_attention.h"
-#include "methods/common/enum_names.h"
 #include "methods/common/row_attention.h"
 
 namespace kvb {

@@ -5,8 +5,8 @@
 #include <limits>
 #include <numeric>
 
+#include "harness/common/enum_names.h"
 #include "harness/common/error.h"
-#include "methods/common/enum_names.h"
 
 namespace kvb {
 

@@ -7,20 +7,26 @@
 //   kvbench kept-indices --model M --method '{"name":"snapkv","params":{...}}' --ids ids.json
 //       --out kept.json
 //
-// ids.json: {"prompts": [[id, ...], ...]} (or the bare list), each prompt prefilled as given (no BOS
-// added) into a fresh sequence, end_prefill called, then dumped. Output: {"model", "method":
+// ids.json: {"prompts": [[id, ...], ...]} (or the bare list), each prompt prefilled as given (no
+// BOS added) into a fresh sequence, end_prefill called, then dumped. A method that runs its own
+// pass over the context before compressing it (ContextPassCache: KVzip) is given it as the qa
+// protocol gives it on a model without a chat template: the first --context-prefix tokens (the BOS)
+// are not text, a user turn closes with "\n", the model's tokenizer encodes the method's prompts.
+// Output: {"model", "method":
 // {"name", "params" (resolved)}, "prompts": [{"n_tokens", "kept": [layer][head][token index
-// ascending], "zero_key_channels": [layer][head][channel] (with --channels)}]}. A method whose store
-// is not the eviction store is refused: its "kept set" would mean something else.
+// ascending], "zero_key_channels": [layer][head][channel] (with --channels)}]}. A method whose
+// store is not the eviction store is refused: its "kept set" would mean something else.
+
+#include <ATen/ATen.h>
 
 #include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
 
-#include <ATen/ATen.h>
-
 #include "harness/common/error.h"
 #include "harness/engine/engine.h"
+#include "harness/formats/tokenizer.h"
+#include "harness/kv/context_pass.h"
 #include "harness/kv/method_registry.h"
 #include "harness/tool/model_options.h"
 #include "harness/tool/tool_registry.h"
@@ -101,6 +107,7 @@ void setup_kept_indices(CLI::App* sub) {
     ModelArgs model;
     std::string method, ids, out;
     int64_t prefill_chunk = EngineOptions{}.prefill_chunk;
+    int64_t context_prefix = 1;
     bool channels = false;
   };
   auto a = std::make_shared<Args>();
@@ -114,16 +121,22 @@ void setup_kept_indices(CLI::App* sub) {
   sub->add_option("--prefill-chunk", a->prefill_chunk, "tokens per prefill step")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
+  sub->add_option("--context-prefix", a->context_prefix,
+                  "for a method with a context pass (KVzip): the prompt's leading tokens that are "
+                  "not text (the BOS)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   sub->add_flag("--channels", a->channels,
                 "also list each head's key channels that are zero in every kept key");
   sub->callback([a] {
     const auto [name, params] = parse_method(a->method);
     auto model = load_model_from_args(a->model);
     const auto prompts = read_prompts(a->ids, model->config.vocab_size);
-    const CacheContext ctx{model->config, model->device, model->dtype};
+    // With the model: a calibrating method (qfilters, kvzap) calibrates on it first.
+    const CacheContext ctx{model->config, model->device, model->dtype, model};
     std::unique_ptr<KvCache> kv = MethodRegistry::instance().create(name, ctx, params);
-    KVB_CHECK(dynamic_cast<EvictingKvCache*>(kv.get()) != nullptr, "--method: ", name,
-              "'s store (", kv->name(),
+    KVB_CHECK(dynamic_cast<EvictingKvCache*>(kv.get()) != nullptr, "--method: ", name, "'s store (",
+              kv->name(),
               ") is not the eviction store (EvictingKvCache): it has no kept token indices");
     EngineOptions eo;
     eo.prefill_chunk = a->prefill_chunk;
@@ -132,9 +145,26 @@ void setup_kept_indices(CLI::App* sub) {
     const int n_layers = static_cast<int>(model->config.n_layers);
     const int64_t n_kv = model->config.n_kv_heads;
     nlohmann::json out_prompts = nlohmann::json::array();
+    std::unique_ptr<Tokenizer> tok;  // loaded for a context pass only
     for (const auto& ids : prompts) {
       const int64_t seq = engine.new_sequence();
-      engine.prefill({seq}, {ids});  // calls end_prefill: the prefill-time eviction runs
+      if (auto* pass_cache = dynamic_cast<ContextPassCache*>(&engine.kv())) {
+        KVB_CHECK(a->context_prefix <= static_cast<int64_t>(ids.size()), "--context-prefix ",
+                  a->context_prefix, " is longer than a ", ids.size(), "-token prompt");
+        if (!tok) tok = tool::load_tokenizer(*model);
+        engine.prefill({seq}, {ids}, nullptr, /*call_end_prefill=*/false);
+        ContextPass pass;
+        pass.engine = &engine;
+        pass.seq = seq;
+        pass.context = ids;
+        pass.prefix_tokens = a->context_prefix;
+        pass.turn_close = tok->encode("\n");
+        pass.encode = [&](const std::string& text) { return tok->encode(text); };
+        pass_cache->run_context_pass(pass);
+        engine.kv().end_prefill(seq);
+      } else {
+        engine.prefill({seq}, {ids});  // calls end_prefill: the prefill-time eviction runs
+      }
       nlohmann::json kept = nlohmann::json::array(), chans = nlohmann::json::array();
       for (int l = 0; l < n_layers; ++l) {
         nlohmann::json kl = nlohmann::json::array(), cl = nlohmann::json::array();

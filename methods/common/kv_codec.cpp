@@ -3,10 +3,10 @@
 #include <algorithm>
 #include <cstring>
 
+#include "harness/common/enum_names.h"
 #include "harness/common/error.h"
 #include "harness/common/internal_error.h"
 #include "kvb/kernels/half.h"
-#include "methods/common/enum_names.h"
 
 namespace kvb {
 

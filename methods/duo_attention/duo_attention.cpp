@@ -123,9 +123,7 @@ class DuoKvCache : public EvictingKvCache {
     std::map<std::string, double> m = EvictingKvCache::counters();
     m["streaming_heads"] = static_cast<double>(streaming_);
     m["setting.head_compression_ratio"] = ratio_;
-    m["calib_from_cache"] = art_->from_cache ? 1.0 : 0.0;
-    m["calib_seconds"] = art_->seconds;
-    m["calib_artifact_bytes"] = static_cast<double>(art_->file_bytes);
+    add_calibration_counters(*art_, &m);
     return m;
   }
 

@@ -347,6 +347,14 @@ class KvtcCache : public KvCache {
         m[p + "_calib_rel_mse"] = t->total_variance > 0 ? t->expected_mse / t->total_variance : 0;
         m[p + "_energy_kept"] = t->energy_top_used;
       }
+      // The paper codes keys before RoPE because they compact better: the same transform fitted
+      // on post-RoPE keys, at the same budget, for comparison (calibration data, not coded).
+      m["k_post_rope_calib_rel_mse"] = art_->k_post_rope_rel_mse;
+      m["k_post_rope_energy_kept"] = art_->k_post_rope_energy_top_used;
+      if (art_->k_post_rope_rel_mse > 0)
+        m["k_calib_rel_mse_pre_over_post_rope"] =
+            (art_->k.total_variance > 0 ? art_->k.expected_mse / art_->k.total_variance : 0) /
+            art_->k_post_rope_rel_mse;
     }
     // Coded tokens: real stored sizes.
     std::unordered_set<const Block*> seen;

@@ -171,6 +171,11 @@ struct Artifact {
   int64_t transform_bytes = 0;  // bytes of means + used basis columns + steps + widths at fp32
   bool from_cache = false;
   double seconds = 0;      // calibration time (0 when loaded)
+  // The same transform built on the calibration keys AFTER RoPE (same scope, rank and budget),
+  // kept only as a reference for the paper's reason to code keys before RoPE: its expected MSE /
+  // total variance and the variance fraction of its kept components. Never used to code.
+  double k_post_rope_rel_mse = 0;
+  double k_post_rope_energy_top_used = 0;
 };
 
 KindTransform build_transform(const at::Tensor& x, int64_t n_layers, int64_t n_kv_heads,

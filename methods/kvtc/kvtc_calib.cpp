@@ -132,7 +132,8 @@ CalibData collect_kv(const std::shared_ptr<Model>& model, const CalibOptions& o)
 
 nlohmann::json artifact_meta(const Model& model, const CalibOptions& c, const TransformOptions& t) {
   auto corpus = load_corpus(c.corpus, resolve_data_dir(c.data_dir));
-  return {{"kvtc_artifact_version", 1},
+  // Version 2 adds the post-RoPE reference (k_post_rope); a version-1 file is recalibrated.
+  return {{"kvtc_artifact_version", 2},
           {"model", model_json(model)},
           {"calibration", calib_json(c, corpus->sha256)},
           {"transform",
@@ -181,7 +182,12 @@ void save_artifact(const Artifact& a, const std::string& path) {
   for (auto& e : entries)
     if (e.name.size() > 5 && e.name.compare(e.name.size() - 5, 5, ".bits") == 0)
       e.data = bits_store[b++].data();
-  nlohmann::json head = {{"meta", a.meta}, {"key", a.key}, {"kinds", kinds}};
+  nlohmann::json head = {{"meta", a.meta},
+                         {"key", a.key},
+                         {"kinds", kinds},
+                         {"k_post_rope",
+                          {{"rel_mse", a.k_post_rope_rel_mse},
+                           {"energy_top_used", a.k_post_rope_energy_top_used}}}};
   mkdirs(path.substr(0, path.find_last_of('/')));
   write_safetensors(path, entries, {{"kvtc", head.dump()}});
 }
@@ -196,6 +202,10 @@ std::shared_ptr<Artifact> load_artifact(const std::string& path) {
   a->key = head.at("key").get<std::string>();
   a->path = path;
   a->from_cache = true;
+  KVB_CHECK(head.contains("k_post_rope") && head["k_post_rope"].is_object(), path,
+            ": kvtc metadata has no 'k_post_rope' (an artifact older than version 2)");
+  a->k_post_rope_rel_mse = head["k_post_rope"].at("rel_mse").get<double>();
+  a->k_post_rope_energy_top_used = head["k_post_rope"].at("energy_top_used").get<double>();
   auto tensor = [&](const std::string& name, at::ScalarType st) {
     const StTensor& t = f.get(name);
     at::Tensor out = at::empty(t.shape, at::TensorOptions().dtype(st));
@@ -277,6 +287,10 @@ std::shared_ptr<const Artifact> calibrate(const std::shared_ptr<Model>& model,
   a->key = key;
   a->k = build_transform(data->k_pre, mc.n_layers, mc.n_kv_heads, mc.head_dim, t);
   a->v = build_transform(data->v, mc.n_layers, mc.n_kv_heads, mc.head_dim, t);
+  const KindTransform post =
+      build_transform(data->k_post, mc.n_layers, mc.n_kv_heads, mc.head_dim, t);
+  a->k_post_rope_rel_mse = post.total_variance > 0 ? post.expected_mse / post.total_variance : 0;
+  a->k_post_rope_energy_top_used = post.energy_top_used;
   a->meta["calibration"]["sequences"] = data->sequences;
   a->meta["calibration"]["samples"] = data->k_pre.size(0);
   a->transform_bytes = transform_bytes(a->k) + transform_bytes(a->v);

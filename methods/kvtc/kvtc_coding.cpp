@@ -10,8 +10,8 @@
 #include <cstring>
 #include <limits>
 
+#include "harness/common/enum_names.h"
 #include "harness/common/error.h"
-#include "methods/common/enum_names.h"
 #include "methods/kvtc/kvtc.h"
 
 namespace kvb::kvtc {

@@ -24,6 +24,7 @@
 #include "harness/kv/method_registry.h"
 #include "harness/kv/paged_kv_cache.h"
 #include "harness/kv/twin_kv_cache.h"
+#include "harness/kv/windowed_kv_cache.h"
 #include "methods/common/codec_kv_cache.h"
 
 namespace kvb::kvtuner {
@@ -157,8 +158,10 @@ std::vector<std::vector<size_t>> nondominated_sort(std::vector<Individual>& pop)
   for (size_t i = 0; i < n; ++i) {
     for (size_t j = 0; j < n; ++j) {
       if (i == j) continue;
-      if (c_dominates(pop[i], pop[j])) dominated[i].push_back(j);
-      else if (c_dominates(pop[j], pop[i])) ++count[i];
+      if (c_dominates(pop[i], pop[j]))
+        dominated[i].push_back(j);
+      else if (c_dominates(pop[j], pop[i]))
+        ++count[i];
     }
     if (count[i] == 0) {
       pop[i].rank = 0;
@@ -331,9 +334,9 @@ CalibrationData calibration_windows(const Model& model, const std::string& corpu
   wo.max_windows = skip_windows + n_windows;
   wo.bos = "each";
   TextWindows w = make_windows(tok, c->text, wo, c->name);
-  KVB_CHECK(static_cast<int64_t>(w.windows.size()) == skip_windows + n_windows, "kvtuner-search: ",
-            c->name, " holds ", w.windows.size(), " windows of ", window_tokens, " tokens; ",
-            skip_windows, " skipped + ", n_windows, " asked");
+  KVB_CHECK(static_cast<int64_t>(w.windows.size()) == skip_windows + n_windows,
+            "kvtuner-search: ", c->name, " holds ", w.windows.size(), " windows of ", window_tokens,
+            " tokens; ", skip_windows, " skipped + ", n_windows, " asked");
   CalibrationData d;
   nlohmann::json hashes = nlohmann::json::array();
   Sha256 h;
@@ -361,7 +364,8 @@ namespace {
 
 // The stream protocol's schedule: prefill P tokens, then one decode step per token; cb gets the
 // logits of positions first .. first + n - 1.
-void feed(Engine& e, const std::vector<int64_t>& tokens, int64_t prefill, const LogitsCallback& cb) {
+void feed(Engine& e, const std::vector<int64_t>& tokens, int64_t prefill,
+          const LogitsCallback& cb) {
   const int64_t n = static_cast<int64_t>(tokens.size());
   const int64_t P = std::min<int64_t>(std::max<int64_t>(1, prefill), n - 1);
   const int64_t seq = e.new_sequence();
@@ -372,15 +376,17 @@ void feed(Engine& e, const std::vector<int64_t>& tokens, int64_t prefill, const 
 std::unique_ptr<KvCache> make_kvtuner_cache(const Model& m, const std::vector<BitPair>& layers,
                                             const std::string& mode) {
   CacheContext ctx{m.config, m.device, m.dtype};
-  return MethodRegistry::instance().create(
-      "kvtuner", ctx, {{"pairs", pairs_string(layers)}, {"mode", mode}});
+  return MethodRegistry::instance().create("kvtuner", ctx,
+                                           {{"pairs", pairs_string(layers)}, {"mode", mode}});
 }
 
 }  // namespace
 
 KlEvaluator::KlEvaluator(std::shared_ptr<Model> model, std::vector<std::vector<int64_t>> windows,
                          std::string mode, int64_t prefill_tokens)
-    : model_(std::move(model)), windows_(std::move(windows)), mode_(std::move(mode)),
+    : model_(std::move(model)),
+      windows_(std::move(windows)),
+      mode_(std::move(mode)),
       prefill_(prefill_tokens) {
   const int64_t V = model_->config.vocab_size;
   CacheContext ctx{model_->config, model_->device, model_->dtype};
@@ -433,17 +439,24 @@ namespace {
 // The method's cache and an exact cache get the same q/k/v (as the probe protocol), but the engine
 // continues with the EXACT output: every layer's inputs are the full-precision trajectory, so one
 // run with a uniform pair measures each layer as if it alone were quantized.
+//
+// On a model with window layers both stores are WindowedKvCaches whose inner stores serve the
+// global layers (renumbered alike); a window layer is the same on both sides and is not measured.
 class ExactTrajectoryProbe : public TwinKvCache {
  public:
-  ExactTrajectoryProbe(std::unique_ptr<KvCache> method, std::unique_ptr<PagedKvCache> exact,
-                       int64_t n_layers, int64_t every, int64_t first_decode_pos)
+  // searched: [n_model_layers] the inner stores' layer of each model layer, -1 for a window layer.
+  ExactTrajectoryProbe(std::unique_ptr<KvCache> method, std::unique_ptr<KvCache> exact,
+                       std::vector<int64_t> searched, int64_t every, int64_t first_decode_pos)
       : TwinKvCache(std::move(method), std::move(exact), every, first_decode_pos,
-                    /*follow_exact=*/true) {
-    paged_ = dynamic_cast<PagedKvCache*>(&this->exact());
-    codec_ = dynamic_cast<CodecKvCache*>(&this->method());
+                    /*follow_exact=*/true),
+        searched_(std::move(searched)) {
+    paged_ = dynamic_cast<const PagedKvCache*>(global_store(this->exact()));
+    codec_ = dynamic_cast<const CodecKvCache*>(global_store(this->method()));
     KVB_CHECK(codec_ != nullptr, "kvtuner-search: the kvtuner cache is not a codec cache");
-    sum_.assign(static_cast<size_t>(n_layers), PairStats{});
-    n_.assign(static_cast<size_t>(n_layers), 0);
+    KVB_ASSERT(paged_ != nullptr, "kvtuner_search", "the exact twin is not a paged cache");
+    const int64_t n = *std::max_element(searched_.begin(), searched_.end()) + 1;
+    sum_.assign(static_cast<size_t>(n), PairStats{});
+    n_.assign(static_cast<size_t>(n), 0);
   }
   std::string name() const override { return "exact-trajectory(" + method().name() + ")"; }
 
@@ -452,12 +465,19 @@ class ExactTrajectoryProbe : public TwinKvCache {
 
  protected:
   void on_layer(const LayerInput& in, const at::Tensor& om, const at::Tensor& ox) override {
-    measure(in, om, ox);
+    const int64_t l = searched_.at(static_cast<size_t>(in.layer));
+    if (l >= 0) measure(in, static_cast<int>(l), om, ox);
   }
 
  private:
-  void measure(const LayerInput& in, const at::Tensor& om, const at::Tensor& ox) {
-    const int l = in.layer;
+  // The store that serves the searched layers: a WindowedKvCache's inner one, else the store.
+  static const KvCache* global_store(const KvCache& kv) {
+    const auto* w = dynamic_cast<const WindowedKvCache*>(&kv);
+    return w ? w->inner() : &kv;
+  }
+
+  // l: the searched layer (the inner stores' numbering) of model layer in.layer.
+  void measure(const LayerInput& in, int l, const at::Tensor& om, const at::Tensor& ox) {
     PairStats& s = sum_[static_cast<size_t>(l)];
     at::Tensor a = om.to(at::kFloat).contiguous().cpu(), e = ox.to(at::kFloat).contiguous().cpu();
     {
@@ -543,8 +563,9 @@ class ExactTrajectoryProbe : public TwinKvCache {
     n_[static_cast<size_t>(l)] += 1;
   }
 
-  CodecKvCache* codec_ = nullptr;
-  PagedKvCache* paged_ = nullptr;  // the exact twin
+  std::vector<int64_t> searched_;
+  const CodecKvCache* codec_ = nullptr;
+  const PagedKvCache* paged_ = nullptr;  // the exact twin (of the searched layers)
   std::vector<PairStats> sum_;
   std::vector<int64_t> n_;
   std::vector<float> km_, vm_;
@@ -552,27 +573,68 @@ class ExactTrajectoryProbe : public TwinKvCache {
 
 }  // namespace
 
-std::vector<PairStats> local_errors(std::shared_ptr<Model> model,
+std::vector<int64_t> searched_layers(const ModelConfig& c) {
+  const bool mixed = c.n_window_layers() > 0 && c.n_window_layers() < c.n_layers;
+  std::vector<int64_t> out;
+  for (int64_t l = 0; l < c.n_layers; ++l)
+    if (!mixed || !c.is_window_layer(l)) out.push_back(l);
+  return out;
+}
+
+namespace {
+
+// The model the search runs. A model whose every layer is a window is plain causal attention while
+// no sequence passes the window (every query sees every earlier token), so calibration windows
+// that fit in it are profiled on the model without its windows: the same computation, on exact
+// paged twins. Past the window the exact twin would hold only the window's rows, which the
+// profiler does not read; refused by name.
+std::shared_ptr<Model> model_to_search(std::shared_ptr<Model> model,
+                                       const std::vector<std::vector<int64_t>>& windows) {
+  const ModelConfig& c = model->config;
+  if (c.n_window_layers() == 0 || c.n_window_layers() < c.n_layers) return model;
+  const int64_t w = *std::min_element(c.layer_windows.begin(), c.layer_windows.end());
+  for (const auto& t : windows)
+    KVB_CHECK(static_cast<int64_t>(t.size()) <= w, "kvtuner-search: ", c.name,
+              " has a sliding window of ", w, " tokens on every layer and a calibration window of ",
+              t.size(),
+              " tokens; the profiler measures such a model within its window only, "
+              "where it is plain causal attention (use --window-tokens ",
+              w, " or fewer)");
+  auto plain = std::make_shared<Model>(*model);
+  plain->config.layer_windows.clear();
+  return plain;
+}
+
+}  // namespace
+
+std::vector<PairStats> local_errors(std::shared_ptr<Model> model_in,
                                     const std::vector<std::vector<int64_t>>& windows,
                                     const BitPair& pair, const std::string& mode,
                                     int64_t prefill_tokens, int64_t every, int64_t* probed) {
+  const std::shared_ptr<Model> model = model_to_search(model_in, windows);
   const auto& c = model->config;
-  // The profiler quantizes every layer beside an exact paged twin and reads the codec's streams
-  // per model layer; a window layer has no codec (WindowedKvCache keeps it dense), so a model with
-  // window layers would need the profile of its global layers alone, which is not written.
-  KVB_CHECK(c.n_window_layers() == 0, "kvtuner-search: ", c.name, " has ", c.n_window_layers(),
-            " sliding-window layers; the profiler measures every layer of a model without them "
-            "(the kvtuner method itself runs on window models, on their global layers)");
-  const size_t L = static_cast<size_t>(c.n_layers);
+  // The kvtuner store and its exact twin serve the searched layers (the global ones of a model
+  // with window layers, inside a WindowedKvCache each); on_layer maps model layers onto them.
+  const std::vector<int64_t> layers = searched_layers(c);
+  const size_t L = layers.size();
+  std::vector<int64_t> searched(static_cast<size_t>(c.n_layers), -1);
+  for (size_t i = 0; i < L; ++i) searched[static_cast<size_t>(layers[i])] = static_cast<int64_t>(i);
+  const CacheContext ctx{c, model->device, model->dtype};
   std::vector<PairStats> sum(L);
   std::vector<int64_t> n(L, 0);
   for (const auto& w : windows) {
-    const int64_t P = std::min<int64_t>(std::max<int64_t>(1, prefill_tokens),
-                                        static_cast<int64_t>(w.size()) - 1);
+    const int64_t P =
+        std::min<int64_t>(std::max<int64_t>(1, prefill_tokens), static_cast<int64_t>(w.size()) - 1);
+    auto exact = make_window_aware(
+        ctx,
+        [&](const CacheContext& g) {
+          return std::make_unique<PagedKvCache>(g.config, g.device, g.dtype,
+                                                PagedKvCache::Options{});
+        },
+        /*needs_global=*/false, "the exact twin");
     auto probe = std::make_unique<ExactTrajectoryProbe>(
-        make_kvtuner_cache(*model, std::vector<BitPair>(L, pair), mode),
-        std::make_unique<PagedKvCache>(c, model->device, model->dtype, PagedKvCache::Options{}),
-        c.n_layers, std::max<int64_t>(1, every), P);
+        make_kvtuner_cache(*model, std::vector<BitPair>(L, pair), mode), std::move(exact), searched,
+        std::max<int64_t>(1, every), P);
     ExactTrajectoryProbe* p = probe.get();
     Engine e(model, std::move(probe));
     const int64_t seq = e.new_sequence();
@@ -609,7 +671,7 @@ double Profile::metric(int64_t layer, size_t pair, const std::string& sensitivit
 
 Profile profile_layers(std::shared_ptr<Model> model, const KlEvaluator& kl,
                        const std::vector<std::vector<int64_t>>& windows, const SearchOptions& o) {
-  const int64_t L = model->config.n_layers;
+  const int64_t L = static_cast<int64_t>(searched_layers(model->config).size());
   Profile p;
   p.pairs = candidate_pairs();
   // Progress in profiling passes: one per candidate pair (local errors), then one per layer (KL).
@@ -654,12 +716,14 @@ Profile profile_layers(std::shared_ptr<Model> model, const KlEvaluator& kl,
   return p;
 }
 
-std::vector<std::vector<int32_t>> prune_pairs(const Profile& profile, const std::string& sensitivity) {
+std::vector<std::vector<int32_t>> prune_pairs(const Profile& profile,
+                                              const std::string& sensitivity) {
   std::vector<std::vector<int32_t>> out;
   for (size_t l = 0; l < profile.at.size(); ++l) {
     std::vector<Objectives> pts;
     for (size_t j = 0; j < profile.pairs.size(); ++j)
-      pts.push_back({profile.pairs[j].bits(), profile.metric(static_cast<int64_t>(l), j, sensitivity)});
+      pts.push_back(
+          {profile.pairs[j].bits(), profile.metric(static_cast<int64_t>(l), j, sensitivity)});
     std::vector<int32_t> keep;
     for (size_t i : pareto_front(pts)) keep.push_back(static_cast<int32_t>(i));
     out.push_back(keep);
@@ -688,7 +752,8 @@ std::vector<LayerGroup> cluster_layers(const Profile& profile,
   auto vec = [&](int64_t l, size_t s) {
     std::vector<double> v;
     for (int32_t j : splits[s])
-      v.push_back(std::log10(std::max(profile.metric(l, static_cast<size_t>(j), sensitivity), 1e-12)));
+      v.push_back(
+          std::log10(std::max(profile.metric(l, static_cast<size_t>(j), sensitivity), 1e-12)));
     return v;
   };
   auto dist = [&](const Cluster& a, const Cluster& b) {
@@ -771,7 +836,7 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 
 }  // namespace
 
-nlohmann::json run_search(std::shared_ptr<Model> model, const CalibrationData& data,
+nlohmann::json run_search(std::shared_ptr<Model> model_in, const CalibrationData& data,
                           const SearchOptions& o) {
   const auto t0 = std::chrono::steady_clock::now();
   KVB_CHECK(o.mode == "kivi" || o.mode == "per_token", "kvtuner-search: --mode '", o.mode,
@@ -790,7 +855,11 @@ nlohmann::json run_search(std::shared_ptr<Model> model, const CalibrationData& d
       o.max_bits > 0 ? o.max_bits : *std::max_element(o.budgets.begin(), o.budgets.end());
   KVB_CHECK(max_bits >= *std::max_element(o.budgets.begin(), o.budgets.end()),
             "kvtuner-search: --max-bits ", max_bits, " is below a budget");
-  const int64_t L = model->config.n_layers;
+  // The searched layers (the global ones of a model with window layers); L counts them, and every
+  // per-layer vector below is over them.
+  const std::shared_ptr<Model> model = model_to_search(model_in, data.windows);
+  const std::vector<int64_t> searched = searched_layers(model_in->config);
+  const int64_t L = static_cast<int64_t>(searched.size());
   auto log = [&](const std::string& s) {
     if (o.log) o.log(s);
   };
@@ -805,7 +874,8 @@ nlohmann::json run_search(std::shared_ptr<Model> model, const CalibrationData& d
     std::string s = "groups:";
     for (const auto& g : groups) {
       s += " {";
-      for (size_t i = 0; i < g.layers.size(); ++i) s += (i ? "," : "") + std::to_string(g.layers[i]);
+      for (size_t i = 0; i < g.layers.size(); ++i)
+        s += (i ? "," : "") + std::to_string(g.layers[i]);
       s += ": " + std::to_string(g.candidates.size()) + " pairs}";
     }
     log(s);
@@ -855,7 +925,8 @@ nlohmann::json run_search(std::shared_ptr<Model> model, const CalibrationData& d
   std::string method = o.search;
   if (method == "auto")
     method = feasible >= 0 && feasible <= o.max_exhaustive ? "exhaustive" : "nsga2";
-  KVB_CHECK(method != "exhaustive" || space > 0, "kvtuner-search: --search exhaustive: the space of ",
+  KVB_CHECK(method != "exhaustive" || space > 0,
+            "kvtuner-search: --search exhaustive: the space of ",
             "the pruned group candidates exceeds 1e6 configs; use nsga2");
   log("search: " + method + " over " + std::to_string(groups.size()) + " groups, space " +
       std::to_string(space) + ", feasible (<= " + budget_tag(max_bits) + " bits) " +
@@ -892,12 +963,9 @@ nlohmann::json run_search(std::shared_ptr<Model> model, const CalibrationData& d
   auto config_json = [&](const Evaluated& e) {
     const auto layers = decode(e.genome);
     const auto& r = results.at(pairs_string(layers));
-    return nlohmann::json{{"pairs", pairs_string(layers)},
-                          {"equivalent_bits", e.f[0]},
-                          {"kl_mean", r.kl_mean},
-                          {"nll", r.nll},
-                          {"ppl", std::exp(r.nll)},
-                          {"genome", e.genome}};
+    return nlohmann::json{{"pairs", pairs_string(layers)}, {"equivalent_bits", e.f[0]},
+                          {"kl_mean", r.kl_mean},          {"nll", r.nll},
+                          {"ppl", std::exp(r.nll)},        {"genome", e.genome}};
   };
   nlohmann::json pareto = nlohmann::json::array();
   for (size_t i : sr.front) pareto.push_back(config_json(sr.evaluated[i]));
@@ -908,7 +976,8 @@ nlohmann::json run_search(std::shared_ptr<Model> model, const CalibrationData& d
       if (e.f[0] <= b + 1e-9 &&
           (!best || e.f[1] < best->f[1] || (e.f[1] == best->f[1] && e.f[0] < best->f[0])))
         best = &e;
-    KVB_CHECK(best != nullptr, "kvtuner-search: no evaluated config fits the budget of ", b, " bits");
+    KVB_CHECK(best != nullptr, "kvtuner-search: no evaluated config fits the budget of ", b,
+              " bits");
     nlohmann::json s = config_json(*best);
     s["budget"] = b;
     s["layers"] = layers_json(decode(best->genome));
@@ -920,13 +989,16 @@ nlohmann::json run_search(std::shared_ptr<Model> model, const CalibrationData& d
   nlohmann::json uniform = nlohmann::json::array();
   for (const auto& p : P) {
     const auto r = kl.evaluate(std::vector<BitPair>(static_cast<size_t>(L), p));
-    uniform.push_back({{"pair", p.name()}, {"equivalent_bits", p.bits()}, {"kl_mean", r.kl_mean},
-                       {"nll", r.nll}, {"ppl", std::exp(r.nll)}});
+    uniform.push_back({{"pair", p.name()},
+                       {"equivalent_bits", p.bits()},
+                       {"kl_mean", r.kl_mean},
+                       {"nll", r.nll},
+                       {"ppl", std::exp(r.nll)}});
   }
 
   nlohmann::json table = nlohmann::json::array();
   for (int64_t l = 0; l < L; ++l) {
-    nlohmann::json row = {{"layer", l}};
+    nlohmann::json row = {{"layer", l}, {"model_layer", searched[static_cast<size_t>(l)]}};
     for (const char* k : {"e_o", "e_k", "e_v", "tv", "kl", "nll"}) row[k] = nlohmann::json::array();
     for (size_t j = 0; j < P.size(); ++j) {
       const PairStats& s = prof.at[l][j];
@@ -961,11 +1033,13 @@ nlohmann::json run_search(std::shared_ptr<Model> model, const CalibrationData& d
                   {"probed_positions_per_layer", prof.probed_positions},
                   {"kl_all_kv8", prof.kl_all_kv8},
                   {"layers", table},
-                  {"local_errors", "exact trajectory: every layer's inputs are the full-precision "
-                                   "run's; e_o, e_k, e_v relative L2, tv = total variation of the "
-                                   "attention distribution, means over probed decode positions"},
-                  {"kl", "mean KL(full || cache) over the calibration positions, this layer at the "
-                         "pair, every other layer at KV8"}};
+                  {"local_errors",
+                   "exact trajectory: every layer's inputs are the full-precision "
+                   "run's; e_o, e_k, e_v relative L2, tv = total variation of the "
+                   "attention distribution, means over probed decode positions"},
+                  {"kl",
+                   "mean KL(full || cache) over the calibration positions, this layer at the "
+                   "pair, every other layer at KV8"}};
   a["groups"] = gj;
   a["search"] = {{"method", method},
                  {"space", space},
@@ -991,14 +1065,21 @@ nlohmann::json run_search(std::shared_ptr<Model> model, const CalibrationData& d
                    {"prefill_tokens", o.prefill_tokens},
                    {"probe_every", o.probe_every},
                    {"local_errors", o.local_errors},
-                   {"equivalent_bits", "mean over layers of (bK + bV) / 2, without scales, mins and "
-                                       "the fp16 residual (KVTuner's figure)"}};
-  a["model"] = {{"name", model->config.name},
-                {"source", model->source},
-                {"n_layers", L},
-                {"device", model->device.str()},
-                {"dtype", dtype_name(model->dtype)},
-                {"weights_sha256", model_weights_sha256(*model)}};
+                   {"equivalent_bits",
+                    "mean over layers of (bK + bV) / 2, without scales, mins and "
+                    "the fp16 residual (KVTuner's figure)"}};
+  nlohmann::json window_layers = nlohmann::json::array();
+  for (int64_t l = 0; l < model_in->config.n_layers; ++l)
+    if (model_in->config.is_window_layer(l)) window_layers.push_back(l);
+  a["searched_layers"] = searched;
+  a["window_layers"] = window_layers;
+  a["searched_layers_note"] =
+      "the kvtuner method's layers, in model order: \"layers\" key i is searched_layers[i]; a "
+      "window layer of a model that also has global layers keeps its window dense, unsearched";
+  a["model"] = {
+      {"name", model_in->config.name},         {"source", model_in->source},
+      {"n_layers", model_in->config.n_layers}, {"device", model->device.str()},
+      {"dtype", dtype_name(model->dtype)},     {"weights_sha256", model_weights_sha256(*model)}};
   a["data"] = data.info;
   return a;
 }

@@ -4,11 +4,12 @@
 //
 //   1. profile    for every layer l and every pair p in {2,4,8}^2:
 //                   local errors of layer l's cache at p on calibration text — attention-output
-//                   relative error e_o, key / value relative errors e_k / e_v, attention-probability
-//                   total variation tv — measured like the probe protocol (the quantized cache and
-//                   an exact cache get the same q/k/v) but with the engine fed the EXACT attention
-//                   output, so every layer sees the full-precision trajectory: one run per pair
-//                   gives e(l, p) for all l exactly as "only layer l at p, every other layer exact";
+//                   relative error e_o, key / value relative errors e_k / e_v,
+//                   attention-probability total variation tv — measured like the probe protocol
+//                   (the quantized cache and an exact cache get the same q/k/v) but with the engine
+//                   fed the EXACT attention output, so every layer sees the full-precision
+//                   trajectory: one run per pair gives e(l, p) for all l exactly as "only layer l
+//                   at p, every other layer exact";
 //                 and an end-to-end proxy: mean KL(full || cache) over the calibration positions
 //                   with layer l at p and every other layer at KV8.
 //   2. prune      per layer, keep the pairs on the Pareto front of (equivalent bits (bK+bV)/2,
@@ -30,16 +31,24 @@
 // The artifact (artifact_json) holds the pick under the first budget under "layers" (the
 // `kvtuner` method's `config` parameter loads it), every pick, the Pareto set, the profile table,
 // the settings and hashes of the model and the calibration data.
+//
+// Sliding-window layers: the search covers the layers the `kvtuner` method's store serves
+// (searched_layers). On a model with both window and global layers those are the global layers
+// (WindowedKvCache keeps every window layer's window dense, at full precision, whatever the
+// method), so the profile, the groups and every config are over the global layers in model order
+// ("layers" key i is the i-th global layer, as the method numbers them); the artifact names them
+// (searched_layers, window_layers). On a model whose every layer is a window, every layer is
+// searched, within the window: the calibration windows must fit in it (there the model is plain
+// causal attention, and it is profiled as such); a longer one is refused by name.
 
 #include <array>
 #include <cstdint>
 #include <functional>
 #include <limits>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "harness/model/model.h"
 
@@ -50,7 +59,7 @@ namespace kvb::kvtuner {
 struct BitPair {
   int32_t k = 8, v = 8;
   double bits() const { return 0.5 * (k + v); }  // KVTuner's equivalent bits of one layer
-  std::string name() const;                       // "KV8", "K8V4", ...
+  std::string name() const;                      // "KV8", "K8V4", ...
 };
 // The nine candidates, in the paper's order: KV8, K8V4, K8V2, K4V8, KV4, K4V2, K2V8, K2V4, KV2.
 const std::vector<BitPair>& candidate_pairs();
@@ -162,14 +171,19 @@ struct PairStats {
   double kl = 0, nll = 0;                    // end to end: this layer at the pair, others KV8
 };
 struct Profile {
-  std::vector<BitPair> pairs;               // candidate_pairs()
-  std::vector<std::vector<PairStats>> at;   // [layer][pair]
-  int64_t probed_positions = 0;             // per layer and pair
+  std::vector<BitPair> pairs;              // candidate_pairs()
+  std::vector<std::vector<PairStats>> at;  // [layer][pair]
+  int64_t probed_positions = 0;            // per layer and pair
   double kl_all_kv8 = 0;
   double metric(int64_t layer, size_t pair, const std::string& sensitivity) const;
 };
 
-// Local errors of every layer at `pair` on the exact trajectory (see the top of this file).
+// The model layers the search covers, in the `kvtuner` store's layer order (see the top of this
+// file): the global layers of a model with both kinds, else every layer.
+std::vector<int64_t> searched_layers(const ModelConfig& c);
+
+// Local errors of every searched layer at `pair` on the exact trajectory (see the top of this
+// file), one entry per searched layer.
 std::vector<PairStats> local_errors(std::shared_ptr<Model> model,
                                     const std::vector<std::vector<int64_t>>& windows,
                                     const BitPair& pair, const std::string& mode,
@@ -180,11 +194,12 @@ Profile profile_layers(std::shared_ptr<Model> model, const KlEvaluator& kl,
 
 // Per layer: indices into profile.pairs of the pairs on the (bits, sensitivity) Pareto front,
 // ascending by bits.
-std::vector<std::vector<int32_t>> prune_pairs(const Profile& profile, const std::string& sensitivity);
+std::vector<std::vector<int32_t>> prune_pairs(const Profile& profile,
+                                              const std::string& sensitivity);
 
 struct LayerGroup {
-  std::vector<int64_t> layers;       // ascending
-  std::vector<int32_t> candidates;   // indices into candidate_pairs(), ascending by bits
+  std::vector<int64_t> layers;      // ascending
+  std::vector<int32_t> candidates;  // indices into candidate_pairs(), ascending by bits
 };
 std::vector<LayerGroup> cluster_layers(const Profile& profile,
                                        const std::vector<std::vector<int32_t>>& candidates,
@@ -195,8 +210,8 @@ std::vector<LayerGroup> cluster_layers(const Profile& profile,
 nlohmann::json run_search(std::shared_ptr<Model> model, const CalibrationData& data,
                           const SearchOptions& o);
 
-// Writes the artifact to `path` and the pick under each budget B to "<path without .json>.b<B>.json"
-// in the plain config format; returns the paths of the latter.
+// Writes the artifact to `path` and the pick under each budget B to "<path without
+// .json>.b<B>.json" in the plain config format; returns the paths of the latter.
 std::vector<std::string> write_artifact(const nlohmann::json& artifact, const std::string& path);
 
 // sha256 of every weight tensor's bytes (format independent), in a fixed order.

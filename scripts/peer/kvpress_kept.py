@@ -9,6 +9,10 @@ wrapped on the instance (the forward hook calls self.compress) and, per layer:
   tokens    kept = the rows of the returned keys, matched bitwise to the rows of a copy of the keys
             taken before compress (gather copies rows exactly; a row matching two positions is
             refused), or, for AdaKVPress, every position not in masked_key_indices;
+  KVzip     KVzipPress scores in its own reconstruction passes and never calls compress: its
+            compress_post (run when the `with press(model)` block ends) is wrapped instead, and
+            kept = every position not in the masked_key_indices it leaves on each layer, with its
+            score_val as the scores;
   channels  zero_key_channels = the channels zero in every returned key row and not before; for
             ThinKPress also zero_key_channels_group_mean, the channels its rule prunes when a GQA
             group's window queries are averaged before squaring (kvbench's aggregation)
@@ -41,8 +45,11 @@ def press_params(press):
     out = {}
     for f in dataclasses.fields(press):
         v = getattr(press, f.name)
-        out[f.name] = ({"press": type(v).__name__, **press_params(v)}
-                       if dataclasses.is_dataclass(v) else v)
+        if dataclasses.is_dataclass(v):
+            v = {"press": type(v).__name__, **press_params(v)}
+        elif hasattr(v, "shape"):  # a tensor field (QFilterPress.q_filters): its shape
+            v = f"tensor{list(v.shape)}"
+        out[f.name] = v
     return out
 
 
@@ -63,6 +70,16 @@ def rows_to_indices(before, after):
                              "does not select rows)")
         idx.append(where[key])
     return sorted(idx)
+
+
+def kept_outside_mask(masked, H, n):
+    """Per KV head, the positions of n not in a press's masked_key_indices (batch, head, position)."""
+    pruned = [set() for _ in range(H)]
+    if masked is not None:
+        _, heads, pos = masked
+        for h, p in zip(heads.tolist(), pos.tolist()):
+            pruned[h].add(p)
+    return [[i for i in range(n) if i not in pruned[h]] for h in range(H)]
 
 
 def think_group_mean_channels(press, module, keys, kwargs, torch):
@@ -92,6 +109,23 @@ def instrument(press, torch):
             return s
         object.__setattr__(scorer, "score", score)
 
+    if hasattr(press, "compress_post"):  # KVzipPress: scores and masks after the context
+        orig_post = press.compress_post
+
+        def compress_post(model):
+            for layer in model.model.layers:
+                layer.self_attn.masked_key_indices = None
+            orig_post(model)
+            for layer in model.model.layers:
+                module = layer.self_attn
+                _, H, n = press.score_val[module.layer_idx].shape
+                r = record.setdefault(module.layer_idx, {})
+                r["kept"] = kept_outside_mask(module.masked_key_indices, H, n)
+                r["zero_key_channels"] = [[] for _ in range(H)]
+                r["scores"] = press.score_val[module.layer_idx].detach().float().clone()
+        object.__setattr__(press, "compress_post", compress_post)
+        return record
+
     orig_compress = press.compress
 
     def compress(module, hidden_states, keys, values, attentions, kwargs):
@@ -102,11 +136,7 @@ def instrument(press, torch):
         H, n = before.shape[1], before.shape[2]
         masked = getattr(module, "masked_key_indices", None)
         if masked is not None:
-            _, heads, pos = masked
-            pruned = [set() for _ in range(H)]
-            for h, p in zip(heads.tolist(), pos.tolist()):
-                pruned[h].add(p)
-            r["kept"] = [[i for i in range(n) if i not in pruned[h]] for h in range(H)]
+            r["kept"] = kept_outside_mask(masked, H, n)
         elif k2.shape[2] == n:  # nothing evicted (ThinKPress changes channels, not rows)
             r["kept"] = [list(range(n)) for _ in range(H)]
         else:

@@ -22,6 +22,9 @@ the context prefill: kept sets still match at the end of the context, answers ma
 from dataclasses import dataclass
 from typing import Callable
 
+from calibrated_presses import artifact_dir, duo_attention_press, kvzap_press, qfilter_press
+from kvzip_tokenizer import kvzip_press
+
 
 @dataclass(frozen=True)
 class Pair:
@@ -142,6 +145,59 @@ PAIRS = [
                                                       kernel_size=5), chunk_length=20),
          note="Same definition (SnapKV scores summed over the layer's heads, mean per chunk of 20, "
               "the top chunks kept by every head)."),
+    Pair("kvzip", lambda r: _m("kvzip", budget=1 - r, n_sink=4, chunk_size=2048),
+         lambda kp, r: kvzip_press(kp, r, plus=False),
+         relation="nested",
+         note="Same scores (the largest attention weight any reconstruction query of the KV head's "
+              "group gives an entry, kvpress's repeat prompts and key subset; BOS the prefix on "
+              "both sides, see scripts/peer/kvzip_tokenizer.py) and one ranking over every layer "
+              "and head, the 4 sinks first, but the totals round differently: kvpress prunes "
+              "int(L H n r) entries of the whole cache, kvbench keeps floor(n (1 - r)) per KV head times "
+              "L H, so kvpress keeps up to L H - 1 more entries, the next ones of the same ranking: "
+              "per head kvbench's set is inside kvpress's. kvpress masks the pruned keys in "
+              "attention (its KVzip keeps every key); kvbench frees them."),
+    Pair("kvzip_plus", lambda r: _m("kvzip", budget=1 - r, n_sink=4, chunk_size=2048, plus=True),
+         lambda kp, r: kvzip_press(kp, r, plus=True),
+         relation="nested",
+         note="KVzip+ (kvzip_plus_normalization): as kvzip, each weight divided by the norm of its "
+              "query's attention input and multiplied by the entry's norm through the query "
+              "head's slice of W_O (kvbench computes the first from the residual stream: "
+              "||x w|| / sqrt(mean(x^2) + eps))."),
+    Pair("qfilters", lambda r: _m("qfilters", budget=1 - r, cache_dir=artifact_dir("qfilters")),
+         lambda kp, r: qfilter_press(kp, r),
+         note="Same definition at inference: the keys with the highest -(k . f) kept per KV "
+              "head, k the post-RoPE key and f the head's filter. kvpress downloads the filters "
+              "published for a list of models, none for this one; both sides use the filters "
+              "kvbench calibrated on it (scripts/peer/calibrated_presses.py), so the pair checks "
+              "the scoring and selection, not the calibration (which tests/methods/test_qfilters "
+              "checks against a direct SVD)."),
+    Pair("duo_attention",
+         lambda r: _m("duo_attention", head_compression_ratio=r, sink_size=16, recent_size=64,
+                      compress_every=0, calib_samples=8, cache_dir=artifact_dir("duo_attention")),
+         lambda kp, r: duo_attention_press(kp, r, sink_size=16, recent_size=64),
+         note="Same definition: the share r of KV heads with the lowest head scores stream "
+              "(keep the first 16 and the newest 64 tokens), the others keep everything; r is "
+              "the share of heads, not of entries. kvpress loads DuoAttention's published head "
+              "patterns (none for this model) or scores heads on the fly from BookSum (a "
+              "download); both sides use the head scores kvbench calibrated on the model "
+              "(kvpress's on-the-fly rule, scripts/peer/calibrated_presses.py), with kvpress's "
+              "own rule for which heads stream, cut once at the end of the context "
+              "(compress_every=0; kvbench's default cuts again every decode step). kvpress masks "
+              "the streaming heads' keys; kvbench frees them."),
+    Pair("kvzap",
+         lambda r: _m("kvzap", budget=1 - r, calib_samples=16, calib_tokens=256,
+                      cache_dir=artifact_dir("kvzap")),
+         lambda kp, r: kvzap_press(kp, r),
+         note="Same definition at inference: per layer a linear map from the attention input "
+              "(the layer's RMSNorm output) to one score per KV head, the top "
+              "int(n (1 - r)) entries kept per head. kvpress downloads NVIDIA's trained "
+              "surrogate, which does not exist for this model; both sides run the surrogate "
+              "kvbench fitted on it (scripts/peer/calibrated_presses.py), so the pair checks the "
+              "inference path (which hidden state, which map, which selection), not the "
+              "training. At layer 0 the attention input is a function of the token alone, so "
+              "every copy of a token the filler text repeats scores exactly the same: those are "
+              "the tie differences below (kvbench's exact ties go to the earlier token, "
+              "torch.topk's to its own order), and keeping other copies changes some answers."),
 ]
 
 BY_NAME = {p.name: p for p in PAIRS}

@@ -99,6 +99,53 @@ TEST(RulerTasks, NamesAndParameters) {
   EXPECT_EQ(task_param_names("vt"),
             (std::vector<std::string>{"num_chains", "num_hops", "few_shot"}));
   EXPECT_EQ(task_param_names("passkey"), std::vector<std::string>{"digits"});
+  EXPECT_TRUE(task_param_names("copy").empty());
+}
+
+// The resolved parameters are what a set hash covers: RULER's preset for each task, aliases
+// resolved to their choice, "auto" kept for the generator, cwe's unset settings left out, and
+// num_keys raised to num_queries (RULER's rule).
+TEST(RulerTasks, ResolvedParametersArePinned) {
+  const auto resolved = [](const std::string& task, const json& params) {
+    TaskSpec s = make_spec(task, 1024);
+    s.params = params;
+    return resolve_task_spec(s).params.dump();
+  };
+  EXPECT_EQ(resolved("niah_single_1", json::object()),
+            R"({"haystack":"noise","key_type":"words","num_keys":1,"num_queries":1,)"
+            R"("num_values":1,"value_type":"numbers"})");
+  EXPECT_EQ(resolved("niah_multikey_3", json::object()),
+            R"({"haystack":"needles","key_type":"uuids","num_keys":1,"num_queries":1,)"
+            R"("num_values":1,"value_type":"uuids"})");
+  EXPECT_EQ(resolved("niah_multiquery", json::object()),
+            R"({"haystack":"corpus","key_type":"words","num_keys":4,"num_queries":4,)"
+            R"("num_values":1,"value_type":"numbers"})");
+  EXPECT_EQ(
+      resolved("niah_single_2", {{"haystack", "essay"}, {"num_queries", 3}, {"num_keys", 2.0}}),
+      R"({"haystack":"corpus","key_type":"words","num_keys":3,"num_queries":3,)"
+      R"("num_values":1,"value_type":"numbers"})");
+  EXPECT_EQ(resolved("niah_single_2", {{"haystack", "repeat"}}),
+            R"({"haystack":"noise","key_type":"words","num_keys":1,"num_queries":1,)"
+            R"("num_values":1,"value_type":"numbers"})");
+  EXPECT_EQ(resolved("vt", json::object()), R"({"few_shot":"auto","num_chains":1,"num_hops":4})");
+  EXPECT_EQ(resolved("vt", {{"few_shot", false}}),
+            R"({"few_shot":false,"num_chains":1,"num_hops":4})");
+  EXPECT_EQ(resolved("cwe", json::object()), "{}");
+  EXPECT_EQ(resolved("cwe", {{"freq_cw", 5}, {"few_shot", "auto"}}),
+            R"({"few_shot":"auto","freq_cw":5})");
+  EXPECT_EQ(resolved("fwe", json::object()), R"({"alpha":2.0,"coded_wordlen":6,"vocab_size":0})");
+  EXPECT_EQ(resolved("fwe", {{"alpha", 3}}), R"({"alpha":3.0,"coded_wordlen":6,"vocab_size":0})");
+  EXPECT_EQ(resolved("passkey", json::object()), R"({"digits":5})");
+  EXPECT_EQ(resolved("copy", json::object()), "{}");
+  // The schema behind them: the preset is the default, the aliases and "auto" are declared.
+  const std::vector<ParamSpec> niah = task_param_specs("niah_multikey_2");
+  ASSERT_EQ(niah.size(), 6u);
+  EXPECT_EQ(niah[0].name, "haystack");
+  EXPECT_EQ(niah[0].default_value, "needles");
+  EXPECT_EQ(niah[0].choices, (std::vector<std::string>{"noise", "corpus", "needles"}));
+  EXPECT_EQ(param_spec_json(niah[0])["aliases"]["essay"], "corpus");
+  EXPECT_TRUE(task_param_specs("vt")[2].accepts_auto);
+  EXPECT_TRUE(task_param_specs("fwe")[0].min_open);
 }
 
 // ---- length, answers, determinism: every task, both tokenizers, 512 / 1024 / 2048 ----
@@ -463,16 +510,23 @@ TEST(RulerTasks, ErrorsNameTheInput) {
       {"unknown synthetic task 'niah_single'", "did you mean 'niah_single_1'", "passkey"});
   TaskSpec s = make_spec("niah_multikey_1", 512);
   s.params = {{"num_key", 3}};
-  expect_kvb_error(
-      [&] { generate_task(tok512(), s); },
-      {"task 'niah_multikey_1'", "unknown parameter 'num_key'", "did you mean 'num_keys'"});
+  expect_kvb_error([&] { generate_task(tok512(), s); },
+                   {"task niah_multikey_1: unknown parameter 'num_key'", "did you mean 'num_keys'",
+                    "known: haystack, key_type"});
   s.params = {{"haystack", "noize"}};
   expect_kvb_error([&] { generate_task(tok512(), s); },
-                   {"parameter 'haystack'", "'noize'", "did you mean 'noise'"});
+                   {"task niah_multikey_1.haystack: 'noize' is not one of noise, corpus, needles",
+                    "did you mean 'noise'"});
   s.params = {{"num_keys", 0}};
-  expect_kvb_error([&] { generate_task(tok512(), s); }, {"'num_keys' = 0", "[1, 100]"});
+  expect_kvb_error([&] { generate_task(tok512(), s); },
+                   {"task niah_multikey_1.num_keys: 0 is outside the allowed range [1, 100]"});
   s.params = {{"num_keys", "four"}};
-  expect_kvb_error([&] { generate_task(tok512(), s); }, {"'num_keys' must be an integer"});
+  expect_kvb_error([&] { generate_task(tok512(), s); },
+                   {"task niah_multikey_1.num_keys: expected an integer, got \"four\""});
+  s = make_spec("vt", 512);
+  s.params = {{"few_shot", "sometimes"}};
+  expect_kvb_error([&] { generate_task(tok512(), s); },
+                   {"task vt.few_shot: expected true or false or \"auto\", got \"sometimes\""});
   s = make_spec("passkey", 512);
   s.params = {{"digits", 5}, {"digitz", 3}};
   expect_kvb_error([&] { generate_task(tok512(), s); }, {"'digitz'", "did you mean 'digits'"});
@@ -488,7 +542,8 @@ TEST(RulerTasks, ErrorsNameTheInput) {
   expect_kvb_error([&] { generate_task(tok512(), s); }, {"target_tokens 10", "[64, 16777216]"});
   s = make_spec("fwe", 1024);
   s.params = {{"alpha", 1.0}};
-  expect_kvb_error([&] { generate_task(tok512(), s); }, {"'alpha' = 1", "(1, 10]"});
+  expect_kvb_error([&] { generate_task(tok512(), s); },
+                   {"task fwe.alpha: 1 is outside the allowed range (1, 10]"});
   // Too short for the task with this tokenizer: says so, with the target.
   s = make_spec("niah_multikey_3", 120);
   expect_kvb_error([&] { generate_task(tok512(), s); },

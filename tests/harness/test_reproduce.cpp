@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -177,6 +178,106 @@ TEST(Reproduce, RatioAndValuePredicatesAndTheirDirections) {
   EXPECT_EQ(evaluate_claim(suite.claims[3], db, "cpu").verdict, Verdict::kDoesNotHold);
 }
 
+// A finished qa run whose sample i records the method counter `name` = values[i] (no counter when
+// the value is NaN).
+void add_counter_run(ResultsDb& db, const ClaimSide& side, const std::string& name,
+                     const std::vector<double>& values) {
+  RunSpec spec;
+  spec.config_json = canonical_json(side.cell.resolved);
+  spec.config_hash = side.cell.config_hash;
+  spec.method = side.cell.resolved["method"]["name"];
+  spec.model = "stories260K";
+  spec.dataset = "d";
+  spec.protocol = "qa";
+  const RunInfo info = db.begin_run(spec);
+  for (size_t i = 0; i < values.size(); ++i) {
+    json out = {{"items", {{{"score", 1.0}, {"full_score", 1.0}}}}, {"counters", json::object()}};
+    if (!std::isnan(values[i])) out["counters"][name] = values[i];
+    db.add_sample(info.id, static_cast<int64_t>(i), "k" + std::to_string(i), out.dump());
+  }
+  db.finish_run(info.id, {}, 1.0);
+}
+
+TEST(Reproduce, CounterMetricsArePerSampleMeansAndEachVerdictCanFail) {
+  Scratch s;
+  const ReproSuite suite = s.load(s.write_suite(
+      "toy",
+      json::array({claim("recall-high", pred("counter:mass_recall", "value", "greater", 0.75),
+                         qa_config(kSnap)),
+                   claim("recall-higher", pred("counter:mass_recall", "value", "greater", 0.9),
+                         qa_config(kSnap)),
+                   claim("no-such-counter", pred("counter:other", "value", "less", 1.0),
+                         qa_config(kSnap))})));
+  ResultsDb db(s.dir + "/db.sqlite");
+  // a's recall alternates 0.7 / 0.9 over 40 samples: mean 0.8, interval about [0.77, 0.83].
+  std::vector<double> recall(40);
+  for (size_t i = 0; i < recall.size(); ++i) recall[i] = i % 2 == 0 ? 0.7 : 0.9;
+  add_counter_run(db, suite.claims[0].sides[0], "mass_recall", recall);
+  const ClaimResult high = evaluate_claim(suite.claims[0], db, "cpu");
+  EXPECT_EQ(high.verdict, Verdict::kHolds) << high.why;
+  EXPECT_NEAR(high.estimate, 0.8, 1e-12);
+  EXPECT_EQ(high.n, 40u);
+  EXPECT_GT(high.lo, 0.75);
+  EXPECT_LT(high.hi, 0.85);
+  const ClaimResult higher = evaluate_claim(suite.claims[1], db, "cpu");
+  EXPECT_EQ(higher.verdict, Verdict::kDoesNotHold) << higher.why;
+  const ClaimResult none = evaluate_claim(suite.claims[2], db, "cpu");
+  EXPECT_EQ(none.verdict, Verdict::kInconclusive);
+  EXPECT_NE(none.why.find("no sample records the counter"), std::string::npos) << none.why;
+
+  // Paired ratio of a counter: a streams 25 bytes a step against b's 100 (one sample of a lacks
+  // the counter, so 39 pair up).
+  std::vector<double> a(40, 25.0), b(40, 100.0);
+  a[3] = NAN;
+  a[10] = 35.0;  // some spread so that the interval is not a point
+  const ReproSuite traffic = s.load(s.write_suite(
+      "toy2",
+      json::array({claim("traffic-cut", pred("counter:bytes_per_step", "ratio", "less", 0.3),
+                         qa_config({{"name", "snapkv"}, {"params", {{"budget", 0.25}}}}),
+                         qa_config("full")),
+                   claim("traffic-cut-more", pred("counter:bytes_per_step", "ratio", "less", 0.2),
+                         qa_config({{"name", "snapkv"}, {"params", {{"budget", 0.25}}}}),
+                         qa_config("full"))})));
+  add_counter_run(db, traffic.claims[0].sides[0], "bytes_per_step", a);
+  add_counter_run(db, traffic.claims[0].sides[1], "bytes_per_step", b);
+  const ClaimResult cut = evaluate_claim(traffic.claims[0], db, "cpu");
+  EXPECT_EQ(cut.verdict, Verdict::kHolds) << cut.why;
+  EXPECT_EQ(cut.n, 39u);
+  EXPECT_NEAR(cut.estimate, (38 * 25.0 + 35.0) / (39 * 100.0), 1e-12);
+  EXPECT_NEAR(cut.a_value, (38 * 25.0 + 35.0) / 39, 1e-9);
+  EXPECT_NEAR(cut.b_value, 100.0, 1e-12);
+  EXPECT_EQ(evaluate_claim(traffic.claims[1], db, "cpu").verdict, Verdict::kDoesNotHold);
+
+  // A denominator that is 0 in every sample: no ratio is claimed.
+  const ReproSuite zero = s.load(s.write_suite(
+      "toy3",
+      json::array({claim("zero", pred("counter:bytes_per_step", "ratio", "less", 0.3),
+                         qa_config({{"name", "snapkv"}, {"params", {{"budget", 0.75}}}}),
+                         qa_config({{"name", "snapkv"}, {"params", {{"budget", 0.6}}}}))})));
+  const std::vector<double> bz(40, 0.0);
+  add_counter_run(db, zero.claims[0].sides[0], "bytes_per_step", std::vector<double>(40, 25.0));
+  add_counter_run(db, zero.claims[0].sides[1], "bytes_per_step", bz);
+  const ClaimResult z = evaluate_claim(zero.claims[0], db, "cpu");
+  EXPECT_EQ(z.verdict, Verdict::kInconclusive);
+  EXPECT_NE(z.why.find("denominator"), std::string::npos) << z.why;
+
+  // A counter every sample records alike (a per-run quantity such as a calibration error) is
+  // compared as it is, with no interval claimed, and still fails on the other side.
+  const json snap9 = {{"name", "snapkv"}, {"params", {{"budget", 0.9}}}};
+  const ReproSuite per_run = s.load(s.write_suite(
+      "toy4", json::array({claim("below", pred("counter:rel_mse_ratio", "value", "less", 1.0),
+                                 qa_config(snap9)),
+                           claim("below-half", pred("counter:rel_mse_ratio", "value", "less", 0.5),
+                                 qa_config(snap9))})));
+  add_counter_run(db, per_run.claims[0].sides[0], "rel_mse_ratio", std::vector<double>(12, 0.92));
+  const ClaimResult below = evaluate_claim(per_run.claims[0], db, "cpu");
+  EXPECT_EQ(below.verdict, Verdict::kHolds) << below.why;
+  EXPECT_TRUE(below.exact);
+  EXPECT_DOUBLE_EQ(below.estimate, 0.92);
+  EXPECT_NE(below.why.find("per-run quantity"), std::string::npos) << below.why;
+  EXPECT_EQ(evaluate_claim(per_run.claims[1], db, "cpu").verdict, Verdict::kDoesNotHold);
+}
+
 TEST(Reproduce, TooFewSamplesMissingRunsAndGpuCellsAreNeverVerdicts) {
   Scratch s;
   json few = claim("few", pred("accuracy", "difference", "greater", 0.0), qa_config(kSnap),
@@ -197,6 +298,14 @@ TEST(Reproduce, TooFewSamplesMissingRunsAndGpuCellsAreNeverVerdicts) {
   EXPECT_EQ(evaluate_claim(suite.claims[1], db, "cpu").verdict, Verdict::kNotRunnable);
   // At --scale gpu the same stored runs are evaluated (and are too few there as well).
   EXPECT_EQ(evaluate_claim(suite.claims[1], db, "gpu").verdict, Verdict::kInconclusive);
+  // --scale gpu-only (the device check) runs the GPU-size claims alone.
+  EXPECT_TRUE(claim_runs_at(suite.claims[1], "gpu-only"));
+  EXPECT_FALSE(claim_runs_at(suite.claims[0], "gpu-only"));
+  EXPECT_TRUE(claim_runs_at(suite.claims[0], "gpu"));
+  EXPECT_EQ(evaluate_claim(suite.claims[1], db, "gpu-only").verdict, Verdict::kInconclusive);
+  const ClaimResult cpu_claim = evaluate_claim(suite.claims[0], db, "gpu-only");
+  EXPECT_EQ(cpu_claim.verdict, Verdict::kNotRunnable);
+  EXPECT_NE(cpu_claim.why.find("a CPU-size claim"), std::string::npos) << cpu_claim.why;
   const ClaimResult a = evaluate_claim(suite.claims[2], db, "cpu");
   EXPECT_EQ(a.verdict, Verdict::kInconclusive);
   EXPECT_NE(a.why.find("has not run"), std::string::npos) << a.why;
@@ -291,6 +400,12 @@ TEST(Reproduce, SuiteErrorsAreNamed) {
   negative_value["predicate"]["metric"] = "kl_mean";
   negative_value["predicate"]["threshold"] = -0.1;
   expect_suite_error(json::array({negative_value}), "is never negative");
+  json no_counter = good;
+  no_counter["predicate"]["metric"] = "counter:";
+  expect_suite_error(json::array({no_counter}), "a counter metric is counter:<name>");
+  json bad_counter = good;
+  bad_counter["predicate"]["metric"] = "counter:a b";
+  expect_suite_error(json::array({bad_counter}), "a counter metric is counter:<name>");
   json bare = good;
   bare.erase("predicate");
   expect_suite_error(json::array({bare}), "missing required key 'predicate'");

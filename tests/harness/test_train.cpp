@@ -81,7 +81,10 @@ TEST(TrainConfig, RejectsUnknownKeysAndBadValues) {
   };
   auto j = tiny_recipe();
   j["optim"]["lr_typo"] = 1;
-  expect_error(j, "unknown key 'optim.lr_typo'");
+  expect_error(j, "recipe.json: optim: unknown parameter 'lr_typo'; known: lr, min_lr_ratio");
+  j = tiny_recipe();
+  j["stagez"] = j["stages"];
+  expect_error(j, "recipe.json: unknown parameter 'stagez' (did you mean 'stages'?)");
   j = tiny_recipe();
   j["stages"][0]["seq_len"] = 1000;
   expect_error(j, "exceeds 'model.max_seq_len'");
@@ -93,7 +96,29 @@ TEST(TrainConfig, RejectsUnknownKeysAndBadValues) {
   expect_error(j, "data.corpora");
   j = tiny_recipe();
   j["model"]["dim"] = "big";
-  expect_error(j, "'model.dim' has the wrong type");
+  expect_error(j, "recipe.json: model.dim: expected an integer, got \"big\"");
+  j = tiny_recipe();
+  j["stages"][0]["steps"] = 2.5;  // a fraction of a step was truncated once
+  expect_error(j, "recipe.json: stages[0].steps: expected an integer, got 2.5");
+  j = tiny_recipe();
+  j["stages"][0].erase("batch_size");
+  expect_error(j, "recipe.json: missing 'stages[0].batch_size'");
+  j = tiny_recipe();
+  j["data"]["heldout_fraction"] = 0.5;
+  expect_error(j, "recipe.json: data.heldout_fraction: 0.5 is outside the allowed range (0, 0.5)");
+  j = tiny_recipe();
+  j["dtype"] = "fp16";
+  expect_error(j, "recipe.json: dtype: 'fp16' is not one of fp32, bf16");
+  j = tiny_recipe();
+  j["data"]["tasks"][0]["weight"] = 0;
+  expect_error(j, "recipe.json: data.tasks[0].weight: 0 is outside the allowed range (0, inf]");
+  // n_kv_heads and head_dim default to "auto": n_heads and dim / n_heads.
+  j = tiny_recipe();
+  j["model"].erase("n_kv_heads");
+  j["model"]["head_dim"] = "auto";
+  const TrainConfig autos = parse_train_config(j, src);
+  EXPECT_EQ(autos.model.n_kv_heads, 2);
+  EXPECT_EQ(autos.model.head_dim, 16);
   EXPECT_NO_THROW(parse_train_config(tiny_recipe(), src));
   nlohmann::json o = tiny_recipe();
   apply_train_override(o, "stages.0.steps=9");

@@ -10,10 +10,10 @@
 #include <string>
 #include <vector>
 
+#include "harness/common/enum_names.h"
 #include "harness/common/error.h"
 #include "methods/common/adapter_file.h"
 #include "methods/common/adapter_training.h"
-#include "methods/common/enum_names.h"
 #include "methods/common/eviction_select.h"
 #include "methods/common/head_snapshots.h"
 #include "methods/common/kv_codec.h"

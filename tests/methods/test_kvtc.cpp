@@ -230,8 +230,16 @@ TEST(KvtcCalib, TransformMeetsBudgetAndArtifactRoundTrips) {
   ASSERT_FALSE(a->path.empty());
   EXPECT_NE(a->path.find(a->key), std::string::npos);
   EXPECT_EQ(a->file_bytes, static_cast<int64_t>(MappedFile(a->path).size()));
+  // The post-RoPE reference: a real transform of the same budget on other data (not a copy).
+  EXPECT_GT(a->k_post_rope_rel_mse, 0);
+  EXPECT_LT(a->k_post_rope_rel_mse, 1);
+  EXPECT_NE(a->k_post_rope_rel_mse, a->k.expected_mse / a->k.total_variance);
+  EXPECT_GT(a->k_post_rope_energy_top_used, 0);
+  EXPECT_LE(a->k_post_rope_energy_top_used, 1);
   auto b = load_artifact(a->path);
   EXPECT_EQ(b->key, a->key);
+  EXPECT_EQ(b->k_post_rope_rel_mse, a->k_post_rope_rel_mse);
+  EXPECT_EQ(b->k_post_rope_energy_top_used, a->k_post_rope_energy_top_used);
   ASSERT_EQ(b->k.groups.size(), a->k.groups.size());
   for (size_t g = 0; g < a->k.groups.size(); ++g) {
     EXPECT_EQ(b->k.groups[g].bits, a->k.groups[g].bits);

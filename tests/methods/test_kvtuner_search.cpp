@@ -1,8 +1,10 @@
 // KVTuner's offline search (methods/kvtuner/kvtuner_search.h): Pareto pruning on hand-made points,
 // NSGA-II against exhaustive enumeration on a synthetic problem, determinism under a seed, the
 // clustering rule, the exact-trajectory local errors, and a short end-to-end search on stories260K
-// whose artifact loads into the `kvtuner` method with the same per-layer bits.
+// whose artifact loads into the `kvtuner` method with the same per-layer bits; on models with
+// sliding-window layers, the search over the layers the method compresses.
 
+#include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -23,7 +25,8 @@ using namespace kvtuner;
 
 TEST(KvTunerSearch, ParetoFrontOfHandMadePoints) {
   //                          0         1         2         3         4         5         6
-  std::vector<Objectives> p = {{8, 0.1}, {6, 0.2}, {6, 0.5}, {4, 0.2}, {2, 3.0}, {4, 0.2}, {3, 0.9}};
+  std::vector<Objectives> p = {{8, 0.1}, {6, 0.2}, {6, 0.5}, {4, 0.2},
+                               {2, 3.0}, {4, 0.2}, {3, 0.9}};
   // 1 is dominated by 3 (fewer bits, same error), 2 by 1 and 3; 3 and 5 are equal: both kept.
   auto f = pareto_front(p);
   EXPECT_EQ(f, (std::vector<size_t>{4, 6, 3, 5, 0}));
@@ -126,10 +129,12 @@ TEST(KvTunerSearch, Nsga2FindsTheExhaustiveFront) {
     for (int32_t x : g) s += bits[x];
     return s / 5.0 > 4.0 + 1e-9 ? s / 5.0 - 4.0 : 0.0;
   };
-  SearchResult exc = exhaustive_search(c.choices, [&](const Genome& g) { return c(g); }, viol);
+  SearchResult exc = exhaustive_search(
+      c.choices, [&](const Genome& g) { return c(g); }, viol);
   EXPECT_EQ(static_cast<int64_t>(exc.evaluated.size()) + exc.infeasible_skipped, 3125);
   o.max_evaluations = 500;
-  SearchResult nsc = nsga2_search(d.choices, [&](const Genome& g) { return d(g); }, viol, o);
+  SearchResult nsc = nsga2_search(
+      d.choices, [&](const Genome& g) { return d(g); }, viol, o);
   for (const auto& e : nsc.evaluated) EXPECT_LE(e.f[0], 4.0 + 1e-9);
   EXPECT_EQ(front_set(nsc), front_set(exc));
 }
@@ -141,11 +146,13 @@ TEST(KvTunerSearch, Nsga2IsDeterministicUnderASeed) {
     o.population = 16;
     o.max_evaluations = 200;
     o.seed = seed;
-    return nsga2_search(s.choices, [&](const Genome& g) { return s(g); }, nullptr, o);
+    return nsga2_search(
+        s.choices, [&](const Genome& g) { return s(g); }, nullptr, o);
   };
   SearchResult a = run(3), b = run(3), c = run(4);
   ASSERT_EQ(a.evaluated.size(), b.evaluated.size());
-  for (size_t i = 0; i < a.evaluated.size(); ++i) EXPECT_EQ(a.evaluated[i].genome, b.evaluated[i].genome);
+  for (size_t i = 0; i < a.evaluated.size(); ++i)
+    EXPECT_EQ(a.evaluated[i].genome, b.evaluated[i].genome);
   EXPECT_EQ(a.front, b.front);
   EXPECT_EQ(a.generations, b.generations);
   bool differs = a.evaluated.size() != c.evaluated.size();
@@ -155,7 +162,8 @@ TEST(KvTunerSearch, Nsga2IsDeterministicUnderASeed) {
 }
 
 TEST(KvTunerSearch, LocalErrorsFollowTheExactTrajectory) {
-  auto data = calibration_windows(*test::stories260k(), "tinystories-valid-sample", test::data_dir(), 48, 1, 2);
+  auto data = calibration_windows(*test::stories260k(), "tinystories-valid-sample",
+                                  test::data_dir(), 48, 1, 2);
   int64_t probed = 0;
   auto kv8 = local_errors(test::stories260k(), data.windows, {8, 8}, "kivi", 1, 1, &probed);
   auto k2 = local_errors(test::stories260k(), data.windows, {2, 8}, "kivi", 1, 1, &probed);
@@ -184,7 +192,8 @@ const Tiny& tiny() {
   static Tiny t = [] {
     Tiny t;
     const auto t0 = std::chrono::steady_clock::now();
-    auto data = calibration_windows(*test::stories260k(), "tinystories-valid-sample", test::data_dir(), 40, 1, 30);
+    auto data = calibration_windows(*test::stories260k(), "tinystories-valid-sample",
+                                    test::data_dir(), 40, 1, 30);
     SearchOptions o;
     o.budgets = {4, 3};
     o.search = "nsga2";
@@ -242,7 +251,8 @@ TEST(KvTunerSearch, EndToEndOnStories260K) {
 
 TEST(KvTunerSearch, ArtifactLoadsIntoTheKvtunerMethod) {
   const Tiny& t = tiny();
-  CacheContext ctx{test::stories260k()->config, test::stories260k()->device, test::stories260k()->dtype};
+  CacheContext ctx{test::stories260k()->config, test::stories260k()->device,
+                   test::stories260k()->dtype};
   ASSERT_EQ(t.files.size(), 2u);
   struct Case {
     std::string file;
@@ -251,15 +261,18 @@ TEST(KvTunerSearch, ArtifactLoadsIntoTheKvtunerMethod) {
   for (const Case& c : {Case{t.path, t.art["selected"][0]["layers"]},
                         Case{t.files[0], t.art["selected"][0]["layers"]},
                         Case{t.files[1], t.art["selected"][1]["layers"]}}) {
-    Engine e(test::stories260k(), MethodRegistry::instance().create("kvtuner", ctx, {{"config", c.file}}));
+    Engine e(test::stories260k(),
+             MethodRegistry::instance().create("kvtuner", ctx, {{"config", c.file}}));
     const int64_t s = e.new_sequence();
     e.prefill({s}, {{1, 30, 40, 50, 60}});
     auto ctr = e.kv().counters();
     double eq = 0;
     for (int l = 0; l < 5; ++l) {
       const auto& p = c.layers[std::to_string(l)];
-      EXPECT_EQ(ctr["layer" + std::to_string(l) + "_k_bits"], p["nbits_key"].get<double>()) << c.file;
-      EXPECT_EQ(ctr["layer" + std::to_string(l) + "_v_bits"], p["nbits_value"].get<double>()) << c.file;
+      EXPECT_EQ(ctr["layer" + std::to_string(l) + "_k_bits"], p["nbits_key"].get<double>())
+          << c.file;
+      EXPECT_EQ(ctr["layer" + std::to_string(l) + "_v_bits"], p["nbits_value"].get<double>())
+          << c.file;
       eq += 0.5 * (p["nbits_key"].get<double>() + p["nbits_value"].get<double>());
     }
     EXPECT_DOUBLE_EQ(ctr["equivalent_bits"], eq / 5);
@@ -267,7 +280,8 @@ TEST(KvTunerSearch, ArtifactLoadsIntoTheKvtunerMethod) {
 }
 
 TEST(KvTunerSearch, ABudgetBelowEverySearchedConfigGetsTheCheapestConfig) {
-  auto data = calibration_windows(*test::stories260k(), "tinystories-valid-sample", test::data_dir(), 40, 1, 31);
+  auto data = calibration_windows(*test::stories260k(), "tinystories-valid-sample",
+                                  test::data_dir(), 40, 1, 31);
   SearchOptions o;
   o.budgets = {4, 2};
   o.search = "nsga2";
@@ -296,6 +310,126 @@ TEST(KvTunerSearch, CliWritesTheArtifact) {
   auto bad = test::run_kvbench("kvtuner-search --budgets 4,x --out " + dir + "/b.json");
   EXPECT_EQ(bad.exit_code, 2);
   EXPECT_NE(bad.err.find("'x' is not a number"), std::string::npos) << bad.err;
+}
+
+// ---- models with sliding-window layers (the tiny random transformers fixtures, fp32)
+
+std::shared_ptr<Model> window_fixture(const std::string& arch) {
+  LoadOptions o;
+  o.dtype = "fp32";
+  return load_model(test::fixtures_dir() + "/hf/" + arch, o);
+}
+
+// Calibration windows for a fixture without a tokenizer: BOS, then a fixed spread of ids.
+CalibrationData fixture_windows(int64_t n_windows, int64_t tokens, int64_t bos, int64_t vocab) {
+  CalibrationData d;
+  for (int64_t w = 0; w < n_windows; ++w) {
+    std::vector<int64_t> t = {bos};
+    for (int64_t i = 1; i < tokens; ++i) t.push_back(3 + (37 * i + 11 * w + i * i) % (vocab - 3));
+    d.windows.push_back(t);
+  }
+  d.info = {{"corpus", "fixed ids"}};
+  return d;
+}
+
+// Mean KL(full || kvtuner at `pairs`) over the calibration positions, computed here through the
+// method registry and the engine as any run would (prefill BOS, decode the rest).
+double kl_of_pairs(const std::shared_ptr<Model>& m, const CalibrationData& data,
+                   const std::string& pairs) {
+  CacheContext ctx{m->config, m->device, m->dtype};
+  double sum = 0;
+  int64_t n = 0;
+  for (const auto& w : data.windows) {
+    Engine full(m, MethodRegistry::instance().create("full", ctx, nlohmann::json::object()));
+    Engine q(m, MethodRegistry::instance().create("kvtuner", ctx,
+                                                  {{"pairs", pairs}, {"mode", "per_token"}}));
+    const int64_t a = full.new_sequence(), b = q.new_sequence();
+    auto step = [&](const at::Tensor& lf, const at::Tensor& lq) {
+      const at::Tensor p = at::log_softmax(lf.to(at::kFloat), -1).to(at::kDouble);
+      const at::Tensor r = at::log_softmax(lq.to(at::kFloat), -1).to(at::kDouble);
+      sum += std::max(0.0, (p.exp() * (p - r)).sum().item<double>());
+      ++n;
+    };
+    at::Tensor lf, lq;
+    full.prefill({a}, {{w[0]}}, [&](const at::Tensor& l, int64_t) { lf = l.clone(); });
+    q.prefill({b}, {{w[0]}}, [&](const at::Tensor& l, int64_t) { lq = l.clone(); });
+    step(lf, lq);
+    for (size_t i = 1; i + 1 < w.size(); ++i) step(full.decode({a}, {w[i]}), q.decode({b}, {w[i]}));
+  }
+  return sum / static_cast<double>(n);
+}
+
+// Gemma 3 (window layers 0 and 2 of window 6, global layers 1 and 3), windows of 24 tokens: the
+// profile, the groups and every config cover the global layers only; the window layers get no
+// pair; a global layer's end-to-end KL in the profile is the KL of a run that quantizes that layer;
+// the pick loads into the kvtuner method and runs.
+TEST(KvTunerSearch, SearchesOnlyTheGlobalLayersOfAModelWithWindowLayers) {
+  auto m = window_fixture("gemma3");
+  ASSERT_EQ(m->config.layer_windows, (std::vector<int64_t>{6, 0, 6, 0}));
+  EXPECT_EQ(searched_layers(m->config), (std::vector<int64_t>{1, 3}));
+  const CalibrationData data = fixture_windows(2, 24, 2, m->config.vocab_size);
+  SearchOptions o;
+  o.mode = "per_token";
+  o.budgets = {4, 3};
+  const nlohmann::json a = run_search(m, data, o);
+  EXPECT_EQ(a["searched_layers"], nlohmann::json::array({1, 3}));
+  EXPECT_EQ(a["window_layers"], nlohmann::json::array({0, 2}));
+  EXPECT_EQ(a["model"]["n_layers"], 4);
+  const auto& rows = a["profile"]["layers"];
+  ASSERT_EQ(rows.size(), 2u);
+  EXPECT_EQ(rows[0]["model_layer"], 1);
+  EXPECT_EQ(rows[1]["model_layer"], 3);
+  EXPECT_EQ(a["profile"]["probed_positions_per_layer"], 2 * 22);
+  for (const auto& row : rows) {
+    EXPECT_GT(row["e_k"][8].get<double>(), row["e_k"][0].get<double>());  // KV2 worse than KV8
+    EXPECT_GT(row["e_k"][0].get<double>(), 0.0);
+    EXPECT_GT(row["kl"][8].get<double>(), row["kl"][0].get<double>());
+  }
+  // The profile's KL of a global layer at KV2 (every other global layer at KV8) is that run's.
+  for (size_t i = 0; i < 2; ++i) {
+    const std::string pairs = i == 0 ? "KV2,KV8" : "KV8,KV2";
+    const double want = kl_of_pairs(m, data, pairs);
+    EXPECT_NEAR(rows[i]["kl"][8].get<double>(), want, 1e-6 * want + 1e-12) << pairs;
+  }
+  std::set<int64_t> grouped;
+  for (const auto& g : a["groups"])
+    for (int64_t l : g["layers"]) grouped.insert(l);
+  EXPECT_EQ(grouped, (std::set<int64_t>{0, 1}));  // the two searched layers
+  ASSERT_EQ(a["layers"].size(), 2u);              // window layers get no pair
+  for (const auto& s : a["selected"]) {
+    const std::string p = s["pairs"];
+    EXPECT_EQ(std::count(p.begin(), p.end(), ','), 1) << p;
+  }
+  const std::string dir = test::make_temp_dir("kvtuner_windows");
+  write_artifact(a, dir + "/art.json");
+  CacheContext ctx{m->config, m->device, m->dtype};
+  Engine e(m, MethodRegistry::instance().create(
+                  "kvtuner", ctx, {{"config", dir + "/art.json"}, {"mode", "per_token"}}));
+  const int64_t s = e.new_sequence();
+  e.prefill({s}, {data.windows[0]});
+  EXPECT_EQ(e.kv().counters().at("window_layers"), 2);
+}
+
+// Mistral with sliding_window 6 on every layer: every layer is searched, within the window (6
+// tokens: plain causal attention there); a calibration window past it is refused by name.
+TEST(KvTunerSearch, ProfilesAnAllWindowModelWithinItsWindowOnly) {
+  auto m = window_fixture("mistral_sw");
+  EXPECT_EQ(searched_layers(m->config), (std::vector<int64_t>{0, 1}));
+  int64_t probed = 0;
+  const auto e = local_errors(m, fixture_windows(2, 6, 1, m->config.vocab_size).windows, {2, 2},
+                              "per_token", 1, 1, &probed);
+  ASSERT_EQ(e.size(), 2u);
+  EXPECT_EQ(probed, 2 * 4);
+  for (const auto& s : e) EXPECT_GT(s.e_k, 0.0);
+  try {
+    local_errors(m, fixture_windows(1, 7, 1, m->config.vocab_size).windows, {2, 2}, "per_token", 1,
+                 1, &probed);
+    ADD_FAILURE() << "expected an error";
+  } catch (const Error& err) {
+    const std::string msg = err.what();
+    EXPECT_NE(msg.find("sliding window of 6 tokens on every layer"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("--window-tokens 6 or fewer"), std::string::npos) << msg;
+  }
 }
 
 }  // namespace

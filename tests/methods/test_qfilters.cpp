@@ -57,8 +57,10 @@ TEST(QFilters, EachHeadKeepsItsTopFilterScoresAndFreesTheRest) {
   auto m = test::testbed();
   const ModelConfig& c = m->config;
   const std::string dir = test::make_temp_dir("qfilters");
-  const nlohmann::json p = {{"cache_dir", dir},     {"data_dir", test::data_dir()},
-                            {"calib_samples", 2},   {"calib_tokens", 128},
+  const nlohmann::json p = {{"cache_dir", dir},
+                            {"data_dir", test::data_dir()},
+                            {"calib_samples", 2},
+                            {"calib_tokens", 128},
                             {"budget", 0.25}};
   const int64_t before = tensor_artifacts_computed();
   auto art = MethodRegistry::instance().calibrate("qfilters", m, p);
@@ -82,14 +84,8 @@ TEST(QFilters, EachHeadKeepsItsTopFilterScoresAndFreesTheRest) {
       const at::Tensor k = cap->keys(l);  // [T, Hkv, D]
       for (int64_t h = 0; h < c.n_kv_heads; ++h) {
         const at::Tensor s = -at::matmul(k.select(1, h), f[l][h]);  // [T]
-        std::vector<int32_t> want(static_cast<size_t>(T));
-        std::iota(want.begin(), want.end(), 0);
-        const float* sp = s.contiguous().data_ptr<float>();
-        std::stable_sort(want.begin(), want.end(), [&](int32_t a, int32_t b) { return sp[a] > sp[b]; });
-        want.resize(static_cast<size_t>(B));
-        std::sort(want.begin(), want.end());
         const std::vector<int32_t> kept = ev->kept_indices(seq, l, h);
-        EXPECT_EQ(kept, want) << l << "/" << h;
+        EXPECT_EQ(kept, test::top_positions(s, B)) << l << "/" << h;
         entries += static_cast<int64_t>(kept.size());
       }
     }
@@ -103,7 +99,6 @@ TEST(QFilters, EachHeadKeepsItsTopFilterScoresAndFreesTheRest) {
   EXPECT_TRUE(again->from_cache);
   EXPECT_TRUE(at::equal(dynamic_cast<const TensorArtifact&>(*again).get("filters"), f));
 }
-
 
 }  // namespace
 }  // namespace kvb

@@ -43,12 +43,15 @@ class ServeRun : public ModelRun {
 
   SampleOutput run_sample(int64_t i, const StoredSamples& stored) override {
     if (i == kFootprint) {
-      auto points =
-          measure_footprint_points(model_, method_, method_params_, footprint_text_, lengths_,
-                                   proto_["probe_decode_tokens"], proto_["prefill_chunk"]);
+      bool applies_windows = false;
+      auto points = measure_footprint_points(model_, method_, method_params_, footprint_text_,
+                                             lengths_, proto_["probe_decode_tokens"],
+                                             proto_["prefill_chunk"], 2, &applies_windows);
       // Bytes as a 16-bit deployment holds them (fp32 runs rescale the model-dtype rows).
       nlohmann::json j =
           footprint_sample_json(points, static_cast<double>(model_->config.kv_bytes_per_token(2)));
+      // Written only when set, so that the samples of stores without it read as before.
+      if (applies_windows) j["store_applies_windows"] = true;
       j["dataset_hash"] = dataset_hash_;
       j["probe_dtype"] = dtype_;
       return {j, "footprint measured at " + std::to_string(points.size()) + " lengths"};
