@@ -273,6 +273,12 @@ def main():
     for n in notes:
         w(f"- {n}")
     w("")
+    if kvpress_pairs.NOT_PAIRED:
+        w("## Methods both have that are not compared, and why")
+        w("")
+        for name, why in kvpress_pairs.NOT_PAIRED.items():
+            w(f"- **{name}.** {why}")
+        w("")
     w("## CI fixtures")
     w("")
     w(f"`tests/fixtures/kvpress/<pair>.json`: kvpress's kept sets on two short prompts (the first "

@@ -202,6 +202,22 @@ PAIRS = [
 
 BY_NAME = {p.name: p for p in PAIRS}
 
+# Methods kvbench and kvpress both have that no pair compares, with the reason (the page lists them).
+NOT_PAIRED = {
+    "finch": "FinchPress finds the question by a delimiter token it adds to the tokenizer and the "
+             "model's embedding table (update_model_and_tokenizer), so its prompt is not the "
+             "token ids kvbench runs, and it re-rotates the kept keys to new positions, so its kept "
+             "rows are no rows of the input keys (what scripts/peer/kvpress_kept.py matches). "
+             "kvbench's finch (question-aware SnapKV scoring over the question's own queries, "
+             "qa mode=query_aware) is checked against a direct computation in "
+             "tests/methods/test_leaderboard_scorers.cpp instead.",
+    "dms": "kvpress's DMSPress is DMS's inference strategy only (evict whatever a wrapped scorer "
+           "scores below a threshold, outside a sliding window, during prefill and decoding: how "
+           "KVzap is deployed); the learned part of DMS, the model's own eviction decisions "
+           "retrofitted by distillation, is what kvbench's dms runs (its adapters from "
+           "`kvbench dms-train`), and kvpress has no counterpart to compare it with.",
+}
+
 
 def select(names):
     """PAIRS restricted to `names` (a comma-separated string or a list; empty: all), in table order."""
