@@ -187,6 +187,9 @@ class KvzipKvCache : public EvictingKvCache, public ContextPassCache, public Hid
     int64_t start, end;  // the context tokens this chunk reconstructs
     int64_t context;     // the context's length (fork rows at or past it are the pass's own)
     ContextScores* scores;
+    // KVzip+: ||v W_O^(j)|| of the chunk's entries, [group, chunk entries] per [layer][KV head],
+    // computed at the layer's first step (the chunk's rows do not change during its pass).
+    std::vector<std::vector<at::Tensor>> value_norms = {};
   };
 
   // The attention of this step's reconstruction queries over the keys kvpress scores them against
@@ -194,7 +197,7 @@ class KvzipKvCache : public EvictingKvCache, public ContextPassCache, public Hid
   // far and, causally, the step's), maxed over the queries and the GQA group into the chunk's
   // scores.
   void score_reconstruction(const LayerInput& in, int64_t row0, int64_t rows) {
-    const Pass& p = *pass_;
+    Pass& p = *pass_;
     const at::Tensor q = in.q->narrow(0, row0, rows).to(at::kCPU).to(at::kFloat);
     const at::Tensor k_new = in.k->narrow(0, row0, rows).to(at::kCPU).to(at::kFloat);
     const std::vector<HeadSnapshot> held = probe_view(in.layer, p.fork);
@@ -212,9 +215,14 @@ class KvzipKvCache : public EvictingKvCache, public ContextPassCache, public Hid
       const at::Tensor chunk_cols = (sel_idx.ge(p.start) & sel_idx.lt(p.end)).nonzero().squeeze(1);
       at::Tensor weights = probs.index_select(2, chunk_cols);  // [group, rows, chunk entries]
       if (s_.plus) {
-        const at::Tensor v_chunk = held[h].v.index_select(0, sel).index_select(0, chunk_cols);
-        weights = weights / hidden_norm.view({1, rows, 1}) *
-                  value_output_norms(in.layer, h, v_chunk).unsqueeze(1);
+        if (p.value_norms.empty())
+          p.value_norms.assign(static_cast<size_t>(n_layers_),
+                               std::vector<at::Tensor>(static_cast<size_t>(n_kv_heads_)));
+        at::Tensor& norms = p.value_norms[in.layer][h];
+        if (!norms.defined())
+          norms = value_output_norms(in.layer, h,
+                                     held[h].v.index_select(0, sel).index_select(0, chunk_cols));
+        weights = weights / hidden_norm.view({1, rows, 1}) * norms.unsqueeze(1);
       }
       const at::Tensor best = std::get<0>(weights.flatten(0, 1).max(0)).contiguous();
       const at::Tensor tok = sel_idx.index_select(0, chunk_cols).contiguous();
