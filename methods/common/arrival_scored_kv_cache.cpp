@@ -5,6 +5,8 @@
 #include <string>
 
 #include "harness/common/internal_error.h"
+#include "methods/common/eviction_select.h"
+#include "methods/common/scored_method.h"
 
 namespace kvb {
 namespace {
@@ -44,6 +46,16 @@ std::shared_ptr<const ArrivalScores*> make_arrival_slot() {
 std::unique_ptr<TokenScorer> recorded_scorer(std::shared_ptr<const ArrivalScores*> slot,
                                              std::string name) {
   return std::make_unique<RecordedScorer>(std::move(slot), std::move(name));
+}
+
+PolicyParts recorded_score_parts(const nlohmann::json& p, const std::string& method,
+                                 std::shared_ptr<const ArrivalScores*> slot) {
+  const Budget budget = parse_budget(p, method);
+  PolicyParts parts;
+  parts.scorer = recorded_scorer(std::move(slot), method);
+  parts.allocator = parse_allocator(p, budget);
+  parts.schedule.end_prefill = true;
+  return parts;
 }
 
 ArrivalScoredKvCache::ArrivalScoredKvCache(const CacheContext& ctx, Options o, PolicyParts parts,

@@ -11,6 +11,7 @@
 
 #include <map>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -58,5 +59,10 @@ class ArrivalScoredKvCache : public EvictingKvCache {
 std::shared_ptr<const ArrivalScores*> make_arrival_slot();
 std::unique_ptr<TokenScorer> recorded_scorer(std::shared_ptr<const ArrivalScores*> slot,
                                              std::string name);
+
+// The policy of a method that ranks its recorded scores once, at end_prefill: its budget and
+// allocator from the resolved parameters `p` (errors name `method`), nothing protected.
+PolicyParts recorded_score_parts(const nlohmann::json& p, const std::string& method,
+                                 std::shared_ptr<const ArrivalScores*> slot);
 
 }  // namespace kvb

@@ -98,14 +98,9 @@ std::unique_ptr<KvCache> make_kvzap(const CacheContext& ctx, const nlohmann::jso
             art->path, ": a surrogate of shape ", s.weight.sizes(), " / ", s.bias.sizes(),
             " for a model of ", c.n_layers, " layers x ", c.dim, " dims x ", c.n_kv_heads,
             " KV heads; delete it to recalibrate");
-  const Budget budget = parse_budget(p, kName);
   auto slot = make_arrival_slot();
-  PolicyParts parts;
-  parts.scorer = recorded_scorer(slot, kName);
-  parts.allocator = parse_allocator(p, budget);
-  parts.schedule.end_prefill = true;
   return std::make_unique<KvzapKvCache>(ctx, evicting_options(p, kName, c.head_dim),
-                                        std::move(parts), std::move(s), slot);
+                                        recorded_score_parts(p, kName, slot), std::move(s), slot);
 }
 
 }  // namespace

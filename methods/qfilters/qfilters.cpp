@@ -73,14 +73,9 @@ std::unique_ptr<KvCache> make_qfilters(const CacheContext& ctx, const nlohmann::
                 f.size(2) == c.head_dim,
             art->path, ": filters of shape ", f.sizes(), " for a model of ", c.n_layers,
             " layers x ", c.n_kv_heads, " KV heads x ", c.head_dim, "; delete it to recalibrate");
-  const Budget budget = parse_budget(p, kName);
   auto slot = make_arrival_slot();
-  PolicyParts parts;
-  parts.scorer = recorded_scorer(slot, kName);
-  parts.allocator = parse_allocator(p, budget);
-  parts.schedule.end_prefill = true;
   return std::make_unique<QFilterKvCache>(ctx, evicting_options(p, kName, c.head_dim),
-                                          std::move(parts), f, slot);
+                                          recorded_score_parts(p, kName, slot), f, slot);
 }
 
 }  // namespace
