@@ -57,6 +57,13 @@ def classify(kvp_set, kvb_set, scores):
     return "real"
 
 
+def without_places(method):
+    """A kvbench method ({"name", "params"}) without the parameters that only say where files live
+    (a calibrated method's cache_dir / data_dir: the page and the fixtures do not depend on them)."""
+    params = {k: v for k, v in method["params"].items() if k not in ("cache_dir", "data_dir")}
+    return {**method, "params": params}
+
+
 def compare_pair(pair, kvb, kvp):
     """Per-head verdicts and differences of one pair over the prompts of two kept-index files."""
     if len(kvb["prompts"]) != len(kvp["prompts"]):
@@ -119,7 +126,7 @@ def write_fixture(pair, ratio, model_name, prompts_ids, kvb, kvp, diffs, path):
         "relation": pair.relation,
         "note": pair.note,
         "compression_ratio": ratio,
-        "kvbench_method": kvb["method"],
+        "kvbench_method": without_places(kvb["method"]),
         "press": kvp["press"],
         "press_params": kvp["press_params"],
         "attn_implementation": kvp["attn_implementation"],
@@ -148,7 +155,7 @@ def table_row(pair, ratio, press_text, counts, answers):
     if answers is not None:
         same, total, _ = answers
         ans = f"{pct(same, total)} ({same}/{total})" + ("" if pair.answers else " (may differ: schedule)")
-    m = pair.kvbench(ratio)
+    m = without_places(pair.kvbench(ratio))
     return (f"| {pair.name} | `{m['name']}` `{json.dumps(m['params'])}` | {press_text} | "
             f"{pair.relation} | {kept} | {counts['tie']} | {counts['rounding']} | {counts['documented']} | "
             f"{counts['real']} | {ans} |")
