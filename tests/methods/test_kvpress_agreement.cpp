@@ -94,10 +94,9 @@ Kept run_kvbench(const json& method, const std::vector<int64_t>& ids) {
   // nothing on disk (where the script kept its artifact does not change it).
   const CacheContext ctx{m->config, m->device, m->dtype, m};
   json given = method.at("params");
-  if (given.contains("cache_dir")) {
-    given["cache_dir"] = "";
-    given["data_dir"] = test::data_dir();
-  }
+  const json schema_view = MethodRegistry::instance().resolve(method.at("name"), given);
+  if (schema_view.contains("cache_dir")) given["cache_dir"] = "";
+  if (schema_view.contains("data_dir")) given["data_dir"] = test::data_dir();
   const json params = MethodRegistry::instance().resolve(method.at("name"), given);
   Engine engine(m, MethodRegistry::instance().create(method.at("name"), ctx, params));
   const auto& store = dynamic_cast<const EvictingKvCache&>(engine.kv());
