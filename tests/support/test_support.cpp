@@ -119,7 +119,8 @@ nlohmann::json runnable_params(const std::string& method) {
   if (method == "duo_attention")
     return {{"cache_dir", ""}, {"calib_samples", 4}, {"calib_tokens", 128},
             {"sink_size", 16},  {"recent_size", 64}};
-  if (method == "qfilters") return {{"cache_dir", ""}, {"calib_samples", 4}, {"calib_tokens", 128}};
+  if (method == "qfilters" || method == "kvzap")
+    return {{"cache_dir", ""}, {"calib_samples", 4}, {"calib_tokens", 128}};
   // oracle_quant tunes on the eval's own windows, which its params name: the registry contract's
   // stream (one TinyStories window of 256 tokens, 128 prefilled); at 2 bits the search is KV2.
   if (method == "oracle_quant")
