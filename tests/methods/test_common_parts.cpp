@@ -23,14 +23,7 @@
 namespace kvb {
 namespace {
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using test::error_of;
 
 enum class Colour { kRed, kGreen, kBlue };
 const EnumName<Colour> kColours[] = {

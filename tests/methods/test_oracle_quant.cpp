@@ -32,14 +32,7 @@ nlohmann::json eval_params(double bits) {
           {"cache_dir", ""}};
 }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using test::error_of;
 
 TEST(OracleQuantStream, BoundsUniformPairsAndHeldOutKvtunerAtTheSameBits) {
   const std::string dir = test::make_temp_dir("oracle-quant");

@@ -1,8 +1,7 @@
 #include "tests/support/test_support.h"
 
-#include <sys/wait.h>
-
 #include <gtest/gtest.h>
+#include <sys/wait.h>
 
 #include <cmath>
 #include <cstdio>
@@ -12,6 +11,7 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "harness/common/error.h"
 #include "harness/engine/engine.h"
 #include "harness/eval/run_config.h"
 #include "harness/eval/runner.h"
@@ -39,6 +39,15 @@ std::string models_dir() { return env_or("KVBENCH_MODELS", KVB_TEST_MODELS_DEFAU
 std::string data_dir() { return env_or("KVBENCH_DATA", KVB_TEST_DATA_DEFAULT); }
 std::string fixtures_dir() { return KVB_TEST_FIXTURES; }
 std::string kvbench_binary() { return env_or("KVB_BINARY", KVB_BINARY_DEFAULT); }
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
 
 std::string make_temp_dir(const std::string& tag) {
   std::string templ = "/tmp/kvb_" + tag + "_XXXXXX";
@@ -117,14 +126,20 @@ nlohmann::json runnable_params(const std::string& method) {
   // their temporary directories.
   // duo_attention's sinks and window (kvpress's 128 + 256) would cover the whole 256-token stream.
   if (method == "duo_attention")
-    return {{"cache_dir", ""}, {"calib_samples", 4}, {"calib_tokens", 128},
-            {"sink_size", 16},  {"recent_size", 64}};
+    return {{"cache_dir", ""},
+            {"calib_samples", 4},
+            {"calib_tokens", 128},
+            {"sink_size", 16},
+            {"recent_size", 64}};
   if (method == "qfilters" || method == "kvzap")
     return {{"cache_dir", ""}, {"calib_samples", 4}, {"calib_tokens", 128}};
   // oracle_quant tunes on the eval's own windows, which its params name: the registry contract's
   // stream (one TinyStories window of 256 tokens, 128 prefilled); at 2 bits the search is KV2.
   if (method == "oracle_quant")
-    return {{"cache_dir", ""}, {"bits", 2}, {"eval_window", 256}, {"eval_max_windows", 1},
+    return {{"cache_dir", ""},
+            {"bits", 2},
+            {"eval_window", 256},
+            {"eval_max_windows", 1},
             {"eval_prefill_tokens", 128}};
   return nlohmann::json::object();
 }

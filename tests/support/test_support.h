@@ -2,6 +2,7 @@
 // Shared helpers for the LibTorch-side tests: where the real models and data are, running the CLI.
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -23,6 +24,8 @@ std::string kvbench_binary();  // $KVB_BINARY (set by ctest)
 
 // A fresh empty directory under the system temp dir, removed by the OS eventually.
 std::string make_temp_dir(const std::string& tag);
+// The message of the kvb::Error `f` throws; "" when it throws none.
+std::string error_of(const std::function<void()>& f);
 
 // A run-level metric (no layer) by name; a test failure and NaN when the run has none.
 double metric(const std::vector<Metric>& metrics, const std::string& name);
