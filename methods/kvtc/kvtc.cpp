@@ -47,6 +47,11 @@ MethodInfo kvtc_info() {
        string_param("pca_scope", "model", {"model", "layer", "head"},
                     "model: one basis over all layers x KV heads (the paper); layer / head: one "
                     "basis per layer / per (layer, head)"),
+       string_param("allocation", "dp", {"dp", "uniform"},
+                    "unset or dp: the DP spreads the bit budget over the PCA components (the "
+                    "paper); uniform: one width for every coded component, the leading ones "
+                    "while the same budget lasts (the baseline the DP is claimed to beat)")
+           .unset_by_default(),
        int_param("band", 1, 1, 4096, "consecutive components tied to one bit width in the DP"),
        int_param("sinks", 4, 0, 1 << 20, "first tokens kept exact (attention sinks)"),
        int_param("window", 128, 0, 1 << 20, "most recent tokens kept exact"),
@@ -121,6 +126,9 @@ class KvtcCache : public KvCache {
     topt_.rank = p["rank"].get<int64_t>();
     topt_.bits_per_element = bits;
     topt_.band = p["band"].get<int64_t>();
+    // Unset means the DP; it stays out of resolved configs, so DP configs keep their hashes.
+    if (p.contains("allocation") && !p["allocation"].is_null())
+      topt_.allocation = kvtc::parse_bit_allocation(p["allocation"].get<std::string>());
     copt_.corpus = p["calib_corpus"].get<std::string>();
     copt_.data_dir = p["data_dir"].get<std::string>();
     copt_.tokens = p["calib_tokens"].get<int64_t>();
@@ -330,6 +338,7 @@ class KvtcCache : public KvCache {
   std::map<std::string, double> counters() const override {
     std::map<std::string, double> m;
     m["target_bits_per_element"] = topt_.bits_per_element;
+    m["uniform_allocation"] = topt_.allocation == kvtc::BitAllocation::kUniform ? 1.0 : 0.0;
     m["sinks"] = static_cast<double>(sinks_);
     m["window"] = static_cast<double>(window_);
     m["block_tokens"] = static_cast<double>(block_);

@@ -90,6 +90,16 @@ struct Allocation {
 Allocation allocate_bits(const std::vector<std::vector<double>>& distortion,
                          const std::vector<int>& widths, const std::vector<int64_t>& size,
                          int64_t budget_bits);
+// The baseline the DP is measured against: one width for every component it codes. The width is
+// the largest allowed one <= budget_bits / sum(size) (at least the smallest nonzero width); items
+// get it in order of decreasing variance (distortion[i][0], the error of dropping the item, per
+// component) while the budget lasts, the rest are dropped. widths[0] must be 0. The total equals
+// the budget whenever budget / sum(size) is an allowed width, or is below 1 with size 1 per item;
+// otherwise the remainder is unspent (a uniform coder cannot spend it without becoming
+// non-uniform).
+Allocation allocate_bits_uniform(const std::vector<std::vector<double>>& distortion,
+                                 const std::vector<int>& widths, const std::vector<int64_t>& size,
+                                 int64_t budget_bits);
 // The same by enumeration (tests; items^widths must be small).
 Allocation allocate_bits_brute_force(const std::vector<std::vector<double>>& distortion,
                                      const std::vector<int>& widths,
@@ -135,8 +145,15 @@ enum class Scope { kModel, kLayer, kHead };
 Scope parse_scope(const std::string& s);  // "model" | "layer" | "head"
 const char* scope_name(Scope s);
 
+// How the bit budget is spread over the PCA components: the DP (the paper), or one width for
+// every coded component (the baseline the paper's DP is claimed to beat).
+enum class BitAllocation { kDp, kUniform };
+BitAllocation parse_bit_allocation(const std::string& s);  // "dp" | "uniform"
+const char* bit_allocation_name(BitAllocation a);
+
 struct TransformOptions {
   Scope scope = Scope::kModel;
+  BitAllocation allocation = BitAllocation::kDp;
   int64_t rank = -1;             // per group; <= 0: the group's dimension
   double bits_per_element = 1.0; // code bits per K (or V) element of a compressed token
   int64_t band = 1;              // consecutive components tied to one width in the DP

@@ -133,16 +133,20 @@ CalibData collect_kv(const std::shared_ptr<Model>& model, const CalibOptions& o)
 nlohmann::json artifact_meta(const Model& model, const CalibOptions& c, const TransformOptions& t) {
   auto corpus = load_corpus(c.corpus, resolve_data_dir(c.data_dir));
   // Version 2 adds the post-RoPE reference (k_post_rope); a version-1 file is recalibrated.
-  return {{"kvtc_artifact_version", 2},
-          {"model", model_json(model)},
-          {"calibration", calib_json(c, corpus->sha256)},
-          {"transform",
-           {{"pca_scope", scope_name(t.scope)},
-            {"rank", t.rank},
-            {"bits_per_element", t.bits_per_element},
-            {"band", t.band},
-            {"fit_samples", t.fit_samples},
-            {"widths", allowed_widths()}}}};
+  nlohmann::json meta = {{"kvtc_artifact_version", 2},
+                         {"model", model_json(model)},
+                         {"calibration", calib_json(c, corpus->sha256)},
+                         {"transform",
+                          {{"pca_scope", scope_name(t.scope)},
+                           {"rank", t.rank},
+                           {"bits_per_element", t.bits_per_element},
+                           {"band", t.band},
+                           {"fit_samples", t.fit_samples},
+                           {"widths", allowed_widths()}}}};
+  // Only the uniform baseline names its allocation, so the DP artifacts keep their keys.
+  if (t.allocation != BitAllocation::kDp)
+    meta["transform"]["allocation"] = bit_allocation_name(t.allocation);
+  return meta;
 }
 
 void save_artifact(const Artifact& a, const std::string& path) {

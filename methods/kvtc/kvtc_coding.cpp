@@ -219,6 +219,45 @@ Allocation allocate_bits(const std::vector<std::vector<double>>& distortion,
   return a;
 }
 
+Allocation allocate_bits_uniform(const std::vector<std::vector<double>>& distortion,
+                                 const std::vector<int>& widths, const std::vector<int64_t>& size,
+                                 int64_t budget_bits) {
+  const size_t n = distortion.size();
+  KVB_CHECK(size.size() == n, "kvtc: allocate_bits_uniform: ", size.size(), " sizes for ", n,
+            " items");
+  KVB_CHECK(widths.size() >= 2 && widths[0] == 0 && budget_bits >= 0,
+            "kvtc: allocate_bits_uniform: widths must start with 0 and hold a nonzero width");
+  int64_t components = 0;
+  for (size_t i = 0; i < n; ++i) {
+    KVB_CHECK(size[i] >= 1 && distortion[i].size() == widths.size(),
+              "kvtc: allocate_bits_uniform: item ", i, " has size ", size[i], " and ",
+              distortion[i].size(), " distortions for ", widths.size(), " widths");
+    components += size[i];
+  }
+  // The largest allowed width the budget pays for on every component; the smallest nonzero one
+  // when it pays for less than a bit each (then only the leading components are coded).
+  size_t w = 1;
+  for (size_t j = 1; j < widths.size(); ++j)
+    if (components > 0 && widths[j] * components <= budget_bits && widths[j] > widths[w]) w = j;
+  // Leading components first: by variance per component, ties by index (stable).
+  std::vector<size_t> order(n);
+  for (size_t i = 0; i < n; ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    return distortion[a][0] / static_cast<double>(size[a]) >
+           distortion[b][0] / static_cast<double>(size[b]);
+  });
+  Allocation a;
+  a.bits.assign(n, 0);
+  for (size_t i : order) {
+    const int64_t cost = size[i] * widths[w];
+    if (a.total_bits + cost > budget_bits) continue;
+    a.bits[i] = widths[w];
+    a.total_bits += cost;
+  }
+  for (size_t i = 0; i < n; ++i) a.distortion += distortion[i][a.bits[i] == 0 ? 0 : w];
+  return a;
+}
+
 Allocation allocate_bits_brute_force(const std::vector<std::vector<double>>& distortion,
                                      const std::vector<int>& widths,
                                      const std::vector<int64_t>& size, int64_t budget_bits) {
@@ -288,6 +327,17 @@ Scope parse_scope(const std::string& s) { return parse_enum(kScopes, s, "kvtc pc
 
 const char* scope_name(Scope s) { return enum_name(kScopes, s); }
 
+namespace {
+const EnumName<BitAllocation> kBitAllocations[] = {{BitAllocation::kDp, "dp"},
+                                                   {BitAllocation::kUniform, "uniform"}};
+}  // namespace
+
+BitAllocation parse_bit_allocation(const std::string& s) {
+  return parse_enum(kBitAllocations, s, "kvtc allocation");
+}
+
+const char* bit_allocation_name(BitAllocation a) { return enum_name(kBitAllocations, a); }
+
 KindTransform build_transform(const at::Tensor& x, int64_t n_layers, int64_t n_kv_heads,
                               int64_t head_dim, const TransformOptions& o) {
   const int64_t width = n_layers * n_kv_heads * head_dim;
@@ -352,7 +402,9 @@ KindTransform build_transform(const at::Tensor& x, int64_t n_layers, int64_t n_k
     fits.push_back(std::move(f));
   }
   const int64_t budget = static_cast<int64_t>(std::floor(o.bits_per_element * width + 1e-9));
-  const Allocation a = allocate_bits(item_dist, widths, item_size, budget);
+  const Allocation a = o.allocation == BitAllocation::kUniform
+                           ? allocate_bits_uniform(item_dist, widths, item_size, budget)
+                           : allocate_bits(item_dist, widths, item_size, budget);
   t.expected_mse = a.distortion + dropped_by_rank;
   t.code_bits_per_token = a.total_bits;
   // Per group: the used components (bits > 0).
