@@ -14,10 +14,11 @@
 #   5. runs `kvbench run` with the perf protocol on synthetic llama-3-8b shapes (2 layers) in bf16 on
 #      CUDA: full vs kivi (4 and 2 bits) vs a 25%-budget eviction method, as the budget allows;
 #      then (5d) `kvbench reproduce --all --scale gpu-only`: the GPU-size cells of the paper claims;
-#   6. prints a short table last and writes it with the raw JSON under $OUT (default
-#      build-device-check/out): summary.md, device-check.json, kernel_bench.json, sdpa.json, e2e.json,
-#      cuda_tests.json, adapter_tests.json, device-check.log, reproduce-gpu.tar with 5d and
-#      testbed-gpu.tar with 5b (the device tool returns 8 files: 5b and 5d together leave one out).
+#   6. prints a short table last and writes it under $OUT (default build-device-check/out):
+#      summary.md, device-check.json, device-check.log, raw-json.tar (kernel_bench.json, sdpa.json,
+#      e2e.json, cuda_tests.json, adapter_tests.json: `tar -xf raw-json.tar` and
+#      DEVICE_CHECK_TABLE_ONLY tabulate them again), reproduce-gpu.tar with 5d and testbed-gpu.tar
+#      with 5b: 6 files at most, within the 8 the device tool returns.
 # Every stage has a timeout; a failing or missing part is skipped and said so, the rest goes on. The
 # whole run is sized for 8 minutes on an H200 (DEVICE_CHECK_BUDGET_S, default 450 s).
 #
@@ -581,17 +582,78 @@ fi
 # ---- 5d. the GPU-size claims of `kvbench reproduce` (--scale gpu-only: the CPU-size cells are the
 #      CPU machine's; configs/reproduce/*.json with "scale": "gpu"), while the budget lasts. Their
 #      models and corpora are looked up in .devdeps/models and .devdeps/data (carried), then as
-#      kvbench does; a model the machine lacks fails its cells, named in reproduce.log, and the stage
-#      says so (SmolLM2-135M's 98 MB GGUF is over the 64 MiB the device tool carries). The database
-#      and the pages come back as reproduce-gpu.tar, to be merged into results/reproduce.sqlite with
-#      `kvbench merge` and evaluated with `kvbench reproduce --all --scale gpu --evaluate-only` ----
+#      kvbench does. A GPU-size claim names a model that travels with the working tree (the tracked
+#      models/kvb-testbed, 15 MB) or one in .devdeps/models: the device tool carries 64 MiB in all,
+#      so a 98 MB GGUF such as SmolLM2-135M's cannot go. The stage checks this before it runs (and
+#      the dry run fails on it), naming the claim and the model. The database and the pages come
+#      back as reproduce-gpu.tar, to be merged into results/reproduce.sqlite with `kvbench merge`
+#      and evaluated with `kvbench reproduce --all --scale gpu --evaluate-only` ----
 REPRO_S=${DEVICE_CHECK_REPRODUCE_S:-120}
 RDIR=$WORK/reproduce
 REPRO_ARGS=(reproduce --all --scale gpu-only --db "$RDIR/reproduce-gpu.sqlite" --out-dir "$RDIR/pages")
 [ -d "$ROOT/.devdeps/models" ] && REPRO_ARGS+=(--models-dir "$ROOT/.devdeps/models")
 [ -d "$ROOT/.devdeps/data" ] && REPRO_ARGS+=(--data-dir "$ROOT/.devdeps/data")
+# gpu_claims_carried: every model a GPU-size claim names is in the working tree (git-tracked under
+# models/, or a synthetic: preset) or in .devdeps/models, and what the device tool carries (tracked
+# files, untracked files git does not ignore, .devdeps) is within its 64 MiB. Prints one line per
+# problem; exits 1 when there is one.
+gpu_claims_carried() {
+  python3 - "$ROOT" <<'PY'
+import glob, json, os, subprocess, sys
+root = sys.argv[1]
+def git_files(*args):
+    out = subprocess.run(["git", "-C", root, "ls-files", "-z", *args], capture_output=True, check=True).stdout
+    return [f for f in out.decode().split("\0") if f]
+tracked = set(git_files())
+carried = tracked | set(git_files("--others", "--exclude-standard"))
+size = sum(os.path.getsize(os.path.join(root, f)) for f in carried if os.path.isfile(os.path.join(root, f)))
+for dirpath, _, files in os.walk(os.path.join(root, ".devdeps")):
+    size += sum(os.path.getsize(os.path.join(dirpath, f)) for f in files if os.path.isfile(os.path.join(dirpath, f)))
+bad = []
+limit = 64 << 20
+if size > limit:
+    bad.append(f"the working tree the device tool carries is {size / 2**20:.1f} MiB, over its 64 MiB")
+def grid_models(name):
+    g = json.load(open(os.path.join(root, "configs/grids", name + ".json")))
+    ms = [g.get("base", {}).get("model")] + list(g.get("axes", {}).get("model", []))
+    return [m if isinstance(m, str) else m.get("name") for m in ms if m]
+def found(model):
+    if model.startswith("synthetic:"):
+        return True
+    for d in (os.path.join("models", model), model):
+        if any(f == d or f.startswith(d.rstrip("/") + "/") for f in tracked):
+            return True
+    return os.path.exists(os.path.join(root, ".devdeps/models", model))
+n = 0
+for path in sorted(glob.glob(os.path.join(root, "configs/reproduce/*.json"))):
+    for c in json.load(open(path)).get("claims", []):
+        if c.get("scale") != "gpu" or c.get("not_runnable"):
+            continue
+        n += 1
+        for side in ("a", "b"):
+            cell = c.get(side)
+            if not cell:
+                continue
+            models = [cell["config"].get("model", "")] if "config" in cell else grid_models(cell["grid"])
+            for m in models:
+                if not found(m):
+                    bad.append(f"{os.path.basename(path)} claim {c['id']} ({side}): model '{m}' is neither "
+                               "tracked under models/ nor in .devdeps/models, so it does not reach the device")
+for b in bad:
+    print(b)
+print(f"{n} GPU-size claim(s); {size / 2**20:.1f} MiB carried")
+sys.exit(1 if bad else 0)
+PY
+}
 if ((REPRO_S > 0)) && { [ -x "$KVBENCH" ] || [ "$DRY" = 1 ]; }; then
   mkdir -p "$RDIR"
+  if carried_out=$(gpu_claims_carried 2>&1); then
+    say "reproduce: every GPU-size claim's model is carried ($(tail -n 1 <<<"$carried_out"))"
+  else
+    say "reproduce: NOT CARRIED:"
+    sed 's/^/    /' <<<"$carried_out" | tee -a "$LOG" >&2
+    [ "$DRY" = 1 ] && E2E_CPU_BAD=$((E2E_CPU_BAD + 1))
+  fi
   run_stage "reproduce gpu claims" "$REPRO_S" "$WORK/reproduce.log" "$KVBENCH" "${REPRO_ARGS[@]}"
   if [ "$DRY" != 1 ] && [ -f "$RDIR/reproduce-gpu.sqlite" ]; then
     grep -E '^[a-z_]+/[^ ]+: ' "$WORK/reproduce.log" | grep -v 'not runnable here' | tee -a "$LOG" >&2
@@ -638,6 +700,23 @@ echo "gpu after: $(gpu_state)" | tee -a "$LOG" >&2
 
 # ---- 6. the table ----
 write_table_py
+# pack_returned DIR: the raw JSON files in one tar, so that what comes back stays within the device
+# tool's 8 files; fails (naming the files) when DIR still holds more than 8.
+pack_returned() {
+  local dir=$1 raw=() f n
+  for f in kernel_bench.json sdpa.json e2e.json cuda_tests.json adapter_tests.json; do
+    [ -f "$dir/$f" ] && raw+=("$f")
+  done
+  if ((${#raw[@]} > 0)); then
+    tar -C "$dir" -cf "$dir/raw-json.tar" "${raw[@]}" && (cd "$dir" && rm -f "${raw[@]}")
+  fi
+  n=$(find "$dir" -type f | wc -l)
+  if ((n > 8)); then
+    say "OUT holds $n files, more than the 8 the device tool returns: $(cd "$dir" && find . -type f | tr '\n' ' ')"
+    return 1
+  fi
+  say "OUT holds $n files (the device tool returns 8)"
+}
 if [ "$DRY" = 1 ]; then
   # Exercise the table on made-up inputs in a scratch directory (never in $OUT).
   FAKE=$WORK/dry-out
@@ -653,12 +732,20 @@ EOF
   echo '[{"method": "full", "params": {}, "batch_sizes": "1,16", "context": 4096, "status": "ok", "result": {"metrics": {"decode_tok_s_b1": 50, "tpot_ms_b1": 20, "prefill_tok_s_b1": 9000, "decode_tok_s_b16": 600, "tpot_ms_b16": 26, "prefill_tok_s_b16": 20000, "physical_bytes": 1.2e9}}}, {"method": "kivi", "params": {"preset": "kivi-2"}, "batch_sizes": "1", "context": 4096, "status": "failed", "error": "example: CUDA out of memory"}]' >"$FAKE/e2e.json"
   echo '{"tests": 10, "failures": 0, "disabled": 0}' >"$FAKE/cuda_tests.json"
   python3 "$WORK/table.py" "$FAKE" "$STAGES_FILE" 1
+  # What a full run leaves in OUT, every optional stage on: the table's files above plus stand-ins.
+  for f in adapter_tests.json device-check.log reproduce-gpu.tar testbed-gpu.tar; do : >"$FAKE/$f"; done
+  pack_returned "$FAKE" || E2E_CPU_BAD=$((E2E_CPU_BAD + 1))
+  if ! tar -tf "$FAKE/raw-json.tar" | grep -qx kernel_bench.json; then
+    say "raw-json.tar does not hold kernel_bench.json"
+    E2E_CPU_BAD=$((E2E_CPU_BAD + 1))
+  fi
   if ((E2E_CPU_BAD > 0)); then
-    say "dry run FAILED: $E2E_CPU_BAD end-to-end config(s) do not run on the CPU (see above)"
+    say "dry run FAILED: $E2E_CPU_BAD check(s) failed (see above)"
     exit 1
   fi
   say "dry run done (nothing was built or run; the table above is made up)"
   exit 0
 fi
 python3 "$WORK/table.py" "$OUTDIR" "$STAGES_FILE" 0 | tee -a "$LOG"
+pack_returned "$OUTDIR"
 say "done in $(now)s; results in $OUTDIR"
