@@ -405,6 +405,14 @@ std::string fmt(double v) {
   return buf;
 }
 
+// Seconds of cell time: whole seconds from 100 s on ("10190", not "1.019e+04").
+std::string fmt_seconds(double s) {
+  if (s < 100) return fmt(s);
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.0f", s);
+  return buf;
+}
+
 std::string scale_note(const RunRow& run) {
   json cfg = json::parse(run.config_json, nullptr, false);
   std::string note = run.model + ", " + run.protocol + " on " + run.dataset;
@@ -759,7 +767,7 @@ std::string render_reproduce_markdown(const SuiteReport& report, const std::stri
     << " do not hold, " << c.inconclusive << " inconclusive, " << c.not_runnable
     << " not runnable here.** "
     << "Compute time of its " << c.cell_wall_s.size()
-    << " evaluated cells as the store records it: " << fmt(c.wall_s()) << " s.\n\n";
+    << " evaluated cells as the store records it: " << fmt_seconds(c.wall_s()) << " s.\n\n";
   o << "| claim | paper's number | predicate | ours [95% CI] | verdict |\n|---|---|---|---|---|\n";
   for (size_t i = 0; i < s.claims.size(); ++i) {
     const Claim& cl = s.claims[i];
@@ -858,7 +866,8 @@ std::string render_reproduce_summary(const std::vector<SuiteReport>& reports,
     << total.inconclusive << " | " << total.not_runnable << " | |\n";
   o << "\n"
     << total.cell_wall_s.size() << " distinct cells evaluated; their compute time as the store "
-    << "records it (one run each, whichever machine ran it): " << fmt(total.wall_s()) << " s.\n";
+    << "records it (one run each, whichever machine ran it): " << fmt_seconds(total.wall_s())
+    << " s.\n";
   return o.str();
 }
 

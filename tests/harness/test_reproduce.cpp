@@ -334,7 +334,12 @@ TEST(Reproduce, DeterministicProtocolValuesAreExact) {
   SuiteReport report;
   report.suite = &suite;
   report.results = {w, m};
+  // Cell times in whole seconds once they pass 100 s (not "1.02e+04").
+  report.results[0].cell_wall_s = {{"cell-a", 10190.4}};
+  report.results[1].cell_wall_s = {{"cell-b", 12.5}};
   const std::string md = render_reproduce_markdown(report, "kvbench reproduce toy");
+  EXPECT_NE(md.find("as the store records it: 10203 s."), std::string::npos) << md;
+  EXPECT_NE(render_reproduce_summary({report}).find("ran it): 10203 s."), std::string::npos);
   EXPECT_NE(md.find("| waste | 1 (Table 1) |"), std::string::npos) << md;
   EXPECT_NE(md.find("0.03 (exact)"), std::string::npos) << md;
   EXPECT_NE(md.find("**does not hold**"), std::string::npos) << md;
