@@ -604,15 +604,20 @@ root = sys.argv[1]
 def git_files(*args):
     out = subprocess.run(["git", "-C", root, "ls-files", "-z", *args], capture_output=True, check=True).stdout
     return [f for f in out.decode().split("\0") if f]
-tracked = set(git_files())
-carried = tracked | set(git_files("--others", "--exclude-standard"))
-size = sum(os.path.getsize(os.path.join(root, f)) for f in carried if os.path.isfile(os.path.join(root, f)))
-for dirpath, _, files in os.walk(os.path.join(root, ".devdeps")):
-    size += sum(os.path.getsize(os.path.join(dirpath, f)) for f in files if os.path.isfile(os.path.join(dirpath, f)))
 bad = []
-limit = 64 << 20
-if size > limit:
-    bad.append(f"the working tree the device tool carries is {size / 2**20:.1f} MiB, over its 64 MiB")
+try:
+    tracked = set(git_files())
+    carried = tracked | set(git_files("--others", "--exclude-standard"))
+except (OSError, subprocess.CalledProcessError):
+    # No git checkout (the copy on the GPU machine may have none): what is here was carried, so
+    # only whether each model is here can be checked.
+    tracked = None
+if tracked is not None:
+    size = sum(os.path.getsize(os.path.join(root, f)) for f in carried if os.path.isfile(os.path.join(root, f)))
+    for dirpath, _, files in os.walk(os.path.join(root, ".devdeps")):
+        size += sum(os.path.getsize(os.path.join(dirpath, f)) for f in files if os.path.isfile(os.path.join(dirpath, f)))
+    if size > 64 << 20:
+        bad.append(f"the working tree the device tool carries is {size / 2**20:.1f} MiB, over its 64 MiB")
 def grid_models(name):
     g = json.load(open(os.path.join(root, "configs/grids", name + ".json")))
     ms = [g.get("base", {}).get("model")] + list(g.get("axes", {}).get("model", []))
@@ -621,7 +626,9 @@ def found(model):
     if model.startswith("synthetic:"):
         return True
     for d in (os.path.join("models", model), model):
-        if any(f == d or f.startswith(d.rstrip("/") + "/") for f in tracked):
+        if tracked is None and os.path.exists(os.path.join(root, d)):
+            return True
+        if tracked is not None and any(f == d or f.startswith(d.rstrip("/") + "/") for f in tracked):
             return True
     return os.path.exists(os.path.join(root, ".devdeps/models", model))
 n = 0
@@ -641,7 +648,7 @@ for path in sorted(glob.glob(os.path.join(root, "configs/reproduce/*.json"))):
                                "tracked under models/ nor in .devdeps/models, so it does not reach the device")
 for b in bad:
     print(b)
-print(f"{n} GPU-size claim(s); {size / 2**20:.1f} MiB carried")
+print(f"{n} GPU-size claim(s)" + (f"; {size / 2**20:.1f} MiB carried" if tracked is not None else "; no git checkout here"))
 sys.exit(1 if bad else 0)
 PY
 }
