@@ -14,7 +14,7 @@
 namespace kvb {
 
 VAttentionKvCache::VAttentionKvCache(const CacheContext& ctx, const Options& options)
-    : ctx_(ctx), options_(options) {
+    : SeqStore("vattention"), ctx_(ctx), options_(options) {
   const ModelConfig& c = ctx_.config;
   max_context_ = options_.max_context > 0 ? options_.max_context : c.max_seq_len;
   KVB_CHECK(max_context_ >= 1, "vattention: max_context ", max_context_, " (must be >= 1)");
@@ -88,24 +88,22 @@ void VAttentionKvCache::free_slot(int64_t slot) {
   if (!options_.deferred_reclaim) fit_pages(slot, 0, /*shrink=*/true);
 }
 
+VAttentionKvCache::Seq VAttentionKvCache::new_seq(int64_t) { return Seq{take_slot(), 0, 0}; }
+
+void VAttentionKvCache::step_begins(Seq& s, const StepBatch& batch, int64_t b) {
+  const int64_t need = s.len + batch.new_tokens(b);
+  KVB_CHECK(need <= max_context_, "vattention: sequence ", batch.seq_ids[b], " needs ", need,
+            " tokens but max_context reserves ", max_context_);
+  fit_pages(s.slot, need, /*shrink=*/false);
+  s.in_flight = batch.new_tokens(b);
+}
+
 void VAttentionKvCache::begin_step(const StepBatch& batch) {
   kernel_step_ = false;
+  SeqStore::begin_step(batch);
   bool all_single = batch.phase == Phase::kDecode;
-  for (int64_t b = 0; b < batch.batch_size(); ++b) {
-    const int64_t id = batch.seq_ids[b];
-    auto it = seqs_.find(id);
-    if (it == seqs_.end()) it = seqs_.emplace(id, Seq{take_slot(), 0, 0}).first;
-    Seq& s = it->second;
-    KVB_ASSERT(s.len == batch.past_lens[b], "vattention", "sequence ", id, " holds ", s.len,
-               " tokens but the step says ", batch.past_lens[b]);
-    const int64_t need = s.len + batch.new_tokens(b);
-    KVB_CHECK(need <= max_context_, "vattention: sequence ", id, " needs ", need,
-              " tokens but max_context reserves ", max_context_);
-    // Pages are mapped before the step, as vAttention maps them before each iteration.
-    fit_pages(s.slot, need, /*shrink=*/false);
-    s.in_flight = batch.new_tokens(b);
+  for (int64_t b = 0; b < batch.batch_size(); ++b)
     all_single = all_single && batch.new_tokens(b) == 1;
-  }
   if (!all_single || !options_.decode_kernel || batch.batch_size() == 0) return;
   const ModelConfig& c = ctx_.config;
   if (!kernels::paged_decode_supported(ctx_.device, ctx_.dtype, c.head_dim, c.n_heads, c.n_kv_heads)
@@ -159,26 +157,20 @@ void VAttentionKvCache::end_step(const StepBatch& batch) {
     decode_steps_++;
     if (kernel_step_) kernel_decode_steps_++;
   }
-  for (int64_t b = 0; b < batch.batch_size(); ++b) {
-    Seq& s = seqs_.at(batch.seq_ids[b]);
-    s.len += batch.new_tokens(b);
-    s.in_flight = 0;
-  }
+  SeqStore::end_step(batch);
+  for (int64_t b = 0; b < batch.batch_size(); ++b) seqs_.at(batch.seq_ids[b]).in_flight = 0;
   kernel_step_ = false;
 }
 
 void VAttentionKvCache::release(int64_t seq_id) {
-  auto it = seqs_.find(seq_id);
-  if (it == seqs_.end()) return;
-  free_slot(it->second.slot);
-  seqs_.erase(it);
+  const Seq* s = seqs_.find(seq_id);
+  if (!s) return;
+  free_slot(s->slot);
+  SeqStore::release(seq_id);
 }
 
 void VAttentionKvCache::fork(int64_t src_id, int64_t dst_id) {
-  KVB_ASSERT(seqs_.count(dst_id) == 0, "vattention", "fork target ", dst_id, " already exists");
-  auto it = seqs_.find(src_id);
-  KVB_ASSERT(it != seqs_.end(), "vattention", "unknown sequence ", src_id);
-  const Seq src = it->second;
+  const Seq src = seqs_.at(src_id);
   // Contiguity has a price here: no block sharing, the copy gets its own slot and pages.
   Seq dst{take_slot(), src.len, 0};
   fit_pages(dst.slot, dst.len, /*shrink=*/false);
@@ -186,22 +178,13 @@ void VAttentionKvCache::fork(int64_t src_id, int64_t dst_id) {
     slot_rows(k_pool_[l], dst.slot, dst.len).copy_(slot_rows(k_pool_[l], src.slot, src.len));
     slot_rows(v_pool_[l], dst.slot, dst.len).copy_(slot_rows(v_pool_[l], src.slot, src.len));
   }
-  seqs_.emplace(dst_id, dst);
+  seqs_.add(dst_id, dst, "fork target ");
 }
 
 void VAttentionKvCache::truncate(int64_t seq_id, int64_t new_len) {
-  auto it = seqs_.find(seq_id);
-  KVB_ASSERT(it != seqs_.end(), "vattention", "unknown sequence ", seq_id);
-  Seq& s = it->second;
-  KVB_CHECK(new_len >= 0 && new_len <= s.len, "vattention: cannot truncate sequence ", seq_id,
-            " of ", s.len, " tokens to ", new_len);
+  Seq& s = seqs_.truncating(seq_id, new_len);
   s.len = new_len;
   if (!options_.deferred_reclaim) fit_pages(s.slot, new_len, /*shrink=*/true);
-}
-
-int64_t VAttentionKvCache::seq_len(int64_t seq_id) const {
-  auto it = seqs_.find(seq_id);
-  return it == seqs_.end() ? 0 : it->second.len;
 }
 
 int64_t VAttentionKvCache::slot_resident(int64_t slot) const {
@@ -218,8 +201,8 @@ int64_t VAttentionKvCache::slot_resident(int64_t slot) const {
 }
 
 int64_t VAttentionKvCache::resident_bytes_of(int64_t seq_id) const {
-  auto it = seqs_.find(seq_id);
-  return it == seqs_.end() ? 0 : slot_resident(it->second.slot);
+  const Seq* s = seqs_.find(seq_id);
+  return s ? slot_resident(s->slot) : 0;
 }
 
 Footprint VAttentionKvCache::footprint() const {
@@ -274,16 +257,15 @@ std::map<std::string, double> VAttentionKvCache::counters() const {
 }
 
 std::vector<HeadSnapshot> VAttentionKvCache::probe_view(int layer, int64_t seq_id) const {
-  auto it = seqs_.find(seq_id);
-  if (it == seqs_.end()) return {};
-  const Seq& s = it->second;
-  const int64_t n = s.len + s.in_flight;
-  // Copies: the snapshot must not alias arena pages a later release gives back.
-  at::Tensor k = slot_rows(k_pool_[static_cast<size_t>(layer)], s.slot, n)
-                     .to(at::kFloat, /*non_blocking=*/false, /*copy=*/true);
-  at::Tensor v = slot_rows(v_pool_[static_cast<size_t>(layer)], s.slot, n)
-                     .to(at::kFloat, /*non_blocking=*/false, /*copy=*/true);
-  return dense_head_snapshots(k, v);
+  return probe_seq(seq_id, layer, static_cast<int64_t>(k_pool_.size()), [&](const Seq& s) {
+    const int64_t n = s.len + s.in_flight;
+    // Copies: the snapshot must not alias arena pages a later release gives back.
+    at::Tensor k = slot_rows(k_pool_[static_cast<size_t>(layer)], s.slot, n)
+                       .to(at::kFloat, /*non_blocking=*/false, /*copy=*/true);
+    at::Tensor v = slot_rows(v_pool_[static_cast<size_t>(layer)], s.slot, n)
+                       .to(at::kFloat, /*non_blocking=*/false, /*copy=*/true);
+    return dense_head_snapshots(k, v);
+  });
 }
 
 }  // namespace kvb

@@ -16,7 +16,6 @@
 #include <map>
 #include <memory>
 #include <string>
-#include <unordered_map>
 #include <vector>
 
 #include "harness/kv/kv_cache.h"
@@ -24,10 +23,19 @@
 #include "harness/kv/probe_view.h"
 #include "kernels/torch/paged_decode_torch.h"
 #include "kvb/kernels/virtual_memory.h"
+#include "methods/common/seq_store.h"
 
 namespace kvb {
 
-class VAttentionKvCache : public KvCache, public ProbedCache {
+// One sequence: its slot, its length and the running step's new tokens (written by attend, for
+// probe_view).
+struct VAttentionSeq {
+  int64_t slot = 0;
+  int64_t len = 0;
+  int64_t in_flight = 0;
+};
+
+class VAttentionKvCache : public SeqStore<VAttentionSeq>, public ProbedCache {
  public:
   struct Options {
     size_t page_bytes = size_t{64} << 10;
@@ -39,14 +47,12 @@ class VAttentionKvCache : public KvCache, public ProbedCache {
   };
   VAttentionKvCache(const CacheContext& ctx, const Options& options);
 
-  std::string name() const override { return "vattention"; }
   void begin_step(const StepBatch& batch) override;
   at::Tensor attend(const LayerInput& in) override;
   void end_step(const StepBatch& batch) override;
   void release(int64_t seq_id) override;
   void fork(int64_t src_id, int64_t dst_id) override;
   void truncate(int64_t seq_id, int64_t new_len) override;
-  int64_t seq_len(int64_t seq_id) const override;
   Footprint footprint() const override;
   std::map<std::string, double> counters() const override;
   std::vector<HeadSnapshot> probe_view(int layer, int64_t seq_id) const override;
@@ -59,11 +65,11 @@ class VAttentionKvCache : public KvCache, public ProbedCache {
   int64_t resident_bytes_of(int64_t seq_id) const;
 
  private:
-  struct Seq {
-    int64_t slot = 0;
-    int64_t len = 0;
-    int64_t in_flight = 0;  // the running step's new tokens (written by attend), for probe_view
-  };
+  using Seq = VAttentionSeq;
+  Seq new_seq(int64_t seq_id) override;  // a slot of its own
+  // Maps the pages the step's tokens need, before the step, as vAttention maps them before each
+  // iteration.
+  void step_begins(Seq& s, const StepBatch& batch, int64_t b) override;
   int64_t take_slot();
   void free_slot(int64_t slot);
   // Commits or releases pages so that `slot` holds exactly the pages `tokens` tokens need
@@ -81,7 +87,6 @@ class VAttentionKvCache : public KvCache, public ProbedCache {
   std::vector<at::Tensor> k_pool_, v_pool_;  // [layers]: [max_batch, slot_tokens, Hkv, D] views
   std::vector<int64_t> slot_pages_;          // [max_batch]: pages committed per layer and K/V
   std::vector<uint8_t> slot_used_;           // [max_batch]
-  std::unordered_map<int64_t, Seq> seqs_;
   // The decode step's slot list (one page per sequence), built in begin_step.
   kernels::PagedDecodeTables tables_;
   bool kernel_step_ = false;
