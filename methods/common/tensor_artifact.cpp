@@ -11,12 +11,14 @@
 #include <vector>
 
 #include "harness/common/error.h"
+#include "harness/common/internal_error.h"
 #include "harness/common/json_parse.h"
 #include "harness/common/mapped_file.h"
 #include "harness/common/sha256.h"
 #include "harness/formats/safetensors.h"
 #include "harness/formats/safetensors_writer.h"
 #include "harness/model/model.h"
+#include "methods/common/calibration_text.h"
 
 namespace kvb {
 
@@ -133,6 +135,18 @@ std::shared_ptr<const TensorArtifact> cached_tensor_artifact(
     a->file_bytes = static_cast<int64_t>(MappedFile(path).size());
   }
   return a;
+}
+
+std::shared_ptr<const TensorArtifact> cached_calibration_artifact(
+    const std::string& method, const std::string& artifact, const Model& model,
+    const CalibrationText& text, nlohmann::json settings,
+    const std::function<std::map<std::string, at::Tensor>()>& compute) {
+  KVB_ASSERT(settings.is_object(), method, "calibration settings are not a JSON object");
+  nlohmann::json inputs = std::move(settings);
+  inputs["artifact"] = artifact;
+  inputs["model"] = model_content_hash(model);
+  inputs["text"] = calibration_text_json(text);
+  return cached_tensor_artifact(method, inputs, text.cache_dir, compute);
 }
 
 std::string model_content_hash(const Model& m) {

@@ -21,6 +21,7 @@
 namespace kvb {
 
 class Model;
+struct CalibrationText;
 
 class TensorArtifact : public CalibrationArtifact {
  public:
@@ -35,6 +36,15 @@ class TensorArtifact : public CalibrationArtifact {
 // key.
 std::shared_ptr<const TensorArtifact> cached_tensor_artifact(
     const std::string& method, const nlohmann::json& inputs, const std::string& cache_dir,
+    const std::function<std::map<std::string, at::Tensor>()>& compute);
+
+// The artifact a method calibrates from `text` run through `model`, as cached_tensor_artifact: its
+// key is `artifact` (the artifact's name and version), the model's content hash, the calibration
+// text (calibration_text_json) and `settings`, the method's own parameters that decide it (an
+// object whose fields join the key's). Cached in text.cache_dir.
+std::shared_ptr<const TensorArtifact> cached_calibration_artifact(
+    const std::string& method, const std::string& artifact, const Model& model,
+    const CalibrationText& text, nlohmann::json settings,
     const std::function<std::map<std::string, at::Tensor>()>& compute);
 
 // sha256 over the model's config, dtype and every weight tensor's bytes: two models with equal

@@ -56,13 +56,11 @@ std::shared_ptr<const CalibrationArtifact> duo_calibrate(const std::shared_ptr<M
                                                          const nlohmann::json& p) {
   const CalibrationText text = parse_calibration_text(p);
   const int64_t q_len = p.at("calib_q_len").get<int64_t>();
-  const nlohmann::json inputs = {{"artifact", "duo_attention.head_scores/1"},
-                                 {"model", model_content_hash(*model)},
-                                 {"text", calibration_text_json(text)},
-                                 {"q_len", q_len}};
-  return cached_tensor_artifact(kName, inputs, text.cache_dir, [&] {
-    return std::map<std::string, at::Tensor>{{"head_scores", duo::head_scores(model, text, q_len)}};
-  });
+  return cached_calibration_artifact(kName, "duo_attention.head_scores/1", *model, text,
+                                     {{"q_len", q_len}}, [&] {
+                                       return std::map<std::string, at::Tensor>{
+                                           {"head_scores", duo::head_scores(model, text, q_len)}};
+                                     });
 }
 
 // Streaming heads need no scores: what they keep is positional.

@@ -51,14 +51,11 @@ std::shared_ptr<const CalibrationArtifact> kvzap_calibrate(const std::shared_ptr
   // calibration caps calib_tokens at the context), and the key records the length used.
   text.tokens = std::min(text.tokens, kvzap::max_window_tokens(*model));
   const double alpha = p.at("ridge_alpha").get<double>();
-  const nlohmann::json inputs = {{"artifact", "kvzap.linear/1"},
-                                 {"model", model_content_hash(*model)},
-                                 {"text", calibration_text_json(text)},
-                                 {"ridge_alpha", alpha}};
-  return cached_tensor_artifact(kName, inputs, text.cache_dir, [&] {
-    const kvzap::Surrogate s = kvzap::fit_surrogate(model, text, alpha);
-    return std::map<std::string, at::Tensor>{{"weight", s.weight}, {"bias", s.bias}};
-  });
+  return cached_calibration_artifact(
+      kName, "kvzap.linear/1", *model, text, {{"ridge_alpha", alpha}}, [&] {
+        const kvzap::Surrogate s = kvzap::fit_surrogate(model, text, alpha);
+        return std::map<std::string, at::Tensor>{{"weight", s.weight}, {"bias", s.bias}};
+      });
 }
 
 class KvzapKvCache : public ArrivalScoredKvCache, public HiddenStateCache {

@@ -39,12 +39,11 @@ MethodInfo qfilters_info() { return scored_method_info(qfilters_declaration()); 
 std::shared_ptr<const CalibrationArtifact> qfilters_calibrate(const std::shared_ptr<Model>& model,
                                                               const nlohmann::json& p) {
   const CalibrationText text = parse_calibration_text(p);
-  const nlohmann::json inputs = {{"artifact", "qfilters.filters/1"},
-                                 {"model", model_content_hash(*model)},
-                                 {"text", calibration_text_json(text)}};
-  return cached_tensor_artifact(kName, inputs, text.cache_dir, [&] {
-    return std::map<std::string, at::Tensor>{{"filters", qfilters::calibrate_filters(model, text)}};
-  });
+  return cached_calibration_artifact(kName, "qfilters.filters/1", *model, text,
+                                     nlohmann::json::object(), [&] {
+                                       return std::map<std::string, at::Tensor>{
+                                           {"filters", qfilters::calibrate_filters(model, text)}};
+                                     });
 }
 
 class QFilterKvCache : public ArrivalScoredKvCache {
