@@ -4,9 +4,13 @@
 // policy reads them through compressing(). Shared by the store and its policy (a shared_ptr each).
 
 #include <cstdint>
+#include <memory>
+#include <string>
 #include <unordered_map>
 #include <utility>
+#include <vector>
 
+#include "harness/common/error.h"
 #include "methods/common/evicting_kv_cache.h"
 
 namespace kvb {
@@ -43,16 +47,44 @@ class PrePassScores {
   const Scores* compressing_ = nullptr;
 };
 
-// The policy side: selects once, at the end of the prefill, from the scores alone (no attention,
-// norms or window of the store's own). select() is the method's.
+// What a method's own pass is: which protocols run it, for the error when a prefill ends without it
+// ("method <method>: ... without the <pass>; only a protocol that <protocols> can run <method>"),
+// and the name of its counters (<counter>_tokens, <counter>_passes).
+struct PrePassInfo {
+  std::string method;
+  std::string pass;       // "hindsight pass"
+  std::string protocols;  // "hands the continuation (stream, qa with mode=query_agnostic)"
+  std::string counter;    // "hindsight"
+};
+
+// The policy side: selects once, at the end of the prefill, from the scores of the sequence being
+// compressed alone (no attention, norms or window of the store's own). select_from() is the
+// method's.
+template <class Scores>
 class PrePassPolicy : public EvictionPolicy {
  public:
+  PrePassPolicy(std::shared_ptr<const PrePassScores<Scores>> scores, PrePassInfo need)
+      : scores_(std::move(scores)), need_(std::move(need)) {}
   Needs needs() const override { return {}; }
   Schedule schedule() const override {
     Schedule s;
     s.end_prefill = true;
     return s;
   }
+  bool select(const LayerView& v, std::vector<std::vector<int64_t>>* keep) const final {
+    const Scores* s = scores_->compressing();
+    KVB_CHECK(s != nullptr, "method ", need_.method, ": a prefill ended without the ", need_.pass,
+              "; only a protocol that ", need_.protocols, " can run ", need_.method);
+    return select_from(*s, v, keep);
+  }
+
+ protected:
+  virtual bool select_from(const Scores& scores, const LayerView& v,
+                           std::vector<std::vector<int64_t>>* keep) const = 0;
+
+ private:
+  std::shared_ptr<const PrePassScores<Scores>> scores_;
+  PrePassInfo need_;
 };
 
 }  // namespace kvb

@@ -26,8 +26,7 @@
 #include "harness/kv/method_registry.h"
 #include "methods/common/evicting_kv_cache.h"
 #include "methods/common/eviction_select.h"
-#include "methods/common/fork_pass.h"
-#include "methods/common/pre_pass_scores.h"
+#include "methods/common/pre_pass_kv_cache.h"
 
 namespace kvb {
 namespace {
@@ -48,27 +47,23 @@ struct KvzipSettings {
 // One sequence's reconstruction scores, [layer][kv head][token index] over its context, and the
 // entries each layer keeps (over all its heads) once they are ranked.
 struct ContextScores {
-  std::vector<std::vector<std::vector<float>>> score;
+  TokenScores score;
   std::vector<int64_t> keep_per_layer;
 };
 
-// What the store and its policy share: the scores of the sequence being compressed.
-struct KvzipState {
-  PrePassScores<ContextScores> scores;
-};
+const PrePassInfo kPass{"kvzip", "context reconstruction pass",
+                        "runs it (qa with mode=query_agnostic)", "reconstruction"};
 
 // Keeps the layer's best keep_per_layer entries over all its heads (ties: the earlier head, then
 // the earlier entry), so each head keeps what its own entries earn.
-class KvzipPolicy : public PrePassPolicy {
+class KvzipPolicy : public PrePassPolicy<ContextScores> {
  public:
-  explicit KvzipPolicy(std::shared_ptr<KvzipState> state) : state_(std::move(state)) {}
-  bool select(const LayerView& v, std::vector<std::vector<int64_t>>* keep) const override {
-    const ContextScores* cs = state_->scores.compressing();
-    KVB_CHECK(cs != nullptr,
-              "method kvzip: a prefill ended without the context reconstruction "
-              "pass; only a protocol that runs it (qa with mode=query_agnostic) "
-              "can run kvzip");
-    const auto& score = cs->score[v.layer];
+  using PrePassPolicy::PrePassPolicy;
+
+ protected:
+  bool select_from(const ContextScores& scores, const LayerView& v,
+                   std::vector<std::vector<int64_t>>* keep) const override {
+    const auto& score = scores.score[v.layer];
     struct Entry {
       float s;
       int64_t h, j;
@@ -81,7 +76,7 @@ class KvzipPolicy : public PrePassPolicy {
                   " was not part of the reconstructed context");
         all.push_back({score[h][t], h, j});
       }
-    const int64_t n_keep = cs->keep_per_layer[v.layer];
+    const int64_t n_keep = scores.keep_per_layer[v.layer];
     if (n_keep >= static_cast<int64_t>(all.size())) return false;
     std::stable_sort(all.begin(), all.end(),
                      [](const Entry& a, const Entry& b) { return a.s > b.s; });
@@ -90,21 +85,27 @@ class KvzipPolicy : public PrePassPolicy {
     for (auto& k : *keep) std::sort(k.begin(), k.end());
     return true;
   }
-
- private:
-  std::shared_ptr<KvzipState> state_;
 };
 
-class KvzipKvCache : public EvictingKvCache, public ContextPassCache, public HiddenStateCache {
+struct KvzipPass {
+  int64_t fork;
+  int64_t start, end;  // the context tokens this chunk reconstructs
+  int64_t context;     // the context's length (fork rows at or past it are the pass's own)
+  ContextScores* scores;
+  // KVzip+: ||v W_O^(j)|| of the chunk's entries, [group, chunk entries] per [layer][KV head],
+  // computed at the layer's first step (the chunk's rows do not change during its pass).
+  std::vector<std::vector<at::Tensor>> value_norms = {};
+};
+
+class KvzipKvCache : public PrePassKvCache<ContextScores, KvzipPass>,
+                     public ContextPassCache,
+                     public HiddenStateCache {
  public:
   KvzipKvCache(const CacheContext& ctx, Options opts, KvzipSettings s,
-               std::shared_ptr<KvzipState> st)
-      : EvictingKvCache(ctx, std::move(opts), std::make_unique<KvzipPolicy>(st)),
-        s_(s),
-        state_(std::move(st)),
-        n_layers_(ctx.config.n_layers),
-        n_kv_heads_(ctx.config.n_kv_heads),
-        group_(ctx.config.n_heads / ctx.config.n_kv_heads) {}
+               std::shared_ptr<PrePassScores<ContextScores>> scores)
+      : PrePassKvCache(ctx, std::move(opts), std::make_unique<KvzipPolicy>(scores, kPass), scores,
+                       kPass),
+        s_(s) {}
 
   int64_t run_context_pass(const ContextPass& p) override {
     KVB_CHECK(p.engine != nullptr && p.encode,
@@ -117,10 +118,7 @@ class KvzipKvCache : public EvictingKvCache, public ContextPassCache, public Hid
               p.prefix_tokens, " tokens in a ", n, "-token context");
     model_ = &p.engine->model();
     ContextScores cs;
-    cs.score.assign(
-        static_cast<size_t>(n_layers_),
-        std::vector<std::vector<float>>(static_cast<size_t>(n_kv_heads_),
-                                        std::vector<float>(static_cast<size_t>(n), 0.f)));
+    cs.score = zero_token_scores(n);
     const std::vector<int64_t> first = p.encode(kFirstPrompt), later = p.encode(kLaterPrompt);
     int64_t prefilled = 0;
     for (int64_t start = p.prefix_tokens; start < n; start += s_.chunk_size) {
@@ -132,14 +130,12 @@ class KvzipKvCache : public EvictingKvCache, public ContextPassCache, public Hid
       }
       ids.insert(ids.end(), p.turn_close.begin(), p.turn_close.end());
       ids.insert(ids.end(), p.context.begin() + start, p.context.begin() + end);
-      run_on_fork(*p.engine, p.seq, ids, &pass_, [&](int64_t fork) {
-        return Pass{fork, start, end, n, &cs};
+      run_pass(*p.engine, p.seq, ids, [&](int64_t fork) {
+        return KvzipPass{fork, start, end, n, &cs};
       });
       prefilled += static_cast<int64_t>(ids.size());
     }
-    state_->scores.put(p.seq, std::move(cs));
-    reconstruction_tokens_ += prefilled;
-    ++passes_;
+    scored(p.seq, std::move(cs), prefilled);
     return prefilled;
   }
 
@@ -149,31 +145,13 @@ class KvzipKvCache : public EvictingKvCache, public ContextPassCache, public Hid
   }
 
   at::Tensor attend(const LayerInput& in) override {
-    for_fork_rows(pass_, in,
-                  [&](int64_t row0, int64_t rows) { score_reconstruction(in, row0, rows); });
+    at::Tensor out = PrePassKvCache::attend(in);
     hidden_.reset();  // the forward's buffer is only valid during this call
-    return EvictingKvCache::attend(in);
-  }
-
-  void end_prefill(int64_t seq_id) override {
-    KVB_CHECK(state_->scores.has(seq_id), "method kvzip: sequence ", seq_id,
-              " ended its prefill without the context reconstruction pass; only a protocol that "
-              "runs it (qa with mode=query_agnostic) can run kvzip");
-    state_->scores.compress_with(seq_id, [&](ContextScores& cs) {
-      rank(seq_len(seq_id), &cs);
-      EvictingKvCache::end_prefill(seq_id);
-    });
-  }
-
-  void release(int64_t seq_id) override {
-    state_->scores.drop(seq_id);
-    EvictingKvCache::release(seq_id);
+    return out;
   }
 
   std::map<std::string, double> counters() const override {
-    auto c = EvictingKvCache::counters();
-    c["reconstruction_tokens"] = static_cast<double>(reconstruction_tokens_);
-    c["reconstruction_passes"] = static_cast<double>(passes_);
+    auto c = PrePassKvCache::counters();
     c["setting.n_sink"] = static_cast<double>(s_.n_sink);
     c["setting.chunk_size"] = static_cast<double>(s_.chunk_size);
     c["setting.layerwise"] = s_.layerwise ? 1.0 : 0.0;
@@ -182,22 +160,12 @@ class KvzipKvCache : public EvictingKvCache, public ContextPassCache, public Hid
   }
 
  private:
-  struct Pass {
-    int64_t fork;
-    int64_t start, end;  // the context tokens this chunk reconstructs
-    int64_t context;     // the context's length (fork rows at or past it are the pass's own)
-    ContextScores* scores;
-    // KVzip+: ||v W_O^(j)|| of the chunk's entries, [group, chunk entries] per [layer][KV head],
-    // computed at the layer's first step (the chunk's rows do not change during its pass).
-    std::vector<std::vector<at::Tensor>> value_norms = {};
-  };
-
   // The attention of this step's reconstruction queries over the keys kvpress scores them against
   // (the first min(n_sink, start) tokens, the chunk being reconstructed, the pass's own tokens so
   // far and, causally, the step's), maxed over the queries and the GQA group into the chunk's
   // scores.
-  void score_reconstruction(const LayerInput& in, int64_t row0, int64_t rows) {
-    Pass& p = *pass_;
+  void score_rows(const LayerInput& in, int64_t row0, int64_t rows) override {
+    KvzipPass& p = *pass_;
     const at::Tensor q = in.q->narrow(0, row0, rows).to(at::kCPU).to(at::kFloat);
     const at::Tensor k_new = in.k->narrow(0, row0, rows).to(at::kCPU).to(at::kFloat);
     const std::vector<HeadSnapshot> held = probe_view(in.layer, p.fork);
@@ -258,7 +226,8 @@ class KvzipKvCache : public EvictingKvCache, public ContextPassCache, public Hid
 
   // Gives the sinks the top score and decides how many entries each layer keeps: the budget's
   // total over the whole cache, split by the global ranking (or equally, layerwise).
-  void rank(int64_t seen, ContextScores* cs) const {
+  void prepare(int64_t seq_id, ContextScores* cs) override {
+    const int64_t seen = seq_len(seq_id);
     float top = 0.f;
     for (const auto& layer : cs->score)
       for (const auto& head : layer)
@@ -288,13 +257,8 @@ class KvzipKvCache : public EvictingKvCache, public ContextPassCache, public Hid
   }
 
   KvzipSettings s_;
-  std::shared_ptr<KvzipState> state_;
-  int64_t n_layers_, n_kv_heads_, group_;
-  std::optional<Pass> pass_;
   const Model* model_ = nullptr;                      // the engine's, during the context pass
   std::optional<std::pair<int, at::Tensor>> hidden_;  // (layer, [T, dim] residual) for KVzip+
-  int64_t reconstruction_tokens_ = 0;
-  int64_t passes_ = 0;
 };
 
 MethodInfo kvzip_info() {
@@ -333,7 +297,8 @@ std::unique_ptr<KvCache> make_kvzip(const CacheContext& ctx, const nlohmann::jso
   EvictingKvCache::Options o;
   o.name = "kvzip";
   o.position_mode = PositionMode::kAbsolute;
-  return std::make_unique<KvzipKvCache>(ctx, o, s, std::make_shared<KvzipState>());
+  return std::make_unique<KvzipKvCache>(ctx, o, s,
+                                        std::make_shared<PrePassScores<ContextScores>>());
 }
 
 }  // namespace

@@ -23,38 +23,34 @@
 #include "harness/kv/method_registry.h"
 #include "methods/common/evicting_kv_cache.h"
 #include "methods/common/eviction_select.h"
-#include "methods/common/fork_pass.h"
-#include "methods/common/pre_pass_scores.h"
+#include "methods/common/pre_pass_kv_cache.h"
 
 namespace kvb {
 namespace {
 
 // Future attention mass per [layer][kv head][prompt token].
-using FutureMass = std::vector<std::vector<std::vector<float>>>;
+using FutureMass = TokenScores;
 
-// What the store and its policy share: the budget and the mass of the sequence being compressed.
-struct OracleEvictState {
-  Budget budget;
-  PrePassScores<FutureMass> mass;
-};
+const PrePassInfo kPass{"oracle_evict", "hindsight pass",
+                        "hands the continuation (stream, qa with mode=query_agnostic)",
+                        "hindsight"};
 
 // Each KV head keeps its per-head budget of prompt rows by future mass (ties: the lower slot,
 // which is the earlier token).
-class OracleEvictPolicy : public PrePassPolicy {
+class OracleEvictPolicy : public PrePassPolicy<FutureMass> {
  public:
-  explicit OracleEvictPolicy(std::shared_ptr<OracleEvictState> state) : state_(std::move(state)) {}
-  bool select(const LayerView& v, std::vector<std::vector<int64_t>>* keep) const override {
-    const FutureMass* fm = state_->mass.compressing();
-    KVB_CHECK(fm != nullptr,
-              "method oracle_evict: a prefill ended without the hindsight pass; "
-              "only a protocol that hands the continuation (stream, qa with "
-              "mode=query_agnostic) can run oracle_evict");
-    const int64_t k = state_->budget.per_head(v.seen, v.n_kv_heads);
+  OracleEvictPolicy(std::shared_ptr<const PrePassScores<FutureMass>> mass, Budget budget)
+      : PrePassPolicy(std::move(mass), kPass), budget_(budget) {}
+
+ protected:
+  bool select_from(const FutureMass& fm, const LayerView& v,
+                   std::vector<std::vector<int64_t>>* keep) const override {
+    const int64_t k = budget_.per_head(v.seen, v.n_kv_heads);
     bool evicts = false;
     keep->assign(static_cast<size_t>(v.n_kv_heads), {});
     for (int64_t h = 0; h < v.n_kv_heads; ++h) {
       const HeadView& hv = v.heads[h];
-      const auto& mass = (*fm)[v.layer][h];
+      const auto& mass = fm[v.layer][h];
       std::vector<float> score(static_cast<size_t>(hv.len));
       std::vector<int64_t> slots(static_cast<size_t>(hv.len));
       for (int64_t j = 0; j < hv.len; ++j) {
@@ -71,21 +67,27 @@ class OracleEvictPolicy : public PrePassPolicy {
   }
 
  private:
-  std::shared_ptr<OracleEvictState> state_;
+  Budget budget_;
+};
+
+// The running hindsight pass: its fork and where its future mass goes.
+struct HindsightRun {
+  int64_t fork;
+  int64_t prompt;  // the prompt's length: fork rows at or past it are the continuation's own
+  FutureMass* mass;
 };
 
 enum class Hindsight { kContinuation, kQuestion };
+const EnumName<Hindsight> kHindsights[] = {{Hindsight::kContinuation, "continuation"},
+                                           {Hindsight::kQuestion, "question"}};
 
-class OracleEvictKvCache : public EvictingKvCache, public HindsightCache {
+class OracleEvictKvCache : public PrePassKvCache<FutureMass, HindsightRun>, public HindsightCache {
  public:
-  OracleEvictKvCache(const CacheContext& ctx, Options opts, Hindsight hindsight,
-                     std::shared_ptr<OracleEvictState> st)
-      : EvictingKvCache(ctx, std::move(opts), std::make_unique<OracleEvictPolicy>(st)),
-        hindsight_(hindsight),
-        state_(std::move(st)),
-        n_layers_(ctx.config.n_layers),
-        n_kv_heads_(ctx.config.n_kv_heads),
-        group_(ctx.config.n_heads / ctx.config.n_kv_heads) {}
+  OracleEvictKvCache(const CacheContext& ctx, Options opts, Hindsight hindsight, Budget budget,
+                     std::shared_ptr<PrePassScores<FutureMass>> mass)
+      : PrePassKvCache(ctx, std::move(opts), std::make_unique<OracleEvictPolicy>(mass, budget),
+                       mass, kPass),
+        hindsight_(hindsight) {}
 
   int64_t run_hindsight_pass(const HindsightPass& p) override {
     KVB_CHECK(p.engine != nullptr, "method oracle_evict: the hindsight pass needs the engine");
@@ -93,9 +95,7 @@ class OracleEvictKvCache : public EvictingKvCache, public HindsightCache {
               "method oracle_evict: ", p.continuations.size(), " continuations with ",
               p.question_tokens.size(), " question lengths");
     const int64_t n = seq_len(p.seq);
-    FutureMass fm(static_cast<size_t>(n_layers_),
-                  std::vector<std::vector<float>>(static_cast<size_t>(n_kv_heads_),
-                                                  std::vector<float>(static_cast<size_t>(n), 0.f)));
+    FutureMass fm = zero_token_scores(n);
     int64_t fed = 0, question = 0;
     Engine& e = *p.engine;
     for (size_t c = 0; c < p.continuations.size(); ++c) {
@@ -105,57 +105,31 @@ class OracleEvictKvCache : public EvictingKvCache, public HindsightCache {
                               ? std::min<int64_t>(p.question_tokens[c], all.size())
                               : static_cast<int64_t>(all.size());
       if (len == 0) continue;
-      run_on_fork(e, p.seq, std::vector<int64_t>(all.begin(), all.begin() + len), &pass_,
-                  [&](int64_t fork) { return Pass{fork, n, &fm}; });
+      run_pass(e, p.seq, std::vector<int64_t>(all.begin(), all.begin() + len), [&](int64_t fork) {
+        return HindsightRun{fork, n, &fm};
+      });
       fed += len;
     }
     KVB_CHECK(hindsight_ != Hindsight::kQuestion || question > 0,
               "method oracle_evict.hindsight: 'question' needs a protocol whose prompt is "
               "followed by a question (qa with mode=query_agnostic); this one hands none (use "
               "'continuation')");
-    state_->mass.put(p.seq, std::move(fm));
-    hindsight_tokens_ += fed;
-    ++passes_;
+    scored(p.seq, std::move(fm), fed);
     return fed;
   }
 
-  at::Tensor attend(const LayerInput& in) override {
-    for_fork_rows(pass_, in, [&](int64_t row0, int64_t rows) { add_mass(in, row0, rows); });
-    return EvictingKvCache::attend(in);
-  }
-
-  void end_prefill(int64_t seq_id) override {
-    KVB_CHECK(state_->mass.has(seq_id), "method oracle_evict: sequence ", seq_id,
-              " ended its prefill without the hindsight pass; only a protocol that hands the "
-              "continuation (stream, qa with mode=query_agnostic) can run oracle_evict");
-    state_->mass.compress_with(seq_id, [&](FutureMass&) { EvictingKvCache::end_prefill(seq_id); });
-  }
-
-  void release(int64_t seq_id) override {
-    state_->mass.drop(seq_id);
-    EvictingKvCache::release(seq_id);
-  }
-
   std::map<std::string, double> counters() const override {
-    auto c = EvictingKvCache::counters();
-    c["hindsight_tokens"] = static_cast<double>(hindsight_tokens_);
-    c["hindsight_passes"] = static_cast<double>(passes_);
+    auto c = PrePassKvCache::counters();
     c["setting.hindsight_question_only"] = hindsight_ == Hindsight::kQuestion ? 1.0 : 0.0;
     return c;
   }
 
  private:
-  struct Pass {
-    int64_t fork;
-    int64_t prompt;  // the prompt's length: fork rows at or past it are the continuation's own
-    FutureMass* mass;
-  };
-
   // The exact attention of this step's continuation queries over everything the fork holds (the
   // whole prompt, the continuation so far) and, causally, the step's own rows; summed over the
   // queries and the GQA group onto the prompt rows.
-  void add_mass(const LayerInput& in, int64_t row0, int64_t rows) {
-    const Pass& p = *pass_;
+  void score_rows(const LayerInput& in, int64_t row0, int64_t rows) override {
+    const HindsightRun& p = *pass_;
     const at::Tensor q = in.q->narrow(0, row0, rows).to(at::kCPU).to(at::kFloat);  // [rows, Hq, D]
     const at::Tensor k_new =
         in.k->narrow(0, row0, rows).to(at::kCPU).to(at::kFloat);  // [rows, Hkv, D]
@@ -178,11 +152,6 @@ class OracleEvictKvCache : public EvictingKvCache, public HindsightCache {
   }
 
   Hindsight hindsight_;
-  std::shared_ptr<OracleEvictState> state_;
-  int64_t n_layers_, n_kv_heads_, group_;
-  std::optional<Pass> pass_;
-  int64_t hindsight_tokens_ = 0;
-  int64_t passes_ = 0;
 };
 
 MethodInfo oracle_evict_info() {
@@ -195,8 +164,8 @@ MethodInfo oracle_evict_info() {
   info.caps.needs_hindsight = true;
   info.caps.oracle = true;
   info.params = budget_params(0.25, "ratio");
-  info.params.push_back(string_param(
-      "hindsight", "continuation", {"continuation", "question"},
+  info.params.push_back(enum_param(
+      "hindsight", kHindsights, Hindsight::kContinuation,
       "what the future mass is measured on: the run's whole continuation (stream: the window's "
       "tokens after the prompt; qa: each question and the full cache's answer to it), or the "
       "questions alone (qa only: the best a query-aware method could do before answering)"));
@@ -204,14 +173,13 @@ MethodInfo oracle_evict_info() {
 }
 
 std::unique_ptr<KvCache> make_oracle_evict(const CacheContext& ctx, const nlohmann::json& p) {
-  auto st = std::make_shared<OracleEvictState>();
-  st->budget = parse_budget(p, "oracle_evict");
-  const Hindsight h = p.at("hindsight").get<std::string>() == "question" ? Hindsight::kQuestion
-                                                                         : Hindsight::kContinuation;
+  const Budget budget = parse_budget(p, "oracle_evict");
+  const Hindsight h = param_enum(p, "hindsight", kHindsights);
   EvictingKvCache::Options o;
   o.name = "oracle_evict";
   o.position_mode = PositionMode::kAbsolute;
-  return std::make_unique<OracleEvictKvCache>(ctx, o, h, std::move(st));
+  return std::make_unique<OracleEvictKvCache>(ctx, o, h, budget,
+                                              std::make_shared<PrePassScores<FutureMass>>());
 }
 
 }  // namespace
