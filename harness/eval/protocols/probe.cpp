@@ -4,23 +4,19 @@
 #include "harness/eval/probe.h"
 
 #include "harness/eval/protocol_registry.h"
-#include "harness/eval/protocols/model_run.h"
 #include "harness/eval/protocols/text_windows.h"
 
 namespace kvb {
 namespace {
 
-class ProbeRun : public ModelRun {
+class ProbeRun : public WindowRun {
  public:
-  explicit ProbeRun(const RunContext& ctx) : ModelRun(ctx) {
+  explicit ProbeRun(const RunContext& ctx) : WindowRun(ctx) {
     std::string dataset_hash;  // probe samples do not record it
     windows_ = checked_text_windows(ctx, &dataset_hash);
     opts_.prefill_tokens = proto_["prefill_tokens"];
     opts_.every = proto_["every"];
   }
-  int64_t samples() const override { return static_cast<int64_t>(windows_.size()); }
-  std::string sample_key(int64_t i) const override { return windows_[i].key; }
-
   SampleOutput run_sample(int64_t i, const StoredSamples&) override {
     return {run_probe_sample(model_, method_, method_params_, windows_[i].tokens, opts_).to_json(),
             ""};
@@ -30,7 +26,6 @@ class ProbeRun : public ModelRun {
   }
 
  private:
-  std::vector<StreamWindow> windows_;
   ProbeOptions opts_;
 };
 

@@ -7,7 +7,6 @@
 
 #include "harness/common/error.h"
 #include "harness/eval/protocol_registry.h"
-#include "harness/eval/protocols/model_run.h"
 #include "harness/eval/protocols/text_windows.h"
 #include "harness/kv/baseline_method.h"
 #include "harness/kv/method.h"
@@ -38,9 +37,9 @@ std::vector<StreamWindow> random_windows(const RunContext& ctx) {
   return out;
 }
 
-class ProfileRun : public ModelRun {
+class ProfileRun : public WindowRun {
  public:
-  explicit ProfileRun(const RunContext& ctx) : ModelRun(ctx) {
+  explicit ProfileRun(const RunContext& ctx) : WindowRun(ctx) {
     // The profile reads the exact cache itself; a method's store would go unused, so any other
     // method is refused rather than ignored.
     KVB_CHECK(method_ == baseline_method(),
@@ -65,9 +64,6 @@ class ProfileRun : public ModelRun {
       windows_ = checked_text_windows(ctx, &dataset_hash);
     }
   }
-  int64_t samples() const override { return static_cast<int64_t>(windows_.size()); }
-  std::string sample_key(int64_t i) const override { return windows_[i].key; }
-
   SampleOutput run_sample(int64_t i, const StoredSamples&) override {
     return {run_profile_sample(model_, windows_[i].tokens, opts_).to_json(), ""};
   }
@@ -76,7 +72,6 @@ class ProfileRun : public ModelRun {
   }
 
  private:
-  std::vector<StreamWindow> windows_;
   ProfileOptions opts_;
 };
 

@@ -3,23 +3,19 @@
 #include "harness/eval/stream.h"
 
 #include "harness/eval/protocol_registry.h"
-#include "harness/eval/protocols/model_run.h"
 #include "harness/eval/protocols/text_windows.h"
 
 namespace kvb {
 namespace {
 
-class StreamRun : public ModelRun {
+class StreamRun : public WindowRun {
  public:
-  explicit StreamRun(const RunContext& ctx) : ModelRun(ctx) {
+  explicit StreamRun(const RunContext& ctx) : WindowRun(ctx) {
     windows_ = checked_text_windows(ctx, &dataset_hash_);
     opts_.prefill_tokens = proto_["prefill_tokens"];
     opts_.prefill_chunk = proto_["prefill_chunk"];
     opts_.cache_dir = ctx.env.cache_dir;
   }
-  int64_t samples() const override { return static_cast<int64_t>(windows_.size()); }
-  std::string sample_key(int64_t i) const override { return windows_[i].key; }
-
   SampleOutput run_sample(int64_t i, const StoredSamples&) override {
     StreamSampleResult r =
         run_stream_sample(model_, method_, method_params_, windows_[i].tokens, opts_);
@@ -37,7 +33,6 @@ class StreamRun : public ModelRun {
   }
 
  private:
-  std::vector<StreamWindow> windows_;
   std::string dataset_hash_;
   StreamOptions opts_;
 };

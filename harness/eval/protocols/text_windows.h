@@ -1,17 +1,29 @@
 #pragma once
-// The text windows of a run (stream, probe): config.protocol.window checked against the model's
-// context, then the windows of config.protocol.dataset; at least one, else kvb::Error naming the
-// key.
+// The text windows of a run (stream, probe, profile): config.protocol.window checked against the
+// model's context, then the windows of config.protocol.dataset; at least one, else kvb::Error
+// naming the key. A WindowRun has one sample per window, keyed by the window.
 
 #include <string>
 #include <vector>
 
 #include "harness/eval/protocol.h"
+#include "harness/eval/protocols/model_run.h"
 #include "harness/eval/runner.h"  // StreamWindow
 
 namespace kvb {
 
 std::vector<StreamWindow> checked_text_windows(const RunContext& ctx, std::string* dataset_hash);
+
+// A run whose samples are the windows_ its constructor fills, each keyed as its window.
+class WindowRun : public ModelRun {
+ public:
+  int64_t samples() const override { return static_cast<int64_t>(windows_.size()); }
+  std::string sample_key(int64_t i) const override { return windows_[i].key; }
+
+ protected:
+  using ModelRun::ModelRun;
+  std::vector<StreamWindow> windows_;
+};
 
 }  // namespace kvb
 
