@@ -82,18 +82,18 @@ const std::vector<ParamSpec>& serve_later_params() {
                   "paged allocator: decode attention's KV bytes count this many times over (its "
                   "block-table indirection; vLLM's paper measured its paged kernel 1.20-1.26x "
                   "slower)"),
-      string_param("kv_policy", "always", {"always", "on_pressure"},
-                   "always: the method stores every request; on_pressure: requests start "
-                   "uncompressed and the scheduler applies the method to running requests "
-                   "instead of preempting them (compress-instead-of-preempt)"),
-      string_param("admission", "prompt", {"prompt", "predicted"},
-                   "prompt: vLLM's rule (room for the whole prompt + 1%); predicted: every "
-                   "request's predicted final footprint (prompt + mean output so far), "
-                   "compressed where the policy can compress"),
-      string_param("prefix_blocks", "as_held", {"as_held", "compressed"},
-                   "on_pressure: prefix-store blocks at the size requests held them "
-                   "(uncompressed) or compressed on the way in (more fit; a hit starts its "
-                   "request compressed)"),
+      enum_param("kv_policy", kKvPolicies, KvPolicy::kAlways,
+                 "always: the method stores every request; on_pressure: requests start "
+                 "uncompressed and the scheduler applies the method to running requests "
+                 "instead of preempting them (compress-instead-of-preempt)"),
+      enum_param("admission", kAdmissions, Admission::kPrompt,
+                 "prompt: vLLM's rule (room for the whole prompt + 1%); predicted: every "
+                 "request's predicted final footprint (prompt + mean output so far), "
+                 "compressed where the policy can compress"),
+      enum_param("prefix_blocks", kPrefixBlocks, PrefixBlocks::kAsHeld,
+                 "on_pressure: prefix-store blocks at the size requests held them "
+                 "(uncompressed) or compressed on the way in (more fit; a hit starts its "
+                 "request compressed)"),
       string_param("pd_transport", "network", {"network", "shm", "cxl-sim"},
                    "P/D: prompts' KV over the network (pd_gbps), through the shared-memory "
                    "tier (measured: CXL emulated by host shared memory) or CXL as published "
@@ -227,10 +227,10 @@ void check_serve_inputs(const nlohmann::json& proto, const std::string& data_dir
   } catch (const Error& e) {
     KVB_FAIL("config.protocol.target: ", e.what());
   }
-  (void)parse_kv_allocator(proto.at("allocator"));
-  (void)parse_kv_policy(serve_param(proto, "kv_policy"));
-  (void)parse_admission(serve_param(proto, "admission"));
-  (void)parse_prefix_blocks(serve_param(proto, "prefix_blocks"));
+  (void)param_enum(proto, "allocator", kKvAllocators);
+  (void)parse_enum(kKvPolicies, serve_param(proto, "kv_policy"), "kv_policy");
+  (void)parse_enum(kAdmissions, serve_param(proto, "admission"), "admission");
+  (void)parse_enum(kPrefixBlocks, serve_param(proto, "prefix_blocks"), "prefix_blocks");
   const std::string store = proto.at("prefix_store");
   KVB_CHECK(store == "host" || store == "shm" || store == "cxl-sim" || store == "redis-local" ||
                 store.rfind("redis://", 0) == 0 || store.rfind("unix://", 0) == 0,
@@ -308,25 +308,26 @@ nlohmann::json serve_simulation_sample(const nlohmann::json& proto, const nlohma
   ServeConfig cfg;
   constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
   cfg.kv_pool_bytes = proto.at("kv_pool_gib").get<double>() * kGiB;
-  cfg.allocator = parse_kv_allocator(proto.at("allocator"));
+  cfg.allocator = param_enum(proto, "allocator", kKvAllocators);
   cfg.block_tokens = proto.at("block_tokens");
   cfg.page_bytes = serve_param(proto, "page_kib").get<int64_t>() * 1024;
-  cfg.kv_policy = parse_kv_policy(serve_param(proto, "kv_policy"));
-  cfg.admission = parse_admission(serve_param(proto, "admission"));
-  cfg.prefix_blocks = parse_prefix_blocks(serve_param(proto, "prefix_blocks"));
+  cfg.kv_policy = parse_enum(kKvPolicies, serve_param(proto, "kv_policy"), "kv_policy");
+  cfg.admission = parse_enum(kAdmissions, serve_param(proto, "admission"), "admission");
+  cfg.prefix_blocks =
+      parse_enum(kPrefixBlocks, serve_param(proto, "prefix_blocks"), "prefix_blocks");
   cfg.max_num_seqs = proto.at("max_num_seqs");
   cfg.instances = proto.at("instances");
-  cfg.router = parse_router(proto.at("router"));
+  cfg.router = param_enum(proto, "router", kRouters);
   cfg.router_imbalance = proto.at("router_imbalance");
   cfg.conductor_threshold_tokens = proto.at("conductor_threshold_tokens");
   cfg.prefill_instances = proto.at("prefill_instances");
   cfg.pd_layerwise = proto.at("pd_layerwise");
-  cfg.prefix_scope = parse_prefix_scope(proto.at("prefix_scope"));
+  cfg.prefix_scope = param_enum(proto, "prefix_scope", kPrefixScopes);
   cfg.max_batched_tokens = proto.at("max_batched_tokens");
   cfg.time_scale = proto.at("time_scale");
   const double cache_gib = proto.at("prefix_cache_gib");
   cfg.prefix_cache_bytes = cache_gib < 0 ? -1.0 : cache_gib * kGiB;
-  cfg.prefix_policy = parse_cache_policy(proto.at("prefix_policy"));
+  cfg.prefix_policy = param_enum(proto, "prefix_policy", kCachePolicies);
   cfg.slo_ttft_ms = proto.at("slo_ttft_ms");
   cfg.slo_tpot_ms = proto.at("slo_tpot_ms");
 

@@ -4,39 +4,12 @@
 #include <iterator>
 
 #include "harness/common/error.h"
-#include "harness/common/strings.h"
 
 namespace kvb {
 
 namespace {
 constexpr int64_t kS3MaxFreq = 3;  // the paper's two-bit counter
 }  // namespace
-
-std::vector<std::string> cache_policy_names() { return {"lru", "lfu", "fifo", "s3fifo"}; }
-
-CachePolicy parse_cache_policy(const std::string& name) {
-  if (name == "lru") return CachePolicy::kLru;
-  if (name == "lfu") return CachePolicy::kLfu;
-  if (name == "fifo") return CachePolicy::kFifo;
-  if (name == "s3fifo") return CachePolicy::kS3Fifo;
-  const std::vector<std::string> names = cache_policy_names();
-  KVB_FAIL("unknown cache policy '", name, "'", did_you_mean(name, names),
-           "; allowed: ", join(names, ", "));
-}
-
-const char* cache_policy_name(CachePolicy policy) {
-  switch (policy) {
-    case CachePolicy::kLru:
-      return "lru";
-    case CachePolicy::kLfu:
-      return "lfu";
-    case CachePolicy::kFifo:
-      return "fifo";
-    case CachePolicy::kS3Fifo:
-      return "s3fifo";
-  }
-  return "?";
-}
 
 PrefixCache::PrefixCache(int64_t capacity_blocks, CachePolicy policy)
     : capacity_(capacity_blocks < 0 ? -1 : capacity_blocks), policy_(policy) {

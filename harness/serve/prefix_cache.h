@@ -24,17 +24,17 @@
 #include <unordered_map>
 #include <vector>
 
+#include "harness/common/enum_names.h"
 #include "harness/formats/request_trace.h"
 
 namespace kvb {
 
 enum class CachePolicy { kLru, kLfu, kFifo, kS3Fifo };
 
-// "lru" | "lfu" | "fifo" | "s3fifo"; anything else throws kvb::Error naming the value, with a
-// did-you-mean hint and the allowed names.
-CachePolicy parse_cache_policy(const std::string& name);
-const char* cache_policy_name(CachePolicy policy);
-std::vector<std::string> cache_policy_names();
+inline constexpr EnumName<CachePolicy> kCachePolicies[] = {{CachePolicy::kLru, "lru"},
+                                                           {CachePolicy::kLfu, "lfu"},
+                                                           {CachePolicy::kFifo, "fifo"},
+                                                           {CachePolicy::kS3Fifo, "s3fifo"}};
 
 // Prefix-chained blocks: the id of block k stands for the whole prompt up to and including block k.
 //

@@ -7,77 +7,9 @@
 
 #include "harness/common/error.h"
 #include "harness/common/internal_error.h"
-#include "harness/common/strings.h"
 #include "harness/metrics/statistics.h"
 
 namespace kvb {
-
-KvAllocator parse_kv_allocator(const std::string& name) {
-  static const std::vector<std::string> names = {"paged", "contiguous_max", "pow2", "oracle",
-                                                 "vattention"};
-  if (name == "paged") return KvAllocator::kPaged;
-  if (name == "vattention") return KvAllocator::kVAttention;
-  if (name == "contiguous_max") return KvAllocator::kContiguousMax;
-  if (name == "pow2") return KvAllocator::kPow2;
-  if (name == "oracle") return KvAllocator::kOracle;
-  KVB_FAIL("allocator: unknown allocator '", name, "'", did_you_mean(name, names),
-           "; known: ", join(names, ", "));
-}
-
-const char* kv_allocator_name(KvAllocator a) {
-  switch (a) {
-    case KvAllocator::kPaged:
-      return "paged";
-    case KvAllocator::kContiguousMax:
-      return "contiguous_max";
-    case KvAllocator::kPow2:
-      return "pow2";
-    case KvAllocator::kOracle:
-      return "oracle";
-    case KvAllocator::kVAttention:
-      return "vattention";
-  }
-  return "?";
-}
-
-Router parse_router(const std::string& name) {
-  static const std::vector<std::string> names = {"round_robin", "least_loaded", "prefix",
-                                                 "conductor"};
-  if (name == "round_robin") return Router::kRoundRobin;
-  if (name == "conductor") return Router::kConductor;
-  if (name == "least_loaded") return Router::kLeastLoaded;
-  if (name == "prefix") return Router::kPrefix;
-  KVB_FAIL("router: unknown router '", name, "'", did_you_mean(name, names),
-           "; known: ", join(names, ", "));
-}
-
-PrefixScope parse_prefix_scope(const std::string& name) {
-  if (name == "local") return PrefixScope::kLocal;
-  if (name == "global") return PrefixScope::kGlobal;
-  KVB_FAIL("prefix_scope: unknown scope '", name, "'", did_you_mean(name, {"local", "global"}),
-           "; known: local, global");
-}
-
-KvPolicy parse_kv_policy(const std::string& name) {
-  if (name == "always") return KvPolicy::kAlways;
-  if (name == "on_pressure") return KvPolicy::kOnPressure;
-  KVB_FAIL("kv_policy: unknown policy '", name, "'", did_you_mean(name, {"always", "on_pressure"}),
-           "; known: always, on_pressure");
-}
-
-Admission parse_admission(const std::string& name) {
-  if (name == "prompt") return Admission::kPrompt;
-  if (name == "predicted") return Admission::kPredicted;
-  KVB_FAIL("admission: unknown rule '", name, "'", did_you_mean(name, {"prompt", "predicted"}),
-           "; known: prompt, predicted");
-}
-
-PrefixBlocks parse_prefix_blocks(const std::string& name) {
-  if (name == "as_held") return PrefixBlocks::kAsHeld;
-  if (name == "compressed") return PrefixBlocks::kCompressed;
-  KVB_FAIL("prefix_blocks: unknown value '", name, "'",
-           did_you_mean(name, {"as_held", "compressed"}), "; known: as_held, compressed");
-}
 
 double ServeRequestResult::tpot_ms() const {
   return output > 1 ? (finish_ms - first_token_ms) / static_cast<double>(output - 1) : 0.0;

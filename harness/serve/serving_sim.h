@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "harness/common/enum_names.h"
 #include "harness/formats/request_trace.h"
 #include "harness/serve/footprint_curve.h"
 #include "harness/serve/prefix_cache.h"
@@ -62,9 +63,12 @@ enum class KvAllocator {
   kVAttention,     // vAttention: contiguous virtual ranges, physical pages of page_bytes committed
                    // per layer and K/V as tokens arrive (no block table)
 };
-// paged | contiguous_max | pow2 | oracle | vattention
-KvAllocator parse_kv_allocator(const std::string& name);
-const char* kv_allocator_name(KvAllocator a);
+inline constexpr EnumName<KvAllocator> kKvAllocators[] = {
+    {KvAllocator::kPaged, "paged"},
+    {KvAllocator::kContiguousMax, "contiguous_max"},
+    {KvAllocator::kPow2, "pow2"},
+    {KvAllocator::kOracle, "oracle"},
+    {KvAllocator::kVAttention, "vattention"}};
 
 enum class Router {
   kRoundRobin,   // in turn
@@ -74,13 +78,17 @@ enum class Router {
                // longer prefix from another instance's store when it beats the local match by
                // more than conductor_threshold_tokens
 };
-Router parse_router(const std::string& name);  // round_robin | least_loaded | prefix | conductor
+inline constexpr EnumName<Router> kRouters[] = {{Router::kRoundRobin, "round_robin"},
+                                                {Router::kLeastLoaded, "least_loaded"},
+                                                {Router::kPrefix, "prefix"},
+                                                {Router::kConductor, "conductor"}};
 
 enum class PrefixScope {
   kLocal,   // each instance its own prefix store (vLLM's automatic prefix caching, LMCache local)
   kGlobal,  // one store pooling every instance's capacity, reachable from all (Mooncake's store)
 };
-PrefixScope parse_prefix_scope(const std::string& name);  // local | global
+inline constexpr EnumName<PrefixScope> kPrefixScopes[] = {{PrefixScope::kLocal, "local"},
+                                                          {PrefixScope::kGlobal, "global"}};
 
 // When the method's compression applies to a request (the scheduling x memory co-design axis).
 enum class KvPolicy {
@@ -89,7 +97,8 @@ enum class KvPolicy {
                 // next tokens, the scheduler compresses running requests (the one it frees most
                 // bytes from first) before it preempts any (compress-instead-of-preempt)
 };
-KvPolicy parse_kv_policy(const std::string& name);  // always | on_pressure
+inline constexpr EnumName<KvPolicy> kKvPolicies[] = {{KvPolicy::kAlways, "always"},
+                                                     {KvPolicy::kOnPressure, "on_pressure"}};
 
 // What admission counts.
 enum class Admission {
@@ -98,7 +107,8 @@ enum class Admission {
                // so far) of every running request and the new one, each at its compressed size
                // when the policy can compress it
 };
-Admission parse_admission(const std::string& name);  // prompt | predicted
+inline constexpr EnumName<Admission> kAdmissions[] = {{Admission::kPrompt, "prompt"},
+                                                      {Admission::kPredicted, "predicted"}};
 
 // At what size the prefix store holds blocks (on_pressure only; under always both are the
 // method's). A compressed block costs less room but hands a request compressed KV.
@@ -106,7 +116,8 @@ enum class PrefixBlocks {
   kAsHeld,      // the size the requests held them at: uncompressed under on_pressure
   kCompressed,  // compressed on the way to the store; a hit starts its request compressed
 };
-PrefixBlocks parse_prefix_blocks(const std::string& name);  // as_held | compressed
+inline constexpr EnumName<PrefixBlocks> kPrefixBlocks[] = {
+    {PrefixBlocks::kAsHeld, "as_held"}, {PrefixBlocks::kCompressed, "compressed"}};
 
 struct ServeConfig {
   int64_t instances = 1;  // identical instances behind the router

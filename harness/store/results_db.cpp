@@ -16,6 +16,7 @@
 #include <utility>
 
 #include "harness/common/disk_full_error.h"
+#include "harness/common/enum_names.h"
 #include "harness/common/error.h"
 #include "harness/common/internal_error.h"
 #include "harness/store/process_identity.h"
@@ -159,44 +160,20 @@ void check_json(const std::string& db_path, const std::string& text, const std::
             " is not valid JSON: ", text.substr(0, 200));
 }
 
+const EnumName<RunStatus> kRunStatuses[] = {
+    {RunStatus::kRunning, "running"}, {RunStatus::kDone, "done"}, {RunStatus::kFailed, "failed"}};
+const EnumName<Direction> kDirections[] = {
+    {Direction::kHigher, "higher"}, {Direction::kLower, "lower"}, {Direction::kNone, "none"}};
+
 }  // namespace
 
-const char* to_string(RunStatus status) {
-  switch (status) {
-    case RunStatus::kRunning:
-      return "running";
-    case RunStatus::kDone:
-      return "done";
-    case RunStatus::kFailed:
-      return "failed";
-  }
-  return "?";
-}
-
+const char* to_string(RunStatus status) { return enum_name(kRunStatuses, status); }
 RunStatus parse_run_status(const std::string& s) {
-  if (s == "running") return RunStatus::kRunning;
-  if (s == "done") return RunStatus::kDone;
-  if (s == "failed") return RunStatus::kFailed;
-  KVB_FAIL("unknown run status '", s, "' (allowed: running, done, failed)");
+  return parse_enum(kRunStatuses, s, "run status");
 }
-
-const char* to_string(Direction direction) {
-  switch (direction) {
-    case Direction::kHigher:
-      return "higher";
-    case Direction::kLower:
-      return "lower";
-    case Direction::kNone:
-      return "none";
-  }
-  return "?";
-}
-
+const char* to_string(Direction direction) { return enum_name(kDirections, direction); }
 Direction parse_direction(const std::string& s) {
-  if (s == "higher") return Direction::kHigher;
-  if (s == "lower") return Direction::kLower;
-  if (s == "none") return Direction::kNone;
-  KVB_FAIL("unknown metric direction '", s, "' (allowed: higher, lower, none)");
+  return parse_enum(kDirections, s, "metric direction");
 }
 
 // ---------------------------------------------------------------------------------------------------

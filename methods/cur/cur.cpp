@@ -14,6 +14,10 @@ namespace kvb {
 namespace {
 
 enum class Leverage { kKey, kValue, kAvg, kProduct };
+const EnumName<Leverage> kLeverages[] = {{Leverage::kKey, "key"},
+                                         {Leverage::kValue, "value"},
+                                         {Leverage::kAvg, "kv_avg"},
+                                         {Leverage::kProduct, "kv_product"}};
 
 class CurScorer : public KvHeadScorer {
  public:
@@ -77,13 +81,6 @@ class CurScorer : public KvHeadScorer {
   int64_t window_;
 };
 
-Leverage parse_leverage(const std::string& s) {
-  if (s == "key") return Leverage::kKey;
-  if (s == "value") return Leverage::kValue;
-  if (s == "kv_avg") return Leverage::kAvg;
-  return Leverage::kProduct;  // the schema allows nothing else
-}
-
 ScoredMethod cur_method() {
   ScoredMethod m("cur",
                  "CurDKV leverage: keep the entries with the largest key x value leverage "
@@ -92,18 +89,17 @@ ScoredMethod cur_method() {
                  "Decomposition (arXiv 2509.15038)");
   m.info.params = {
       int_param("sinks", 4, 0, 1 << 20, "first tokens always kept"),
-      string_param("leverage", "kv_product", {"key", "value", "kv_avg", "kv_product"},
-                   "which leverage scores: keys', values', their mean or their product"),
+      enum_param("leverage", kLeverages, Leverage::kProduct,
+                 "which leverage scores: keys', values', their mean or their product"),
       int_param("local_window", 16, 0, 1 << 20,
                 "normalise leverages within windows of this many entries (0: over the whole "
                 "head)"),
       compress_every_param()};
   m.parts = [](const nlohmann::json& p, const std::string&, const Budget&) {
-    return prompt_scored(
-        std::make_unique<CurScorer>(p.at("sinks").get<int64_t>(),
-                                    parse_leverage(p.at("leverage").get<std::string>()),
-                                    p.at("local_window").get<int64_t>()),
-        p);
+    return prompt_scored(std::make_unique<CurScorer>(p.at("sinks").get<int64_t>(),
+                                                     param_enum(p, "leverage", kLeverages),
+                                                     p.at("local_window").get<int64_t>()),
+                         p);
   };
   return m;
 }

@@ -9,6 +9,7 @@
 #include "harness/common/error.h"
 #include "harness/kv/method_registry.h"
 #include "methods/common/codec_kv_cache.h"
+#include "methods/common/cuda_decode_param.h"
 #include "methods/common/kv_codec.h"
 #include "methods/common/method_listing.h"
 #include "methods/kivi/kivi_kernel_kv_cache.h"
@@ -60,11 +61,11 @@ MethodInfo kivi_info() {
            "reference); kernel: the paged KIVI layout with the fused dequantize-attention decode "
            "kernel (CPU or CUDA; 2/4/8 bits, per-channel keys, fp16/bf16 residual); auto: kernel "
            "on CUDA, codec elsewhere"),
-       string_param("cuda_decode", "cuda_cores", {"cuda_cores", "tensor_cores", "auto"},
-                    "the kernel store's CUDA decode kernel: cuda_cores (codes dequantized on CUDA "
-                    "cores), tensor_cores (whole quantized pages on tensor cores; group_size and "
-                    "value groups multiples of 16), auto (tensor cores where the layout allows); "
-                    "CUDA only")});
+       cuda_decode_param<kernels::KiviCudaKernel>(
+           "the kernel store's CUDA decode kernel: cuda_cores (codes dequantized on CUDA "
+           "cores), tensor_cores (whole quantized pages on tensor cores; group_size and "
+           "value groups multiples of 16), auto (tensor cores where the layout allows); "
+           "CUDA only")});
   m.caps.quantizes = true;
   m.target_check = kivi_target_check;
   return m;
@@ -97,7 +98,6 @@ std::unique_ptr<KvCache> make_kivi(const CacheContext& ctx, const nlohmann::json
   const std::string name = "kivi-k" + std::to_string(kb) + "v" + std::to_string(vb) + "-g" +
                            std::to_string(G) + "-r" + std::to_string(R);
   const std::string store = p["store"];
-  const std::string cuda_decode = p["cuda_decode"];
   const bool kernel_store = store == "kernel" || (store == "auto" && ctx.device.is_cuda());
   if (kernel_store) {
     KVB_CHECK(per_channel, "method kivi.store=", store,
@@ -121,9 +121,7 @@ std::unique_ptr<KvCache> make_kivi(const CacheContext& ctx, const nlohmann::json
         ctx, L, rd == RowDtype::kBF16 ? c10::kBFloat16 : c10::kHalf, "kivi",
         std::map<std::string, double>{{"group_size_requested", static_cast<double>(G)},
                                       {"channel_group_adapted", channel_group != G ? 1.0 : 0.0}},
-        cuda_decode == "tensor_cores" ? kernels::KiviCudaKernel::kTensorCores
-        : cuda_decode == "auto"       ? kernels::KiviCudaKernel::kAuto
-                                      : kernels::KiviCudaKernel::kCudaCores);
+        parse_cuda_decode<kernels::KiviCudaKernel>(p));
   }
   auto codec = std::make_shared<QuantCodec>(name, ks, vs);
   return std::make_unique<CodecKvCache>(

@@ -631,8 +631,8 @@ MethodInfo kvreviver_info() {
   m.params.push_back(float_param("recent_fraction", 0.5, 0.0, 1.0,
                                  "share of the exact budget given to the recent window; the rest "
                                  "goes to candidates by accumulated attention (H2O-style)"));
-  m.params.push_back(string_param(
-      "reconstruction", "merge", {"merge", "sketch"},
+  m.params.push_back(enum_param(
+      "reconstruction", kReconstructions, KvReviverKvCache::Reconstruction::kMerge,
       "how evicted tokens are kept and attended. merge: width buckets per head (new bucket until "
       "width are used, then the nearest centroid key, L2), each attended as one entry (centroid "
       "key/value, logit + log(count)); sketch: the literal count-sketch reading, every evicted "
@@ -673,9 +673,7 @@ std::unique_ptr<KvCache> make_kvreviver(const CacheContext& ctx, const nlohmann:
   KvReviverKvCache::Options o;
   o.budget = parse_budget(p, "kvreviver");
   o.recent_fraction = p.at("recent_fraction").get<double>();
-  o.reconstruction = p.at("reconstruction").get<std::string>() == "sketch"
-                         ? KvReviverKvCache::Reconstruction::kSketch
-                         : KvReviverKvCache::Reconstruction::kMerge;
+  o.reconstruction = param_enum(p, "reconstruction", kReconstructions);
   o.depth = p.at("depth").get<int64_t>();
   o.width = p.at("width").get<int64_t>();
   o.revive = p.at("revive").get<bool>();

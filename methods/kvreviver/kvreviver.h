@@ -32,6 +32,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "harness/common/enum_names.h"
 #include "harness/kv/kv_cache.h"
 #include "harness/kv/method.h"
 #include "harness/kv/probe_view.h"
@@ -196,5 +197,10 @@ class KvReviverKvCache : public SeqStore<kvreviver::Seq, &kvreviver::Seq::seen>,
   double attn_err_k_ = 0, attn_norm_k_ = 0, attn_err_v_ = 0, attn_norm_v_ = 0;
   double vague_mass_ = 0, vague_rows_ = 0;
 };
+
+// The `reconstruction` parameter's names.
+inline constexpr EnumName<KvReviverKvCache::Reconstruction> kReconstructions[] = {
+    {KvReviverKvCache::Reconstruction::kMerge, "merge"},
+    {KvReviverKvCache::Reconstruction::kSketch, "sketch"}};
 
 }  // namespace kvb

@@ -4,6 +4,7 @@
 #include "harness/common/error.h"
 #include "harness/kv/method_registry.h"
 #include "harness/kv/paged_kv_cache.h"
+#include "methods/common/cuda_decode_param.h"
 #include "methods/common/method_listing.h"
 
 namespace kvb {
@@ -20,9 +21,9 @@ MethodInfo paged_info() {
                   "decode steps in fp16/bf16 (CPU or CUDA) through kvbench's decode-attention "
                   "kernel (kernels/torch/paged_decode_torch.h) when it supports the shapes; "
                   "false: LibTorch over the gathered rows (an A/B switch)"),
-       string_param("cuda_decode", "cuda_cores", {"cuda_cores", "tensor_cores", "auto"},
-                    "the CUDA decode kernel: cuda_cores, tensor_cores (mma over the KV as "
-                    "stored), auto (tensor cores at GQA >= 4); CUDA only")});
+       cuda_decode_param<kernels::PagedCudaKernel>(
+           "the CUDA decode kernel: cuda_cores, tensor_cores (mma over the KV as "
+           "stored), auto (tensor cores at GQA >= 4); CUDA only")});
   // The CUDA decode kernels are a CUDA choice.
   m.target_check = [](const nlohmann::json& p, const RunTarget& t) -> std::string {
     const std::string cuda_decode = p.at("cuda_decode");
@@ -38,10 +39,7 @@ std::unique_ptr<KvCache> make_paged(const CacheContext& ctx, const nlohmann::jso
   o.block_size = p["block_size"].get<int64_t>();
   o.initial_blocks = p["initial_blocks"].get<int64_t>();
   o.decode_kernel = p["decode_kernel"].get<bool>();
-  const std::string cuda_decode = p["cuda_decode"];
-  o.cuda_kernel = cuda_decode == "tensor_cores" ? kernels::PagedCudaKernel::kTensorCores
-                  : cuda_decode == "auto"       ? kernels::PagedCudaKernel::kAuto
-                                                : kernels::PagedCudaKernel::kCudaCores;
+  o.cuda_kernel = parse_cuda_decode<kernels::PagedCudaKernel>(p);
   return std::make_unique<PagedKvCache>(ctx.config, ctx.device, ctx.dtype, o);
 }
 

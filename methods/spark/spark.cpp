@@ -15,6 +15,9 @@
 namespace kvb {
 namespace {
 
+const EnumName<ChannelRecovery> kRecoveries[] = {{ChannelRecovery::kAverage, "average"},
+                                                 {ChannelRecovery::kZero, "zero"}};
+
 MethodInfo spark_info() {
   return pruned_snap_info(
       "spark",
@@ -23,16 +26,16 @@ MethodInfo spark_info() {
       "Liao et al., SparK: Query-Aware Unstructured Sparsity with Recoverable KV Cache Channel "
       "Pruning, AAAI 2026 (arXiv 2508.15212); code Xnhyacinth/SparK spark_press.py",
       "rho: fraction of each prompt key's channels pruned (paper: 0.5, 0.8)",
-      {string_param("recovery", "average", {"average", "zero"},
-                    "pruned channels read back as sign x sqrt(m_t / n_c) (average, "
-                    "the code's pooling_ratio 0.65 path; 1 sign bit per pruned "
-                    "entry stored) or 0 (zero)")});
+      {enum_param("recovery", kRecoveries, ChannelRecovery::kAverage,
+                  "pruned channels read back as sign x sqrt(m_t / n_c) (average, "
+                  "the code's pooling_ratio 0.65 path; 1 sign bit per pruned "
+                  "entry stored) or 0 (zero)")});
 }
 
 std::unique_ptr<KvCache> make_spark(const CacheContext& ctx, const nlohmann::json& p) {
   ChannelPruneSpec cs;
   cs.mode = ChannelPruneMode::kSpark;
-  cs.recovery = p.at("recovery") == "zero" ? ChannelRecovery::kZero : ChannelRecovery::kAverage;
+  cs.recovery = param_enum(p, "recovery", kRecoveries);
   return make_pruned_snap_cache(ctx, p, "spark", cs);
 }
 

@@ -34,6 +34,9 @@ namespace kvb {
 namespace {
 
 enum class Predictor { kSpeculative, kPrevious, kOracle };
+const EnumName<Predictor> kPredictors[] = {{Predictor::kSpeculative, "speculative"},
+                                           {Predictor::kPrevious, "previous"},
+                                           {Predictor::kOracle, "oracle"}};
 
 struct SpecacheOptions {
   int32_t bits = 2;
@@ -369,11 +372,11 @@ MethodInfo specache_info() {
            "residual_length", 64, 0, 1 << 20,
            "fp16 residual of the newest tokens in the low-bit copy (a multiple of group_size)"),
        int_param("top_k", 64, 1, 1 << 20, "exact rows swapped in per KV head and decode step"),
-       string_param("predictor", "speculative", {"speculative", "previous", "oracle"},
-                    "speculative: the paper's speculative token (each decode step also runs the "
-                    "engine's guess of the next token; its query picks the next step's rows); "
-                    "previous: the last decode step's query (no speculative token); oracle: the "
-                    "current query (a speculative token that is always right)")});
+       enum_param("predictor", kPredictors, Predictor::kSpeculative,
+                  "speculative: the paper's speculative token (each decode step also runs the "
+                  "engine's guess of the next token; its query picks the next step's rows); "
+                  "previous: the last decode step's query (no speculative token); oracle: the "
+                  "current query (a speculative token that is always right)")});
   m.caps.quantizes = true;
   m.caps.tiers = true;
   m.caps.query_aware = true;
@@ -387,10 +390,7 @@ std::unique_ptr<KvCache> make_specache(const CacheContext& ctx, const nlohmann::
   o.group = p["group_size"].get<int64_t>();
   o.residual = p["residual_length"].get<int64_t>();
   o.top_k = p["top_k"].get<int64_t>();
-  const std::string pred = p["predictor"];
-  o.predictor = pred == "oracle"     ? Predictor::kOracle
-                : pred == "previous" ? Predictor::kPrevious
-                                     : Predictor::kSpeculative;
+  o.predictor = param_enum(p, "predictor", kPredictors);
   KVB_CHECK(o.residual % o.group == 0, "method specache.residual_length: ", o.residual,
             " is not a multiple of group_size ", o.group,
             " (keys are quantized per channel when the residual fills)");

@@ -13,21 +13,23 @@
 namespace kvb {
 namespace {
 
+const EnumName<QueryEnergy> kQueryEnergies[] = {{QueryEnergy::kGroupMean, "group_mean"},
+                                                {QueryEnergy::kMeanSquare, "mean_square"}};
+
 // One channel mask per head, zero fill; the group's query energy as `query_energy` says.
 ChannelPruneSpec think_spec(const nlohmann::json& p) {
   ChannelPruneSpec cs;
   cs.mode = ChannelPruneMode::kThink;
   cs.recovery = ChannelRecovery::kZero;
-  cs.energy = p.at("query_energy").get<std::string>() == "mean_square" ? QueryEnergy::kMeanSquare
-                                                                        : QueryEnergy::kGroupMean;
+  cs.energy = param_enum(p, "query_energy", kQueryEnergies);
   return cs;
 }
 
 ParamSpec query_energy_param() {
-  return string_param("query_energy", "group_mean", {"group_mean", "mean_square"},
-                      "how a GQA group's window queries make one energy per channel: the square of "
-                      "their mean (SparK's statistic) or the mean of their squares (kvpress's "
-                      "ThinKPress)");
+  return enum_param("query_energy", kQueryEnergies, QueryEnergy::kGroupMean,
+                    "how a GQA group's window queries make one energy per channel: the square of "
+                    "their mean (SparK's statistic) or the mean of their squares (kvpress's "
+                    "ThinKPress)");
 }
 
 MethodInfo think_info() {

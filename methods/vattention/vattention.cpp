@@ -12,6 +12,9 @@
 namespace kvb {
 namespace {
 
+const EnumName<kernels::HugePages> kHugePages[] = {{kernels::HugePages::kAuto, "auto"},
+                                                   {kernels::HugePages::kOff, "off"}};
+
 MethodInfo vattention_info() {
   MethodInfo m = method_listing(
       "vattention",
@@ -26,9 +29,9 @@ MethodInfo vattention_info() {
        int_param("max_batch", 16, 1, 4096, "sequence slots reserved per layer"),
        int_param("max_context", 0, 0, 1 << 24,
                  "tokens reserved per slot; 0: the model's max_position_embeddings"),
-       string_param("hugepages", "auto", {"auto", "off"},
-                    "host: pages of 2 MiB and up asked of the OS as transparent huge pages (auto) "
-                    "or never (off); the counters say what the OS gave"),
+       enum_param("hugepages", kHugePages, kernels::HugePages::kAuto,
+                  "host: pages of 2 MiB and up asked of the OS as transparent huge pages (auto) "
+                  "or never (off); the counters say what the OS gave"),
        string_param("reclaim", "eager", {"eager", "deferred"},
                     "eager: a released sequence's pages go back to the OS at once; deferred: they "
                     "stay with its slot for the next sequence (counted as reserved)"),
@@ -56,7 +59,7 @@ std::unique_ptr<KvCache> make_vattention(const CacheContext& ctx, const nlohmann
   o.page_bytes = static_cast<size_t>(p.at("page_kib").get<int64_t>()) * 1024;
   o.max_batch = p.at("max_batch");
   o.max_context = p.at("max_context");
-  o.huge_pages = p.at("hugepages") == "off" ? kernels::HugePages::kOff : kernels::HugePages::kAuto;
+  o.huge_pages = param_enum(p, "hugepages", kHugePages);
   o.deferred_reclaim = p.at("reclaim") == "deferred";
   o.decode_kernel = p.at("decode_kernel");
   return std::make_unique<VAttentionKvCache>(ctx, o);

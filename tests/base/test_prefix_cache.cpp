@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "harness/common/mapped_file.h"
+#include "harness/common/params.h"
 #include "harness/formats/request_trace.h"
 #include "harness/serve/prefix_cache.h"
 #include "tests/base/formats_test_util.h"
@@ -64,16 +65,30 @@ TraceRequest request(int64_t input_length, std::vector<int64_t> hash_ids) {
 // ---- policy names ----
 
 TEST(PrefixCachePolicy, NamesRoundTrip) {
-  for (CachePolicy p : kAllPolicies) EXPECT_EQ(parse_cache_policy(cache_policy_name(p)), p);
-  EXPECT_EQ(parse_cache_policy("s3fifo"), CachePolicy::kS3Fifo);
-  EXPECT_STREQ(cache_policy_name(CachePolicy::kLfu), "lfu");
+  for (CachePolicy p : kAllPolicies)
+    EXPECT_EQ(parse_enum(kCachePolicies, enum_name(kCachePolicies, p), "cache policy"), p);
+  EXPECT_EQ(parse_enum(kCachePolicies, "s3fifo", "cache policy"), CachePolicy::kS3Fifo);
+  EXPECT_STREQ(enum_name(kCachePolicies, CachePolicy::kLfu), "lfu");
 }
 
 TEST(PrefixCachePolicy, UnknownNameNamesValueHintAndAllowed) {
-  expect_error([] { parse_cache_policy("s3-fifo"); },
-               {"'s3-fifo'", "did you mean 's3fifo'", "lru, lfu, fifo, s3fifo"});
-  expect_error([] { parse_cache_policy(""); }, {"unknown cache policy ''", "allowed"});
-  expect_error([] { parse_cache_policy("LRU"); }, {"'LRU'"});  // names are case-sensitive
+  // A config's value is checked against the table's names (with a hint) before anything parses it.
+  const std::vector<ParamSpec> schema = {
+      enum_param("prefix_policy", kCachePolicies, CachePolicy::kLru, "prefix store eviction")};
+  expect_error(
+      [&] {
+        resolve_params(schema, {{"prefix_policy", "s3-fifo"}}, "config.protocol");
+      },
+      {"config.protocol.prefix_policy", "'s3-fifo'", "did you mean 's3fifo'",
+       "lru, lfu, fifo, s3fifo"});
+  EXPECT_EQ(resolve_params(schema, nlohmann::json::object(), "config.protocol")["prefix_policy"],
+            "lru");
+  expect_error([] { parse_enum(kCachePolicies, "s3-fifo", "cache policy"); },
+               {"unknown cache policy 's3-fifo'", "lru, lfu, fifo, s3fifo"});
+  expect_error([] { parse_enum(kCachePolicies, "", "cache policy"); },
+               {"unknown cache policy ''", "allowed"});
+  expect_error([] { parse_enum(kCachePolicies, "LRU", "cache policy"); },
+               {"'LRU'"});  // names are case-sensitive
 }
 
 // ---- prefix semantics ----
@@ -125,7 +140,7 @@ TEST(PrefixCache, EvictedMiddleBlockCutsThePrefix) {
 
 TEST(PrefixCache, CapacityZeroHoldsNothing) {
   for (CachePolicy p : kAllPolicies) {
-    SCOPED_TRACE(cache_policy_name(p));
+    SCOPED_TRACE(enum_name(kCachePolicies, p));
     PrefixCache c(0, p);
     c.insert({1, 2, 3}, 3);
     EXPECT_EQ(c.size_blocks(), 0);
@@ -157,7 +172,7 @@ TEST(PrefixCacheEviction, LruFifoLfuPickDifferentVictims) {
   std::map<CachePolicy, int64_t> expected_victim = {
       {CachePolicy::kFifo, a}, {CachePolicy::kLru, b}, {CachePolicy::kLfu, c}};
   for (const auto& [policy, victim] : expected_victim) {
-    SCOPED_TRACE(cache_policy_name(policy));
+    SCOPED_TRACE(enum_name(kCachePolicies, policy));
     PrefixCache cache(3, policy);
     cache.insert({a}, 1);
     cache.insert({b}, 1);
@@ -189,7 +204,7 @@ TEST(PrefixCacheEviction, LfuBreaksFrequencyTiesByRecency) {
 // vLLM's rule: blocks touched together are equally recent, and the deeper one goes first.
 TEST(PrefixCacheEviction, DeeperBlockGoesFirstAmongEqualRecency) {
   for (CachePolicy p : {CachePolicy::kLru, CachePolicy::kLfu, CachePolicy::kFifo}) {
-    SCOPED_TRACE(cache_policy_name(p));
+    SCOPED_TRACE(enum_name(kCachePolicies, p));
     PrefixCache c(3, p);
     c.insert({1, 2, 3}, 3);
     c.insert({9}, 1);
@@ -213,7 +228,7 @@ TEST(PrefixCacheEviction, DeeperBlockGoesFirstAmongEqualRecency) {
 // A request longer than the cache keeps its prefix, whatever the policy.
 TEST(PrefixCacheEviction, OverlongRequestKeepsItsPrefix) {
   for (CachePolicy p : kAllPolicies) {
-    SCOPED_TRACE(cache_policy_name(p));
+    SCOPED_TRACE(enum_name(kCachePolicies, p));
     PrefixCache c(2, p);
     c.insert({1, 2, 3, 4}, 4);
     EXPECT_TRUE(c.contains(1));
@@ -340,7 +355,7 @@ TEST(PrefixReplay, UnlimitedHoldsEveryDistinctBlock) {
   RequestTrace t = generate_synthetic_trace(cfg);
   const int64_t distinct = distinct_blocks(t);
   for (CachePolicy p : kAllPolicies) {
-    SCOPED_TRACE(cache_policy_name(p));
+    SCOPED_TRACE(enum_name(kCachePolicies, p));
     PrefixCache c(-1, p);
     for (const auto& r : t.requests) c.insert(r.hash_ids, static_cast<int64_t>(r.hash_ids.size()));
     EXPECT_EQ(c.size_blocks(), distinct);
@@ -463,7 +478,7 @@ TEST(PrefixReplayMooncake, EveryPolicyIsInfiniteOnceEverythingFits) {
     const int64_t distinct = distinct_blocks(*t);
     const PrefixReplayResult inf = replay_prefix_cache(*t, -1, CachePolicy::kLru);
     for (CachePolicy p : kAllPolicies) {
-      SCOPED_TRACE(std::string(name) + " " + cache_policy_name(p));
+      SCOPED_TRACE(std::string(name) + " " + enum_name(kCachePolicies, p));
       PrefixReplayResult r = replay_prefix_cache(*t, distinct, p);
       EXPECT_EQ(r.hit_blocks, inf.hit_blocks);
       EXPECT_EQ(r.hit_tokens, inf.hit_tokens);
@@ -501,7 +516,8 @@ TEST(PrefixReplayMooncake, OtherPoliciesPinned) {
     KVB_MOONCAKE_TRACE_OR_SKIP(t, pin.trace);
     PrefixReplayResult r = replay_prefix_cache(*t, blocks_for_tokens(pin.tokens), pin.policy);
     EXPECT_NEAR(r.token_hit_rate(), pin.token_hit_rate, 0.0005)
-        << pin.trace << " " << cache_policy_name(pin.policy) << " " << pin.tokens << " tokens";
+        << pin.trace << " " << enum_name(kCachePolicies, pin.policy) << " " << pin.tokens
+        << " tokens";
   }
 }
 

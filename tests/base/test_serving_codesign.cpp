@@ -193,19 +193,19 @@ TEST(ServingCodesign, TierLatenciesAddToTheTimeToFirstToken) {
 }
 
 TEST(ServingCodesign, ParsesPolicyNames) {
-  EXPECT_EQ(parse_kv_policy("on_pressure"), KvPolicy::kOnPressure);
-  EXPECT_EQ(parse_admission("predicted"), Admission::kPredicted);
-  EXPECT_EQ(parse_prefix_blocks("compressed"), PrefixBlocks::kCompressed);
-  EXPECT_EQ(parse_kv_allocator("vattention"), KvAllocator::kVAttention);
-  EXPECT_STREQ(kv_allocator_name(KvAllocator::kVAttention), "vattention");
+  EXPECT_EQ(parse_enum(kKvPolicies, "on_pressure", "kv_policy"), KvPolicy::kOnPressure);
+  EXPECT_EQ(parse_enum(kAdmissions, "predicted", "admission"), Admission::kPredicted);
+  EXPECT_EQ(parse_enum(kPrefixBlocks, "compressed", "prefix_blocks"), PrefixBlocks::kCompressed);
+  EXPECT_EQ(parse_enum(kKvAllocators, "vattention", "allocator"), KvAllocator::kVAttention);
+  EXPECT_STREQ(enum_name(kKvAllocators, KvAllocator::kVAttention), "vattention");
   try {
-    parse_kv_policy("on_presure");
+    parse_enum(kKvPolicies, "on_presure", "kv_policy");
     FAIL() << "no error";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("on_pressure"), std::string::npos) << e.what();
   }
-  EXPECT_THROW(parse_admission("oracle"), Error);
-  EXPECT_THROW(parse_prefix_blocks("dense"), Error);
+  EXPECT_THROW(parse_enum(kAdmissions, "oracle", "admission"), Error);
+  EXPECT_THROW(parse_enum(kPrefixBlocks, "dense", "prefix_blocks"), Error);
 }
 
 }  // namespace

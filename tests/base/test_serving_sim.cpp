@@ -264,8 +264,8 @@ TEST(ServingSim, RoutersAndPrefixScopes) {
   EXPECT_DOUBLE_EQ(ll.load_imbalance, 2.0);
   cfg.instances = 0;
   EXPECT_THROW(run(Router::kRoundRobin, PrefixScope::kLocal), Error);
-  EXPECT_THROW(parse_router("prefix_aware"), Error);
-  EXPECT_THROW(parse_prefix_scope("pooled"), Error);
+  EXPECT_THROW(parse_enum(kRouters, "prefix_aware", "router"), Error);
+  EXPECT_THROW(parse_enum(kPrefixScopes, "pooled", "prefix_scope"), Error);
 }
 
 // Mooncake's conductor: A1 leaves its 4K-token prompt in instance 0's store; when A2 repeats it,
@@ -298,7 +298,7 @@ TEST(ServingSim, ConductorFetchesAPrefixFromAnotherInstance) {
   EXPECT_DOUBLE_EQ(ll.remote_fetch_bytes, 0);
   EXPECT_EQ(ll.per_request[2].hit_tokens, 0);
   EXPECT_GT(ll.per_request[2].ttft_ms(), 10 * r.per_request[2].ttft_ms());
-  EXPECT_EQ(parse_router("conductor"), Router::kConductor);
+  EXPECT_EQ(parse_enum(kRouters, "conductor", "router"), Router::kConductor);
 }
 
 // One prefill and one decode instance, a roomy pool.
@@ -374,10 +374,11 @@ TEST(ServingSim, PrefillDecodeTransfersQueueOnThePrefillInstancesLink) {
 }
 
 TEST(ServingSim, ParsesAllocatorNames) {
-  EXPECT_EQ(parse_kv_allocator("pow2"), KvAllocator::kPow2);
-  EXPECT_STREQ(kv_allocator_name(parse_kv_allocator("contiguous_max")), "contiguous_max");
+  EXPECT_EQ(parse_enum(kKvAllocators, "pow2", "allocator"), KvAllocator::kPow2);
+  EXPECT_STREQ(enum_name(kKvAllocators, parse_enum(kKvAllocators, "contiguous_max", "allocator")),
+               "contiguous_max");
   try {
-    parse_kv_allocator("paget");
+    parse_enum(kKvAllocators, "paget", "allocator");
     FAIL() << "no error";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("paged"), std::string::npos) << e.what();

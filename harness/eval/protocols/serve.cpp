@@ -108,17 +108,16 @@ class ServeProtocol : public PlannedProtocol<ServeRun> {
                        "tokens per hash_ids block of the trace"),
              string_param("target", "llama-3.1-8b", {}, "synthetic preset whose shapes are served"),
              float_param("kv_pool_gib", 100, 1e-6, 1e9, "device memory for KV (GiB)"),
-             string_param("allocator", "paged",
-                          {"paged", "contiguous_max", "pow2", "oracle", "vattention"},
-                          "paged blocks, or contiguous reservations of the max context, the final "
-                          "length rounded to a power of two, or exactly the final length, or "
-                          "vattention (contiguous virtual ranges, pages of page_kib committed per "
-                          "layer and K/V as tokens arrive)"),
+             enum_param("allocator", kKvAllocators, KvAllocator::kPaged,
+                        "paged blocks, or contiguous reservations of the max context, the final "
+                        "length rounded to a power of two, or exactly the final length, or "
+                        "vattention (contiguous virtual ranges, pages of page_kib committed per "
+                        "layer and K/V as tokens arrive)"),
              int_param("block_tokens", 16, 1, 1 << 20, "paged allocator's block size"),
              int_param("max_num_seqs", 256, 1, 1 << 20, "running requests at most (per instance)"),
              int_param("instances", 1, 1, 4096, "identical instances behind the router"),
-             string_param(
-                 "router", "round_robin", {"round_robin", "least_loaded", "prefix", "conductor"},
+             enum_param(
+                 "router", kRouters, Router::kRoundRobin,
                  "round_robin | least_loaded (fewest queued + running) | prefix (AIBrix: "
                  "longest local prefix match unless request counts drift apart) | conductor "
                  "(Mooncake: least transfer + queued prefill + prefill time, fetching a longer "
@@ -140,16 +139,16 @@ class ServeProtocol : public PlannedProtocol<ServeRun> {
              int_param(
                  "router_imbalance", 8, 0, 1 << 20,
                  "prefix router: balance by load when request counts differ by more than this"),
-             string_param("prefix_scope", "local", {"local", "global"},
-                          "local: a prefix store per instance; global: one store pooling every "
-                          "instance's capacity (Mooncake)"),
+             enum_param("prefix_scope", kPrefixScopes, PrefixScope::kLocal,
+                        "local: a prefix store per instance; global: one store pooling every "
+                        "instance's capacity (Mooncake)"),
              int_param("max_batched_tokens", 8192, 1, 1 << 24, "tokens per iteration"),
              float_param("time_scale", 1.0, 1e-9, 1e9,
                          "arrival times x this (0.5: twice the load)"),
              float_param("prefix_cache_gib", 0, -1, 1e9,
                          "prefix store capacity per instance (GiB); 0: none; -1: unlimited"),
-             string_param("prefix_policy", "lru", {"lru", "lfu", "fifo", "s3fifo"},
-                          "prefix store eviction"),
+             enum_param("prefix_policy", kCachePolicies, CachePolicy::kLru,
+                        "prefix store eviction"),
              string_param(
                  "prefix_store", "host", {},
                  "host (loads at prefix_load_gbps) | shm (a shared-memory pool between two "
