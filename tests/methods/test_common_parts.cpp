@@ -12,12 +12,16 @@
 
 #include "harness/common/enum_names.h"
 #include "harness/common/error.h"
+#include "harness/common/sha256.h"
 #include "methods/common/adapter_file.h"
 #include "methods/common/adapter_training.h"
+#include "methods/common/calibration_text.h"
 #include "methods/common/eviction_select.h"
 #include "methods/common/head_snapshots.h"
 #include "methods/common/kv_codec.h"
 #include "methods/common/row_attention.h"
+#include "methods/common/tensor_artifact.h"
+#include "tests/methods/calibrated_test_util.h"
 #include "tests/support/test_support.h"
 
 namespace kvb {
@@ -49,6 +53,33 @@ TEST(EnumNames, UnknownNameErrorNamesTheValueAndListsTheChoices) {
   EXPECT_NE(e.find("(allowed: red, green, blue)"), std::string::npos) << e;
   const std::string d = error_of([] { parse_row_dtype("fp8"); });
   EXPECT_NE(d.find("storage dtype 'fp8'"), std::string::npos) << d;
+}
+
+TEST(CalibrationArtifact, KeyIsTheArtifactTheModelTheTextAndTheMethodsSettings) {
+  const std::shared_ptr<Model> model = test::testbed();
+  CalibrationText text;
+  text.data_dir = test::data_dir();
+  text.samples = 1;
+  text.tokens = 16;
+  int computed = 0;
+  auto make = [&](const nlohmann::json& settings) {
+    return cached_calibration_artifact("toy", "toy.stat/1", *model, text, settings, [&] {
+      ++computed;
+      return std::map<std::string, at::Tensor>{{"stat", at::ones({2})}};
+    });
+  };
+  const auto a = make({{"alpha", 1.0}});
+  const nlohmann::json inputs = {{"artifact", "toy.stat/1"},
+                                 {"model", model_content_hash(*model)},
+                                 {"text", calibration_text_json(text)},
+                                 {"alpha", 1.0}};
+  EXPECT_EQ(a->meta, inputs);
+  EXPECT_EQ(a->key, sha256_hex(inputs.dump()));
+  EXPECT_TRUE(at::equal(a->get("stat"), at::ones({2})));
+  // A setting that decides the statistic is part of the key; no settings at all is a key too.
+  EXPECT_NE(make({{"alpha", 2.0}})->key, a->key);
+  EXPECT_EQ(make(nlohmann::json::object())->meta.size(), 3u);
+  EXPECT_EQ(computed, 3);  // cache_dir "": nothing is saved, each call computes
 }
 
 TEST(AdapterFile, RoundTripsTensorsAndMetadataAndRefusesAnotherKind) {
