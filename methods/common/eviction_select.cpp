@@ -272,15 +272,13 @@ SnapSettings parse_snap(const nlohmann::json& p, const std::string& method,
   const int64_t k = p.at("kernel_size").get<int64_t>();
   need(k >= 0, "kernel_size");
   if (k >= 0) s.kernel = k;
+  // "preset" or a name of the enum's table (the schema allows nothing else).
   const std::string pool = p.at("pooling").get<std::string>();
   need(pool != "preset", "pooling");
-  if (pool == "avg") s.pooling = Pooling::kAvg;
-  if (pool == "max") s.pooling = Pooling::kMax;
-  if (pool == "none") s.pooling = Pooling::kNone;
+  if (pool != "preset") s.pooling = parse_enum(kPoolings, pool, "pooling");
   const std::string agg = p.at("gqa_agg").get<std::string>();
   need(agg != "preset", "gqa_agg");
-  if (agg == "mean") s.agg = GqaAgg::kMean;
-  if (agg == "max") s.agg = GqaAgg::kMax;
+  if (agg != "preset") s.agg = parse_enum(kGqaAggs, agg, "gqa_agg");
   KVB_CHECK(s.window >= 1, "method ", method, ".window: ", s.window, " must be >= 1");
   KVB_CHECK(s.kernel >= 1 && s.kernel % 2 == 1, "method ", method, ".kernel_size: ", s.kernel,
             " must be odd and >= 1 (same-padding pooling)");
