@@ -35,7 +35,6 @@ std::vector<int64_t> merge_slots(std::vector<int64_t> a, const std::vector<int64
 namespace {
 const EnumName<Pooling> kPoolings[] = {
     {Pooling::kNone, "none"}, {Pooling::kAvg, "avg"}, {Pooling::kMax, "max"}};
-const EnumName<GqaAgg> kGqaAggs[] = {{GqaAgg::kMean, "mean"}, {GqaAgg::kMax, "max"}};
 }  // namespace
 
 const char* pooling_name(Pooling p) { return enum_name(kPoolings, p); }

@@ -27,6 +27,7 @@ std::vector<int64_t> merge_slots(std::vector<int64_t> a, const std::vector<int64
 
 enum class Pooling { kNone, kAvg, kMax };
 enum class GqaAgg { kMean, kMax };
+inline constexpr EnumName<GqaAgg> kGqaAggs[] = {{GqaAgg::kMean, "mean"}, {GqaAgg::kMax, "max"}};
 const char* pooling_name(Pooling p);
 const char* gqa_agg_name(GqaAgg a);
 

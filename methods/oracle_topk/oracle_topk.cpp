@@ -136,7 +136,7 @@ MethodInfo oracle_topk_info() {
 std::unique_ptr<KvCache> make_oracle_topk(const CacheContext& ctx, const nlohmann::json& p) {
   OracleTopkKvCache::Options o;
   o.budget = parse_budget(p, "oracle_topk");
-  o.gqa_agg = p.at("gqa_agg").get<std::string>() == "mean" ? GqaAgg::kMean : GqaAgg::kMax;
+  o.gqa_agg = param_enum(p, "gqa_agg", kGqaAggs);
   return std::make_unique<OracleTopkKvCache>(ctx, o);
 }
 

@@ -507,7 +507,7 @@ std::unique_ptr<KvCache> make_quest(const CacheContext& ctx, const nlohmann::jso
   o.page_size = p.at("page_size").get<int64_t>();
   o.skip_layers = p.at("skip_layers").get<int64_t>();
   o.keep_first_page = p.at("keep_first_page").get<bool>();
-  o.gqa_agg = p.at("gqa_agg").get<std::string>() == "mean" ? GqaAgg::kMean : GqaAgg::kMax;
+  o.gqa_agg = param_enum(p, "gqa_agg", kGqaAggs);
   o.codec = parse_codec(p, "quest", ctx.config.head_dim);
   return std::make_unique<QuestKvCache>(ctx, o);
 }
