@@ -2,6 +2,7 @@
 
 #include <sstream>
 
+#include "harness/common/internal_error.h"
 #include "harness/common/progress_eta.h"
 
 namespace kvb {
@@ -32,6 +33,15 @@ void train_adapter_tensors(const std::vector<at::Tensor*>& params, const Adapter
     n = 0;
   }
   for (auto* p : params) p->requires_grad_(false);
+}
+
+std::map<std::string, std::string> trained_adapter_metadata(
+    const std::string& model, int64_t steps, std::map<std::string, std::string> method) {
+  KVB_ASSERT(!method.count("model") && !method.count("trained_steps"), "adapter_training",
+             "a trainer's metadata restates the model or its steps");
+  method["model"] = model;
+  method["trained_steps"] = std::to_string(steps);
+  return method;
 }
 
 }  // namespace kvb

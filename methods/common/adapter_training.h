@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <ostream>
 #include <string>
 #include <vector>
@@ -31,5 +32,10 @@ using AdapterInterval = std::function<void(const std::vector<double>& means, std
 // params: the adapter's tensors; they require grad while the loop runs and no longer after it.
 void train_adapter_tensors(const std::vector<at::Tensor*>& params, const AdapterTraining& t,
                            const AdapterStep& step, const AdapterInterval& interval);
+
+// The metadata a trained adapter is saved with: the model it was trained against and the steps that
+// trained it ("model", "trained_steps"), with the method's own settings and results (`method`).
+std::map<std::string, std::string> trained_adapter_metadata(
+    const std::string& model, int64_t steps, std::map<std::string, std::string> method);
 
 }  // namespace kvb

@@ -95,13 +95,13 @@ TrainResult train_adapter(const std::shared_ptr<Model>& model, const TrainOption
   };
   train_adapter_tensors(params, {o.steps, o.log_every, o.log}, train_step, interval);
   res.steps = o.steps;
-  a.save(o.out, {{"model", c.name},
-                 {"recipe", o.recipe},
-                 {"trained_steps", std::to_string(o.steps)},
-                 {"target_cr", std::to_string(o.target_cr)},
-                 {"seq_len", std::to_string(o.seq_len)},
-                 {"final_kl", std::to_string(res.kl)},
-                 {"final_evicted_fraction", std::to_string(res.realized_frac)}});
+  a.save(o.out,
+         trained_adapter_metadata(c.name, o.steps,
+                                  {{"recipe", o.recipe},
+                                   {"target_cr", std::to_string(o.target_cr)},
+                                   {"seq_len", std::to_string(o.seq_len)},
+                                   {"final_kl", std::to_string(res.kl)},
+                                   {"final_evicted_fraction", std::to_string(res.realized_frac)}}));
   return res;
 }
 

@@ -3,12 +3,11 @@
 // writes the adapter file that method `dms`'s `adapter` parameter loads. Prints a summary (JSON) on
 // stdout; progress on stderr.
 
-#include <iostream>
 #include <nlohmann/json.hpp>
 
-#include "harness/common/error.h"
 #include "harness/tool/model_options.h"
 #include "harness/tool/tool_registry.h"
+#include "methods/common/tool_output.h"
 #include "methods/dms/dms_train.h"
 
 namespace kvb::dms {
@@ -47,27 +46,25 @@ void setup_dms_train(CLI::App* sub) {
       ->capture_default_str();
   sub->add_option("--seed", a->o.seed, "noise seed")->capture_default_str();
   sub->add_option("--log-every", a->o.log_every, "progress every N steps")->capture_default_str();
-  sub->add_flag("--quiet,-q", a->quiet, "no progress lines");
+  add_quiet_flag(sub, &a->quiet);
   sub->callback([a] {
-    if (!a->quiet) a->o.log = [](const std::string& s) { std::cerr << "dms-train: " << s << "\n"; };
-    auto model = load_model_from_args(a->model);
-    const dms::TrainResult r = dms::train_adapter(model, a->o);
-    nlohmann::json j = {{"adapter", a->o.out},
-                        {"steps", r.steps},
-                        {"kl", r.kl},
-                        {"evicted_fraction", r.realized_frac},
-                        {"target_fraction", r.target_frac},
-                        {"window", a->o.window}};
-    std::cout << j.dump(2) << "\n";
+    a->o.log = tool_progress("dms-train", a->quiet);
+    const dms::TrainResult r = dms::train_adapter(load_model_from_args(a->model), a->o);
+    print_trained_adapter(a->o.out, r.steps,
+                          {{"kl", r.kl},
+                           {"evicted_fraction", r.realized_frac},
+                           {"target_fraction", r.target_frac},
+                           {"window", a->o.window}});
   });
 }
 
 }  // namespace
 
 // Registered from this folder, so that harness/cli (the layer above the methods) names no method.
-KVB_REGISTER_TOOL("dms-train",
-                  "DMS retrofit: train the eviction-decision adapters of a frozen model (distillation + "
-                  "compression target); writes the adapter for method dms",
-                  setup_dms_train);
+KVB_REGISTER_TOOL(
+    "dms-train",
+    "DMS retrofit: train the eviction-decision adapters of a frozen model (distillation + "
+    "compression target); writes the adapter for method dms",
+    setup_dms_train);
 
 }  // namespace kvb::dms

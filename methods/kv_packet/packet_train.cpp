@@ -223,18 +223,18 @@ TrainResult train_adapter(const std::shared_ptr<Model>& model, const TrainOption
   std::string tasks, docs;
   for (const auto& t : o.tasks) tasks += (tasks.empty() ? "" : ",") + t;
   for (int64_t d : o.doc_tokens) docs += (docs.empty() ? "" : ",") + std::to_string(d);
-  a.save(o.out, {{"model", c.name},
-                 {"tasks", tasks},
-                 {"length", std::to_string(o.length)},
-                 {"doc_tokens", docs},
-                 {"samples", std::to_string(N)},
-                 {"trained_steps", std::to_string(o.steps)},
-                 {"batch", std::to_string(o.batch)},
-                 {"lr", std::to_string(o.lr)},
-                 {"seed", std::to_string(o.seed)},
-                 {"kl_first", std::to_string(res.kl_first)},
-                 {"kl_last", std::to_string(res.kl_last)},
-                 {"teacher_answers_correct", std::to_string(res.teacher_answers_correct)}});
+  a.save(o.out, trained_adapter_metadata(
+                    c.name, o.steps,
+                    {{"tasks", tasks},
+                     {"length", std::to_string(o.length)},
+                     {"doc_tokens", docs},
+                     {"samples", std::to_string(N)},
+                     {"batch", std::to_string(o.batch)},
+                     {"lr", std::to_string(o.lr)},
+                     {"seed", std::to_string(o.seed)},
+                     {"kl_first", std::to_string(res.kl_first)},
+                     {"kl_last", std::to_string(res.kl_last)},
+                     {"teacher_answers_correct", std::to_string(res.teacher_answers_correct)}}));
   return res;
 }
 

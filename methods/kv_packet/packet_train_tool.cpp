@@ -3,17 +3,17 @@
 // documents be spliced without recomputation, and writes the adapter that method kv_packet's
 // `adapter` parameter loads. Prints a summary (JSON) on stdout; progress on stderr.
 
+#include <ATen/ATen.h>
+
 #include <algorithm>
 #include <cstdlib>
-#include <iostream>
 #include <nlohmann/json.hpp>
-
-#include <ATen/ATen.h>
 
 #include "harness/common/error.h"
 #include "harness/model/model.h"
 #include "harness/tool/model_options.h"
 #include "harness/tool/tool_registry.h"
+#include "methods/common/tool_output.h"
 #include "methods/kv_packet/packet_adapter.h"
 #include "methods/kv_packet/packet_train.h"
 
@@ -52,7 +52,8 @@ void setup_packet_train(CLI::App* sub) {
                   "the training one)");
   sub->add_option("--tasks", a->tasks, "comma-separated synthetic tasks of the training samples")
       ->capture_default_str();
-  sub->add_option("--length", a->o.length, "prompt tokens per training sample")->capture_default_str();
+  sub->add_option("--length", a->o.length, "prompt tokens per training sample")
+      ->capture_default_str();
   sub->add_option("--doc-tokens", a->doc_tokens,
                   "comma-separated tokens per document; sample i is cut at the i-th, cyclically "
                   "(the qa protocol cuts contexts the same way)")
@@ -62,18 +63,19 @@ void setup_packet_train(CLI::App* sub) {
   sub->add_option("--batch", a->o.batch, "samples per step")->capture_default_str();
   sub->add_option("--header-rows", a->o.header_rows, "soft header rows")->capture_default_str();
   sub->add_option("--trailer-rows", a->o.trailer_rows, "soft trailer rows")->capture_default_str();
-  sub->add_option("--lr", a->o.lr, "Adam learning rate (decays linearly to 0)")->capture_default_str();
+  sub->add_option("--lr", a->o.lr, "Adam learning rate (decays linearly to 0)")
+      ->capture_default_str();
   sub->add_option("--seed", a->o.seed,
                   "data and initialisation seed (keep it apart from the evaluation seed)")
       ->capture_default_str();
   sub->add_option("--data-dir", a->o.data_dir,
                   "data directory (else $KVBENCH_DATA, ./data, ../shared/data)");
-  sub->add_option("--cache-dir", a->o.cache_dir, "where generated task sets are cached (\"\": none)");
+  sub->add_option("--cache-dir", a->o.cache_dir,
+                  "where generated task sets are cached (\"\": none)");
   sub->add_option("--log-every", a->o.log_every, "progress every N steps")->capture_default_str();
-  sub->add_flag("--quiet,-q", a->quiet, "no progress lines");
+  add_quiet_flag(sub, &a->quiet);
   sub->callback([a] {
-    if (!a->quiet)
-      a->o.log = [](const std::string& s) { std::cerr << "packet-train: " << s << "\n"; };
+    a->o.log = tool_progress("packet-train", a->quiet);
     a->o.tasks = comma_list(a->tasks);
     a->o.doc_tokens.clear();
     for (const auto& d : comma_list(a->doc_tokens)) {
@@ -94,35 +96,33 @@ void setup_packet_train(CLI::App* sub) {
         trailer = ad.trailer;
       }
       const kv_packet::EvalResult r = kv_packet::evaluate_wrap(model, a->o, header, trailer);
-      nlohmann::json j = {{"eval", a->eval},
+      print_tool_summary({{"eval", a->eval},
                           {"samples", r.samples},
                           {"kl", r.kl},
                           {"argmax_agreement", r.argmax_agreement},
                           {"teacher_answers_correct", r.teacher_answers_correct},
                           {"doc_tokens", a->o.doc_tokens},
-                          {"seed", a->o.seed}};
-      std::cout << j.dump(2) << "\n";
+                          {"seed", a->o.seed}});
       return;
     }
     KVB_CHECK(!a->o.out.empty(), "packet-train: --out is required (or --eval to evaluate)");
     const kv_packet::TrainResult r = kv_packet::train_adapter(model, a->o);
-    nlohmann::json j = {{"adapter", a->o.out},
-                        {"steps", r.steps},
-                        {"samples", r.samples},
-                        {"kl_first", r.kl_first},
-                        {"kl_last", r.kl_last},
-                        {"teacher_answers_correct", r.teacher_answers_correct},
-                        {"doc_tokens", a->o.doc_tokens}};
-    std::cout << j.dump(2) << "\n";
+    print_trained_adapter(a->o.out, r.steps,
+                          {{"samples", r.samples},
+                           {"kl_first", r.kl_first},
+                           {"kl_last", r.kl_last},
+                           {"teacher_answers_correct", r.teacher_answers_correct},
+                           {"doc_tokens", a->o.doc_tokens}});
   });
 }
 
 }  // namespace
 
 // Registered from this folder, so that harness/cli (the layer above the methods) names no method.
-KVB_REGISTER_TOOL("packet-train",
-                  "KV Packet: train the soft header and trailer that wrap separately cached documents "
-                  "(distillation from the full-context model); writes the adapter for method kv_packet",
-                  setup_packet_train);
+KVB_REGISTER_TOOL(
+    "packet-train",
+    "KV Packet: train the soft header and trailer that wrap separately cached documents "
+    "(distillation from the full-context model); writes the adapter for method kv_packet",
+    setup_packet_train);
 
 }  // namespace kvb::kv_packet

@@ -3,14 +3,13 @@
 // (equivalent bits, KL) front, and writes the calibration artifact that `kvtuner`'s `config`
 // parameter loads. Prints a summary (JSON) on stdout; progress on stderr.
 
-#include <iostream>
-#include <sstream>
-
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "harness/common/error.h"
 #include "harness/tool/model_options.h"
 #include "harness/tool/tool_registry.h"
+#include "methods/common/tool_output.h"
 #include "methods/kvtuner/kvtuner_search.h"
 
 namespace kvb::kvtuner {
@@ -38,7 +37,8 @@ void setup_kvtuner_search(CLI::App* sub) {
   sub->add_option("--corpus,--dataset", a->corpus,
                   "calibration text: a built-in corpus name or a .txt path")
       ->capture_default_str();
-  sub->add_option("--data-dir", a->data_dir, "data directory (else $KVBENCH_DATA, ./data, ../shared/data)");
+  sub->add_option("--data-dir", a->data_dir,
+                  "data directory (else $KVBENCH_DATA, ./data, ../shared/data)");
   sub->add_option("--windows", a->windows, "calibration windows")->capture_default_str();
   sub->add_option("--window-tokens", a->window_tokens, "tokens per window (BOS included)")
       ->capture_default_str();
@@ -46,8 +46,9 @@ void setup_kvtuner_search(CLI::App* sub) {
                   "skip the corpus's first N windows (keep calibration text apart from evaluation "
                   "text: the stream examples score the first windows)")
       ->capture_default_str();
-  sub->add_option("--budgets", a->budgets, "equivalent-bits budgets, comma-separated (first: the "
-                                           "artifact's `layers`)")
+  sub->add_option("--budgets", a->budgets,
+                  "equivalent-bits budgets, comma-separated (first: the "
+                  "artifact's `layers`)")
       ->capture_default_str();
   sub->add_option("--max-bits", a->max_bits, "search constraint on equivalent bits (0: max budget)")
       ->capture_default_str();
@@ -76,7 +77,7 @@ void setup_kvtuner_search(CLI::App* sub) {
       ->capture_default_str();
   sub->add_option("--probe-every", a->o.probe_every, "local errors at every N-th decode position")
       ->capture_default_str();
-  sub->add_flag("--quiet,-q", a->quiet, "no progress lines");
+  add_quiet_flag(sub, &a->quiet);
   sub->callback([a] {
     a->o.budgets.clear();
     std::stringstream ss(a->budgets);
@@ -89,36 +90,34 @@ void setup_kvtuner_search(CLI::App* sub) {
       } catch (const std::exception&) {
         used = 0;
       }
-      KVB_CHECK(used > 0 && item.find_first_not_of(' ', used) == std::string::npos,
-                "--budgets: '", item, "' is not a number");
+      KVB_CHECK(used > 0 && item.find_first_not_of(' ', used) == std::string::npos, "--budgets: '",
+                item, "' is not a number");
       a->o.budgets.push_back(b);
     }
     a->o.max_bits = a->max_bits;
     a->o.seed = a->seed;
-    if (!a->quiet) a->o.log = [](const std::string& s) { std::cerr << "kvtuner-search: " << s << "\n"; };
+    a->o.log = tool_progress("kvtuner-search", a->quiet);
     auto model = load_model_from_args(a->model);
     auto data = kvtuner::calibration_windows(*model, a->corpus, a->data_dir, a->window_tokens,
                                              a->windows, a->skip_windows);
     nlohmann::json art = kvtuner::run_search(model, data, a->o);
     auto files = kvtuner::write_artifact(art, a->out);
     if (a->o.log) a->o.log("wrote " + a->out);
-    nlohmann::json summary = {{"artifact", a->out},
-                              {"budget_files", files},
-                              {"selected", art["selected"]},
-                              {"pareto", art["pareto"]},
-                              {"groups", art["groups"]},
-                              {"search", art["search"]}};
+    nlohmann::json summary = {{"artifact", a->out},          {"budget_files", files},
+                              {"selected", art["selected"]}, {"pareto", art["pareto"]},
+                              {"groups", art["groups"]},     {"search", art["search"]}};
     for (auto& s : summary["selected"]) s.erase("layers");
-    std::cout << summary.dump(2) << "\n";
+    print_tool_summary(summary);
   });
 }
 
 }  // namespace
 
 // Registered from this folder, so that harness/cli (the layer above the methods) names no method.
-KVB_REGISTER_TOOL("kvtuner-search",
-                  "KVTuner offline search: per-layer sensitivity profile, Pareto pruning, layer clustering, "
-                  "(bits, KL) search; writes the precision config for method kvtuner",
-                  setup_kvtuner_search);
+KVB_REGISTER_TOOL(
+    "kvtuner-search",
+    "KVTuner offline search: per-layer sensitivity profile, Pareto pruning, layer clustering, "
+    "(bits, KL) search; writes the precision config for method kvtuner",
+    setup_kvtuner_search);
 
 }  // namespace kvb::kvtuner

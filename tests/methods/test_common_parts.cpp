@@ -1,17 +1,20 @@
 // The small shared parts of methods/common that several methods build on: enum name tables, the
-// adapter file format, the adapter training loop, the dense probe view and the row-attention
-// logits.
+// adapter file format, the adapter training loop and its metadata, the tools' progress lines and
+// summaries, the dense probe view and the row-attention logits.
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <functional>
+#include <map>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
 #include "harness/common/enum_names.h"
 #include "harness/common/error.h"
+#include "harness/common/internal_error.h"
 #include "harness/common/sha256.h"
 #include "methods/common/adapter_file.h"
 #include "methods/common/adapter_training.h"
@@ -21,6 +24,7 @@
 #include "methods/common/kv_codec.h"
 #include "methods/common/row_attention.h"
 #include "methods/common/tensor_artifact.h"
+#include "methods/common/tool_output.h"
 #include "tests/methods/calibrated_test_util.h"
 #include "tests/support/test_support.h"
 
@@ -137,6 +141,36 @@ TEST(AdapterTraining, AveragesEachIntervalLogsItAndTrainsTheTensors) {
   ASSERT_EQ(lines.size(), 3u);
   EXPECT_EQ(lines[0].rfind("step 2/5: mean step 0.5, ", 0), 0u) << lines[0];
   EXPECT_EQ(lines[2].rfind("step 5/5: mean step 4, ", 0), 0u) << lines[2];
+}
+
+TEST(AdapterTraining, MetadataRecordsTheModelAndTheStepsBesideTheMethodsEntries) {
+  const auto meta = trained_adapter_metadata("stories260K", 40, {{"recipe", "r.json"}});
+  EXPECT_EQ(meta, (std::map<std::string, std::string>{
+                      {"model", "stories260K"}, {"recipe", "r.json"}, {"trained_steps", "40"}}));
+  // A method entry that would overwrite the provenance is a bug of the trainer.
+  EXPECT_THROW(trained_adapter_metadata("m", 1, {{"model", "other"}}), InternalError);
+  EXPECT_THROW(trained_adapter_metadata("m", 1, {{"trained_steps", "2"}}), InternalError);
+}
+
+TEST(ToolOutput, ProgressLinesNameTheToolAndQuietSilencesThem) {
+  EXPECT_FALSE(tool_progress("my-tool", /*quiet=*/true));
+  const ProgressLog log = tool_progress("my-tool", /*quiet=*/false);
+  ASSERT_TRUE(log);
+  testing::internal::CaptureStderr();
+  log("step 1/2: KL 0.5");
+  EXPECT_EQ(testing::internal::GetCapturedStderr(), "my-tool: step 1/2: KL 0.5\n");
+}
+
+TEST(ToolOutput, TrainedAdapterSummaryLeadsWithTheAdapterAndItsSteps) {
+  testing::internal::CaptureStdout();
+  print_trained_adapter("a.safetensors", 4, {{"kl", 0.25}, {"window", 16}});
+  // Keys sorted (nlohmann::json objects), indented by 2, one trailing newline: what scripts parse.
+  EXPECT_EQ(testing::internal::GetCapturedStdout(),
+            "{\n  \"adapter\": \"a.safetensors\",\n  \"kl\": 0.25,\n  \"steps\": 4,\n"
+            "  \"window\": 16\n}\n");
+  testing::internal::CaptureStdout();
+  EXPECT_THROW(print_trained_adapter("a", 1, {{"steps", 2}}), InternalError);
+  EXPECT_EQ(testing::internal::GetCapturedStdout(), "");  // nothing printed for a broken summary
 }
 
 TEST(HeadSnapshots, OneSnapshotPerKvHeadWithTokenIndices) {
