@@ -31,10 +31,17 @@ namespace {
 // tiles in memory, 32 was the best of 16, 32 and 64.)
 constexpr int kTile = 32;
 constexpr int64_t kMinRange = 512;  // positions per work item when a sequence is split
+// The tile prefetched while one is computed is kAhead tiles on (2 measured no better than 1), into
+// L2 only (prefetcht1): a tile's 128 KiB prefetched into the 32 KiB L1 evicted the lines in use,
+// and the 32K-position call spent ~40% more time than with L2 as the target.
+constexpr int kAhead = 1;
+constexpr int kRing = kAhead + 1;
+constexpr int kPrefetchLocality = 2;  // __builtin_prefetch's: 2 = prefetcht1 on x86
 
 struct Scratch {
-  std::vector<float> q, s;  // [H, hd], [group, kTile]
-  int64_t rows[2][kTile];   // pool element offsets of a tile's tokens (kv head 0)
+  std::vector<float> q, s;     // [H, hd], [group, kTile]
+  int64_t rows[kRing][kTile];  // pool element offsets of a tile's tokens (kv head 0)
+  int count[kRing];            // rows in each
 };
 
 // The pool rows of scan positions [t0, t1) of sequence b into rows[] (skipping the dead slots of a
@@ -79,7 +86,7 @@ struct NextTilePrefetch {
       const char* row = (half ? v : k) + rows[r] * esz;
       const int64_t end = line + budget < row_lines ? line + budget : row_lines;
       budget -= end - line;
-      for (; line < end; ++line) __builtin_prefetch(row + line * 64);
+      for (; line < end; ++line) __builtin_prefetch(row + line * 64, 0, kPrefetchLocality);
       if (line == row_lines) {
         line = 0;
         r += half;
@@ -117,26 +124,38 @@ KVB_SIMD_INLINE void attend_range(const DecodeAttentionParams& p, int b, int64_t
   }
   std::fill(acc, acc + static_cast<int64_t>(H) * hd, 0.f);
 
-  int cur = 0;
-  int n = resolve_rows(p, b, j0, std::min(j1, j0 + kTile), w.rows[cur]);
-  for (int64_t t0 = j0; t0 < j1; t0 += kTile) {
-    const int64_t t1 = std::min(j1, t0 + kTile);
-    const int n_next =
-        t1 < j1 ? resolve_rows(p, b, t1, std::min(j1, t1 + kTile), w.rows[1 - cur]) : 0;
-    NextTilePrefetch pf{static_cast<const char*>(p.k_pages),
-                        static_cast<const char*>(p.v_pages),
-                        w.rows[1 - cur],
-                        n_next,
-                        esz,
-                        (tok_bytes + 63) / 64,
-                        0};
+  // Tile t's rows live in w.rows[t % kRing]; tile t + kAhead's are resolved and prefetched while
+  // tile t is computed.
+  const int64_t row_lines = (tok_bytes + 63) / 64;
+  auto tile_rows = [&](int64_t t) KVB_SIMD_INLINE_LAMBDA {
+    const int64_t a = j0 + t * kTile;
+    return a < j1 ? resolve_rows(p, b, a, std::min(j1, a + kTile), w.rows[t % kRing]) : 0;
+  };
+  auto prefetcher = [&](int64_t t, int cnt) KVB_SIMD_INLINE_LAMBDA {
+    return NextTilePrefetch{static_cast<const char*>(p.k_pages),
+                            static_cast<const char*>(p.v_pages),
+                            w.rows[t % kRing],
+                            cnt,
+                            esz,
+                            row_lines,
+                            0};
+  };
+  for (int64_t t = 0; t < kAhead; ++t) {
+    w.count[t % kRing] = tile_rows(t);
+    if (t > 0) prefetcher(t, w.count[t % kRing]).rest();
+  }
+  for (int64_t t = 0; j0 + t * kTile < j1; ++t) {
+    const int n = w.count[t % kRing];
+    const int n_ahead = w.count[(t + kAhead) % kRing] = tile_rows(t + kAhead);
+    NextTilePrefetch pf = prefetcher(t + kAhead, n_ahead);
     const int64_t steps = p.num_kv_heads * detail::tile_scores_steps(group, n);
-    if (steps > 0) pf.per_step = (2 * pf.row_lines * n_next + steps - 1) / steps;
+    if (steps > 0) pf.per_step = (2 * row_lines * n_ahead + steps - 1) / steps;
     if (n > 0) {
+      const int64_t* rows = w.rows[t % kRing];
       for (int kvh = 0; kvh < p.num_kv_heads; ++kvh) {
         const int h0 = kvh * group;
         const int64_t off = static_cast<int64_t>(kvh) * hd;
-        const detail::HalfRows<Lanes> kr{kpool, w.rows[cur], off}, vr{vpool, w.rows[cur], off};
+        const detail::HalfRows<Lanes> kr{kpool, rows, off}, vr{vpool, rows, off};
         detail::tile_scores(w.q.data() + static_cast<int64_t>(h0) * hd, group, hd, kr, n,
                             w.s.data(), kTile, pf);
         for (int g = 0; g < group; ++g)
@@ -147,8 +166,6 @@ KVB_SIMD_INLINE void attend_range(const DecodeAttentionParams& p, int b, int64_t
       }
     }
     pf.rest();
-    cur = 1 - cur;
-    n = n_next;
   }
 }
 

@@ -69,18 +69,15 @@ struct F16cLanes {
 #endif
 
 // Rows i of a tile: pool element offsets rows[i] (a token's kv head 0) plus off (the kv head's
-// channels), each read as fp32 through Lanes.
+// channels), read as fp32 through Lanes.
 template <class Lanes>
 struct HalfRows {
   const uint16_t* base;  // the pool
   const int64_t* rows;   // [tile rows] element offsets
   int64_t off;
-  KVB_SIMD_INLINE f32x8 load8(int64_t i, int64_t c) const {
-    return Lanes::load8(base + rows[i] + off + c);
-  }
-  KVB_SIMD_INLINE float load1(int64_t i, int64_t c) const {
-    return Lanes::load1(base + rows[i] + off + c);
-  }
+  KVB_SIMD_INLINE const uint16_t* row(int64_t i) const { return base + rows[i] + off; }
+  static KVB_SIMD_INLINE f32x8 load8(const uint16_t* r) { return Lanes::load8(r); }
+  static KVB_SIMD_INLINE float load1(const uint16_t* r) { return Lanes::load1(r); }
   KVB_SIMD_INLINE HalfRows from(int64_t i) const { return {base, rows + i, off}; }
 };
 

@@ -49,14 +49,16 @@ KVB_SIMD_INLINE void tile_softmax(float* s, int64_t n, float* m, float* l, float
   *m = mx;
 }
 
-// Where the products read their K/V rows: row i's channels c.. as fp32. FloatRows: fp32 rows ld
-// apart (a widened tile, or the fp32 pages of paged_attention); the decode kernel reads its fp16 /
-// bf16 pages through an accessor of its own that widens in registers (same interface).
+// Where the products read their K/V rows: row(i) points at row i's first channel, and load8 /
+// load1 read channels from such a pointer as fp32. FloatRows: fp32 rows ld apart (a widened
+// tile, or the fp32 pages of paged_attention); the decode kernel reads its fp16 / bf16 pages
+// through an accessor of its own that widens in registers (half_rows.h, same interface).
 struct FloatRows {
   const float* p;
   int64_t ld;
-  KVB_SIMD_INLINE f32x8 load8(int64_t i, int64_t c) const { return detail::load8(p + i * ld + c); }
-  KVB_SIMD_INLINE float load1(int64_t i, int64_t c) const { return p[i * ld + c]; }
+  KVB_SIMD_INLINE const float* row(int64_t i) const { return p + i * ld; }
+  static KVB_SIMD_INLINE f32x8 load8(const float* r) { return detail::load8(r); }
+  static KVB_SIMD_INLINE float load1(const float* r) { return *r; }
   KVB_SIMD_INLINE FloatRows from(int64_t i) const { return {p + i * ld, ld}; }
 };
 
@@ -73,9 +75,11 @@ KVB_SIMD_INLINE void tile_scores_block(const float* q, int64_t hd, const Rows& k
   static_assert(NG * NR <= 8, "eight accumulators");
   f32x8 acc[8] = {};  // acc[r * NG + g]; the unused ones stay zero
   const int64_t hd8 = hd & ~int64_t{7};
+  decltype(k.row(0)) kr[NR];
+  for (int r = 0; r < NR; ++r) kr[r] = k.row(r);
   for (int64_t c = 0; c < hd8; c += 8) {
     f32x8 kv[NR];
-    for (int r = 0; r < NR; ++r) kv[r] = k.load8(r, c);
+    for (int r = 0; r < NR; ++r) kv[r] = Rows::load8(kr[r] + c);
     for (int g = 0; g < NG; ++g) {
       const f32x8 qv = load8(q + g * hd + c);
       for (int r = 0; r < NR; ++r) acc[r * NG + g] += qv * kv[r];
@@ -87,7 +91,7 @@ KVB_SIMD_INLINE void tile_scores_block(const float* q, int64_t hd, const Rows& k
     for (int r = 0; r < NR; ++r)
       for (int g = 0; g < NG; ++g)
         acc[r * NG + g] +=
-            f32x8{q[g * hd + c] * k.load1(r, c), -0.f, -0.f, -0.f, -0.f, -0.f, -0.f, -0.f};
+            f32x8{q[g * hd + c] * Rows::load1(kr[r] + c), -0.f, -0.f, -0.f, -0.f, -0.f, -0.f, -0.f};
   float sums[8];
   store8(sums, lane_sums8(acc));
   for (int r = 0; r < NR; ++r)
@@ -138,37 +142,47 @@ KVB_SIMD_INLINE void tile_scores(const float* q, int group, int64_t hd, const fl
   tile_scores(q, group, hd, FloatRows{k, ldk}, n, s, lds, none);
 }
 
-// Channels [d0, d0 + 8 NV) of heads g < NG: o[g * hd + d] += sum_i e[g * lde + i] v[i][d].
+// Channels [d0, d0 + 8 NV) of heads g < NG: o[g * hd + d] += sum_i w[g * n + i][d] v[i][d], the
+// weights w broadcast over the lanes beforehand (so that each is one operand of the multiplies).
 template <int NG, int NV, class Rows>
-KVB_SIMD_INLINE void tile_values_block(float* o, int64_t hd, const float* e, int64_t lde,
-                                       const Rows& v, int64_t n, int64_t d0) {
+KVB_SIMD_INLINE void tile_values_block(float* o, int64_t hd, const f32x8* w, const Rows& v,
+                                       int64_t n, int64_t d0) {
   f32x8 acc[NG][NV];
   for (int g = 0; g < NG; ++g)
     for (int j = 0; j < NV; ++j) acc[g][j] = load8(o + g * hd + d0 + 8 * j);
   for (int64_t i = 0; i < n; ++i) {
+    const auto* r = v.row(i) + d0;
     f32x8 vv[NV];
-    for (int j = 0; j < NV; ++j) vv[j] = v.load8(i, d0 + 8 * j);
-    for (int g = 0; g < NG; ++g) {
-      const f32x8 w = splat8(e[g * lde + i]);
-      for (int j = 0; j < NV; ++j) acc[g][j] += w * vv[j];
-    }
+    for (int j = 0; j < NV; ++j) vv[j] = Rows::load8(r + 8 * j);
+    for (int g = 0; g < NG; ++g)
+      for (int j = 0; j < NV; ++j) acc[g][j] += w[g * n + i] * vv[j];
   }
   for (int g = 0; g < NG; ++g)
     for (int j = 0; j < NV; ++j) store8(o + g * hd + d0 + 8 * j, acc[g][j]);
 }
 
+// The rows in chunks of kValueChunk, each chunk's weights broadcast once for all its channel
+// blocks. Each output channel still adds its rows in order.
+constexpr int64_t kValueChunk = 32;
 template <int NG, int NV, class Rows>
 KVB_SIMD_INLINE void tile_values_heads(float* o, int64_t hd, const float* e, int64_t lde,
                                        const Rows& v, int64_t n) {
-  int64_t d0 = 0;
-  for (; d0 + 8 * NV <= hd; d0 += 8 * NV) tile_values_block<NG, NV>(o, hd, e, lde, v, n, d0);
-  for (; d0 + 8 <= hd; d0 += 8) tile_values_block<NG, 1>(o, hd, e, lde, v, n, d0);
-  for (; d0 < hd; ++d0)
-    for (int g = 0; g < NG; ++g) {
-      float t = o[g * hd + d0];
-      for (int64_t i = 0; i < n; ++i) t += e[g * lde + i] * v.load1(i, d0);
-      o[g * hd + d0] = t;
-    }
+  f32x8 w[NG * kValueChunk];
+  for (int64_t i0 = 0; i0 < n; i0 += kValueChunk) {
+    const int64_t cnt = n - i0 < kValueChunk ? n - i0 : kValueChunk;
+    for (int g = 0; g < NG; ++g)
+      for (int64_t i = 0; i < cnt; ++i) w[g * cnt + i] = splat8(e[g * lde + i0 + i]);
+    const Rows vc = v.from(i0);
+    int64_t d0 = 0;
+    for (; d0 + 8 * NV <= hd; d0 += 8 * NV) tile_values_block<NG, NV>(o, hd, w, vc, cnt, d0);
+    for (; d0 + 8 <= hd; d0 += 8) tile_values_block<NG, 1>(o, hd, w, vc, cnt, d0);
+    for (; d0 < hd; ++d0)
+      for (int g = 0; g < NG; ++g) {
+        float t = o[g * hd + d0];
+        for (int64_t i = 0; i < cnt; ++i) t += e[g * lde + i0 + i] * Rows::load1(vc.row(i) + d0);
+        o[g * hd + d0] = t;
+      }
+  }
 }
 
 // o[g * hd + d] += sum_{i < n} e[g * lde + i] * (row i of v)[d] for heads g < group, d < hd.
