@@ -2,7 +2,7 @@
 // and the fp32 merge of partial softmax states. One work item is (sequence, range of positions),
 // all kv heads. Per tile of kTile positions and per kv head, every query head of the group is
 // scored against the tile's K rows in register blocks (tile_attention.h), the K rows read from
-// the pages and widened to fp32 in registers (half_rows.h); the online softmax is updated, and
+// the pages and widened to fp32 in registers (pool_rows.h); the online softmax is updated, and
 // the V rows are added into the group's outputs the same way. While a tile is computed the next
 // one's token rows are prefetched, a few cache lines per block of score rows. A sequence split
 // into ranges (when the batch alone gives the threads too few items) has its ranges' softmax
@@ -19,7 +19,7 @@
 #include "kvb/kernels/decode_attention.h"
 #include "kvb/kernels/detail/cpu_clones.h"
 #include "kvb/kernels/detail/dtype_io.h"
-#include "kvb/kernels/detail/half_rows.h"
+#include "kvb/kernels/detail/pool_rows.h"
 #include "kvb/kernels/detail/tile_attention.h"
 
 namespace kvb::kernels {
@@ -101,7 +101,7 @@ struct NextTilePrefetch {
 };
 
 // One work item: sequence b, positions [j0, j1) of its scan, every kv head, the pages' rows read
-// through Lanes (half_rows.h). Its online-softmax state per query head h of the sequence: m[h],
+// through Lanes (pool_rows.h). Its online-softmax state per query head h of the sequence: m[h],
 // l[h], acc[h * hd] (unnormalised).
 template <class Lanes>
 KVB_SIMD_INLINE void attend_range(const DecodeAttentionParams& p, int b, int64_t j0, int64_t j1,
@@ -110,8 +110,9 @@ KVB_SIMD_INLINE void attend_range(const DecodeAttentionParams& p, int b, int64_t
   const int hd = p.head_dim, H = p.num_qo_heads;
   const int64_t tok_stride = static_cast<int64_t>(p.num_kv_heads) * hd;
   const int64_t esz = kv_dtype_bytes(p.dtype), tok_bytes = tok_stride * esz;
-  const auto* kpool = static_cast<const uint16_t*>(p.k_pages);
-  const auto* vpool = static_cast<const uint16_t*>(p.v_pages);
+  using Elem = typename Lanes::Elem;
+  const auto* kpool = static_cast<const Elem*>(p.k_pages);
+  const auto* vpool = static_cast<const Elem*>(p.v_pages);
 
   w.q.resize(static_cast<size_t>(H) * hd);
   w.s.resize(static_cast<size_t>(group) * kTile);
@@ -155,7 +156,7 @@ KVB_SIMD_INLINE void attend_range(const DecodeAttentionParams& p, int b, int64_t
       for (int kvh = 0; kvh < p.num_kv_heads; ++kvh) {
         const int h0 = kvh * group;
         const int64_t off = static_cast<int64_t>(kvh) * hd;
-        const detail::HalfRows<Lanes> kr{kpool, rows, off}, vr{vpool, rows, off};
+        const detail::PoolRows<Lanes> kr{kpool, rows, off}, vr{vpool, rows, off};
         detail::tile_scores(w.q.data() + static_cast<int64_t>(h0) * hd, group, hd, kr, n,
                             w.s.data(), kTile, pf);
         for (int g = 0; g < group; ++g)
@@ -186,15 +187,20 @@ KVB_CPU_V3 void attend_range_v3(const DecodeAttentionParams& p, int b, int64_t j
 }
 #endif
 
-// The work item for the cache's dtype (fp16 or bf16: decode_attention_check refuses the rest) on
-// this CPU.
+// The work item for the cache's dtype (fp16, bf16; fp32 for the LibTorch adapter's float caches)
+// on this CPU.
 ItemFn pick_item(KvDtype d) {
-  const bool bf16 = d == KvDtype::kBF16;
 #if KVB_HAVE_CPU_V3
   static const bool v3 = detail::cpu_has_v3();
-  if (v3) return bf16 ? attend_range_v3<detail::Bf16Lanes> : attend_range_v3<detail::F16cLanes>;
+  if (v3) {
+    if (d == KvDtype::kF32) return attend_range_v3<detail::F32Lanes>;
+    return d == KvDtype::kBF16 ? attend_range_v3<detail::Bf16Lanes>
+                               : attend_range_v3<detail::F16cLanes>;
+  }
 #endif
-  return bf16 ? attend_range_baseline<detail::Bf16Lanes> : attend_range_baseline<detail::F16Lanes>;
+  if (d == KvDtype::kF32) return attend_range_baseline<detail::F32Lanes>;
+  return d == KvDtype::kBF16 ? attend_range_baseline<detail::Bf16Lanes>
+                             : attend_range_baseline<detail::F16Lanes>;
 }
 
 }  // namespace

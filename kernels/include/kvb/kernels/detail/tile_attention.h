@@ -52,7 +52,7 @@ KVB_SIMD_INLINE void tile_softmax(float* s, int64_t n, float* m, float* l, float
 // Where the products read their K/V rows: row(i) points at row i's first channel, and load8 /
 // load1 read channels from such a pointer as fp32. FloatRows: fp32 rows ld apart (a widened
 // tile, or the fp32 pages of paged_attention); the decode kernel reads its fp16 / bf16 pages
-// through an accessor of its own that widens in registers (half_rows.h, same interface).
+// through an accessor of its own that widens in registers (pool_rows.h, same interface).
 struct FloatRows {
   const float* p;
   int64_t ld;
