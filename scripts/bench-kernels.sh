@@ -117,6 +117,25 @@ if mhz and cpus and copy_gbs:
     w("A KIVI call reads 4x to 8x fewer bytes than an fp16 one but does the same arithmetic (plus")
     w("unpacking the codes), so its share of the copy bandwidth is bounded by that peak, not by memory:")
     w("where half the copy figure asks for less than the floor, no fp32 code on these cores meets it.")
+    # The paged fp16 call's cycles a position against the 512 of the peak (128 steps of 8 multiplies
+    # and 8 adds), and its instruction profile (callgrind, measured at the commit that set this text).
+    b = rows.get("BM_Decode/batch:1/ctx:32768/gather:0/bf16:0/real_time")
+    if b:
+        cyc = ms(b) / 1e3 * cpus * mhz * 1e6 / 32768
+        need = (b.get("bytes", 0) * ms(b) / 1e3) / (0.5 * copy_gbs * 1e9) * 1e3
+        met = "meets" if ms(b) <= need else "misses"
+        w("")
+        w(f"The paged fp16 kernel at 32K {met} half the copy figure: it took {cyc:.0f} core cycles a position")
+        w(f"({cpus} cores), against 512 at that peak. Its instruction profile (callgrind, repeatable on a shared")
+        w("machine: `valgrind --tool=callgrind ./build/tests/bench/kvb_bench")
+        w("--benchmark_filter='BM_Decode/batch:1/ctx:32768/gather:0/bf16:0' --benchmark_min_time=0.01`): 151M")
+        w("instructions a call, 4,600 a position (164M when the rows were widened into fp32 tiles in memory);")
+        w("63% of them the two inner loops, a step of 8 multiplies and 8 adds of 8 lanes and 2 F16C conversions")
+        w("in 21 instructions (scores) or 23 (value sums); 8% the prefetches, 4% the weight broadcasts, 25% the")
+        w("rest (the score blocks' lane sums, the softmax, tile set-up). The 128 steps of a position fill the")
+        w("two multiply and two add pipes for 512 cycles; the conversions, the loads and the instructions")
+        w("around the loops share the same cores, and FMA would not raise that peak (two FMA pipes of 8 lanes")
+        w("also do 16 multiply-adds a cycle). From memory, each position is 4 KiB of K and V.")
 # The batched-decode matmul: one thread, rows x SmolLM2's gate/up projection, tiled kernel vs BLAS.
 lin = {}
 for name, b in rows.items():

@@ -1,11 +1,11 @@
-// Optimised CPU decode attention over paged fp16/bf16 KV, dense or gathered (decode_attention.h),
-// and the fp32 merge of partial softmax states. One work item is (sequence, range of positions),
-// all kv heads. Per tile of kTile positions and per kv head, every query head of the group is
-// scored against the tile's K rows in register blocks (tile_attention.h), the K rows read from
-// the pages and widened to fp32 in registers (pool_rows.h); the online softmax is updated, and
-// the V rows are added into the group's outputs the same way. While a tile is computed the next
-// one's token rows are prefetched, a few cache lines per block of score rows. A sequence split
-// into ranges (when the batch alone gives the threads too few items) has its ranges' softmax
+// Optimised CPU decode attention over paged fp16/bf16 (or fp32) KV, dense or gathered
+// (decode_attention.h), and the fp32 merge of partial softmax states. One work item is (sequence,
+// range of positions), all kv heads. Per tile of kTile positions and per kv head, every query head
+// of the group is scored against the tile's K rows in register blocks (tile_attention.h), the K
+// rows read from the pages and widened to fp32 in registers (pool_rows.h); the online softmax is
+// updated, and the V rows are added into the group's outputs the same way. While a tile is computed
+// the next one's token rows are prefetched, a few cache lines per block of score rows. A sequence
+// split into ranges (when the batch alone gives the threads too few items) has its ranges' softmax
 // states merged at the end. The item is built for x86-64-v3 (F16C) and for the baseline
 // (cpu_clones.h's KVB_CPU_V3), with the same bits in both, and its softmax uses the exp of
 // fast_exp.h.
