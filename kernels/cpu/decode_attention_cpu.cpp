@@ -86,6 +86,7 @@ struct NextTilePrefetch {
       const char* row = (half ? v : k) + rows[r] * esz;
       const int64_t end = line + budget < row_lines ? line + budget : row_lines;
       budget -= end - line;
+#pragma GCC unroll 4
       for (; line < end; ++line) __builtin_prefetch(row + line * 64, 0, kPrefetchLocality);
       if (line == row_lines) {
         line = 0;

@@ -157,7 +157,10 @@ KVB_SIMD_INLINE void tile_values_block(float* o, int64_t hd, const f32x8* w, con
     for (int g = 0; g < NG; ++g)
       for (int j = 0; j < NV; ++j) acc[g][j] += w[g * n + i] * vv[j];
   }
+  // Unrolled by hand: as a loop, GCC copies the sums out through the stack.
+#pragma GCC unroll 8
   for (int g = 0; g < NG; ++g)
+#pragma GCC unroll 8
     for (int j = 0; j < NV; ++j) store8(o + g * hd + d0 + 8 * j, acc[g][j]);
 }
 
@@ -171,6 +174,7 @@ KVB_SIMD_INLINE void tile_values_heads(float* o, int64_t hd, const float* e, int
   for (int64_t i0 = 0; i0 < n; i0 += kValueChunk) {
     const int64_t cnt = n - i0 < kValueChunk ? n - i0 : kValueChunk;
     for (int g = 0; g < NG; ++g)
+#pragma GCC unroll 8
       for (int64_t i = 0; i < cnt; ++i) w[g * cnt + i] = splat8(e[g * lde + i0 + i]);
     const Rows vc = v.from(i0);
     int64_t d0 = 0;
