@@ -79,15 +79,17 @@ w("\"% of the copy bandwidth\": bytes the kernel reads per second over the copy'
 w("per second, both measured in the same process. The KIVI rows' bytes are the packed codes")
 w("and residual they read; an fp16 cache of the same context reads 4x (KIVI-4) to 8x (KIVI-2) more.")
 w("")
-w("How the kernels are built (kernels/cpu, kernels/include/kvb/kernels/detail): AVX2 clones of each")
-w("work item chosen at load time (`cpu_clones.h`, GCC `target_clones`; `-ffp-contract=off` so a clone")
-w("computes the baseline's bits); work items over token ranges of >= 512 positions across all KV heads")
-w("(the ranges' softmax states merged at the end); per tile of 32 positions the next tile's token rows")
-w("prefetched whole, the K and V rows widened to fp32 tiles in memory order (F16C, `widen_rows.h`; KIVI:")
-w("codes spread over lanes by shifts, values dequantized in registers), then per KV head the query")
-w("group's scores in register blocks of 4 heads x 2 rows and its value sums in blocks of 4 heads x 16")
-w("channels (`tile_attention.h`, an 8-lane vector type), between them an online softmax with a")
-w("vectorisable exp (`fast_exp.h`).")
+w("How the kernels are built (kernels/cpu, kernels/include/kvb/kernels/detail): work items over token")
+w("ranges of >= 512 positions across all KV heads (the ranges' softmax states merged at the end); per")
+w("tile of 32 positions and per KV head, the query group's scores in register blocks of 4 heads x 2 rows")
+w("and its value sums in blocks of 4 heads x 16 channels (`tile_attention.h`, an 8-lane vector type, the")
+w("weights broadcast once per 32 rows), between them an online softmax with a vectorisable exp")
+w("(`fast_exp.h`). The paged kernels read the fp16/bf16 rows straight from the pages and widen them in")
+w("registers (F16C, `pool_rows.h`; an x86-64-v3 build of the work item beside the baseline one,")
+w("`cpu_clones.h`) and prefetch the next tile's token rows into L2 (prefetcht1), a few cache lines per")
+w("block of score rows; KIVI spreads its codes over lanes by shifts and dequantizes them in registers,")
+w("its fp16 residual widened to fp32 tiles (`widen_rows.h`). `-ffp-contract=off`: every build of an")
+w("item computes the baseline's bits.")
 w("")
 # The arithmetic floor: every cached token and KV head costs group x head_dim multiply-adds for its
 # key and as many for its value, whatever the storage; 2 FP multiply and 2 FP add pipes of 8 lanes
@@ -115,6 +117,25 @@ if mhz and cpus and copy_gbs:
     w("A KIVI call reads 4x to 8x fewer bytes than an fp16 one but does the same arithmetic (plus")
     w("unpacking the codes), so its share of the copy bandwidth is bounded by that peak, not by memory:")
     w("where half the copy figure asks for less than the floor, no fp32 code on these cores meets it.")
+    # The paged fp16 call's cycles a position against the 512 of the peak (128 steps of 8 multiplies
+    # and 8 adds), and its instruction profile (callgrind, measured at the commit that set this text).
+    b = rows.get("BM_Decode/batch:1/ctx:32768/gather:0/bf16:0/real_time")
+    if b:
+        cyc = ms(b) / 1e3 * cpus * mhz * 1e6 / 32768
+        need = (b.get("bytes", 0) * ms(b) / 1e3) / (0.5 * copy_gbs * 1e9) * 1e3
+        met = "meets" if ms(b) <= need else "misses"
+        w("")
+        w(f"The paged fp16 kernel at 32K {met} half the copy figure: it took {cyc:.0f} core cycles a position")
+        w(f"({cpus} cores), against 512 at that peak. Its instruction profile (callgrind, repeatable on a shared")
+        w("machine: `valgrind --tool=callgrind ./build/tests/bench/kvb_bench")
+        w("--benchmark_filter='BM_Decode/batch:1/ctx:32768/gather:0/bf16:0' --benchmark_min_time=0.01`): 136M")
+        w("instructions a call, 4,150 a position (164M when the rows were widened into fp32 tiles in memory);")
+        w("70% of them the two inner loops, a step of 8 multiplies and 8 adds of 8 lanes and 2 F16C conversions")
+        w("in 21 instructions (scores) or 24 (value sums); 4% the prefetches, 2% the weight broadcasts, 24% the")
+        w("rest (the score blocks' lane sums, the softmax, tile set-up). The 128 steps of a position fill the")
+        w("two multiply and two add pipes for 512 cycles; the conversions, the loads and the instructions")
+        w("around the loops share the same cores, and FMA would not raise that peak (two FMA pipes of 8 lanes")
+        w("also do 16 multiply-adds a cycle). From memory, each position is 4 KiB of K and V.")
 # The batched-decode matmul: one thread, rows x SmolLM2's gate/up projection, tiled kernel vs BLAS.
 lin = {}
 for name, b in rows.items():

@@ -1,13 +1,14 @@
-// Optimised CPU decode attention over paged fp16/bf16 KV, dense or gathered (decode_attention.h),
-// and the fp32 merge of partial softmax states. One work item is (sequence, range of positions),
-// all kv heads. Per tile of kTile positions, the tile's K and V token rows are widened to fp32
-// tiles, one per kv head (F16C where the CPU has it, widen_rows.h); then per kv head every query
-// head of the group is scored against its K tile in register blocks (tile_attention.h), the online
-// softmax is updated, and the V tile is added into the group's outputs the same way. A sequence
-// split into ranges (when the batch
-// alone gives the threads too few items) has its ranges' softmax states merged at the end. The
-// item is compiled for AVX2 as well as the baseline (cpu_clones.h), with the same bits in both,
-// and its softmax uses the exp of fast_exp.h.
+// Optimised CPU decode attention over paged fp16/bf16 (or fp32) KV, dense or gathered
+// (decode_attention.h), and the fp32 merge of partial softmax states. One work item is (sequence,
+// range of positions), all kv heads. Per tile of kTile positions and per kv head, every query head
+// of the group is scored against the tile's K rows in register blocks (tile_attention.h), the K
+// rows read from the pages and widened to fp32 in registers (pool_rows.h); the online softmax is
+// updated, and the V rows are added into the group's outputs the same way. While a tile is computed
+// the next one's token rows are prefetched, a few cache lines per block of score rows. A sequence
+// split into ranges (when the batch alone gives the threads too few items) has its ranges' softmax
+// states merged at the end. The item is built for x86-64-v3 (F16C) and for the baseline
+// (cpu_clones.h's KVB_CPU_V3), with the same bits in both, and its softmax uses the exp of
+// fast_exp.h.
 
 #include <omp.h>
 
@@ -18,23 +19,29 @@
 #include "kvb/kernels/decode_attention.h"
 #include "kvb/kernels/detail/cpu_clones.h"
 #include "kvb/kernels/detail/dtype_io.h"
+#include "kvb/kernels/detail/pool_rows.h"
 #include "kvb/kernels/detail/tile_attention.h"
-#include "kvb/kernels/detail/widen_rows.h"
 
 namespace kvb::kernels {
 
 namespace {
 
-// Positions per tile. The whole tile is widened at once, token rows in memory order (128 KiB of
-// fp32 for K and as much for V at 8 kv heads x head_dim 128, in L2): widening one kv head at a time
-// keeps the fp32 tiles in L1 and costs ~20% fewer cycles on cached data, but reads every token row
-// in 256-byte pieces and was 15-25% slower at 32K from memory (tiles of 16 and 64: slower too).
+// Positions per tile: a tile's K and V token rows (64 KiB each at 8 kv heads x head_dim 128 in
+// fp16) and the next tile's, being prefetched, stay in L2. (When the rows were widened into fp32
+// tiles in memory, 32 was the best of 16, 32 and 64.)
 constexpr int kTile = 32;
 constexpr int64_t kMinRange = 512;  // positions per work item when a sequence is split
+// The tile prefetched while one is computed is kAhead tiles on (2 measured no better than 1), into
+// L2 only (prefetcht1): a tile's 128 KiB prefetched into the 32 KiB L1 evicted the lines in use,
+// and the 32K-position call spent ~40% more time than with L2 as the target.
+constexpr int kAhead = 1;
+constexpr int kRing = kAhead + 1;
+constexpr int kPrefetchLocality = 2;  // __builtin_prefetch's: 2 = prefetcht1 on x86
 
 struct Scratch {
-  std::vector<float> k, v, q, s;  // [kv heads, kTile, hd] x2, [H, hd], [group, kTile]
-  int64_t rows[2][kTile];         // pool element offsets of a tile's tokens (kv head 0)
+  std::vector<float> q, s;     // [H, hd], [group, kTile]
+  int64_t rows[kRing][kTile];  // pool element offsets of a tile's tokens (kv head 0)
+  int count[kRing];            // rows in each
 };
 
 // The pool rows of scan positions [t0, t1) of sequence b into rows[] (skipping the dead slots of a
@@ -60,21 +67,55 @@ int resolve_rows(const DecodeAttentionParams& p, int b, int64_t t0, int64_t t1, 
   return n;
 }
 
-// One work item: sequence b, positions [j0, j1) of its scan, every kv head. Its online-softmax
-// state per query head h of the sequence: m[h], l[h], acc[h * hd] (unnormalised). While a tile is
-// computed, the next tile's token rows (all kv heads of a token are adjacent) are prefetched whole.
-KVB_CPU_CLONES void attend_range(const DecodeAttentionParams& p, int b, int64_t j0, int64_t j1,
-                                 Scratch& w, float* m, float* l, float* acc) {
+// The next tile's token rows, K row then V row of each token (a token's kv heads are adjacent),
+// cache line by cache line, per_step lines at each call: the decode item calls it once per block
+// of score rows, so that the loads from memory go out between the arithmetic instead of stalling
+// it in one burst per tile. rest() issues whatever the tile's steps left.
+struct NextTilePrefetch {
+  const char* k;
+  const char* v;
+  const int64_t* rows;  // [n] pool element offsets
+  int n;
+  int64_t esz, row_lines, per_step;
+  int r = 0, half = 0;  // half 0: the K row, 1: the V row
+  int64_t line = 0;
+
+  KVB_SIMD_INLINE void operator()() {
+    int64_t budget = per_step;
+    while (budget > 0 && r < n) {
+      const char* row = (half ? v : k) + rows[r] * esz;
+      const int64_t end = line + budget < row_lines ? line + budget : row_lines;
+      budget -= end - line;
+#pragma GCC unroll 4
+      for (; line < end; ++line) __builtin_prefetch(row + line * 64, 0, kPrefetchLocality);
+      if (line == row_lines) {
+        line = 0;
+        r += half;
+        half ^= 1;
+      }
+    }
+  }
+  KVB_SIMD_INLINE void rest() {
+    per_step = row_lines * 2 * n;
+    (*this)();
+  }
+};
+
+// One work item: sequence b, positions [j0, j1) of its scan, every kv head, the pages' rows read
+// through Lanes (pool_rows.h). Its online-softmax state per query head h of the sequence: m[h],
+// l[h], acc[h * hd] (unnormalised).
+template <class Lanes>
+KVB_SIMD_INLINE void attend_range(const DecodeAttentionParams& p, int b, int64_t j0, int64_t j1,
+                                  Scratch& w, float* m, float* l, float* acc) {
   const int group = p.num_qo_heads / p.num_kv_heads;
   const int hd = p.head_dim, H = p.num_qo_heads;
   const int64_t tok_stride = static_cast<int64_t>(p.num_kv_heads) * hd;
   const int64_t esz = kv_dtype_bytes(p.dtype), tok_bytes = tok_stride * esz;
-  const char* kbase = static_cast<const char*>(p.k_pages);
-  const char* vbase = static_cast<const char*>(p.v_pages);
+  using Elem = typename Lanes::Elem;
+  const auto* kpool = static_cast<const Elem*>(p.k_pages);
+  const auto* vpool = static_cast<const Elem*>(p.v_pages);
 
   w.q.resize(static_cast<size_t>(H) * hd);
-  w.k.resize(static_cast<size_t>(kTile) * tok_stride);
-  w.v.resize(static_cast<size_t>(kTile) * tok_stride);
   w.s.resize(static_cast<size_t>(group) * kTile);
   detail::load_row(p.q, p.dtype, static_cast<int64_t>(b) * H * hd, static_cast<int64_t>(H) * hd,
                    w.q.data());
@@ -85,38 +126,82 @@ KVB_CPU_CLONES void attend_range(const DecodeAttentionParams& p, int b, int64_t 
   }
   std::fill(acc, acc + static_cast<int64_t>(H) * hd, 0.f);
 
-  int cur = 0;
-  int n = resolve_rows(p, b, j0, std::min(j1, j0 + kTile), w.rows[cur]);
-  for (int64_t t0 = j0; t0 < j1; t0 += kTile) {
-    const int64_t t1 = std::min(j1, t0 + kTile);
-    const int n_next =
-        t1 < j1 ? resolve_rows(p, b, t1, std::min(j1, t1 + kTile), w.rows[1 - cur]) : 0;
-    for (int i = 0; i < n_next; ++i)
-      for (int64_t off = 0; off < tok_bytes; off += 64) {
-        __builtin_prefetch(kbase + w.rows[1 - cur][i] * esz + off);
-        __builtin_prefetch(vbase + w.rows[1 - cur][i] * esz + off);
-      }
+  // Tile t's rows live in w.rows[t % kRing]; tile t + kAhead's are resolved and prefetched while
+  // tile t is computed.
+  const int64_t row_lines = (tok_bytes + 63) / 64;
+  auto tile_rows = [&](int64_t t) KVB_SIMD_INLINE_LAMBDA {
+    const int64_t a = j0 + t * kTile;
+    return a < j1 ? resolve_rows(p, b, a, std::min(j1, a + kTile), w.rows[t % kRing]) : 0;
+  };
+  auto prefetcher = [&](int64_t t, int cnt) KVB_SIMD_INLINE_LAMBDA {
+    return NextTilePrefetch{static_cast<const char*>(p.k_pages),
+                            static_cast<const char*>(p.v_pages),
+                            w.rows[t % kRing],
+                            cnt,
+                            esz,
+                            row_lines,
+                            0};
+  };
+  for (int64_t t = 0; t < kAhead; ++t) {
+    w.count[t % kRing] = tile_rows(t);
+    if (t > 0) prefetcher(t, w.count[t % kRing]).rest();
+  }
+  for (int64_t t = 0; j0 + t * kTile < j1; ++t) {
+    const int n = w.count[t % kRing];
+    const int n_ahead = w.count[(t + kAhead) % kRing] = tile_rows(t + kAhead);
+    NextTilePrefetch pf = prefetcher(t + kAhead, n_ahead);
+    const int64_t steps = p.num_kv_heads * detail::tile_scores_steps(group, n);
+    if (steps > 0) pf.per_step = (2 * row_lines * n_ahead + steps - 1) / steps;
     if (n > 0) {
-      // Whole token rows in memory order (the hardware prefetcher follows them), one fp32 tile per
-      // kv head; the group's products then run on a tile that stays in L1.
-      detail::widen_rows(p.k_pages, p.dtype, w.rows[cur], n, p.num_kv_heads, hd, w.k.data());
-      detail::widen_rows(p.v_pages, p.dtype, w.rows[cur], n, p.num_kv_heads, hd, w.v.data());
+      const int64_t* rows = w.rows[t % kRing];
       for (int kvh = 0; kvh < p.num_kv_heads; ++kvh) {
         const int h0 = kvh * group;
-        const float* kt = w.k.data() + static_cast<int64_t>(kvh) * n * hd;
-        const float* vt = w.v.data() + static_cast<int64_t>(kvh) * n * hd;
-        detail::tile_scores(w.q.data() + static_cast<int64_t>(h0) * hd, group, hd, kt, hd, n,
-                            w.s.data(), kTile);
+        const int64_t off = static_cast<int64_t>(kvh) * hd;
+        const detail::PoolRows<Lanes> kr{kpool, rows, off}, vr{vpool, rows, off};
+        detail::tile_scores(w.q.data() + static_cast<int64_t>(h0) * hd, group, hd, kr, n,
+                            w.s.data(), kTile, pf);
         for (int g = 0; g < group; ++g)
           detail::tile_softmax(w.s.data() + g * kTile, n, m + h0 + g, l + h0 + g,
                                acc + static_cast<int64_t>(h0 + g) * hd, hd);
-        detail::tile_values(acc + static_cast<int64_t>(h0) * hd, group, hd, w.s.data(), kTile, vt,
-                            hd, n);
+        detail::tile_values(acc + static_cast<int64_t>(h0) * hd, group, hd, w.s.data(), kTile, vr,
+                            n);
       }
     }
-    cur = 1 - cur;
-    n = n_next;
+    pf.rest();
   }
+}
+
+using ItemFn = void (*)(const DecodeAttentionParams&, int, int64_t, int64_t, Scratch&, float*,
+                        float*, float*);
+
+template <class Lanes>
+void attend_range_baseline(const DecodeAttentionParams& p, int b, int64_t j0, int64_t j1,
+                           Scratch& w, float* m, float* l, float* acc) {
+  attend_range<Lanes>(p, b, j0, j1, w, m, l, acc);
+}
+
+#if KVB_HAVE_CPU_V3
+template <class Lanes>
+KVB_CPU_V3 void attend_range_v3(const DecodeAttentionParams& p, int b, int64_t j0, int64_t j1,
+                                Scratch& w, float* m, float* l, float* acc) {
+  attend_range<Lanes>(p, b, j0, j1, w, m, l, acc);
+}
+#endif
+
+// The work item for the cache's dtype (fp16, bf16; fp32 for the LibTorch adapter's float caches)
+// on this CPU.
+ItemFn pick_item(KvDtype d) {
+#if KVB_HAVE_CPU_V3
+  static const bool v3 = detail::cpu_has_v3();
+  if (v3) {
+    if (d == KvDtype::kF32) return attend_range_v3<detail::F32Lanes>;
+    return d == KvDtype::kBF16 ? attend_range_v3<detail::Bf16Lanes>
+                               : attend_range_v3<detail::F16cLanes>;
+  }
+#endif
+  if (d == KvDtype::kF32) return attend_range_baseline<detail::F32Lanes>;
+  return d == KvDtype::kBF16 ? attend_range_baseline<detail::Bf16Lanes>
+                             : attend_range_baseline<detail::F16Lanes>;
 }
 
 }  // namespace
@@ -140,6 +225,7 @@ void decode_attention_cpu(const DecodeAttentionParams& p) {
   }
   const int64_t items = first[p.batch_size];
   std::vector<float> st_m(items * H), st_l(items * H), st_acc(items * H * hd);
+  const ItemFn attend = pick_item(p.dtype);
 #pragma omp parallel if (parallel)
   {
     Scratch w;
@@ -148,8 +234,8 @@ void decode_attention_cpu(const DecodeAttentionParams& p) {
       const int b =
           static_cast<int>(std::upper_bound(first.begin(), first.end(), it) - first.begin() - 1);
       const int64_t j0 = (it - first[b]) * chunk[b], j1 = std::min(scan[b], j0 + chunk[b]);
-      attend_range(p, b, j0, j1, w, st_m.data() + it * H, st_l.data() + it * H,
-                   st_acc.data() + it * H * hd);
+      attend(p, b, j0, j1, w, st_m.data() + it * H, st_l.data() + it * H,
+             st_acc.data() + it * H * hd);
     }
   }
   // Merge each sequence's ranges (one range: just the normalisation) and write the output.

@@ -1,5 +1,5 @@
 // widen_rows (detail/widen_rows.h): an F16C/AVX2 version and a portable one, picked once by the
-// CPU. A decode kernel calls it once per tile and kv head (a few thousand rows of work), so the
+// CPU. A decode kernel calls it once per tile (a few thousand elements of work), so the
 // indirect call costs nothing next to the conversion, which the portable fp16 path does in ~10
 // integer operations per 8 elements and F16C in one.
 

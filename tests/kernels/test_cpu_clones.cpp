@@ -14,7 +14,9 @@
 #include <random>
 #include <vector>
 
+#include "decode_test_util.h"
 #include "kvb/kernels/cpu_ops.h"
+#include "kvb/kernels/decode_attention.h"
 #include "kvb/kernels/detail/dtype_io.h"
 #include "kvb/kernels/detail/fast_exp.h"
 #include "kvb/kernels/detail/gemm.h"
@@ -312,6 +314,104 @@ TEST(CpuClones, LinearOneRowIsTheGemv) {
       }
     }
   }
+}
+
+// The paged fp16/bf16 decode kernel's arithmetic as plain scalar code, for sequences short enough
+// to be one work item each: q widened and scaled by sm_scale; the scan in tiles of 32 positions
+// (a tile holds fewer rows where a selected last page's dead slots are skipped); per tile the
+// scores in dot_f32's order, the max, exp_f32, the rescale, the weights summed in eight lanes, the
+// weighted value rows added in order; the output (0 + acc) / l, rounded to the cache's dtype.
+std::vector<uint16_t> decode_in_order(const testing::PagedCache& c) {
+  const DecodeAttentionParams p = c.params(nullptr);
+  const int group = c.group, hd = c.head_dim, H = c.qo_heads();
+  const int64_t tok = static_cast<int64_t>(c.kv_heads) * hd, tile = 32;
+  auto elem = [&](const std::vector<uint16_t>& x, int64_t i) {
+    return c.dtype == KvDtype::kBF16 ? bf16_to_float(x[i]) : half_to_float(x[i]);
+  };
+  std::vector<uint16_t> o(c.out_elems());
+  for (int b = 0; b < c.batch(); ++b) {
+    const int64_t scan = decode_scan_len(p, b), len = c.kv_lens[b];
+    const int32_t* pages = c.page_indices.data() + c.page_indptr[b];
+    // Each scan position's pool row, -1 for a dead slot.
+    std::vector<int64_t> row(scan);
+    for (int64_t j = 0; j < scan; ++j) {
+      int64_t pos = j;
+      if (c.gather == GatherMode::kTokens) pos = c.gather_indices[c.gather_indptr[b] + j];
+      if (c.gather == GatherMode::kPages)
+        pos = int64_t{c.gather_indices[c.gather_indptr[b] + j / c.page_size]} * c.page_size +
+              j % c.page_size;
+      row[j] = pos >= len ? -1 : (pages[pos / c.page_size] * c.page_size + pos % c.page_size) * tok;
+    }
+    for (int h = 0; h < H; ++h) {
+      const int64_t off = static_cast<int64_t>(h / group) * hd;
+      std::vector<float> q(hd), acc(hd, 0.f), s;
+      for (int d = 0; d < hd; ++d) q[d] = elem(c.q, (int64_t{b} * H + h) * hd + d) * p.sm_scale;
+      float m = -INFINITY, l = 0.f;
+      for (int64_t j0 = 0; j0 < scan; j0 += tile) {
+        std::vector<int64_t> rows;
+        for (int64_t j = j0; j < std::min(scan, j0 + tile); ++j)
+          if (row[j] >= 0) rows.push_back(row[j] + off);
+        const int64_t n = static_cast<int64_t>(rows.size());
+        if (n == 0) continue;
+        s.assign(n, 0.f);
+        float mx = m;
+        for (int64_t i = 0; i < n; ++i) {
+          float lane[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+          for (int d = 0; d < hd; ++d)
+            lane[d < hd / 8 * 8 ? d % 8 : 0] += q[d] * elem(c.k, rows[i] + d);
+          s[i] = ((lane[0] + lane[1]) + (lane[2] + lane[3])) +
+                 ((lane[4] + lane[5]) + (lane[6] + lane[7]));
+          mx = std::max(mx, s[i]);
+        }
+        const float corr = detail::exp_f32(m - mx);
+        for (int d = 0; d < hd; ++d) acc[d] *= corr;
+        for (int64_t i = 0; i < n; ++i) s[i] = detail::exp_f32(s[i] - mx);
+        float lane[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+        const int64_t n8 = n / 8 * 8;
+        for (int64_t i = 0; i < n8; ++i) lane[i % 8] += s[i];
+        float sum = ((lane[0] + lane[1]) + (lane[2] + lane[3])) +
+                    ((lane[4] + lane[5]) + (lane[6] + lane[7]));
+        for (int64_t i = n8; i < n; ++i) sum += s[i];
+        for (int64_t i = 0; i < n; ++i)
+          for (int d = 0; d < hd; ++d) acc[d] += s[i] * elem(c.v, rows[i] + d);
+        m = mx;
+        l = l * corr + sum;
+      }
+      const float inv = l > 0.f ? 1.f / l : 0.f;
+      for (int d = 0; d < hd; ++d)
+        o[(int64_t{b} * H + h) * hd + d] = testing::to_bits((0.f + acc[d]) * inv, c.dtype);
+    }
+  }
+  return o;
+}
+
+// Every register-blocking path of tile_attention.h over the pages' fp16 and bf16 rows widened in
+// registers: groups of 4, 2 and 1 heads (7 = 4 + 2 + 1), row remainders, value-channel blocks,
+// channel tails (head_dim 20, 72), page sizes above and below the tile, dense, token- and
+// page-gathered scans (the last with dead slots), an empty sequence.
+TEST(CpuClones, PagedDecodeIsTheInOrderScalarArithmeticBitForBit) {
+  struct Shape {
+    int kv_heads, group, hd, ps;
+    std::vector<int32_t> lens;
+  };
+  uint32_t seed = 21;
+  for (const Shape& sh : {Shape{8, 4, 128, 16, {1000, 0, 77}}, Shape{2, 4, 64, 16, {301}},
+                          Shape{1, 7, 72, 7, {530, 3}}, Shape{3, 3, 20, 16, {97}},
+                          Shape{2, 1, 8, 5, {260}}, Shape{1, 2, 128, 300, {299, 1000}}})
+    for (KvDtype dt : {KvDtype::kF16, KvDtype::kBF16})
+      for (int mode = 0; mode < 3; ++mode) {
+        std::mt19937 rng(seed++);
+        auto c = testing::make_paged_cache(dt, sh.lens, sh.kv_heads, sh.group, sh.hd, sh.ps, rng);
+        if (mode == 1) testing::set_token_gather(c, 0.5, rng);
+        if (mode == 2) testing::set_page_gather(c, 0.5, rng);
+        std::vector<uint16_t> o(c.out_elems(), testing::nan_bits(dt));
+        decode_attention_cpu(c.params(o.data()));
+        const std::vector<uint16_t> want = decode_in_order(c);
+        for (size_t i = 0; i < o.size(); ++i)
+          ASSERT_EQ(o[i], want[i])
+              << "element " << i << ", group " << sh.group << ", head_dim " << sh.hd << ", page "
+              << sh.ps << ", " << kv_dtype_name(dt) << ", gather " << mode;
+      }
 }
 
 // widen_rows (F16C on a CPU that has it) is half.h's exact conversion on every fp16 bit pattern

@@ -12,6 +12,22 @@
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && \
     !defined(KVB_NO_CPU_CLONES) && !defined(__CUDACC__)
 #define KVB_CPU_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
+#define KVB_HAVE_CPU_V3 1
 #else
 #define KVB_CPU_CLONES
+#define KVB_HAVE_CPU_V3 0
+#endif
+
+// A work item that needs an instruction the vector extensions cannot express (F16C's conversion)
+// is a template instantiated twice by hand instead: once in a KVB_CPU_V3 function, built for
+// x86-64-v3 only, and once in a plain one; the caller picks by cpu_has_v3(), the test the clones'
+// resolver makes. Same arithmetic in both, so the same bits.
+#if KVB_HAVE_CPU_V3
+#define KVB_CPU_V3 __attribute__((target("arch=x86-64-v3")))
+namespace kvb::kernels::detail {
+inline bool cpu_has_v3() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("x86-64-v3");
+}
+}  // namespace kvb::kernels::detail
 #endif

@@ -1,6 +1,7 @@
 #pragma once
-// fp16/bf16/fp32 cache rows gathered into a contiguous fp32 tile, the first step of the decode
-// kernels' tiles (tile_attention.h). fp16 goes through the CPU's conversion instruction (F16C)
+// fp16/bf16/fp32 cache rows gathered into a contiguous fp32 tile for tile_attention.h's products
+// (the KIVI decode kernel's fp16 residual rows; the paged decode kernel widens its rows in
+// registers instead, pool_rows.h). fp16 goes through the CPU's conversion instruction (F16C)
 // when it has one, chosen once at run time; the conversion is exact, so the choice changes no
 // number (a signalling NaN comes out quiet, still a NaN).
 // Internal: not part of the kernel API.
