@@ -42,7 +42,8 @@ nlohmann::json params(nlohmann::json extra) {
 }
 
 std::unique_ptr<KvCache> make(const std::string& name, const nlohmann::json& p) {
-  CacheContext ctx{test::stories260k()->config, test::stories260k()->device, test::stories260k()->dtype};
+  CacheContext ctx{test::stories260k()->config, test::stories260k()->device,
+                   test::stories260k()->dtype};
   return MethodRegistry::instance().create(name, ctx, p);
 }
 
@@ -57,7 +58,8 @@ at::Tensor trace(Engine& e, int64_t n_prompt, int64_t n_decode, int64_t* seq_out
   int64_t s = e.new_sequence();
   if (seq_out) *seq_out = s;
   std::vector<at::Tensor> rows;
-  e.prefill({s}, {prompt(n_prompt)}, [&](const at::Tensor& l, int64_t) { rows.push_back(l.clone()); });
+  e.prefill({s}, {prompt(n_prompt)},
+            [&](const at::Tensor& l, int64_t) { rows.push_back(l.clone()); });
   for (int64_t i = 0; i < n_decode; ++i)
     rows.push_back(e.decode({s}, {3 + (i * 31) % 500}).clone());
   return at::cat(rows);
@@ -77,7 +79,8 @@ TEST(KvtcAlloc, DpEqualsBruteForce) {
       const double var = U(rng);
       std::vector<double> d;
       // sigma^2 * 4^-b with a per-item wobble (not monotone-convex on purpose for b = 1).
-      for (int w : widths) d.push_back(w == 0 ? var : var * std::pow(4.0, -w) * (w == 1 ? U(rng) / 5 : 1.0));
+      for (int w : widths)
+        d.push_back(w == 0 ? var : var * std::pow(4.0, -w) * (w == 1 ? U(rng) / 5 : 1.0));
       dist.push_back(d);
       size.push_back(trial >= 3 ? 1 + static_cast<int64_t>(i % 3) : 1);
     }
@@ -98,16 +101,24 @@ TEST(KvtcAlloc, DpEqualsBruteForce) {
   }
 }
 
-TEST(KvtcAlloc, HandMadeVariances) {
-  // Variances 16, 4, 1, 0.25 with the high-rate model sigma^2 4^-b: budget 0 drops everything; with
-  // 6 bits the reverse water-filling answer gives 3, 2, 1, 0 bits.
-  const std::vector<int> widths = {0, 1, 2, 3, 4};
+// Per item and width, the high-rate model's distortion sigma^2 4^-b of a component of variance
+// sigma^2.
+std::vector<std::vector<double>> high_rate_distortions(const std::vector<double>& variances,
+                                                       const std::vector<int>& widths) {
   std::vector<std::vector<double>> dist;
-  for (double v : {16.0, 4.0, 1.0, 0.25}) {
+  for (double v : variances) {
     std::vector<double> d;
     for (int w : widths) d.push_back(v * std::pow(4.0, -w));
     dist.push_back(d);
   }
+  return dist;
+}
+
+TEST(KvtcAlloc, HandMadeVariances) {
+  // Variances 16, 4, 1, 0.25 with the high-rate model sigma^2 4^-b: budget 0 drops everything; with
+  // 6 bits the reverse water-filling answer gives 3, 2, 1, 0 bits.
+  const std::vector<int> widths = {0, 1, 2, 3, 4};
+  const auto dist = high_rate_distortions({16.0, 4.0, 1.0, 0.25}, widths);
   const std::vector<int64_t> size(4, 1);
   EXPECT_EQ(allocate_bits(dist, widths, size, 0).bits, (std::vector<int>{0, 0, 0, 0}));
   EXPECT_NEAR(allocate_bits(dist, widths, size, 0).distortion, 21.25, 1e-12);
@@ -122,12 +133,7 @@ TEST(KvtcAlloc, HandMadeVariances) {
 TEST(KvtcAlloc, UniformGivesOneWidthToTheLeadingComponents) {
   // Variances out of order (16 is item 1), high-rate distortions sigma^2 4^-b.
   const std::vector<int> widths = {0, 1, 2, 3, 4};
-  std::vector<std::vector<double>> dist;
-  for (double v : {1.0, 16.0, 0.25, 4.0}) {
-    std::vector<double> d;
-    for (int w : widths) d.push_back(v * std::pow(4.0, -w));
-    dist.push_back(d);
-  }
+  const auto dist = high_rate_distortions({1.0, 16.0, 0.25, 4.0}, widths);
   const std::vector<int64_t> size(4, 1);
   auto sum_of = [&](const std::vector<int>& bits) {
     double d = 0;
@@ -205,7 +211,8 @@ TEST(KvtcCoding, ZstdAndDeflateRoundTrip) {
   for (auto& x : random) x = static_cast<uint8_t>(rng());
   for (Entropy e : {Entropy::kZstd, Entropy::kDeflate, Entropy::kNone}) {
     for (const auto* src : {&skewed, &random}) {
-      std::vector<uint8_t> enc = entropy_encode(e, src->data(), src->size(), e == Entropy::kZstd ? 19 : 9);
+      std::vector<uint8_t> enc =
+          entropy_encode(e, src->data(), src->size(), e == Entropy::kZstd ? 19 : 9);
       std::vector<uint8_t> dec(src->size());
       entropy_decode(e, enc.data(), enc.size(), dec.data(), dec.size());
       EXPECT_EQ(dec, *src) << entropy_name(e);
@@ -239,11 +246,14 @@ TEST(KvtcCalib, EnergyCompactionWithAndWithoutRope) {
   EXPECT_NEAR(energy_fraction(pre, p), 1.0, 1e-9);
   EXPECT_NEAR(pre.variance.sum().item<double>(), pre.total_variance, 1e-6 * pre.total_variance);
   // Orthonormal basis.
-  EXPECT_LT((at::mm(pre.basis.t(), pre.basis) - at::eye(p, at::kDouble)).abs().max().item<double>(), 1e-9);
-  std::printf("[kvtc] energy in the top-k PCA components, all %ld layers x heads concatenated (p = %ld)\n",
-              static_cast<long>(c.n_layers), static_cast<long>(p));
+  EXPECT_LT((at::mm(pre.basis.t(), pre.basis) - at::eye(p, at::kDouble)).abs().max().item<double>(),
+            1e-9);
+  std::printf(
+      "[kvtc] energy in the top-k PCA components, all %ld layers x heads concatenated (p = %ld)\n",
+      static_cast<long>(c.n_layers), static_cast<long>(p));
   for (int64_t k : {p / 32, p / 16, p / 8, p / 4, p / 2}) {
-    const double a = energy_fraction(pre, k), b = energy_fraction(post, k), v = energy_fraction(val, k);
+    const double a = energy_fraction(pre, k), b = energy_fraction(post, k),
+                 v = energy_fraction(val, k);
     std::printf("[kvtc]   k=%3ld  keys pre-RoPE %.4f  keys post-RoPE %.4f  values %.4f\n",
                 static_cast<long>(k), a, b, v);
     RecordProperty("energy_k" + std::to_string(k) + "_pre_rope", std::to_string(a));
@@ -259,8 +269,9 @@ TEST(KvtcCalib, EnergyCompactionWithAndWithoutRope) {
     hp += energy_fraction(pca_fit(d.k_pre.narrow(1, h * c.head_dim, c.head_dim), -1), 2);
     hq += energy_fraction(pca_fit(d.k_post.narrow(1, h * c.head_dim, c.head_dim), -1), 2);
   }
-  std::printf("[kvtc]   per head (d=%ld), top-2 mean over %ld heads: pre-RoPE %.4f post-RoPE %.4f\n",
-              static_cast<long>(c.head_dim), static_cast<long>(H), hp / H, hq / H);
+  std::printf(
+      "[kvtc]   per head (d=%ld), top-2 mean over %ld heads: pre-RoPE %.4f post-RoPE %.4f\n",
+      static_cast<long>(c.head_dim), static_cast<long>(H), hp / H, hq / H);
 }
 
 TEST(KvtcCalib, TransformMeetsBudgetAndArtifactRoundTrips) {
@@ -274,7 +285,7 @@ TEST(KvtcCalib, TransformMeetsBudgetAndArtifactRoundTrips) {
   const int64_t p = c.n_layers * c.kv_dim();
   EXPECT_LE(a->k.code_bits_per_token, 2 * p);
   EXPECT_GE(a->k.code_bits_per_token, 2 * p - 8);  // the DP spends (almost) all of the budget
-  EXPECT_LT(a->k.components_used, p);               // some components dropped
+  EXPECT_LT(a->k.components_used, p);              // some components dropped
   EXPECT_GT(a->k.expected_mse, 0);
   EXPECT_LT(a->k.expected_mse, a->k.total_variance);
   ASSERT_FALSE(a->path.empty());
@@ -404,8 +415,12 @@ TEST(KvtcCache, BlocksHoldTheCodesAndFootprintIsTheirSize) {
   const auto& c = test::stories260k()->config;
   const int64_t L = c.n_layers, W = c.kv_dim(), P = L * W;
   for (const char* ent : {"deflate", "zstd", "none"}) {
-    const nlohmann::json p = params({{"ratio", 4}, {"window", 16}, {"block_tokens", 8}, {"sinks", 4},
-                                     {"entropy", ent}, {"exact_dtype", "fp32"}});
+    const nlohmann::json p = params({{"ratio", 4},
+                                     {"window", 16},
+                                     {"block_tokens", 8},
+                                     {"sinks", 4},
+                                     {"entropy", ent},
+                                     {"exact_dtype", "fp32"}});
     // The capture records the rows the engine hands to the kvtc cache it wraps.
     Capture capture(L);
     Capture* capp = &capture;
@@ -445,7 +460,8 @@ TEST(KvtcCache, BlocksHoldTheCodesAndFootprintIsTheirSize) {
                        got.size());
         ASSERT_EQ(got, want) << ent << " block " << b << " kind " << kv;
         // Round trip: decode -> reconstruct, error near the calibrated expectation.
-        std::vector<float> coef(static_cast<size_t>(n * tr.components_used)), out(static_cast<size_t>(n * P));
+        std::vector<float> coef(static_cast<size_t>(n * tr.components_used)),
+            out(static_cast<size_t>(n * P));
         unpack_block(tr, got.data(), got.size(), n, coef.data());
         reconstruct(tr, coef.data(), n, 0, P, out.data());
         at::Tensor R = at::from_blob(out.data(), {n, P}, at::kFloat);
@@ -454,8 +470,9 @@ TEST(KvtcCache, BlocksHoldTheCodesAndFootprintIsTheirSize) {
       }
     }
     const double rel = err / norm;
-    std::printf("[kvtc] %s: %ld block bytes for 64 coded tokens, relative reconstruction MSE %.4f\n", ent,
-                static_cast<long>(block_bytes), rel);
+    std::printf(
+        "[kvtc] %s: %ld block bytes for 64 coded tokens, relative reconstruction MSE %.4f\n", ent,
+        static_cast<long>(block_bytes), rel);
     EXPECT_LT(rel, 0.5);
     // Footprint: exact rows (fp32) + their positions + the blocks' real bytes, nothing else.
     const Footprint f = kvtc_cache.footprint();
@@ -467,18 +484,21 @@ TEST(KvtcCache, BlocksHoldTheCodesAndFootprintIsTheirSize) {
     EXPECT_EQ(f.tokens_held, 87);
     const auto ctr = kvtc_cache.counters();
     EXPECT_EQ(ctr.at("coded_tokens"), 64);
-    EXPECT_EQ(ctr.at("coded_k_payload_bytes") + ctr.at("coded_v_payload_bytes") + ctr.at("coded_header_bytes"),
+    EXPECT_EQ(ctr.at("coded_k_payload_bytes") + ctr.at("coded_v_payload_bytes") +
+                  ctr.at("coded_header_bytes"),
               static_cast<double>(block_bytes));
     if (std::string(ent) == "none") {
       EXPECT_EQ(ctr.at("entropy_gain"), 1.0);
     }
-    RecordProperty(std::string("coded_ratio_vs_16bit_") + ent, std::to_string(ctr.at("coded_ratio_vs_16bit")));
+    RecordProperty(std::string("coded_ratio_vs_16bit_") + ent,
+                   std::to_string(ctr.at("coded_ratio_vs_16bit")));
   }
 }
 
 TEST(KvtcCache, DeterministicAndCoarserIsWorse) {
   auto run = [&](double ratio, std::vector<std::vector<uint8_t>>* blocks) {
-    Engine e(test::stories260k(), make("kvtc", params({{"ratio", ratio}, {"window", 16}, {"block_tokens", 8}})));
+    Engine e(test::stories260k(),
+             make("kvtc", params({{"ratio", ratio}, {"window", 16}, {"block_tokens", 8}})));
     int64_t seq = 0;
     at::Tensor t = trace(e, 40, 60, &seq);
     if (blocks) *blocks = coded_blocks(e.kv(), seq);
@@ -498,7 +518,8 @@ TEST(KvtcCache, DeterministicAndCoarserIsWorse) {
 }
 
 TEST(KvtcCache, TruncateAndForkKeepBlocks) {
-  Engine e(test::stories260k(), make("kvtc", params({{"ratio", 8}, {"window", 16}, {"block_tokens", 8}})));
+  Engine e(test::stories260k(),
+           make("kvtc", params({{"ratio", 8}, {"window", 16}, {"block_tokens", 8}})));
   int64_t s = 0;
   trace(e, 60, 0, &s);  // 60 tokens: 4 sinks, 5 blocks (40), 16 tail
   EXPECT_EQ(coded_blocks(e.kv(), s).size(), 5u);
@@ -522,7 +543,9 @@ TEST(KvtcCache, ErrorsNameTheProblem) {
     EXPECT_NE(std::string(e.what()).find("entropy"), std::string::npos) << e.what();
   }
   // A calibration model that cannot be found fails when the first block is coded, naming it.
-  Engine e(test::stories260k(), make("kvtc", {{"calib_model", "/nonexistent/model"}, {"window", 4}, {"block_tokens", 4}}));
+  Engine e(
+      test::stories260k(),
+      make("kvtc", {{"calib_model", "/nonexistent/model"}, {"window", 4}, {"block_tokens", 4}}));
   try {
     trace(e, 20, 0);
     FAIL();
