@@ -18,7 +18,4 @@ namespace kvb::kernels::detail {
 void widen_rows(const void* base, KvDtype d, const int64_t* rows, int64_t n_rows, int64_t n_heads,
                 int64_t n_cols, float* out);
 
-// Whether widen_rows converts fp16 with F16C on this CPU (tests and benchmark notes).
-bool widen_rows_uses_f16c();
-
 }  // namespace kvb::kernels::detail
