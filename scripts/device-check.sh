@@ -513,7 +513,7 @@ if [ "$DRY" = 1 ] || [ -x "$KVBENCH" ]; then
     methods=$("$KVBENCH" methods 2>/dev/null | awk '{print $1}')
     EVICT=""
     for m in snapkv h2o tova streaming_llm; do
-      if echo "$methods" | grep -qx "$m"; then EVICT=$m; break; fi
+      if grep -qx "$m" <<<"$methods"; then EVICT=$m; break; fi
     done
   fi
   for cell in "${E2E_GRID[@]}"; do
@@ -612,10 +612,16 @@ except (OSError, subprocess.CalledProcessError):
     # No git checkout (the copy on the GPU machine may have none): what is here was carried, so
     # only whether each model is here can be checked.
     tracked = None
+def file_size(path):
+    # A file listed a moment ago may be gone (another process's scratch file in the tree): 0.
+    try:
+        return os.path.getsize(path) if os.path.isfile(path) else 0
+    except OSError:
+        return 0
 if tracked is not None:
-    size = sum(os.path.getsize(os.path.join(root, f)) for f in carried if os.path.isfile(os.path.join(root, f)))
+    size = sum(file_size(os.path.join(root, f)) for f in carried)
     for dirpath, _, files in os.walk(os.path.join(root, ".devdeps")):
-        size += sum(os.path.getsize(os.path.join(dirpath, f)) for f in files if os.path.isfile(os.path.join(dirpath, f)))
+        size += sum(file_size(os.path.join(dirpath, f)) for f in files)
     if size > 64 << 20:
         bad.append(f"the working tree the device tool carries is {size / 2**20:.1f} MiB, over its 64 MiB")
 def grid_models(name):
@@ -727,7 +733,7 @@ pack_returned() {
 if [ "$DRY" = 1 ]; then
   # Exercise the table on made-up inputs in a scratch directory (never in $OUT).
   FAKE=$WORK/dry-out
-  mkdir -p "$FAKE"
+  rm -rf "$FAKE" && mkdir -p "$FAKE"  # a previous dry run's packed files would be counted again
   cat >"$FAKE/kernel_bench.json" <<'EOF'
 {"device": {"name": "DRY", "sms": 132, "l2_bytes": 62914560}, "copy_gbps": 4300, "copy_gbps_end": 4290,
  "cases": [
@@ -742,7 +748,9 @@ EOF
   # What a full run leaves in OUT, every optional stage on: the table's files above plus stand-ins.
   for f in adapter_tests.json device-check.log reproduce-gpu.tar testbed-gpu.tar; do : >"$FAKE/$f"; done
   pack_returned "$FAKE" || E2E_CPU_BAD=$((E2E_CPU_BAD + 1))
-  if ! tar -tf "$FAKE/raw-json.tar" | grep -qx kernel_bench.json; then
+  # grep without -q reads the whole listing: -q's early exit would SIGPIPE tar and, under
+  # pipefail, fail the check at random.
+  if ! tar -tf "$FAKE/raw-json.tar" | grep -x kernel_bench.json >/dev/null; then
     say "raw-json.tar does not hold kernel_bench.json"
     E2E_CPU_BAD=$((E2E_CPU_BAD + 1))
   fi
