@@ -201,6 +201,9 @@ TextWindows make_windows(const Tokenizer& tokenizer, const std::string& text,
             " must be >= 0 (0: non-overlapping windows)");
   KVB_CHECK(options.max_windows >= 0, source, ": max_windows ", options.max_windows,
             " must be >= 0 (0: all windows)");
+  KVB_CHECK(options.skip_tokens >= 0, source, ": skip_tokens ", options.skip_tokens,
+            " must be >= 0");
+  const int64_t skip = options.skip_tokens;
 
   TextWindows out;
   out.options = options;
@@ -210,18 +213,20 @@ TextWindows make_windows(const Tokenizer& tokenizer, const std::string& text,
 
   // Tokenize only what the requested windows need.
   const int64_t needed =
-      options.max_windows > 0 ? (options.max_windows - 1) * stride + out.content_tokens : -1;
+      options.max_windows > 0 ? skip + (options.max_windows - 1) * stride + out.content_tokens : -1;
   const std::vector<int64_t> ids = encode_long_text(tokenizer, text, needed);
   out.tokens_tokenized = static_cast<int64_t>(ids.size());
   out.text_exhausted = needed < 0 || out.tokens_tokenized < needed;
   const int64_t n = out.tokens_tokenized;
-  KVB_CHECK(n >= out.content_tokens, source, ": the text has ", n,
-            " tokens, fewer than one window (", out.content_tokens, " text tokens",
-            bos ? " plus BOS" : "", ")");
+  KVB_CHECK(n >= skip + out.content_tokens, source, ": the text has ", n, " tokens, fewer than ",
+            skip > 0 ? "skip_tokens " + std::to_string(skip) + " plus " : std::string(),
+            "one window (", out.content_tokens, " text tokens", bos ? " plus BOS" : "", ")");
 
   std::string joined = "kvb-windows-v1|window_tokens=" + std::to_string(options.window_tokens) +
                        "|stride=" + std::to_string(stride) + "|bos=" + options.bos + "|";
-  for (int64_t start = 0; start + out.content_tokens <= n; start += stride) {
+  // Named only when set, so the hashes of windows from the text's start stay what they were.
+  if (skip > 0) joined += "skip=" + std::to_string(skip) + "|";
+  for (int64_t start = skip; start + out.content_tokens <= n; start += stride) {
     if (options.max_windows > 0 && static_cast<int64_t>(out.windows.size()) >= options.max_windows)
       break;
     TextWindow w;

@@ -64,6 +64,9 @@ struct WindowOptions {
   // content length: window_tokens - 1 with bos "each", window_tokens with "none").
   int64_t stride = 0;
   int64_t max_windows = 0;  // 0: every full window of the text
+  // Content tokens skipped before the first window: evaluation text after a span that calibrated
+  // a method on the same corpus (calib_skip_tokens names the other side of that split).
+  int64_t skip_tokens = 0;
   // "each": every window starts with BOS, which counts in window_tokens (the model then sees each
   // window as a fresh document); "none": windows are raw slices of the token stream.
   std::string bos = "each";

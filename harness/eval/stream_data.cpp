@@ -15,6 +15,8 @@ std::vector<StreamWindow> stream_windows(const std::string& tokenizer_path,
   wo.window_tokens = protocol["window"];
   wo.stride = protocol["stride"];
   wo.max_windows = protocol["max_windows"];
+  if (protocol.contains("skip_tokens") && !protocol["skip_tokens"].is_null())
+    wo.skip_tokens = protocol["skip_tokens"];
   // Each window is a fresh document as the tokenizer would start one: BOS first only where the
   // tokenizer adds one (SmolLM2's and Qwen's add none, so their windows are raw slices).
   wo.bos = tok.add_bos() ? "each" : "none";

@@ -242,6 +242,38 @@ TEST(DatasetWindows, MaxWindowsZeroTakesEveryFullWindowAndDropsTheTail) {
   EXPECT_EQ(make_windows(tok512(), text, o).windows.size(), w.windows.size());
 }
 
+TEST(DatasetWindows, SkipTokensStartsTheFirstWindowThatFarIntoTheText) {
+  const std::string text = stories();
+  WindowOptions o;
+  o.window_tokens = 128;
+  o.max_windows = 3;
+  const TextWindows from_start = make_windows(tok512(), text, o);
+  o.skip_tokens = 1000;
+  const TextWindows held_out = make_windows(tok512(), text, o);
+  ASSERT_EQ(held_out.windows.size(), 3u);
+  EXPECT_GE(held_out.tokens_tokenized, 1000 + 3 * 127);
+  const std::vector<int64_t> ids = encode_long_text(tok512(), text, 1000 + 3 * 127);
+  for (size_t i = 0; i < held_out.windows.size(); ++i) {
+    const TextWindow& win = held_out.windows[i];
+    EXPECT_EQ(win.start_token, 1000 + static_cast<int64_t>(i) * 127);
+    EXPECT_EQ(win.ids[0], tok512().bos_id());
+    EXPECT_TRUE(std::equal(win.ids.begin() + 1, win.ids.end(), ids.begin() + win.start_token));
+  }
+  EXPECT_NE(held_out.hash, from_start.hash);
+  EXPECT_NE(held_out.windows[0].hash, from_start.windows[0].hash);
+  // Skipping zero tokens is the plain windowing, hash included.
+  o.skip_tokens = 0;
+  EXPECT_EQ(make_windows(tok512(), text, o).hash, from_start.hash);
+  // A skip that leaves less than one window names both.
+  const std::string short_text = text.substr(0, 2000);
+  o.skip_tokens = 100000;
+  expect_kvb_error([&] { make_windows(tok512(), short_text, o, "short.txt"); },
+                   {"short.txt", "fewer than skip_tokens 100000 plus one window"});
+  o.skip_tokens = -5;
+  expect_kvb_error([&] { make_windows(tok512(), short_text, o, "short.txt"); },
+                   {"short.txt", "skip_tokens -5", ">= 0"});
+}
+
 TEST(DatasetWindows, HashesAreStableAndSensitive) {
   const std::string text = stories();
   WindowOptions o;

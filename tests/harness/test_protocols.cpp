@@ -111,6 +111,35 @@ TEST(Protocols, BuiltinsAreRegisteredWithTheirSchemasAndHints) {
                Error);
 }
 
+TEST(Protocols, StreamSkipTokensIsUnsetByDefaultAndShiftsTheWindows) {
+  auto stream = [](nlohmann::json extra) {
+    nlohmann::json p = {{"name", "stream"}, {"window", 128}, {"max_windows", 2}};
+    p.update(extra);
+    return resolve_run_config(
+        {{"model", test::models_dir() + "/stories260K"}, {"method", "full"}, {"protocol", p}});
+  };
+  const nlohmann::json plain = stream(nlohmann::json::object());
+  // Unset stays out of the resolved config, so every stored stream run keeps its hash.
+  EXPECT_FALSE(plain["protocol"].contains("skip_tokens")) << plain.dump();
+  const nlohmann::json skipped = stream({{"skip_tokens", 254}});
+  EXPECT_EQ(skipped["protocol"]["skip_tokens"], 254);
+  EXPECT_NE(run_config_hash(skipped), run_config_hash(plain));
+  // 254 content tokens are two windows of 127: the held-out windows are the plain run's third
+  // and fourth.
+  const std::string tok = test::models_dir() + "/stories260K/tok512.model";
+  std::string plain_hash, skipped_hash;
+  nlohmann::json four = plain["protocol"];
+  four["max_windows"] = 4;
+  const auto all = stream_windows(tok, four, test::data_dir(), &plain_hash);
+  const auto held_out = stream_windows(tok, skipped["protocol"], test::data_dir(), &skipped_hash);
+  ASSERT_EQ(all.size(), 4u);
+  ASSERT_EQ(held_out.size(), 2u);
+  EXPECT_EQ(held_out[0].tokens, all[2].tokens);
+  EXPECT_EQ(held_out[1].key, all[3].key);
+  EXPECT_NE(skipped_hash, plain_hash);
+  EXPECT_THROW(stream({{"skip_tokens", -1}}), Error);
+}
+
 TEST(Protocols, DuplicateOrMalformedRegistrationIsRefused) {
   EXPECT_THROW(ProtocolRegistry::instance().add(std::make_unique<ChainProtocol>()), Error);
 }

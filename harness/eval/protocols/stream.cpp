@@ -49,6 +49,11 @@ class StreamProtocol : public PlannedProtocol<StreamRun> {
                          int_param("stride", 0, 0, 1 << 20,
                                    "tokens between window starts; 0: window (no overlap)"),
                          int_param("max_windows", 4, 1, 1 << 20, "windows scored (samples)"),
+                         int_param("skip_tokens", 0, 0, 1 << 30,
+                                   "unset or 0: windows from the text's start; n: the first "
+                                   "window starts n content tokens in (text held out from a "
+                                   "calibration span before it)")
+                             .unset_by_default(),
                          int_param("prefill_tokens", 1, 1, 1 << 20,
                                    "tokens prefilled before token-by-token decoding (1: only BOS)"),
                          int_param("prefill_chunk", 512, 1, 1 << 20, "tokens per prefill step")}) {
