@@ -7,7 +7,6 @@
 
 #include <cmath>
 #include <filesystem>
-#include <map>
 #include <nlohmann/json.hpp>
 #include <string>
 
@@ -517,46 +516,6 @@ TEST(Reproduce, EndToEndOnStories260K) {
   ASSERT_EQ(again.exit_code, 0) << again.err;
   EXPECT_NE(again.err.find("0 cells ran, 2 already done"), std::string::npos) << again.err;
   EXPECT_NE(again.out.find("toy/bits: holds"), std::string::npos);
-}
-
-// The cheapest shipped claims, run as the suites ship them: their cells from an empty store (a few
-// seconds each on kvb-testbed, stories260K and the serving simulation), then the verdict, which
-// must be the one the shipped report states. The whole run is a command (README); these are its
-// part that CI runs.
-TEST(Reproduce, CheapestShippedClaimsHoldFromAnEmptyStore) {
-  const std::string root = gridtest::source_dir();
-  const std::vector<std::pair<std::string, std::string>> picks = {
-      {"kvtuner", "keys-more-sensitive"},
-      {"kvtc", "dp-beats-uniform-bits-16x"},
-      {"pagedattention", "paged-waste-under-4pct"},
-      {"pagedattention", "contiguous-max-waste-60pct"}};
-  Scratch s;
-  std::map<std::string, json> suites;
-  for (const auto& [paper, id] : picks) {
-    if (!suites.count(paper)) {
-      suites[paper] = json::parse(read_file(root + "/configs/reproduce/" + paper + ".json"));
-      suites[paper]["claims"] = json::array();
-    }
-    const json shipped = json::parse(read_file(root + "/configs/reproduce/" + paper + ".json"));
-    bool found = false;
-    for (const json& c : shipped["claims"])
-      if (c["id"] == id) {
-        suites[paper]["claims"].push_back(c);
-        found = true;
-      }
-    ASSERT_TRUE(found) << paper << "/" << id << " is not in the shipped suite";
-    const std::string page = read_file(root + "/results/reproduce/" + paper + ".md");
-    EXPECT_NE(page.find("### " + id + ": holds"), std::string::npos)
-        << "the shipped report of " << paper << " does not say " << id << " holds";
-  }
-  for (const auto& [paper, suite] : suites) write_file(s.dir + "/" + paper + ".json", suite.dump(2));
-  const test::CommandResult r = test::run_kvbench(
-      "reproduce --all --suites-dir " + s.dir + " --grids-dir " + root + "/configs/grids" +
-      " --db " + s.dir + "/db.sqlite --out-dir " + s.dir + "/reports --models-dir " +
-      test::models_dir() + " --data-dir " + test::data_dir());
-  ASSERT_EQ(r.exit_code, 0) << r.err;
-  for (const auto& [paper, id] : picks)
-    EXPECT_NE(r.out.find(paper + "/" + id + ": holds"), std::string::npos) << r.out;
 }
 
 }  // namespace
