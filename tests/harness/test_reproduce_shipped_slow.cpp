@@ -1,5 +1,5 @@
 // The cheapest shipped claims run from an empty store through the CLI, as `kvbench reproduce` runs
-// them (slow label: their cells take about 17 s, which the sanitized build would multiply).
+// them (slow label: their cells take about 20 s, which the sanitized build would multiply).
 #include <gtest/gtest.h>
 
 #include <map>
