@@ -174,6 +174,21 @@ TEST(CorpusTest, ChunkedEncodingEqualsWholeTextEncoding) {
 
 std::string stories() { return load_corpus("tinystories-valid-sample", ptest::data_dir())->text; }
 
+// Each window of `w` (BOS each, non-overlapping) is BOS then the slice of `ids` at
+// first_start + i * stride, indexed and hashed as such.
+void expect_bos_slices(const TextWindows& w, const std::vector<int64_t>& ids, int64_t first_start) {
+  for (size_t i = 0; i < w.windows.size(); ++i) {
+    const TextWindow& win = w.windows[i];
+    EXPECT_EQ(win.index, static_cast<int64_t>(i));
+    ASSERT_EQ(static_cast<int64_t>(win.ids.size()), w.options.window_tokens);
+    EXPECT_EQ(win.ids[0], tok512().bos_id());
+    EXPECT_EQ(win.start_token, first_start + static_cast<int64_t>(i) * w.options.stride);
+    EXPECT_TRUE(std::equal(win.ids.begin() + 1, win.ids.end(), ids.begin() + win.start_token));
+    EXPECT_EQ(win.hash, window_ids_hash(win.ids));
+    EXPECT_EQ(win.hash.size(), 64u);
+  }
+}
+
 TEST(DatasetWindows, SizesStrideAndBosEach) {
   const std::string text = stories();
   WindowOptions o;
@@ -187,17 +202,8 @@ TEST(DatasetWindows, SizesStrideAndBosEach) {
   // Tokenized only what the windows need (one ~32 KB chunk), not the 380k-token file.
   EXPECT_GE(w.tokens_tokenized, 5 * 127);
   EXPECT_LT(w.tokens_tokenized, 40000);
-  const std::vector<int64_t> ids = encode_long_text(tok512(), text, 5 * 127);
-  for (size_t i = 0; i < w.windows.size(); ++i) {
-    const TextWindow& win = w.windows[i];
-    EXPECT_EQ(win.index, static_cast<int64_t>(i));
-    ASSERT_EQ(win.ids.size(), 128u);
-    EXPECT_EQ(win.ids[0], tok512().bos_id());
-    EXPECT_EQ(win.start_token, static_cast<int64_t>(i) * 127);
-    EXPECT_TRUE(std::equal(win.ids.begin() + 1, win.ids.end(), ids.begin() + win.start_token));
-    EXPECT_EQ(win.hash, window_ids_hash(win.ids));
-    EXPECT_EQ(win.hash.size(), 64u);
-  }
+  EXPECT_EQ(w.windows[0].ids.size(), 128u);
+  expect_bos_slices(w, encode_long_text(tok512(), text, 5 * 127), 0);
   // No BOS inside the content.
   EXPECT_EQ(std::count(w.windows[1].ids.begin() + 1, w.windows[1].ids.end(), tok512().bos_id()), 0);
 }
@@ -252,13 +258,7 @@ TEST(DatasetWindows, SkipTokensStartsTheFirstWindowThatFarIntoTheText) {
   const TextWindows held_out = make_windows(tok512(), text, o);
   ASSERT_EQ(held_out.windows.size(), 3u);
   EXPECT_GE(held_out.tokens_tokenized, 1000 + 3 * 127);
-  const std::vector<int64_t> ids = encode_long_text(tok512(), text, 1000 + 3 * 127);
-  for (size_t i = 0; i < held_out.windows.size(); ++i) {
-    const TextWindow& win = held_out.windows[i];
-    EXPECT_EQ(win.start_token, 1000 + static_cast<int64_t>(i) * 127);
-    EXPECT_EQ(win.ids[0], tok512().bos_id());
-    EXPECT_TRUE(std::equal(win.ids.begin() + 1, win.ids.end(), ids.begin() + win.start_token));
-  }
+  expect_bos_slices(held_out, encode_long_text(tok512(), text, 1000 + 3 * 127), 1000);
   EXPECT_NE(held_out.hash, from_start.hash);
   EXPECT_NE(held_out.windows[0].hash, from_start.windows[0].hash);
   // Skipping zero tokens is the plain windowing, hash included.
