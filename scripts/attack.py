@@ -80,20 +80,25 @@ class Ctx:
             f.write(text)
         return path
 
-    def run(self, args, timeout=120, fsize=None, env=None, stdin=None):
-        """Runs kvbench with `args`; peak memory from wait4's rusage of that one child."""
+    def run(self, args, timeout=120, fsize=None, env=None, stdin=None, cwd=None, ignore_sigxfsz=True,
+            stdout_path=""):
+        """Runs kvbench with `args`; peak memory from wait4's rusage of that one child. stdout goes to
+        a captured file, or to `stdout_path`, or is closed when that is None."""
         def limits():
             if fsize is not None:
-                signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+                signal.signal(signal.SIGXFSZ, signal.SIG_IGN if ignore_sigxfsz else signal.SIG_DFL)
                 resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
+            if stdout_path is None:
+                os.close(1)
         e = dict(os.environ, OMP_NUM_THREADS="2")
         e.update(env or {})
-        out_f = tempfile.TemporaryFile()
+        out_f = tempfile.TemporaryFile() if stdout_path == "" else (
+            open(stdout_path, "wb") if stdout_path else subprocess.DEVNULL)
         err_f = tempfile.TemporaryFile()
         t0 = time.monotonic()
         p = subprocess.Popen([self.kvbench] + args, stdout=out_f, stderr=err_f, env=e,
                              stdin=stdin if stdin is not None else subprocess.DEVNULL,
-                             preexec_fn=limits, cwd=self.work)
+                             preexec_fn=limits, cwd=cwd or self.work)
         deadline = t0 + timeout
         while True:
             pid, status, ru = os.wait4(p.pid, os.WNOHANG)
@@ -109,10 +114,14 @@ class Ctx:
         code = os.waitstatus_to_exitcode(status)
         if code < 0:
             code = 128 - code
-        out_f.seek(0)
+        out = ""
+        if stdout_path == "":
+            out_f.seek(0)
+            out = out_f.read().decode(errors="replace")
+        elif stdout_path:
+            out_f.close()
         err_f.seek(0)
-        o = Obs(code, wall, ru.ru_maxrss / 1024.0, out_f.read().decode(errors="replace"),
-                err_f.read().decode(errors="replace"))
+        o = Obs(code, wall, ru.ru_maxrss / 1024.0, out, err_f.read().decode(errors="replace"))
         self.seen.append(o.err)
         return o
 
@@ -637,6 +646,574 @@ def _(ctx):
           all(f in (".", "..", "db.sqlite", "db.sqlite-wal", "db.sqlite-shm") for f in listing))
     failed = [l.strip() for l in out.splitlines() if "FAILED" in l]
     return Obs(code, wall, float("nan"), out, ""), rows, ok, failed[0][:200] if failed else out[-200:]
+
+
+FOREIGN = "foreign code: libraries, plugins, scheduler variables"
+
+
+def hostile_library(ctx, d):
+    """A shared library whose constructor creates $KVB_HOSTILE_MARKER; None without a C compiler."""
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        return None
+    src = ctx.write(d + "/hostile.c", "#include <fcntl.h>\n#include <stdlib.h>\n#include <unistd.h>\n"
+                    "__attribute__((constructor)) static void loaded(void) {\n"
+                    "  const char* m = getenv(\"KVB_HOSTILE_MARKER\");\n"
+                    "  if (m) close(open(m, O_WRONLY | O_CREAT, 0644));\n}\n")
+    lib = d + "/hostile.so"
+    if subprocess.call([cc, "-shared", "-fPIC", "-o", lib, src]) != 0:
+        return None
+    return lib
+
+
+def needed_libraries(path):
+    out = subprocess.run(["readelf", "-d", path], capture_output=True, text=True).stdout
+    return re.findall(r"\(NEEDED\)\s+Shared library: \[([^\]]+)\]", out)
+
+
+@case(FOREIGN, "a hostile copy of every library kvbench needs (libz.so.1, ...) in the working directory",
+      "exit 0, none of them loaded")
+def _(ctx):
+    d = ctx.dir("cwd-libs")
+    lib = hostile_library(ctx, d)
+    if lib is None:
+        return None, "-", None, "skipped: no C compiler"
+    names = needed_libraries(ctx.kvbench)
+    for n in names:
+        shutil.copy(lib, os.path.join(d, n))
+    marker = d + "/loaded"
+    o = ctx.run(["--version"], env={"KVB_HOSTILE_MARKER": marker}, cwd=d)
+    ok = o.code == 0 and not os.path.exists(marker) and len(names) > 3
+    return o, "-", ok, "%d libraries planted; %s" % (len(names), o.out.strip() or o.first_err_line())
+
+
+@case(FOREIGN, "RUNPATH of the binary", "every entry absolute (an empty one is the working directory)")
+def _(ctx):
+    out = subprocess.run(["readelf", "-d", ctx.kvbench], capture_output=True, text=True).stdout
+    paths = re.findall(r"\((?:RUNPATH|RPATH)\)\s+Library (?:runpath|rpath): \[([^\]]*)\]", out)
+    entries = [e for p in paths for e in p.split(":")]
+    ok = all(e.startswith("/") or e.startswith("$ORIGIN") for e in entries)
+    return None, "-", ok, "RUNPATH %s" % (":".join(paths) if paths else "(none)")
+
+
+@case(FOREIGN, "--plugin p.so (a bare name) with another p.so on LD_LIBRARY_PATH",
+      "the p.so in the working directory is loaded, not the other")
+def _(ctx):
+    d = ctx.dir("plugin-name")
+    lib = hostile_library(ctx, d)
+    if lib is None:
+        return None, "-", None, "skipped: no C compiler"
+    os.makedirs(d + "/cwd")
+    os.makedirs(d + "/other")
+    shutil.copy(lib, d + "/other/p.so")
+    ctx.write(d + "/cwd/p.so", "not a shared library")
+    marker = d + "/loaded"
+    o = ctx.run(["--plugin", "p.so", "methods"], cwd=d + "/cwd",
+                env={"KVB_HOSTILE_MARKER": marker, "LD_LIBRARY_PATH": d + "/other"})
+    ok = o.code == 2 and one_line(o.err) and "p.so" in o.err and not os.path.exists(marker)
+    return o, "-", ok, o.first_err_line()
+
+
+def shard_script(ctx, d, env):
+    """scripts/grid_shard.sh under `env` (a stand-in kvbench that records being started)."""
+    fake = ctx.write(d + "/fake-kvbench", "#!/bin/sh\ntouch %s/started\n" % d)
+    os.chmod(fake, 0o755)
+    e = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "KVB": fake}
+    e.update(env)
+    t0 = time.monotonic()
+    p = subprocess.run(["bash", os.path.join(ROOT, "scripts", "grid_shard.sh"), d + "/g.json", d + "/out"],
+                       env=e, capture_output=True, text=True, cwd=d)
+    o = Obs(p.returncode, time.monotonic() - t0, float("nan"), p.stdout, p.stderr)
+    return o, os.path.exists(d + "/started")
+
+
+SHARD_CASES = [
+    ("SLURM_ARRAY_TASK_ID holding a command substitution", "inject-id",
+     {"SLURM_ARRAY_TASK_ID": "a[$(touch pwned)]", "SLURM_ARRAY_TASK_COUNT": "4"}),
+    ("SLURM_ARRAY_TASK_MIN holding a command substitution", "inject-min",
+     {"SLURM_ARRAY_TASK_ID": "1", "SLURM_ARRAY_TASK_MIN": "x[$(touch pwned)]", "SLURM_ARRAY_TASK_COUNT": "4"}),
+    ("one task resubmitted (--array=2) without KVB_SHARD_COUNT", "resubmit",
+     {"SLURM_ARRAY_TASK_ID": "2", "SLURM_ARRAY_TASK_MIN": "2", "SLURM_ARRAY_TASK_MAX": "2",
+      "SLURM_ARRAY_TASK_COUNT": "1"}),
+    ("stepped array (--array=0-6:2) without KVB_SHARD_COUNT", "stepped",
+     {"SLURM_ARRAY_TASK_ID": "4", "SLURM_ARRAY_TASK_MIN": "0", "SLURM_ARRAY_TASK_MAX": "6",
+      "SLURM_ARRAY_TASK_STEP": "2", "SLURM_ARRAY_TASK_COUNT": "4"}),
+]
+
+
+def shard_refused(ctx, tag, env):
+    d = ctx.dir("shard-" + tag)
+    o, started = shard_script(ctx, d, env)
+    ok = o.code == 2 and not started and not os.path.exists(d + "/pwned") and not os.path.exists(d + "/out")
+    return o, "-", ok, o.first_err_line()
+
+
+for _label, _tag, _env in SHARD_CASES:
+    case(FOREIGN, "grid_shard.sh: " + _label, "exit 2 naming the variable, nothing run")(
+        lambda ctx, t=_tag, e=_env: shard_refused(ctx, t, e))
+
+
+@case(FOREIGN, "grid_shard.sh: resubmitted task 2 with KVB_SHARD_COUNT=4", "runs shard 2/4")
+def _(ctx):
+    d = ctx.dir("shard-resume")
+    o, started = shard_script(ctx, d, {"SLURM_ARRAY_TASK_ID": "2", "SLURM_ARRAY_TASK_MIN": "2",
+                                       "SLURM_ARRAY_TASK_MAX": "2", "SLURM_ARRAY_TASK_COUNT": "1",
+                                       "KVB_SHARD_COUNT": "4"})
+    ok = o.code == 0 and started and "shard 2/4" in o.err
+    return o, "-", ok, o.first_err_line()
+
+
+OUTPUT = "output: standard output and file size limits"
+
+
+@case(OUTPUT, "kvbench methods > /dev/full", "exit non-zero, one line naming standard output")
+def _(ctx):
+    o = ctx.run(["methods"], stdout_path="/dev/full")
+    ok = o.code != 0 and one_line(o.err) and "standard output" in o.err
+    return o, "-", ok, o.first_err_line()
+
+
+@case(OUTPUT, "kvbench leaderboard with standard output closed", "exit non-zero, one line naming standard output")
+def _(ctx):
+    d = ctx.dir("stdout-closed")
+    db = d + "/db.sqlite"
+    cfg = ctx.write(d + "/c.json", stream_cfg(ctx, windows=1))
+    ctx.run(["run", "-q", "-c", cfg, "--db", db, "--data-dir", ctx.data])
+    o = ctx.run(["leaderboard", "--db", db], stdout_path=None)
+    ok = o.code != 0 and one_line(o.err) and "standard output" in o.err
+    return o, db_rows(db), ok, o.first_err_line()
+
+
+@case(OUTPUT, "run under a 200 KiB file size limit with SIGXFSZ at its default (a batch scheduler's limit)",
+      "not killed by the signal: exit 2, one line naming the file")
+def _(ctx):
+    d = ctx.dir("sigxfsz")
+    cfg = ctx.write(d + "/c.json", stream_cfg(ctx, window=192, windows=3))
+    db = d + "/db.sqlite"
+    o = ctx.run(["run", "-q", "-c", cfg, "--db", db, "--cache-dir", d + "/cache", "--data-dir", ctx.data],
+                fsize=200 * 1024, ignore_sigxfsz=False)
+    ok = o.code == 2 and one_line(o.err) and (d + "/cache/") in o.err
+    return o, db_rows(db), ok, o.first_err_line()
+
+
+STALE = "stale results: on-disk caches"
+
+
+def run_level(db, name):
+    c = sqlite3.connect(db)
+    try:
+        row = c.execute("SELECT value FROM metrics WHERE name = ? AND layer IS NULL AND head IS NULL "
+                        "ORDER BY run_id DESC LIMIT 1", (name,)).fetchone()
+    finally:
+        c.close()
+    return None if row is None else row[0]
+
+
+def perturb_weights(model_dir):
+    """Negates every float of the first tensor of model.safetensors: same size, other weights."""
+    p = model_dir + "/model.safetensors"
+    with open(p, "r+b") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        header = json.loads(f.read(n))
+        name = sorted(k for k in header if k != "__metadata__")[0]
+        a, b = header[name]["data_offsets"]
+        f.seek(8 + n + a)
+        raw = bytearray(f.read(b - a))
+        for i in range(3, len(raw), 4):
+            raw[i] ^= 0x80
+        f.seek(8 + n + a)
+        f.write(raw)
+
+
+@case(STALE, "model weights replaced in place by others of the same size, then `full` again",
+      "the baseline is the new model's: full's KL exactly 0")
+def _(ctx):
+    d = ctx.dir("stale-weights")
+    m = d + "/model"
+    shutil.copytree(ctx.testbed, m)
+    cfg = ctx.write(d + "/c.json", stream_cfg(ctx, windows=2).replace(ctx.stories, m))
+    first = ctx.run(["run", "-q", "-c", cfg, "--db", d + "/a.sqlite", "--cache-dir", d + "/cache",
+                     "--data-dir", ctx.data])
+    size = os.path.getsize(m + "/model.safetensors")
+    perturb_weights(m)
+    o = ctx.run(["run", "-q", "-c", cfg, "--db", d + "/b.sqlite", "--cache-dir", d + "/cache",
+                 "--data-dir", ctx.data])
+    kl = run_level(d + "/b.sqlite", "kl_mean")
+    ok = first.code == 0 and o.code == 0 and size == os.path.getsize(m + "/model.safetensors") and kl == 0
+    return o, db_rows(d + "/b.sqlite"), ok, "full's kl_mean %s" % kl
+
+
+@case(STALE, "every baseline cache file zero-filled at its size, then `full` again",
+      "the damaged entries are recomputed: full's KL exactly 0")
+def _(ctx):
+    d = ctx.dir("stale-zero")
+    cfg = ctx.write(d + "/c.json", stream_cfg(ctx, windows=2))
+    first = ctx.run(["run", "-q", "-c", cfg, "--db", d + "/a.sqlite", "--cache-dir", d + "/cache",
+                     "--data-dir", ctx.data])
+    files = [os.path.join(r, f) for r, _, fs in os.walk(d + "/cache") for f in fs]
+    for f in files:
+        size = os.path.getsize(f)
+        with open(f, "r+b") as fh:
+            fh.write(b"\0" * size)
+    o = ctx.run(["run", "-q", "-c", cfg, "--db", d + "/b.sqlite", "--cache-dir", d + "/cache",
+                 "--data-dir", ctx.data])
+    kl = run_level(d + "/b.sqlite", "kl_mean")
+    ok = first.code == 0 and o.code == 0 and files and kl == 0
+    return o, db_rows(d + "/b.sqlite"), ok, "%d files zeroed; full's kl_mean %s" % (len(files), kl)
+
+
+READONLY = "read commands: read-only archives, nothing written"
+
+
+def archive(ctx, d, methods=("full", "static")):
+    """A results DB with one stream run per method, checkpointed; returns its path."""
+    db = d + "/archive/db.sqlite"
+    for m in methods:
+        cfg = ctx.write(d + "/%s.json" % m, stream_cfg(ctx, method=m, windows=2))
+        o = ctx.run(["run", "-q", "-c", cfg, "--db", db, "--cache-dir", d + "/cache", "--data-dir", ctx.data])
+        if o.code != 0:
+            raise RuntimeError("setup run failed: " + o.first_err_line())
+    c = sqlite3.connect(db)
+    c.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    c.close()
+    for f in os.listdir(d + "/archive"):
+        if f != "db.sqlite":
+            os.remove(os.path.join(d + "/archive", f))
+    return db
+
+
+def snapshot(folder):
+    """Names, sizes, mtimes and bytes of every file in `folder`."""
+    out = {}
+    for f in sorted(os.listdir(folder)):
+        p = os.path.join(folder, f)
+        st = os.stat(p)
+        out[f] = (st.st_size, st.st_mtime_ns, open(p, "rb").read())
+    return out
+
+
+def unchanged_after(ctx, d, db, commands):
+    before = snapshot(os.path.dirname(db))
+    obs = [ctx.run(c) for c in commands]
+    after = snapshot(os.path.dirname(db))
+    bad = [(c, o) for c, o in zip(commands, obs) if o.code != 0]
+    changed = sorted(set(before) ^ set(after)) or [f for f in before if before[f] != after.get(f)]
+    ok = not bad and not changed
+    note = ("%d commands, the folder byte-identical" % len(commands) if ok else
+            "changed: %s; failed: %s" % (changed, ["%s -> %d %s" % (c[0], o.code, o.first_err_line())
+                                                    for c, o in bad]))
+    return obs[-1], db_rows(db), ok, note
+
+
+@case(READONLY, "leaderboard, show, compare, grid --dry-run, merge (as input) on an archived DB",
+      "each exits 0; the DB's folder byte-identical, no -wal/-shm left, mtimes unchanged")
+def _(ctx):
+    d = ctx.dir("ro-archive")
+    db = archive(ctx, d)
+    g = {"name": "x", "base": json.loads(stream_cfg(ctx, windows=2)), "axes": {"method": ["full", "static"]}}
+    grid = ctx.write(d + "/g.json", json.dumps(g))
+    return unchanged_after(ctx, d, db, [
+        ["leaderboard", "--db", db], ["show", "1", "--db", db], ["compare", "1", "2", "--db", db],
+        ["grid", "--dry-run", "-c", grid, "--db", db], ["merge", d + "/out.sqlite", db]])
+
+
+@case(READONLY, "the same commands on a read-only mount (unshare -rm, bind mount ro)",
+      "each exits 0 (a reader never needs to write)")
+def _(ctx):
+    d = ctx.dir("ro-mount")
+    if shutil.which("unshare") is None or subprocess.call(
+            ["unshare", "-rm", "true"], stderr=subprocess.DEVNULL) != 0:
+        return None, "-", None, "skipped: no user and mount namespaces here"
+    db = archive(ctx, d)
+    cmds = [["leaderboard", "--db", db], ["show", "1", "--db", db], ["compare", "1", "2", "--db", db],
+            ["merge", d + "/out.sqlite", db]]
+    script = "mount --bind -o ro %s/archive %s/archive && mount -o remount,ro,bind %s/archive && " % (d, d, d)
+    script += " && ".join("%s %s > /dev/null 2>> %s/err" % (ctx.kvbench, " ".join(c), d) for c in cmds)
+    t0 = time.monotonic()
+    code = subprocess.call(["unshare", "-rm", "sh", "-c", script], env=dict(os.environ, OMP_NUM_THREADS="2"))
+    err = open(d + "/err").read() if os.path.exists(d + "/err") else ""
+    o = Obs(code, time.monotonic() - t0, float("nan"), "", err)
+    return o, db_rows(db), code == 0, o.first_err_line() or "all read"
+
+
+@case(READONLY, "leaderboard on a 0-byte file", "exit 2 naming it; the file stays 0 bytes")
+def _(ctx):
+    d = ctx.dir("zero-db")
+    db = ctx.write(d + "/db.sqlite", "")
+    o = ctx.run(["leaderboard", "--db", db])
+    ok = o.code == 2 and one_line(o.err) and db in o.err and os.path.getsize(db) == 0 and \
+        sorted(os.listdir(d)) == ["db.sqlite"]
+    return o, "%d bytes" % os.path.getsize(db), ok, o.first_err_line()
+
+
+@case(READONLY, "leaderboard while another process holds the DB's write lock",
+      "exit 0 within seconds (a WAL reader does not wait for a writer)")
+def _(ctx):
+    d = ctx.dir("ro-locked")
+    db = archive(ctx, d)
+    c = sqlite3.connect(db, isolation_level=None)
+    c.execute("PRAGMA journal_mode=WAL")
+    c.execute("BEGIN IMMEDIATE")
+    c.execute("UPDATE runs SET worker = worker")
+    try:
+        o = ctx.run(["leaderboard", "--db", db], timeout=60)
+    finally:
+        c.execute("ROLLBACK")
+        c.close()
+    ok = o.code == 0 and o.wall_s < 5
+    return o, db_rows(db), ok, o.first_err_line() or "read in %.2f s" % o.wall_s
+
+
+@case(READONLY, "run into a DB with a damaged page", "exit 2 naming the DB; the file unchanged")
+def _(ctx):
+    d = ctx.dir("corrupt-run")
+    db = archive(ctx, d, methods=("full",))
+    size = os.path.getsize(db)
+    with open(db, "r+b") as f:
+        f.seek(size - 4096 + 1000)
+        f.write(b"\xff" * 2000)
+    before = snapshot(d + "/archive")
+    cfg = ctx.write(d + "/s.json", stream_cfg(ctx, method="static", windows=2))
+    o = ctx.run(["run", "-q", "-c", cfg, "--db", db, "--data-dir", ctx.data])
+    after = snapshot(d + "/archive")
+    ok = o.code == 2 and one_line(o.err) and db in o.err and before["db.sqlite"] == after.get("db.sqlite")
+    return o, "damaged", ok, o.first_err_line()
+
+
+@case(READONLY, "show and merge (as input) over a DB with a damaged page", "exit 2 naming the DB")
+def _(ctx):
+    d = ctx.dir("corrupt-show")
+    db = archive(ctx, d, methods=("full",))
+    size = os.path.getsize(db)
+    with open(db, "r+b") as f:
+        f.seek(size - 4096 + 1000)
+        f.write(b"\xff" * 2000)
+    a = ctx.run(["show", "1", "--db", db])
+    o = ctx.run(["merge", d + "/out.sqlite", db])
+    ok = a.code == 2 and o.code == 2 and db in a.err and db in o.err
+    return o, "damaged", ok, a.first_err_line()
+
+
+@case(READONLY, "merge into a DB a live grid is writing", "the grid finishes every cell (exit 0)")
+def _(ctx):
+    d = ctx.dir("merge-live")
+    other = archive(ctx, d, methods=("full",))
+    g = {"name": "live", "base": json.loads(stream_cfg(ctx, window=48, windows=40)),
+         "axes": {"method": ["full", "static", "streaming_llm"]}}
+    cfg = ctx.write(d + "/g.json", json.dumps(g))
+    db = d + "/live.sqlite"
+    p = ctx.spawn(["grid", "--progress", "lines", "-c", cfg, "--db", db, "--data-dir", ctx.data], "merge-live-grid")
+    merges = []
+    t0 = time.monotonic()
+    while p.poll() is None and time.monotonic() - t0 < 120:
+        merges.append(ctx.run(["merge", db, other]).code)
+        time.sleep(0.2)
+    code = p.wait()
+    out = open(os.path.join(ctx.work, "merge-live-grid.out")).read()
+    ok = code == 0 and "FAILED" not in out
+    return Obs(code, time.monotonic() - t0, float("nan"), out, ""), db_rows(db), ok, \
+        "%d merges during the grid (exits %s)" % (len(merges), sorted(set(merges)))
+
+
+CONFIG = "config errors in grid, reproduce and serve: nothing written"
+
+
+@case(CONFIG, "grid with a method parameter out of range (snapkv budget 7)",
+      "exit 2 naming the cell and parameter, no DB; --dry-run says the same")
+def _(ctx):
+    d = ctx.dir("grid-param")
+    g = {"name": "bad", "base": json.loads(stream_cfg(ctx, windows=1)),
+         "axes": {"method": ["full", {"name": "snapkv", "params": {"budget": [0.5, 7]}}]}}
+    cfg = ctx.write(d + "/g.json", json.dumps(g))
+    dry = ctx.run(["grid", "--dry-run", "-c", cfg, "--db", d + "/db.sqlite"])
+    o, rows, ok, msg = expect_exit2(ctx, d, ["grid", "-c", cfg, "--db", d + "/db.sqlite", "--data-dir", ctx.data],
+                                    ["budget"], db=d + "/db.sqlite")
+    return o, rows, ok and dry.code == 2 and "budget" in dry.err, msg
+
+
+@case(CONFIG, "reproduce suite whose cell has a method parameter out of range",
+      "exit 2 naming the parameter, no DB")
+def _(ctx):
+    d = ctx.dir("repro-param")
+    os.makedirs(d + "/suites")
+    cell = json.loads(stream_cfg(ctx, windows=1))
+    bad = dict(cell, method={"name": "snapkv", "params": {"budget": 7}})
+    suite = {"paper": "bad", "title": "bad", "reference": "-", "setting": "-", "claims": [{
+        "id": "c", "statement": "s", "paper_value": "-", "source": "-",
+        "predicate": {"metric": "kl_mean", "kind": "difference", "direction": "greater", "threshold": 0.0},
+        "a": {"config": cell}, "b": {"config": bad}, "caveat": "-"}]}
+    ctx.write(d + "/suites/bad.json", json.dumps(suite))
+    return expect_exit2(ctx, d, ["reproduce", "bad", "--suites-dir", d + "/suites", "--db", d + "/db.sqlite",
+                                 "--out-dir", d + "/pages", "--data-dir", ctx.data],
+                        ["budget"], db=d + "/db.sqlite")
+
+
+@case(CONFIG, "serve with prefix_store 'redis://:notaport'", "exit 2 naming the URL, nothing written")
+def _(ctx):
+    return nothing_written(ctx, "serve-url", '{"name": "serve", "prefix_store": "redis://:notaport", '
+                           '"prefix_cache_gib": 1, "probe_lengths": "16,32"}', ["redis://:notaport"], '"full"')
+
+
+@case(CONFIG, "LongBench qa, `length: 0`, a context 40x the model's (10 MB)",
+      "exit 2 naming the sample and the context within seconds, nothing written")
+def _(ctx):
+    d = ctx.dir("lb-long")
+    ctx.write(d + "/lb.jsonl", json.dumps({"_id": "x", "input": "What?", "answers": ["a"],
+                                           "context": "Once upon a time. " * 600000, "length": 1}) + "\n")
+    ctx.write(d + "/tasks.json", open(os.path.join(ROOT, "configs", "examples", "longbench", "tasks.json")).read())
+    cfg = ctx.write(d + "/c.json", '{"model": "%s", "method": "full", "protocol": {"name": "qa", '
+                    '"source": "longbench", "length": 0, "path": "%s/lb.jsonl", "tasks": "%s/tasks.json"}}'
+                    % (ctx.stories, d, d))
+    return expect_exit2(ctx, d, ["run", "-c", cfg, "--db", d + "/db.sqlite"], ["context"], max_s=30,
+                        db=d + "/db.sqlite")
+
+
+@case(CONFIG, "the shipped LongBench example (configs/examples/qa_longbench.json)", "runs within the context: exit 0")
+def _(ctx):
+    d = ctx.dir("lb-example")
+    o = ctx.run(["run", "-q", "-c", os.path.join(ROOT, "configs", "examples", "qa_longbench.json"),
+                 "--db", d + "/db.sqlite"], timeout=300, cwd=ROOT)
+    return o, db_rows(d + "/db.sqlite"), o.code == 0, o.first_err_line() or "done"
+
+
+SIZES = "sizes read from input or flags"
+
+
+def fake_redis(reply):
+    """A one-shot loopback server answering any request with `reply`; returns (port, thread)."""
+    import socket
+    import threading
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(4)
+    srv.settimeout(60)
+
+    def serve():
+        try:
+            while True:
+                conn, _ = srv.accept()
+                conn.settimeout(5)
+                try:
+                    while conn.recv(65536):
+                        conn.sendall(reply)
+                except OSError:
+                    pass
+                conn.close()
+        except OSError:
+            pass
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    return srv, srv.getsockname()[1]
+
+
+@case(SIZES, "a Redis prefix store answering every request with a 16 GiB bulk length",
+      "exit 2 naming the reply, small memory")
+def _(ctx):
+    d = ctx.dir("redis-huge")
+    srv, port = fake_redis(b"$17179869184\r\nabc")
+    try:
+        cfg = ctx.write(d + "/c.json", '{"model": "%s", "method": "full", "protocol": {"name": "serve", '
+                        '"prefix_store": "redis://127.0.0.1:%d", "prefix_cache_gib": 1, '
+                        '"probe_lengths": "16,32"}}' % (ctx.stories, port))
+        o = ctx.run(["run", "-q", "-c", cfg, "--db", d + "/db.sqlite", "--data-dir", ctx.data], timeout=120)
+    finally:
+        srv.close()
+    ok = o.code == 2 and one_line(o.err) and ctx.small_memory(o, 600)
+    return o, db_rows(d + "/db.sqlite"), ok, o.first_err_line()
+
+
+@case(SIZES, "tokenizer.json with 40 chained ByteLevel pre-tokenizers", "exit 2 within seconds, small memory")
+def _(ctx):
+    d = ctx.dir("bytelevel-chain")
+    tok = {"version": "1.0", "added_tokens": [], "normalizer": None,
+           "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+               {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False}] * 40},
+           "post_processor": None, "decoder": None,
+           "model": {"type": "BPE", "vocab": {"a": 0, "b": 1}, "merges": []}}
+    path = ctx.write(d + "/tokenizer.json", json.dumps(tok))
+    o = ctx.run(["tokenize", "--tokenizer", path, "--text", "hello world " * 50], timeout=60)
+    ok = o.code == 2 and one_line(o.err) and o.wall_s < 10 and ctx.small_memory(o, 600)
+    return o, "-", ok, o.first_err_line()
+
+
+@case(SIZES, "a one-word 50 MB corpus as the stream dataset", "bounded memory (< 1 GiB), a clear outcome")
+def _(ctx):
+    d = ctx.dir("one-word")
+    with open(d + "/w.txt", "w") as f:
+        f.write("a" * (50 << 20))
+    cfg = ctx.write(d + "/c.json", stream_cfg(ctx, windows=1).replace('"tinystories-valid-sample"', '"%s/w.txt"' % d))
+    o = ctx.run(["run", "-q", "-c", cfg, "--db", d + "/db.sqlite"], timeout=300)
+    ok = o.code in (0, 2) and ctx.small_memory(o, 1024) and (o.code == 0 or one_line(o.err))
+    return o, db_rows(d + "/db.sqlite"), ok, o.first_err_line() or "done"
+
+
+@case(SIZES, "--set with a dotted key path of 100,000 components", "exit 2 at once")
+def _(ctx):
+    d = ctx.dir("dotted-set")
+    cfg = ctx.write(d + "/c.json", stream_cfg(ctx, windows=1))
+    return expect_exit2(ctx, d, ["run", "-c", cfg, "--db", d + "/db.sqlite", "--set", ".".join(["a"] * 100000) + "=1"],
+                        [], db=d + "/db.sqlite")
+
+
+@case(SIZES, "grid axis with a dotted key path of 100,000 components", "exit 2 at once")
+def _(ctx):
+    d = ctx.dir("dotted-axis")
+    g = '{"name": "x", "base": %s, "axes": {"%s": [1, 2]}}' % (stream_cfg(ctx, windows=1), ".".join(["a"] * 100000))
+    cfg = ctx.write(d + "/g.json", g)
+    return expect_exit2(ctx, d, ["grid", "--dry-run", "-c", cfg, "--db", d + "/db.sqlite"], [], db=d + "/db.sqlite")
+
+
+FLAG_CASES = [
+    ("compare --resamples 10^12", ["compare", "1", "2", "--resamples", "1000000000000"], "--resamples"),
+    ("bench --batch 1000000000", ["bench", "--batch", "1000000000"], "--batch"),
+    ("bench --context 10^12", ["bench", "--context", "1000000000000"], "--context"),
+    ("bench --repeats 10^12", ["bench", "--repeats", "1000000000000"], "--repeats"),
+]
+
+for _label, _args, _flag in FLAG_CASES:
+    case(SIZES, _label, "exit 2 naming the flag and its range, at once")(
+        lambda ctx, a=_args, f=_flag: expect_exit2(ctx, ctx.dir("flag"), a + ["--db", ctx.work + "/none.sqlite"]
+                                                   if a[0] == "compare" else a, [f]))
+
+
+SMALL = "messages and terminal output"
+
+
+@case(SMALL, "a method name holding NUL and 10 MB of text", "exit 2, one bounded line (< 1 KB), NUL shown escaped")
+def _(ctx):
+    d = ctx.dir("long-name")
+    cfg = ctx.write(d + "/c.json", json.dumps({"model": ctx.stories, "method": "a\u0000b" + "x" * (10 << 20),
+                                               "protocol": "stream"}))
+    o = ctx.run(["run", "-c", cfg, "--db", d + "/db.sqlite"])
+    ok = o.code == 2 and one_line(o.err) and len(o.err) < 1024 and "\\0" in o.err or "\\u0000" in o.err
+    return o, db_rows(d + "/db.sqlite"), ok, o.first_err_line()[:160]
+
+
+@case(SMALL, "show of a run whose stored error holds terminal escape sequences",
+      "no ESC or BEL byte reaches the terminal")
+def _(ctx):
+    d = ctx.dir("escapes")
+    db = archive(ctx, d, methods=("full",))
+    c = sqlite3.connect(db)
+    c.execute("UPDATE runs SET error = ?, worker = ?", ("\x1b]0;owned\x07\x1b[2J", "\x1b[31mred"))
+    c.commit()
+    c.close()
+    o = ctx.run(["show", "1", "--db", db])
+    ok = o.code == 0 and "\x1b" not in o.out and "\x07" not in o.out
+    return o, db_rows(db), ok, "escaped" if ok else repr(o.out[:120])
+
+
+@case(SMALL, "leaderboard --format md over a dataset path holding HTML", "the cell escaped (&lt;)")
+def _(ctx):
+    d = ctx.dir("md-html")
+    os.makedirs(d + "/<img src=x onerror=alert(1)>")
+    text = d + "/<img src=x onerror=alert(1)>/t.txt"
+    ctx.write(text, "Once upon a time there was a little cat. It liked to play in the sun. " * 100)
+    cfg = ctx.write(d + "/c.json", stream_cfg(ctx, windows=1).replace('"tinystories-valid-sample"', json.dumps(text)))
+    r = ctx.run(["run", "-q", "-c", cfg, "--db", d + "/db.sqlite"])
+    o = ctx.run(["leaderboard", "--db", d + "/db.sqlite", "--format", "md"])
+    ok = r.code == 0 and o.code == 0 and "<img" not in o.out
+    return o, db_rows(d + "/db.sqlite"), ok, "escaped" if ok else (r.first_err_line() or "raw <img in the page")
 
 
 # ------------------------------------------------------------------------------------------------

@@ -33,6 +33,13 @@ extern "C" void reproduce_on_signal(int sig) {
   (void)ignored;
 }
 
+void stop_deferring_signals() {
+  signal(SIGINT, SIG_DFL);
+  signal(SIGTERM, SIG_DFL);
+  // A signal that arrived after the last cell's boundary was deferred to a boundary that never comes.
+  if (const int sig = g_reproduce_stop.load(); sig != 0) raise(sig);
+}
+
 std::string read_text(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   KVB_CHECK(in.good(), path, ": cannot read");
@@ -159,6 +166,9 @@ void register_reproduce(CLI::App& app) {
         }
       }
     }
+    // The handler defers a signal to the next sample boundary; evaluating has none, and its pages are
+    // written atomically, so from here a signal ends the process at once as it normally would.
+    stop_deferring_signals();
     std::vector<SuiteReport> reports;
     for (const ReproSuite& s : suites) {
       SuiteReport r;

@@ -2,7 +2,13 @@
 // line and exits 2, an internal error exits 1 (harness/common/exit_status.h).
 
 #include <CLI/CLI.hpp>
+#include <fcntl.h>
+#include <signal.h>
+#include <unistd.h>
 
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <iostream>
 
@@ -34,9 +40,45 @@ void load_plugins_named_in(int argc, char** argv) {
   }
 }
 
+// A standard stream closed by the caller (`kvbench ... >&-`) would let the next file kvbench opens
+// take its descriptor, and results printed to "stdout" would land in that file (a baseline cache, a
+// page). Each closed one gets /dev/null instead; stdout read-only, so that a write to it still fails
+// and is reported below rather than vanishing.
+void reserve_standard_descriptors() {
+  const int modes[3] = {O_RDONLY, O_RDONLY, O_WRONLY};
+  for (int fd = 0; fd < 3; ++fd) {
+    if (::fcntl(fd, F_GETFD) != -1 || errno != EBADF) continue;
+    const int got = ::open("/dev/null", modes[fd]);
+    if (got != fd && got >= 0) ::close(got);  // lower ones were open: it took the lowest free one
+  }
+}
+
+// Results go to stdout, so a failed write there (a full disk, a closed stream, a file size limit)
+// is an error, never exit 0 with nothing written. Registered with atexit, so it runs on every normal
+// exit, std::exit from a command included; _Exit keeps the other handlers from flushing again.
+void check_stdout_at_exit() {
+  std::cout.flush();
+  const bool failed = std::cout.bad() || std::fflush(stdout) != 0 || std::ferror(stdout);
+  if (!failed) return;
+  // The failed write's errno is long overwritten by now. The reasons that matter last (a full disk,
+  // a file size limit, a closed stream), so one more byte to the same descriptor fails with it again.
+  errno = 0;
+  const int err = ::write(STDOUT_FILENO, "\n", 1) < 0 ? errno : 0;
+  std::fprintf(stderr, "kvbench: error: cannot write the results to standard output%s%s\n",
+               err != 0 ? ": " : "", err != 0 ? std::strerror(err) : "");
+  std::fflush(stderr);
+  std::_Exit(kvb::kExitUserError);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  reserve_standard_descriptors();
+  std::atexit(check_stdout_at_exit);
+  // Batch schedulers set a file size limit; past it the kernel sends SIGXFSZ, whose default action
+  // kills the process with a core. Ignored, the write fails with EFBIG instead and takes the same
+  // path as a full disk: one line naming the file, committed results kept.
+  ::signal(SIGXFSZ, SIG_IGN);
   kvb::apply_thread_policy(0);  // one thread pool from the start; configs may set a count later
   CLI::App app{"kvbench: a benchmark and evaluation harness for KV-cache compression methods"};
   try {

@@ -1,6 +1,12 @@
 #include "harness/kv/plugin.h"
 
 #include <dlfcn.h>
+#include <limits.h>
+#include <stdlib.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
 
 #include "harness/common/error.h"
 #include "harness/common/mapped_file.h"
@@ -11,12 +17,28 @@ namespace kvb {
 
 int host_plugin_abi_version() { return KVB_PLUGIN_ABI_VERSION; }
 
-void load_plugin(const std::string& path) {
+namespace {
+
+// The file to hand dlopen: always an absolute path. A name without a slash makes dlopen search the
+// library path (LD_LIBRARY_PATH, the binary's RUNPATH, the system directories), so `--plugin x.so`
+// could load some other x.so than the file the user named and this check found.
+std::string plugin_file(const std::string& path) {
   KVB_CHECK(file_exists(path), "--plugin ", path, ": file not found");
+  char* resolved = ::realpath(path.c_str(), nullptr);
+  KVB_CHECK(resolved != nullptr, "--plugin ", path, ": cannot resolve its path: ", std::strerror(errno));
+  std::string out(resolved);
+  std::free(resolved);
+  return out;
+}
+
+}  // namespace
+
+void load_plugin(const std::string& path) {
+  const std::string file = plugin_file(path);
   // A plugin's tools (KVB_REGISTER_TOOL) register from its static initialisers, inside dlopen.
   ToolRegistry& tools = ToolRegistry::instance();
   const auto tools_before = tools.names();
-  void* h = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  void* h = dlopen(file.c_str(), RTLD_NOW | RTLD_LOCAL);
   KVB_CHECK(h != nullptr, "--plugin ", path, ": cannot load: ", dlerror());
   const auto tool_errors = tools.take_registration_errors();
   KVB_CHECK(tool_errors.empty(), "--plugin ", path, ": tool registration failed: ",

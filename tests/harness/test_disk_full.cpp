@@ -1,6 +1,6 @@
-// A full disk, for real and without root: kvbench runs under RLIMIT_FSIZE (setrlimit in the child,
-// SIGXFSZ ignored), so a write past the limit fails with EFBIG exactly where a full disk fails with
-// ENOSPC. A baseline cache file that cannot be written fails the run with one line naming the file
+// A full disk, for real and without root: kvbench runs under RLIMIT_FSIZE (setrlimit in the child;
+// kvbench ignores SIGXFSZ itself, as a batch job under a scheduler's file size limit needs), so a
+// write past the limit fails with EFBIG exactly where a full disk fails with ENOSPC. A baseline cache file that cannot be written fails the run with one line naming the file
 // and leaves no temporary file; a results DB that cannot grow stops the grid with a non-zero exit,
 // keeps every committed sample, and the run resumes (taken over from the dead process) once there
 // is room, ending equal to a run that never lacked it.
@@ -28,17 +28,24 @@ using gridtest::read_file;
 using gridtest::write_file;
 using json = nlohmann::json;
 
-// Runs kvbench with `args` under a file size limit of `limit_bytes`; returns the exit code (128 +
-// signal when killed); stdout and stderr go to `out` and `err`.
+// Runs kvbench with `args` under a file size limit of `limit_bytes`, SIGXFSZ at its default action
+// (as a scheduler leaves it); returns the exit code (128 + signal when killed); stdout and stderr go
+// to `out` and `err` ("-" for stdout: closed).
 int run_limited(const std::vector<std::string>& args, rlim_t limit_bytes, const std::string& out,
                 const std::string& err) {
   const pid_t pid = ::fork();
   if (pid == 0) {
-    const int o = ::open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     const int e = ::open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    ::dup2(o, 1);
     ::dup2(e, 2);
-    ::signal(SIGXFSZ, SIG_IGN);  // kept across exec: a write past the limit fails with EFBIG
+    if (e != 2) ::close(e);
+    if (out == "-") {
+      ::close(1);
+    } else {
+      const int o = ::open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      ::dup2(o, 1);
+      if (o != 1) ::close(o);
+    }
+    ::signal(SIGXFSZ, SIG_DFL);
     const struct rlimit lim = {limit_bytes, limit_bytes};
     if (::setrlimit(RLIMIT_FSIZE, &lim) != 0) ::_exit(126);
     std::vector<char*> argv;
@@ -99,6 +106,30 @@ TEST(DiskFull, ACacheFileThatCannotBeWrittenFailsTheRunNamingItAndLeavesNothingB
   ResultsDb d(db);
   EXPECT_EQ(d.list_runs().at(0).status, RunStatus::kDone);
   EXPECT_EQ(d.sample_count(d.list_runs().at(0).id), 3);
+}
+
+// Results printed to a stdout that cannot take them (a full disk, here /dev/full; a file past the size
+// limit; a closed stream) are an error naming standard output, not exit 0 with nothing written.
+TEST(DiskFull, ResultsThatCannotBeWrittenToStdoutAreAnError) {
+  const std::string dir = test::make_temp_dir("diskfull_stdout");
+  const std::vector<std::string> args = {"methods"};
+  const rlim_t unlimited = RLIM_INFINITY;
+  EXPECT_EQ(run_limited(args, unlimited, dir + "/out", dir + "/err"), 0) << read_file(dir + "/err");
+  ASSERT_GT(read_file(dir + "/out").size(), 1000u);  // the listing is larger than the limit below
+  struct Case {
+    std::string out;
+    rlim_t limit;
+    std::string says;
+  };
+  for (const Case& c : {Case{"/dev/full", unlimited, "No space left on device"},
+                        Case{dir + "/small", 512, "File too large"}, Case{"-", unlimited, ""}}) {
+    const int code = run_limited(args, c.limit, c.out, dir + "/err");
+    const std::string err = read_file(dir + "/err");
+    EXPECT_EQ(code, 2) << c.out << ": " << err;
+    EXPECT_NE(err.find("kvbench: error: cannot write the results to standard output"), std::string::npos)
+        << c.out << ": " << err;
+    EXPECT_NE(err.find(c.says), std::string::npos) << c.out << ": " << err;
+  }
 }
 
 TEST(DiskFull, ADbThatCannotGrowStopsTheGridKeepsItsSamplesAndARerunFinishes) {

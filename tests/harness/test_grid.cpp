@@ -239,7 +239,9 @@ TEST(Grid, ThreeShardsInThreeProcessesMergedEqualTheUnshardedRun) {
   std::vector<std::map<std::string, std::string>> envs = {
       {{"SLURM_ARRAY_TASK_ID", "0"}, {"SLURM_ARRAY_TASK_COUNT", "3"}},
       {{"JOB_COMPLETION_INDEX", "1"}, {"KVB_SHARD_COUNT", "3"}},
-      {{"SLURM_ARRAY_TASK_ID", "3"}, {"SLURM_ARRAY_TASK_MIN", "1"}, {"SLURM_ARRAY_TASK_COUNT", "3"}},
+      // A resubmitted task (--array=2): its id is its shard; the count comes from KVB_SHARD_COUNT.
+      {{"SLURM_ARRAY_TASK_ID", "2"}, {"SLURM_ARRAY_TASK_MIN", "2"}, {"SLURM_ARRAY_TASK_MAX", "2"},
+       {"SLURM_ARRAY_TASK_COUNT", "1"}, {"KVB_SHARD_COUNT", "3"}},
   };
   std::vector<pid_t> pids;
   for (size_t i = 0; i < envs.size(); ++i) {
@@ -277,6 +279,42 @@ TEST(Grid, ThreeShardsInThreeProcessesMergedEqualTheUnshardedRun) {
   EXPECT_EQ(json::parse(again.out)["runs_added"], 0);
   EXPECT_EQ(json::parse(again.out)["runs_skipped"], 3);
   EXPECT_EQ(dump_db(dir + "/merged.sqlite").samples, a.samples);
+}
+
+// The shard script reads scheduler variables as plain integers only (a crafted value never reaches
+// bash arithmetic, which would run it as a command), and refuses a Slurm array that does not say how
+// many shards the grid has: a resubmitted task alone would otherwise run the whole grid as shard
+// 0/1, and a stepped array would leave shards unrun.
+TEST(Grid, ShardScriptRefusesCraftedAndPartialSchedulerVariablesBeforeRunning) {
+  const std::string dir = test::make_temp_dir("grid_shard_env");
+  const std::string script = gridtest::source_dir() + "/scripts/grid_shard.sh";
+  const std::string marker = dir + "/ran-a-command";
+  const std::string inject = "a[$(touch " + marker + ")]";
+  const std::vector<std::pair<std::map<std::string, std::string>, std::string>> cases = {
+      {{{"SLURM_ARRAY_TASK_ID", inject}, {"SLURM_ARRAY_TASK_COUNT", "3"}}, "SLURM_ARRAY_TASK_ID="},
+      {{{"SLURM_ARRAY_TASK_ID", "1"}, {"SLURM_ARRAY_TASK_MIN", inject}, {"SLURM_ARRAY_TASK_COUNT", "3"}},
+       "SLURM_ARRAY_TASK_MIN="},
+      {{{"JOB_COMPLETION_INDEX", "1"}, {"KVB_SHARD_COUNT", inject}}, "KVB_SHARD_COUNT="},
+      {{{"SLURM_ARRAY_TASK_ID", "2"}, {"SLURM_ARRAY_TASK_MIN", "2"}, {"SLURM_ARRAY_TASK_MAX", "2"},
+        {"SLURM_ARRAY_TASK_COUNT", "1"}},
+       "set KVB_SHARD_COUNT"},
+      {{{"SLURM_ARRAY_TASK_ID", "4"}, {"SLURM_ARRAY_TASK_MIN", "0"}, {"SLURM_ARRAY_TASK_MAX", "6"},
+        {"SLURM_ARRAY_TASK_STEP", "2"}, {"SLURM_ARRAY_TASK_COUNT", "4"}},
+       "set KVB_SHARD_COUNT"},
+      {{{"KVB_SHARD_INDEX", "3"}, {"KVB_SHARD_COUNT", "3"}}, "not below the shard count"},
+  };
+  for (size_t i = 0; i < cases.size(); ++i) {
+    auto env = cases[i].first;
+    env["KVB"] = test::kvbench_binary();
+    const std::string out_dir = dir + "/out" + std::to_string(i);
+    const pid_t pid = spawn({"/bin/bash", script, dir + "/none.json", out_dir}, dir + "/stdout",
+                            dir + "/stderr", env);
+    EXPECT_EQ(wait_exit(pid), 2) << "case " << i;
+    EXPECT_NE(read_file(dir + "/stderr").find(cases[i].second), std::string::npos)
+        << "case " << i << ": " << read_file(dir + "/stderr");
+    EXPECT_FALSE(std::ifstream(out_dir).good()) << "case " << i << " created its output folder";
+  }
+  EXPECT_FALSE(std::ifstream(marker).good()) << "a scheduler variable ran a command";
 }
 
 // A ~3 KB grid whose method parameter lists multiply to 200^4 = 1.6e9 methods: refused from the
