@@ -17,6 +17,7 @@
 #include "harness/formats/gguf.h"
 #include "harness/formats/finite_check.h"
 #include "harness/formats/llama2c_format.h"
+#include "harness/formats/model_family.h"
 #include "harness/formats/safetensors.h"
 #include "harness/model/huge_page_weights.h"
 #include "harness/model/synthetic_presets.h"
@@ -204,7 +205,7 @@ void load_hf(Model& m, const std::string& dir, const LoadOptions& opts) {
     return st_to_tensor(st.get(name), st.file_of(name), shape, dt, dev);
   };
   // Norm weights in fp32; Gemma's RMSNorm multiplies by (1 + w), computed in fp32 as it does.
-  const bool plus_one = c.arch == "gemma3_text";
+  const bool plus_one = family_of(c).gemma_block;
   auto norm = [&](const std::string& name, int64_t n) {
     at::Tensor w = st_to_tensor(st.get(name), st.file_of(name), {n}, at::kFloat, dev);
     return plus_one ? w.add_(1.0) : w;
@@ -218,13 +219,13 @@ void load_hf(Model& m, const std::string& dir, const LoadOptions& opts) {
   } else {
     m.weights.lm_head = get("lm_head.weight", {V, D});
   }
-  const bool phi3 = c.arch == "phi3";
+  const bool fused = family_of(c).fused_projections;
   for (int64_t l = 0; l < c.n_layers; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
     LayerWeights L;
     L.attn_norm = norm(p + "input_layernorm.weight", D);
     // Phi-3 stores q/k/v and gate/up fused, in the engine's row order already.
-    if (phi3) {
+    if (fused) {
       L.wqkv = get(p + "self_attn.qkv_proj.weight", {Q + 2 * KV, D});
     } else {
       L.wqkv = at::cat({get(p + "self_attn.q_proj.weight", {Q, D}),
@@ -249,7 +250,7 @@ void load_hf(Model& m, const std::string& dir, const LoadOptions& opts) {
     } else {
       L.ffn_norm = norm(p + "post_attention_layernorm.weight", D);
     }
-    if (phi3) {
+    if (fused) {
       L.w13 = get(p + "mlp.gate_up_proj.weight", {2 * F, D});
     } else {
       L.w13 = at::cat({get(p + "mlp.gate_proj.weight", {F, D}), get(p + "mlp.up_proj.weight", {F, D})});
@@ -364,7 +365,7 @@ void load_gguf(Model& m, const std::string& path) {
     }
     // Phi-3's gate_up_proj stays fused as ffn_up [2F, D], gate rows first (llama.cpp's SwiGLU
     // halves it so): the engine's w13 as it is.
-    if (!f.has_tensor(p + "ffn_gate.weight") && c.arch == "phi3") {
+    if (!f.has_tensor(p + "ffn_gate.weight") && family_of(c).fused_projections) {
       L.w13 = get(p + "ffn_up.weight", {2 * F, D});
     } else {
       L.w13 = at::cat({get(p + "ffn_gate.weight", {F, D}), get(p + "ffn_up.weight", {F, D})});

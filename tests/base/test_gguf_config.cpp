@@ -105,7 +105,7 @@ TEST(GgufModelConfig, RefusesWhatTheEngineDoesNotImplement) {
   q.str("general.architecture", "falcon");
   expect_kvb_error([&] { config_of(q); },
                    {"<tiny>", "general.architecture 'falcon' is not supported (llama, qwen2, "
-                              "qwen3, gemma3, phi3)"});
+                              "qwen3, phi3, gemma3)"});
   // Keys llama.cpp's llama graph does not read but which would change the model.
   expect_kvb_error([&] { config_of(tiny_llama("", [](GgBuild& b) {
                      b.u32("llama.attention.sliding_window", 8);
