@@ -429,152 +429,188 @@ void export_hf_model(const TrainWeights& w, const ModelConfig& c, const std::str
   }
 }
 
-TrainSummary run_training(const TrainOptions& opts) {
-  // ---- config ----
-  nlohmann::json cj = parse_json(read_text_file(opts.config_path), opts.config_path);
-  for (const auto& o : opts.overrides) apply_train_override(cj, o);
-  TrainConfig cfg = parse_train_config(cj, opts.config_path);
-  const std::string out = opts.out_dir.empty() ? "runs/train/" + cfg.name : opts.out_dir;
-  const std::string ckpt_dir = out + "/checkpoints";
-  fs::create_directories(ckpt_dir);
-  // One trainer per output directory: a second one would interleave checkpoints and the log.
-  OutDirLock lock(out);
-  const std::string data_dir = resolve_data_dir(opts.data_dir);
-  const std::string hash = trajectory_hash(cj);
-  if (opts.fresh) {
-    for (const auto& [s, p] : list_checkpoints(ckpt_dir)) fs::remove(p);
-    fs::remove(out + "/train_log.jsonl");
-  }
-  write_text_file_atomic(out + "/train_config.json", cj.dump(2) + "\n");
+namespace {
 
-  // ---- tokenizer ----
-  std::string tok_path = out + "/tokenizer.model";
-  if (!cfg.tokenizer_path.empty()) {
-    write_text_file_atomic(tok_path, read_text_file(cfg.tokenizer_path));
-  } else if (!fs::exists(tok_path)) {
-    train_tokenizer(cfg, data_dir, out);
-  }
-  auto tok = std::make_shared<Tokenizer>(tok_path);
-  ModelConfig mc = cfg.model;
-  mc.vocab_size = tok->vocab_size();
-  mc.bos_id = tok->bos_id();
-  mc.eos_ids = {tok->eos_id()};
-  mc.validate(opts.config_path);
+// One `kvbench train` invocation: the recipe and its output directory, the tokenizer, the weights
+// and optimiser state (resumed from the newest checkpoint), then steps until the schedule, a stop
+// option or the time limit ends it. Each phase is a method; run() is the order they run in.
+class TrainingRun {
+ public:
+  explicit TrainingRun(const TrainOptions& opts) : opts_(opts) {}
 
-  // ---- weights, optimiser, resume ----
-  const c10::Device dev = parse_device(cfg.device);
-  const c10::ScalarType dt = cfg.dtype == "bf16" ? at::kBFloat16 : at::kFloat;
-  KVB_CHECK(dt == at::kFloat || dev.is_cuda(), opts.config_path,
-            ": 'dtype' bf16 is for CUDA; the CPU trains in fp32");
-  TrainWeights w = init_train_weights(mc, cfg.init_std, cfg.seed, cfg.device);
-  Adam adam;
-  for (const auto& t : w.tensors) {
-    adam.m.push_back(at::zeros_like(t).detach());
-    adam.v.push_back(at::zeros_like(t).detach());
+  TrainSummary run() {
+    read_recipe();
+    OutDirLock lock(out_);  // one trainer per output directory: a second would interleave checkpoints
+    start_output_dir();
+    prepare_tokenizer();
+    init_state();
+    sum_.total_steps = total_;
+    if (opts_.export_only) {
+      KVB_CHECK(step_ > 0, out_, ": no checkpoint to export");
+      sum_.steps_done = step_;
+      export_model();
+      return sum_;
+    }
+    data_ = std::make_unique<TrainData>(cfg_, tok_, data_dir_);
+    if (!opts_.quiet) print_plan();
+    if (opts_.show_rows > 0) {
+      show_rows();
+      return sum_;
+    }
+    open_log();
+    heldout_ = data_->heldout_windows(cfg_.eval_windows, cfg_.stages.back().seq_len);
+    probe_n_ = std::min<int64_t>({48, (cfg_.stages.front().seq_len - 1) / 2, tok_->vocab_size() - 3});
+    probe_rows_ = induction_rows(*tok_, std::max<int64_t>(probe_n_, 0), 8);
+    train_loop();
+    sum_.steps_done = step_;
+    if (step_ == total_) export_model();
+    return sum_;
   }
-  int64_t step = 0;
-  auto ckpts = list_checkpoints(ckpt_dir);
-  if (!ckpts.empty()) {
-    const std::string& path = ckpts.back().second;
+
+ private:
+  void read_recipe() {
+    cj_ = parse_json(read_text_file(opts_.config_path), opts_.config_path);
+    for (const auto& o : opts_.overrides) apply_train_override(cj_, o);
+    cfg_ = parse_train_config(cj_, opts_.config_path);
+    out_ = opts_.out_dir.empty() ? "runs/train/" + cfg_.name : opts_.out_dir;
+    ckpt_dir_ = out_ + "/checkpoints";
+    fs::create_directories(ckpt_dir_);
+  }
+
+  void start_output_dir() {
+    data_dir_ = resolve_data_dir(opts_.data_dir);
+    hash_ = trajectory_hash(cj_);
+    if (opts_.fresh) {
+      for (const auto& [s, p] : list_checkpoints(ckpt_dir_)) fs::remove(p);
+      fs::remove(out_ + "/train_log.jsonl");
+    }
+    write_text_file_atomic(out_ + "/train_config.json", cj_.dump(2) + "\n");
+  }
+
+  void prepare_tokenizer() {
+    tok_path_ = out_ + "/tokenizer.model";
+    if (!cfg_.tokenizer_path.empty()) {
+      write_text_file_atomic(tok_path_, read_text_file(cfg_.tokenizer_path));
+    } else if (!fs::exists(tok_path_)) {
+      train_tokenizer(cfg_, data_dir_, out_);
+    }
+    tok_ = std::make_shared<Tokenizer>(tok_path_);
+    mc_ = cfg_.model;
+    mc_.vocab_size = tok_->vocab_size();
+    mc_.bos_id = tok_->bos_id();
+    mc_.eos_ids = {tok_->eos_id()};
+    mc_.validate(opts_.config_path);
+  }
+
+  // Weights, optimiser state, the step they are at, and the RoPE tables.
+  void init_state() {
+    dev_ = parse_device(cfg_.device);
+    dt_ = cfg_.dtype == "bf16" ? at::kBFloat16 : at::kFloat;
+    KVB_CHECK(dt_ == at::kFloat || dev_.is_cuda(), opts_.config_path,
+              ": 'dtype' bf16 is for CUDA; the CPU trains in fp32");
+    w_ = init_train_weights(mc_, cfg_.init_std, cfg_.seed, cfg_.device);
+    for (const auto& t : w_.tensors) {
+      adam_.m.push_back(at::zeros_like(t).detach());
+      adam_.v.push_back(at::zeros_like(t).detach());
+    }
+    auto ckpts = list_checkpoints(ckpt_dir_);
+    if (!ckpts.empty()) {
+      resume_from(ckpts.back().second);
+    } else if (!cfg_.init_from.empty()) {
+      init_from(cfg_.init_from);
+    }
+    total_ = cfg_.total_steps();
+    compute_rope_tables(mc_, cfg_.max_seq_len(), &rope_cos_, &rope_sin_);
+    rope_cos_ = rope_cos_.to(dev_);
+    rope_sin_ = rope_sin_.to(dev_);
+  }
+
+  void resume_from(const std::string& path) {
     SafetensorsFile f(path);
     const auto& md = f.metadata();
     KVB_CHECK(md.count("format") && md.at("format") == kCheckpointFormat, path,
               ": not a kvbench training checkpoint");
-    KVB_CHECK(md.count("config_hash") && md.at("config_hash") == hash, path,
+    KVB_CHECK(md.count("config_hash") && md.at("config_hash") == hash_, path,
               ": written under a different recipe (the config changed); run with --fresh to start over,",
               " or restore the config");
     at::NoGradGuard ng;
-    for (size_t i = 0; i < w.names.size(); ++i) {
-      w.tensors[i].copy_(st_to_f32(f.get("param/" + w.names[i]), path));
-      adam.m[i].copy_(st_to_f32(f.get("adam_m/" + w.names[i]), path));
-      adam.v[i].copy_(st_to_f32(f.get("adam_v/" + w.names[i]), path));
+    for (size_t i = 0; i < w_.names.size(); ++i) {
+      w_.tensors[i].copy_(st_to_f32(f.get("param/" + w_.names[i]), path));
+      adam_.m[i].copy_(st_to_f32(f.get("adam_m/" + w_.names[i]), path));
+      adam_.v[i].copy_(st_to_f32(f.get("adam_v/" + w_.names[i]), path));
     }
-    step = std::stoll(md.at("step"));
-    if (!opts.quiet) std::cerr << "kvbench train: resuming from " << path << " (step " << step << ")\n";
-  } else if (!cfg.init_from.empty()) {
-    SafetensorsFile f(cfg.init_from);
+    step_ = std::stoll(md.at("step"));
+    if (!opts_.quiet) std::cerr << "kvbench train: resuming from " << path << " (step " << step_ << ")\n";
+  }
+
+  void init_from(const std::string& path) {
+    SafetensorsFile f(path);
     const auto& md = f.metadata();
-    KVB_CHECK(md.count("format") && md.at("format") == kCheckpointFormat, cfg.init_from,
+    KVB_CHECK(md.count("format") && md.at("format") == kCheckpointFormat, path,
               ": 'init_from' is not a kvbench training checkpoint");
     at::NoGradGuard ng;
-    for (size_t i = 0; i < w.names.size(); ++i) {
-      const std::string n = "param/" + w.names[i];
-      KVB_CHECK(f.has(n), cfg.init_from, ": no tensor '", n, "' (a different architecture?)");
-      at::Tensor t = st_to_f32(f.get(n), cfg.init_from);
-      KVB_CHECK(t.sizes() == w.tensors[i].sizes(), cfg.init_from, ": tensor '", n, "' has shape ",
-                t.sizes(), ", the recipe wants ", w.tensors[i].sizes());
-      w.tensors[i].copy_(t);
+    for (size_t i = 0; i < w_.names.size(); ++i) {
+      const std::string n = "param/" + w_.names[i];
+      KVB_CHECK(f.has(n), path, ": no tensor '", n, "' (a different architecture?)");
+      at::Tensor t = st_to_f32(f.get(n), path);
+      KVB_CHECK(t.sizes() == w_.tensors[i].sizes(), path, ": tensor '", n, "' has shape ", t.sizes(),
+                ", the recipe wants ", w_.tensors[i].sizes());
+      w_.tensors[i].copy_(t);
     }
-    if (!opts.quiet)
-      std::cerr << "kvbench train: weights from " << cfg.init_from << " (step "
+    if (!opts_.quiet)
+      std::cerr << "kvbench train: weights from " << path << " (step "
                 << (md.count("step") ? md.at("step") : "?") << ", sha256 "
-                << sha256_file_hex(cfg.init_from).substr(0, 16) << "...)\n";
+                << sha256_file_hex(path).substr(0, 16) << "...)\n";
   }
-  const int64_t total = cfg.total_steps();
-  TrainSummary sum;
-  sum.total_steps = total;
 
-  auto save_checkpoint = [&](int64_t s) {
+  void save_checkpoint(int64_t s) {
     std::vector<at::Tensor> cpu;  // keep the copies alive while writing
     std::vector<StWriteEntry> e;
-    for (size_t i = 0; i < w.names.size(); ++i) {
-      for (auto [prefix, t] : {std::pair<const char*, const at::Tensor*>{"param/", &w.tensors[i]},
-                               {"adam_m/", &adam.m[i]}, {"adam_v/", &adam.v[i]}}) {
+    for (size_t i = 0; i < w_.names.size(); ++i) {
+      for (auto [prefix, t] : {std::pair<const char*, const at::Tensor*>{"param/", &w_.tensors[i]},
+                               {"adam_m/", &adam_.m[i]}, {"adam_v/", &adam_.v[i]}}) {
         cpu.push_back(t->detach().to(at::kCPU).contiguous());
-        e.push_back(st_entry(prefix + w.names[i], cpu.back()));
+        e.push_back(st_entry(prefix + w_.names[i], cpu.back()));
       }
     }
-    write_safetensors(checkpoint_path(ckpt_dir, s), e,
+    write_safetensors(checkpoint_path(ckpt_dir_, s), e,
                       {{"format", kCheckpointFormat}, {"step", std::to_string(s)},
-                       {"config_hash", hash}, {"name", cfg.name}});
-    auto all = list_checkpoints(ckpt_dir);  // keep the two newest
+                       {"config_hash", hash_}, {"name", cfg_.name}});
+    auto all = list_checkpoints(ckpt_dir_);  // keep the two newest
     for (size_t i = 0; i + 2 < all.size(); ++i) fs::remove(all[i].second);
-  };
-
-  auto rope_len = cfg.max_seq_len();
-  at::Tensor rope_cos, rope_sin;
-  compute_rope_tables(mc, rope_len, &rope_cos, &rope_sin);
-  rope_cos = rope_cos.to(dev);
-  rope_sin = rope_sin.to(dev);
-
-  auto finish_export = [&]() {
-    const std::string dir = out + "/model";
-    ModelConfig ec = mc;
-    ec.max_seq_len = cfg.max_seq_len();
-    export_hf_model(w, ec, tok_path, dir);
-    write_text_file_atomic(dir + "/TRAINING.md",
-                           training_summary(cfg, ec, cj, log_path_of(out), step));
-    sum.model_dir = dir;
-    if (!opts.quiet) std::cerr << "kvbench train: exported " << dir << "\n";
-  };
-  if (opts.export_only) {
-    KVB_CHECK(step > 0, out, ": no checkpoint to export");
-    sum.steps_done = step;
-    finish_export();
-    return sum;
   }
 
-  TrainData data(cfg, tok, data_dir);
-  if (!opts.quiet) {
-    std::cerr << "kvbench train: " << cfg.name << ": " << mc.parameter_count() << " parameters, vocab "
-              << mc.vocab_size << ", " << data.train_tokens() << " training / "
-              << data.heldout_tokens() << " held-out text tokens, " << total << " steps, "
+  void export_model() {
+    const std::string dir = out_ + "/model";
+    ModelConfig ec = mc_;
+    ec.max_seq_len = cfg_.max_seq_len();
+    export_hf_model(w_, ec, tok_path_, dir);
+    write_text_file_atomic(dir + "/TRAINING.md", training_summary(cfg_, ec, cj_, log_path_of(out_), step_));
+    sum_.model_dir = dir;
+    if (!opts_.quiet) std::cerr << "kvbench train: exported " << dir << "\n";
+  }
+
+  void print_plan() const {
+    std::cerr << "kvbench train: " << cfg_.name << ": " << mc_.parameter_count() << " parameters, vocab "
+              << mc_.vocab_size << ", " << data_->train_tokens() << " training / "
+              << data_->heldout_tokens() << " held-out text tokens, " << total_ << " steps, "
               << at::get_num_threads() << " threads\n";
   }
-  if (opts.show_rows > 0) {
-    for (int64_t r = 0; r < opts.show_rows; ++r) {
-      const TrainStage& st = cfg.stage_at(opts.show_step);
-      auto row = data.row(opts.show_step, r, st.seq_len);
-      std::cout << "=== step " << opts.show_step << " row " << r << " (" << row.tokens.size()
+
+  void show_rows() const {
+    for (int64_t r = 0; r < opts_.show_rows; ++r) {
+      const TrainStage& st = cfg_.stage_at(opts_.show_step);
+      auto row = data_->row(opts_.show_step, r, st.seq_len);
+      std::cout << "=== step " << opts_.show_step << " row " << r << " (" << row.tokens.size()
                 << " tokens, task '" << row.task << "')\n"
-                << tok->decode(row.tokens) << "\n";
+                << tok_->decode(row.tokens) << "\n";
     }
-    return sum;
   }
+
   // The log keeps only what the checkpoint covers (a crash after a log line but before the next
   // checkpoint would otherwise repeat steps).
-  const std::string log_path = log_path_of(out);
-  {
+  void open_log() {
+    const std::string log_path = log_path_of(out_);
     std::string kept;
     if (fs::exists(log_path)) {
       std::istringstream in(read_text_file(log_path));
@@ -584,177 +620,221 @@ TrainSummary run_training(const TrainOptions& opts) {
         try {
           nlohmann::json j;
           if (!parse_json_if_valid(line, log_path, &j)) continue;  // a torn last line
-          if (j.value("step", int64_t{0}) <= step) kept += line + "\n";
+          if (j.value("step", int64_t{0}) <= step_) kept += line + "\n";
         } catch (const nlohmann::json::exception&) {
           // a torn last line from a crash: dropped
         }
       }
     }
     write_text_file_atomic(log_path, kept);
+    log_.open(log_path, std::ios::app);
+    KVB_CHECK(log_.good(), log_path, ": cannot open for appending");
   }
-  std::ofstream log(log_path, std::ios::app);
-  KVB_CHECK(log.good(), log_path, ": cannot open for appending");
 
-  const auto heldout = data.heldout_windows(cfg.eval_windows, cfg.stages.back().seq_len);
-  auto evaluate = [&]() {
+  double evaluate() {
     at::NoGradGuard ng;
     double nll = 0;
     int64_t n = 0;
-    for (const auto& win : heldout) {
-      at::Tensor ids = at::tensor(win, at::kLong).to(dev).unsqueeze(0);
+    for (const auto& win : heldout_) {
+      at::Tensor ids = at::tensor(win, at::kLong).to(dev_).unsqueeze(0);
       const int64_t T = ids.size(1) - 1;
-      at::Tensor logits = train_forward(w, mc, ids.narrow(1, 0, T), rope_cos, rope_sin, dt);
-      nll += at::cross_entropy_loss(logits.view({T, -1}), ids.narrow(1, 1, T).reshape({T}),
-                                    {}, at::Reduction::Sum)
+      at::Tensor logits = train_forward(w_, mc_, ids.narrow(1, 0, T), rope_cos_, rope_sin_, dt_);
+      nll += at::cross_entropy_loss(logits.view({T, -1}), ids.narrow(1, 1, T).reshape({T}), {},
+                                    at::Reduction::Sum)
                  .item<double>();
       n += T;
     }
     return nll / static_cast<double>(n);
-  };
+  }
+
   // The induction probe: mean NLL and top-1 accuracy on the second copy of a repeated random id
   // sequence (first id of the copy excluded: it is not predictable). It falls from ~ln(vocab) to
   // ~0 when induction heads form -- the ability every retrieval task rests on -- so the log shows
   // when (and whether) that happened, long before retrieval accuracy moves. Its copy distance is
   // fixed (48), so a model trained only on repeats of that one length could pass it by position
   // alone (configs/models/README.md); repeat_drill varies the length, so a pass means matching.
-  const int64_t probe_n =
-      std::min<int64_t>({48, (cfg.stages.front().seq_len - 1) / 2, tok->vocab_size() - 3});
-  const auto probe_rows = induction_rows(*tok, std::max<int64_t>(probe_n, 0), 8);
-  auto induction_probe = [&]() {
+  std::pair<double, double> induction_probe() {
     at::NoGradGuard ng;
-    at::Tensor ids = at::empty({static_cast<int64_t>(probe_rows.size()), 2 * probe_n + 1}, at::kLong);
-    for (size_t r = 0; r < probe_rows.size(); ++r)
-      ids[static_cast<int64_t>(r)].copy_(at::tensor(probe_rows[r], at::kLong));
-    ids = ids.to(dev);
-    at::Tensor logits = train_forward(w, mc, ids.narrow(1, 0, 2 * probe_n), rope_cos, rope_sin, dt);
+    const int64_t n = probe_n_;
+    at::Tensor ids = at::empty({static_cast<int64_t>(probe_rows_.size()), 2 * n + 1}, at::kLong);
+    for (size_t r = 0; r < probe_rows_.size(); ++r)
+      ids[static_cast<int64_t>(r)].copy_(at::tensor(probe_rows_[r], at::kLong));
+    ids = ids.to(dev_);
+    at::Tensor logits = train_forward(w_, mc_, ids.narrow(1, 0, 2 * n), rope_cos_, rope_sin_, dt_);
     // Targets of the second copy's ids 2..n: positions n + 1 .. 2n - 1 predict ids n + 2 .. 2n.
-    at::Tensor lg = logits.narrow(1, probe_n + 1, probe_n - 1).reshape({-1, mc.vocab_size});
-    at::Tensor tg = ids.narrow(1, probe_n + 2, probe_n - 1).reshape({-1});
+    at::Tensor lg = logits.narrow(1, n + 1, n - 1).reshape({-1, mc_.vocab_size});
+    at::Tensor tg = ids.narrow(1, n + 2, n - 1).reshape({-1});
     const double nll = at::cross_entropy_loss(lg, tg).item<double>();
     const double top1 = lg.argmax(-1).eq(tg).to(at::kFloat).mean().item<double>();
     return std::make_pair(nll, top1);
-  };
+  }
 
-  const auto t0 = std::chrono::steady_clock::now();
-  int64_t tokens_since = 0, steps_since = 0, started_at = step;
-  double loss_sum = 0, gnorm_last = 0;
-  auto t_last = t0;
-  while (step < total) {
-    if (opts.stop_after > 0 && step - started_at >= opts.stop_after) break;
-    if (opts.max_seconds > 0 && step > started_at &&
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() >= opts.max_seconds)
-      break;
-    const TrainStage& st = cfg.stage_at(step);
+  // The step's batch as token ids [batch, seq_len + 1], and per-target loss weights when answers
+  // are weighted (target t of a row predicts token t + 1; empty otherwise).
+  at::Tensor batch(const TrainStage& st, std::vector<float>* tw) const {
     std::vector<int64_t> flat;
     flat.reserve(static_cast<size_t>(st.batch_size * (st.seq_len + 1)));
-    // Per-target loss weights when answers are weighted: target t of a row predicts token t + 1.
-    const bool weighted = cfg.answer_loss_weight != 1.0;
-    std::vector<float> tw;
-    if (weighted) tw.assign(static_cast<size_t>(st.batch_size * st.seq_len), 1.f);
+    const bool weighted = cfg_.answer_loss_weight != 1.0;
+    if (weighted) tw->assign(static_cast<size_t>(st.batch_size * st.seq_len), 1.f);
     for (int64_t r = 0; r < st.batch_size; ++r) {
-      auto row = data.row(step, r, st.seq_len);
+      auto row = data_->row(step_, r, st.seq_len);
       flat.insert(flat.end(), row.tokens.begin(), row.tokens.end());
       if (weighted && row.answer_begin >= 1)
         for (int64_t j = row.answer_begin; j < row.answer_end; ++j)
-          tw[static_cast<size_t>(r * st.seq_len + j - 1)] = static_cast<float>(cfg.answer_loss_weight);
+          (*tw)[static_cast<size_t>(r * st.seq_len + j - 1)] = static_cast<float>(cfg_.answer_loss_weight);
     }
-    at::Tensor ids = at::tensor(flat, at::kLong).view({st.batch_size, st.seq_len + 1}).to(dev);
-    at::Tensor logits = train_forward(w, mc, ids.narrow(1, 0, st.seq_len), rope_cos, rope_sin, dt);
-    // `loss` is what is optimised; `plain` (the unweighted mean, logged) stays comparable across
-    // recipes.
-    at::Tensor loss, plain;
-    if (weighted) {
-      at::Tensor ce = at::cross_entropy_loss(logits.view({-1, mc.vocab_size}),
-                                             ids.narrow(1, 1, st.seq_len).reshape({-1}), {},
-                                             at::Reduction::None);
-      at::Tensor wt = at::tensor(tw, at::kFloat).to(dev).to(ce.scalar_type());
-      loss = (ce * wt).sum() / wt.sum();
-      plain = ce.detach().mean();
-    } else {
-      loss = at::cross_entropy_loss(logits.view({-1, mc.vocab_size}),
-                                    ids.narrow(1, 1, st.seq_len).reshape({-1}));
-      plain = loss.detach();
+    return at::tensor(flat, at::kLong).view({st.batch_size, st.seq_len + 1}).to(dev_);
+  }
+
+  // The loss to optimise and the unweighted mean (logged, so that it stays comparable across
+  // recipes).
+  std::pair<at::Tensor, at::Tensor> losses(const TrainStage& st, const at::Tensor& ids,
+                                           const std::vector<float>& tw) {
+    at::Tensor logits = train_forward(w_, mc_, ids.narrow(1, 0, st.seq_len), rope_cos_, rope_sin_, dt_);
+    if (tw.empty()) {
+      at::Tensor loss = at::cross_entropy_loss(logits.view({-1, mc_.vocab_size}),
+                                               ids.narrow(1, 1, st.seq_len).reshape({-1}));
+      return {loss, loss.detach()};
     }
-    for (auto& t : w.tensors) t.mutable_grad() = at::Tensor();
+    at::Tensor ce = at::cross_entropy_loss(logits.view({-1, mc_.vocab_size}),
+                                           ids.narrow(1, 1, st.seq_len).reshape({-1}), {},
+                                           at::Reduction::None);
+    at::Tensor wt = at::tensor(tw, at::kFloat).to(dev_).to(ce.scalar_type());
+    return {(ce * wt).sum() / wt.sum(), ce.detach().mean()};
+  }
+
+  // AdamW with global-norm clipping, on the gradients backward() left; returns the gradient norm.
+  double adam_step() {
+    at::NoGradGuard ng;
+    at::Tensor sq = at::zeros({}, at::TensorOptions().dtype(at::kDouble).device(dev_));
+    for (auto& t : w_.tensors) sq += t.grad().to(at::kDouble).pow(2).sum();
+    const double gnorm = std::sqrt(sq.item<double>());
+    const double clip = (cfg_.grad_clip > 0 && gnorm > cfg_.grad_clip) ? cfg_.grad_clip / (gnorm + 1e-6) : 1.0;
+    const double lr = lr_at(cfg_, step_);
+    const double t1 = static_cast<double>(step_ + 1);
+    const double bc1 = 1.0 - std::pow(cfg_.beta1, t1), bc2 = 1.0 - std::pow(cfg_.beta2, t1);
+    for (size_t i = 0; i < w_.tensors.size(); ++i) {
+      at::Tensor g = w_.tensors[i].grad();
+      if (clip != 1.0) g = g * clip;
+      adam_.m[i].mul_(cfg_.beta1).add_(g, 1.0 - cfg_.beta1);
+      adam_.v[i].mul_(cfg_.beta2).addcmul_(g, g, 1.0 - cfg_.beta2);
+      at::Tensor denom = (adam_.v[i] / bc2).sqrt_().add_(cfg_.eps);
+      at::Tensor& p = w_.tensors[i];
+      if (p.dim() >= 2 && cfg_.weight_decay > 0) p.mul_(1.0 - lr * cfg_.weight_decay);
+      p.addcdiv_(adam_.m[i], denom, -lr / bc1);
+    }
+    return gnorm;
+  }
+
+  // One optimiser step on the step's batch; returns the logged loss.
+  double train_step(const TrainStage& st) {
+    std::vector<float> tw;
+    const at::Tensor ids = batch(st, &tw);
+    auto [loss, plain] = losses(st, ids, tw);
+    for (auto& t : w_.tensors) t.mutable_grad() = at::Tensor();
     loss.backward();
     const double loss_v = plain.item<double>();
-    KVB_CHECK(std::isfinite(loss_v), "step ", step, ": the loss is not finite (", loss_v,
+    KVB_CHECK(std::isfinite(loss_v), "step ", step_, ": the loss is not finite (", loss_v,
               "); lower optim.lr or raise optim.warmup_steps. Checkpoints up to step ",
-              step - step % cfg.checkpoint_every, " are kept");
-    {
-      at::NoGradGuard ng;
-      at::Tensor sq = at::zeros({}, at::TensorOptions().dtype(at::kDouble).device(dev));
-      for (auto& t : w.tensors) sq += t.grad().to(at::kDouble).pow(2).sum();
-      const double gnorm = std::sqrt(sq.item<double>());
-      gnorm_last = gnorm;
-      const double clip = (cfg.grad_clip > 0 && gnorm > cfg.grad_clip) ? cfg.grad_clip / (gnorm + 1e-6) : 1.0;
-      const double lr = lr_at(cfg, step);
-      const double t1 = static_cast<double>(step + 1);
-      const double bc1 = 1.0 - std::pow(cfg.beta1, t1), bc2 = 1.0 - std::pow(cfg.beta2, t1);
-      for (size_t i = 0; i < w.tensors.size(); ++i) {
-        at::Tensor g = w.tensors[i].grad();
-        if (clip != 1.0) g = g * clip;
-        adam.m[i].mul_(cfg.beta1).add_(g, 1.0 - cfg.beta1);
-        adam.v[i].mul_(cfg.beta2).addcmul_(g, g, 1.0 - cfg.beta2);
-        at::Tensor denom = (adam.v[i] / bc2).sqrt_().add_(cfg.eps);
-        at::Tensor& p = w.tensors[i];
-        if (p.dim() >= 2 && cfg.weight_decay > 0) p.mul_(1.0 - lr * cfg.weight_decay);
-        p.addcdiv_(adam.m[i], denom, -lr / bc1);
-      }
-    }
-    ++step;
-    loss_sum += loss_v;
-    tokens_since += st.batch_size * st.seq_len;
-    ++steps_since;
-    if (step % cfg.log_every == 0 || step == total) {
-      const auto now = std::chrono::steady_clock::now();
-      const double dt_s = std::chrono::duration<double>(now - t_last).count();
-      const double elapsed = std::chrono::duration<double>(now - t0).count();
-      const double tps = tokens_since / std::max(1e-9, dt_s);
-      // From this invocation's own steps: a resumed run's earlier steps took an unknown time.
-      const double eta = eta_seconds(elapsed, static_cast<double>(step - started_at),
-                                     static_cast<double>(total - started_at));
-      sum.last_loss = loss_sum / static_cast<double>(steps_since);
-      nlohmann::json j = {{"step", step}, {"loss", sum.last_loss}, {"lr", lr_at(cfg, step - 1)},
-                          {"grad_norm", gnorm_last}, {"seq_len", st.seq_len},
-                          {"batch_size", st.batch_size}, {"tok_per_s", tps},
-                          {"elapsed_s", elapsed}};
-      log << j.dump() << "\n" << std::flush;
-      if (!opts.quiet) {
-        char buf[256];
-        std::snprintf(buf, sizeof buf,
-                      "step %lld/%lld  loss %.4f  lr %.2e  |g| %.3f  %.0f tok/s  ETA %s\n",
-                      static_cast<long long>(step), static_cast<long long>(total), sum.last_loss,
-                      lr_at(cfg, step - 1), gnorm_last, tps, format_duration(eta).c_str());
-        std::cerr << buf;
-      }
-      loss_sum = 0;
-      tokens_since = 0;
-      steps_since = 0;
-      t_last = std::chrono::steady_clock::now();
-    }
-    if (step % cfg.eval_every == 0 || step == total) {
-      sum.heldout_loss = evaluate();
-      const auto [ind_nll, ind_top1] =
-          probe_n >= 4 ? induction_probe() : std::make_pair(std::nan(""), std::nan(""));
-      nlohmann::json rec = {{"step", step}, {"heldout_loss", sum.heldout_loss},
-                            {"heldout_ppl", std::exp(sum.heldout_loss)}};
-      if (probe_n >= 4) {
-        rec["induction_nll"] = ind_nll;
-        rec["induction_top1"] = ind_top1;
-      }
-      log << rec.dump() << "\n" << std::flush;
-      if (!opts.quiet)
-        std::cerr << "step " << step << "  held-out loss " << sum.heldout_loss << "  ppl "
-                  << std::exp(sum.heldout_loss) << "  induction: repeat " << ind_nll
-                  << " nats, top-1 " << ind_top1 << "\n";
-    }
-    if (step % cfg.checkpoint_every == 0 || step == total) save_checkpoint(step);
+              step_ - step_ % cfg_.checkpoint_every, " are kept");
+    gnorm_last_ = adam_step();
+    return loss_v;
   }
-  if (step > started_at && step % cfg.checkpoint_every != 0 && step != total) save_checkpoint(step);
-  sum.steps_done = step;
-  if (step == total) finish_export();
-  return sum;
-}
+
+  bool time_to_stop() const {
+    if (opts_.stop_after > 0 && step_ - started_at_ >= opts_.stop_after) return true;
+    return opts_.max_seconds > 0 && step_ > started_at_ &&
+           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count() >= opts_.max_seconds;
+  }
+
+  void log_progress(const TrainStage& st) {
+    const auto now = std::chrono::steady_clock::now();
+    const double dt_s = std::chrono::duration<double>(now - t_last_).count();
+    const double elapsed = std::chrono::duration<double>(now - t0_).count();
+    const double tps = tokens_since_ / std::max(1e-9, dt_s);
+    // From this invocation's own steps: a resumed run's earlier steps took an unknown time.
+    const double eta = eta_seconds(elapsed, static_cast<double>(step_ - started_at_),
+                                   static_cast<double>(total_ - started_at_));
+    sum_.last_loss = loss_sum_ / static_cast<double>(steps_since_);
+    nlohmann::json j = {{"step", step_}, {"loss", sum_.last_loss}, {"lr", lr_at(cfg_, step_ - 1)},
+                        {"grad_norm", gnorm_last_}, {"seq_len", st.seq_len},
+                        {"batch_size", st.batch_size}, {"tok_per_s", tps},
+                        {"elapsed_s", elapsed}};
+    log_ << j.dump() << "\n" << std::flush;
+    if (!opts_.quiet) {
+      char buf[256];
+      std::snprintf(buf, sizeof buf, "step %lld/%lld  loss %.4f  lr %.2e  |g| %.3f  %.0f tok/s  ETA %s\n",
+                    static_cast<long long>(step_), static_cast<long long>(total_), sum_.last_loss,
+                    lr_at(cfg_, step_ - 1), gnorm_last_, tps, format_duration(eta).c_str());
+      std::cerr << buf;
+    }
+    loss_sum_ = 0;
+    tokens_since_ = 0;
+    steps_since_ = 0;
+    t_last_ = std::chrono::steady_clock::now();
+  }
+
+  void log_evaluation() {
+    sum_.heldout_loss = evaluate();
+    const auto [ind_nll, ind_top1] =
+        probe_n_ >= 4 ? induction_probe() : std::make_pair(std::nan(""), std::nan(""));
+    nlohmann::json rec = {{"step", step_}, {"heldout_loss", sum_.heldout_loss},
+                          {"heldout_ppl", std::exp(sum_.heldout_loss)}};
+    if (probe_n_ >= 4) {
+      rec["induction_nll"] = ind_nll;
+      rec["induction_top1"] = ind_top1;
+    }
+    log_ << rec.dump() << "\n" << std::flush;
+    if (!opts_.quiet)
+      std::cerr << "step " << step_ << "  held-out loss " << sum_.heldout_loss << "  ppl "
+                << std::exp(sum_.heldout_loss) << "  induction: repeat " << ind_nll << " nats, top-1 "
+                << ind_top1 << "\n";
+  }
+
+  void train_loop() {
+    t0_ = t_last_ = std::chrono::steady_clock::now();
+    started_at_ = step_;
+    while (step_ < total_) {
+      if (time_to_stop()) break;
+      const TrainStage& st = cfg_.stage_at(step_);
+      const double loss_v = train_step(st);
+      ++step_;
+      loss_sum_ += loss_v;
+      tokens_since_ += st.batch_size * st.seq_len;
+      ++steps_since_;
+      if (step_ % cfg_.log_every == 0 || step_ == total_) log_progress(st);
+      if (step_ % cfg_.eval_every == 0 || step_ == total_) log_evaluation();
+      if (step_ % cfg_.checkpoint_every == 0 || step_ == total_) save_checkpoint(step_);
+    }
+    if (step_ > started_at_ && step_ % cfg_.checkpoint_every != 0 && step_ != total_) save_checkpoint(step_);
+  }
+
+  const TrainOptions& opts_;
+  nlohmann::json cj_;
+  TrainConfig cfg_;
+  std::string out_, ckpt_dir_, data_dir_, hash_, tok_path_;
+  std::shared_ptr<Tokenizer> tok_;
+  ModelConfig mc_;
+  c10::Device dev_ = c10::Device(c10::kCPU);
+  c10::ScalarType dt_ = at::kFloat;
+  TrainWeights w_;
+  Adam adam_;
+  int64_t step_ = 0, total_ = 0;
+  at::Tensor rope_cos_, rope_sin_;
+  std::unique_ptr<TrainData> data_;
+  std::ofstream log_;
+  std::vector<std::vector<int64_t>> heldout_;
+  int64_t probe_n_ = 0;
+  std::vector<std::vector<int64_t>> probe_rows_;
+  TrainSummary sum_;
+  // The loop's running figures between two log lines.
+  std::chrono::steady_clock::time_point t0_, t_last_;
+  int64_t tokens_since_ = 0, steps_since_ = 0, started_at_ = 0;
+  double loss_sum_ = 0, gnorm_last_ = 0;
+};
+
+}  // namespace
+
+TrainSummary run_training(const TrainOptions& opts) { return TrainingRun(opts).run(); }
 
 }  // namespace kvb
