@@ -238,18 +238,21 @@ class QaProtocol : public PlannedProtocol<QaRun> {
           [&] { check_qa_length(proto, model.context_tokens, model.spec); });
     if (proto.at("source") != "synthetic") {
       // The prompts as the run's plan reads them (the data files are small beside a run).
-      check("qa prompts:" + model.spec + ":" + proto.dump(), [&] {
-        if (model.tokenizer_path.empty() || model.context_tokens <= 0) return;
-        const Tokenizer tok(model.tokenizer_path);
-        nlohmann::json p = proto;
-        p["seed"] = resolved.at("seed");
-        std::string hash;
-        const std::vector<QaSample> samples = qa_samples(tok, p, data_dir, /*cache_dir=*/"", &hash);
-        const ChatTemplate chat = resolve_chat_template(
-            proto.at("chat_template"), tok.chat_template(), "config.protocol.chat_template");
-        check_prompts_fit(tok, samples, chat, model.add_bos, model.context_tokens, model.spec,
-                          proto);
-      });
+      // The seed picks a recall source's stories: part of what is checked.
+      check("qa prompts:" + model.spec + ":" + resolved.at("seed").dump() + ":" + proto.dump(),
+            [&] {
+              if (model.tokenizer_path.empty() || model.context_tokens <= 0) return;
+              const Tokenizer tok(model.tokenizer_path);
+              nlohmann::json p = proto;
+              p["seed"] = resolved.at("seed");
+              std::string hash;
+              const std::vector<QaSample> samples =
+                  qa_samples(tok, p, data_dir, /*cache_dir=*/"", &hash);
+              const ChatTemplate chat = resolve_chat_template(
+                  proto.at("chat_template"), tok.chat_template(), "config.protocol.chat_template");
+              check_prompts_fit(tok, samples, chat, model.add_bos, model.context_tokens, model.spec,
+                                proto);
+            });
       return;
     }
     nlohmann::json p = proto;
