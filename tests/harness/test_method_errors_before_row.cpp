@@ -29,7 +29,7 @@ TEST(MethodErrors, AreFoundBeforeTheRunRowExists) {
        "is not a token count"},
       // Two parameters that only fit together: per-channel key groups tile the residual.
       {R"({"name": "kivi", "params": {"group_size": 32, "residual_length": 100}})",
-       "residual length 100"},
+       "method kivi.residual_length: 100 is not a multiple of group_size 32"},
   };
   for (size_t i = 0; i < cases.size(); ++i) {
     const std::string cfg = dir + "/c" + std::to_string(i) + ".json";
