@@ -132,10 +132,8 @@ void RunConfigChecker::check(const nlohmann::json& resolved) {
   const InputCheck input = [&](const std::string& what, const std::function<void()>& fn) {
     once(what, fn);
   };
-  if (options_.check_inputs) {
-    if (!synthetic) once("model:" + model, [&] { resolve_model_path(model, options_.models_dir); });
-    protocol.check_inputs(proto, options_.data_dir, input);
-  }
+  if (options_.check_inputs && !synthetic)
+    once("model:" + model, [&] { resolve_model_path(model, options_.models_dir); });
   if (!options_.check_inputs && !synthetic) return;
   // The model as its files declare it (no weights), for the settings and stores that depend on it.
   once("model config:" + model, [&] {
@@ -153,8 +151,12 @@ void RunConfigChecker::check(const nlohmann::json& resolved) {
     facts_[model] = f;
     configs_[model] = std::move(c);
   });
-  if (options_.check_inputs)
+  // The settings against the model first (a length past its context is the config's error,
+  // whatever the data holds), then the data files.
+  if (options_.check_inputs) {
     protocol.check_model_inputs(resolved, facts_.at(model), options_.data_dir, input);
+    protocol.check_inputs(proto, options_.data_dir, input);
+  }
   const nlohmann::json& method = resolved.at("method");
   const std::string name = method.at("name");
   const std::string device = resolved.at("device"), dtype = resolved.at("dtype");
