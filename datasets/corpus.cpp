@@ -142,26 +142,41 @@ std::vector<int64_t> encode_long_text(const Tokenizer& tokenizer, const std::str
   // ~32 KB chunks: large enough that the per-call overhead vanishes, small enough that a window set
   // of a few thousand tokens never tokenizes a whole book (and BPE's n log n stays short).
   constexpr size_t kChunkBytes = 32 * 1024;
+  // A stretch longer than this without a safe cut (no text has a 1 MiB word or line without a
+  // space) is cut anyway, at a character boundary: encoding it whole would take ~50 bytes of
+  // tokenizer state per byte of it (a one-word 50 MB corpus: 2.5 GB).
+  constexpr size_t kMaxUncutBytes = size_t{1} << 20;
   const std::vector<int64_t> probe = tokenizer.encode("a");
   std::vector<int64_t> ids;
   size_t begin = 0;
+  bool forced = false;  // `begin` is a forced cut, not a safe one
   while (begin < text.size()) {
     if (max_tokens >= 0 && static_cast<int64_t>(ids.size()) >= max_tokens) break;
     // A cut where no whitespace rule straddles it: right before a '\n' that follows a non-space
     // character, or right after a '\n' before a space (wikitext's lines end in " \n" and start
-    // with " "). The whole rest when there is none.
+    // with " "). The whole rest when there is none, up to kMaxUncutBytes.
     size_t end = text.size();
+    bool cut_forced = false;
     if (text.size() - begin > 2 * kChunkBytes) {
-      for (size_t p = begin + kChunkBytes; p < text.size(); ++p) {
+      const size_t limit = std::min(text.size(), begin + kMaxUncutBytes);
+      for (size_t p = begin + kChunkBytes; p < limit; ++p) {
         if ((text[p] == '\n' && text[p - 1] != ' ') || (text[p] == ' ' && text[p - 1] == '\n')) {
           end = p;
           break;
         }
       }
+      if (end == text.size() && limit < text.size()) {
+        end = limit;
+        while (end > begin + 1 && (static_cast<unsigned char>(text[end]) & 0xC0) == 0x80) --end;
+        cut_forced = true;
+      }
     }
     const std::string chunk = text.substr(begin, end - begin);
-    if (begin == 0) {
-      ids = tokenizer.encode(chunk);
+    if (begin == 0 || forced) {
+      // After a forced cut the piece is encoded as if it began a text: its first tokens may
+      // differ from a whole-text encoding (the price of bounded memory on such text).
+      const std::vector<int64_t> part = tokenizer.encode(chunk);
+      ids.insert(ids.end(), part.begin(), part.end());
     } else {
       // The chunk starts with '\n' or ' ': "a" + chunk encodes as encode("a") followed by the
       // chunk's tokens exactly as they appear inside the whole text (a '\n' gets no dummy-prefix
@@ -175,6 +190,7 @@ std::vector<int64_t> encode_long_text(const Tokenizer& tokenizer, const std::str
       ids.insert(ids.end(), part.begin() + static_cast<std::ptrdiff_t>(probe.size()), part.end());
     }
     begin = end;
+    forced = cut_forced;
   }
   return ids;
 }

@@ -55,6 +55,9 @@ std::shared_ptr<const Corpus> load_corpus(const std::string& name_or_path,
 // right after a '\n' that precedes a space; a SentencePiece BPE never merges across '\n' (no piece
 // contains one) nor across a single space, so the concatenation equals the whole-text encoding
 // (the tests check it on real text); a tokenizer that fails the check is encoded in one piece.
+// A stretch of more than 1 MiB with no such cut (no real text has one) is cut at a character
+// boundary and its pieces encoded one by one, so that memory stays a bounded multiple of 1 MiB;
+// the tokens at such a cut may differ from the whole-text encoding.
 std::vector<int64_t> encode_long_text(const Tokenizer& tokenizer, const std::string& text,
                                       int64_t max_tokens = -1);
 

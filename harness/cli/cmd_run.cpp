@@ -38,7 +38,9 @@ void register_run(CLI::App& app) {
     apply_threads_override(args->threads, args->sets);
     nlohmann::json raw = load_config_file(args->config);
     apply_overrides(raw, args->sets);
-    nlohmann::json resolved = resolve_run_config(raw);  // every config error surfaces here, before the DB
+    nlohmann::json resolved = resolve_run_config(raw);
+    // Every config error surfaces here, before the database is opened (or created).
+    RunConfigChecker(ConfigCheckOptions{args->models_dir, args->data_dir}).check(resolved);
     RunEnv env;
     env.models_dir = args->models_dir;
     env.data_dir = args->data_dir;

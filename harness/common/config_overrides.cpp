@@ -1,9 +1,11 @@
 #include "harness/common/config_overrides.h"
 
+#include <algorithm>
 #include <cstdint>
 
 #include "harness/common/error.h"
 #include "harness/common/json_parse.h"
+#include "harness/common/limits.h"
 
 namespace kvb {
 
@@ -43,26 +45,48 @@ size_t invalid_utf8_at(const std::string& s) {
   return std::string::npos;
 }
 
+// A key as messages show it: long ones cut (a path may be megabytes).
+std::string shown_key(const std::string& key) {
+  constexpr size_t kShown = 80;
+  return key.size() <= kShown
+             ? key
+             : key.substr(0, kShown) + "... (" + std::to_string(key.size()) + " bytes)";
+}
+
 }  // namespace
+
+std::vector<std::string> split_key_path(const std::string& key, const std::string& where) {
+  const size_t n = static_cast<size_t>(std::count(key.begin(), key.end(), '.')) + 1;
+  KVB_CHECK(n <= kMaxKeyPathComponents, where, ": the key '", shown_key(key), "' has ", n,
+            " components, more than the ", kMaxKeyPathComponents, " levels a config may nest");
+  std::vector<std::string> parts;
+  parts.reserve(n);
+  size_t start = 0;
+  for (;;) {
+    const size_t dot = key.find('.', start);
+    parts.push_back(key.substr(start, dot == std::string::npos ? std::string::npos : dot - start));
+    KVB_CHECK(!parts.back().empty(), where, ": '", shown_key(key), "' has an empty component");
+    if (dot == std::string::npos) return parts;
+    start = dot + 1;
+  }
+}
 
 void apply_overrides(nlohmann::json& config, const std::vector<std::string>& sets) {
   for (const auto& s : sets) {
     const size_t bad = invalid_utf8_at(s);
     KVB_CHECK(bad == std::string::npos, "--set: argument is not valid UTF-8 (byte ", bad, ")");
     const auto eq = s.find('=');
-    KVB_CHECK(eq != std::string::npos && eq > 0, "--set '", s, "': expected key=value");
+    KVB_CHECK(eq != std::string::npos && eq > 0, "--set '", shown_key(s), "': expected key=value");
     const std::string key = s.substr(0, eq), text = s.substr(eq + 1);
+    const std::vector<std::string> parts = split_key_path(key, "--set");
     nlohmann::json value;
-    if (!parse_json_if_valid(text, "--set '" + s + "'", &value))
+    if (!parse_json_if_valid(text, "--set '" + shown_key(s) + "'", &value))
       value = text;  // bare words are strings: --set method.name=paged
     nlohmann::json* node = &config;
-    size_t start = 0;
-    for (;;) {
-      const size_t dot = key.find('.', start);
-      const std::string part = key.substr(start, dot - start);
-      KVB_CHECK(!part.empty(), "--set '", s, "': empty key component");
+    for (size_t i = 0; i < parts.size(); ++i) {
+      const std::string& part = parts[i];
       if (!node->is_object()) *node = nlohmann::json::object();
-      if (dot == std::string::npos) {
+      if (i + 1 == parts.size()) {
         (*node)[part] = value;
         break;
       }
@@ -71,7 +95,6 @@ void apply_overrides(nlohmann::json& config, const std::vector<std::string>& set
           config["method"].is_string())
         config["method"] = {{"name", config["method"]}};
       node = &(*node)[part];
-      start = dot + 1;
     }
   }
 }

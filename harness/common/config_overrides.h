@@ -8,6 +8,10 @@
 
 namespace kvb {
 
+// "a.b.c" -> {"a", "b", "c"}. Throws kvb::Error starting with `where` for an empty component or
+// more than kMaxKeyPathComponents of them (limits.h), before anything is built from the path.
+std::vector<std::string> split_key_path(const std::string& key, const std::string& where);
+
 // Applies "a.b.c=value" overrides (value parsed as JSON when it parses, else taken as a string).
 void apply_overrides(nlohmann::json& config, const std::vector<std::string>& sets);
 

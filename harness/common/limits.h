@@ -3,6 +3,7 @@
 // allocation. Each is checked where the value enters (CLI flag, config key, model file), naming it.
 // Torch-free.
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 
@@ -19,6 +20,11 @@ constexpr int64_t kMaxThreads = 1024;
 // declares 10M) while keeping per-position tables and int arithmetic far from overflow. RoPE tables
 // are not allocated to this length up front; they grow with the positions actually used.
 constexpr int64_t kMaxContextTokens = int64_t{1} << 24;
+
+// Components of a dotted config key (--set a.b.c=v, a grid axis or exclude key): each one is a
+// level of nesting, so the bound is JSON's (json_parse.h kMaxJsonDepth). A longer path would build
+// a config nested deeper than any file may be, and overflow the stack when it is printed or freed.
+constexpr size_t kMaxKeyPathComponents = 128;
 
 // Throws kvb::Error naming `what` unless 0 <= n <= kMaxThreads (0: LibTorch's default) — or
 // 1 <= n when `allow_default` is false.

@@ -36,15 +36,7 @@ const std::vector<std::string>& run_config_roots() {
 }
 
 std::vector<std::string> split_path(const std::string& key, const std::string& where) {
-  std::vector<std::string> parts;
-  size_t start = 0;
-  for (;;) {
-    const size_t dot = key.find('.', start);
-    parts.push_back(key.substr(start, dot == std::string::npos ? std::string::npos : dot - start));
-    KVB_CHECK(!parts.back().empty(), where, ": '", key, "' has an empty component");
-    if (dot == std::string::npos) break;
-    start = dot + 1;
-  }
+  const std::vector<std::string> parts = split_key_path(key, where);
   const auto& roots = run_config_roots();
   KVB_CHECK(std::find(roots.begin(), roots.end(), parts[0]) != roots.end(), where, ": '", key,
             "' is not a run config key", did_you_mean(parts[0], roots), "; a key is a dotted path "
@@ -545,47 +537,15 @@ GridPlan expand_grid(const json& grid, const GridOptions& options) {
       plan.warnings.push_back("grid.exclude[" + std::to_string(i) + "] " + excludes[i].entry.dump() +
                               " matches no cell");
 
-  if (options.check_inputs) {
-    std::map<std::string, std::string> checked;  // what -> error ("" ok)
-    auto check = [&](const GridCell& c, const std::string& what, const std::function<void()>& fn) {
-      auto it = checked.find(what);
-      if (it == checked.end()) {
-        std::string err;
-        try {
-          fn();
-        } catch (const Error& e) {
-          err = e.what();
-        }
-        it = checked.emplace(what, err).first;
-      }
-      KVB_CHECK(it->second.empty(), "grid", plan.name.empty() ? "" : " '" + plan.name + "'", ": cell #",
-                c.index, " (", c.label, "): ", it->second);
-    };
-    std::map<std::string, ModelFacts> facts;  // by model spec
-    for (const auto& c : plan.cells) {
-      const std::string model = c.resolved["model"];
-      if (model.rfind("synthetic:", 0) != 0)
-        check(c, "model:" + model, [&] { resolve_model_path(model, options.models_dir); });
-      const json& proto = c.resolved["protocol"];
-      const Protocol& protocol = ProtocolRegistry::instance().get(proto["name"]);
-      auto cell_check = [&](const std::string& what, const std::function<void()>& fn) {
-        check(c, what, fn);
-      };
-      protocol.check_inputs(proto, options.data_dir, cell_check);
-      // The model as its files declare it (no weights), for the settings that depend on it.
-      check(c, "model config:" + model, [&] {
-        if (facts.count(model)) return;
-        ModelFacts f;
-        f.spec = model;
-        f.context_tokens = read_model_config(model, options.models_dir).max_seq_len;
-        try {
-          f.tokenizer_path = resolve_tokenizer_path(model, options.models_dir);
-        } catch (const Error&) {
-          // None: the protocols that need one say so (and a run's plan would).
-        }
-        facts[model] = f;
-      });
-      protocol.check_model_inputs(c.resolved, facts.at(model), options.data_dir, cell_check);
+  // Every cell through the checks a run makes before its row (run_config.h), each input once.
+  RunConfigChecker checker(
+      ConfigCheckOptions{options.models_dir, options.data_dir, options.check_inputs});
+  for (const auto& c : plan.cells) {
+    try {
+      checker.check(c.resolved);
+    } catch (const Error& e) {
+      KVB_FAIL("grid", plan.name.empty() ? "" : " '" + plan.name + "'", ": cell #", c.index, " (",
+               c.label, "): ", e.what());
     }
   }
   return plan;

@@ -139,6 +139,7 @@ struct ModelFacts {
   std::string spec;            // the config's "model"
   int64_t context_tokens = 0;  // the context it declares (ModelConfig::max_seq_len)
   std::string tokenizer_path;  // "" when it has none
+  bool add_bos = true;         // a prompt gets BOS in front (ModelConfig::add_bos)
 };
 
 // Calls `check` once per input a grid can verify before anything runs; `what` names the input (the

@@ -1,6 +1,7 @@
 #include "harness/eval/run_config.h"
 
 #include <sys/stat.h>
+#include <torch/cuda.h>
 
 #include "harness/common/error.h"
 #include "harness/common/json_parse.h"
@@ -9,6 +10,7 @@
 #include "harness/common/strings.h"
 #include "harness/eval/protocol_registry.h"
 #include "harness/kv/method_registry.h"
+#include "harness/model/model.h"
 #include "harness/store/config_hash.h"
 
 namespace kvb {
@@ -106,6 +108,68 @@ nlohmann::json resolve_run_config(const nlohmann::json& raw) {
             " compresses with hindsight of the continuation, which protocol ", spec.name,
             " does not hand over (use stream, or qa with mode=query_agnostic)");
   return out;
+}
+
+void RunConfigChecker::once(const std::string& what, const std::function<void()>& fn) {
+  auto it = checked_.find(what);
+  if (it == checked_.end()) {
+    std::string err;
+    try {
+      fn();
+    } catch (const Error& e) {
+      err = e.what();
+    }
+    it = checked_.emplace(what, err).first;
+  }
+  if (!it->second.empty()) throw Error(it->second);
+}
+
+void RunConfigChecker::check(const nlohmann::json& resolved) {
+  const std::string model = resolved.at("model");
+  const bool synthetic = model.rfind("synthetic:", 0) == 0;
+  const nlohmann::json& proto = resolved.at("protocol");
+  const Protocol& protocol = ProtocolRegistry::instance().get(proto.at("name"));
+  const InputCheck input = [&](const std::string& what, const std::function<void()>& fn) {
+    once(what, fn);
+  };
+  if (options_.check_inputs && !synthetic)
+    once("model:" + model, [&] { resolve_model_path(model, options_.models_dir); });
+  if (!options_.check_inputs && !synthetic) return;
+  // The model as its files declare it (no weights), for the settings and stores that depend on it.
+  once("model config:" + model, [&] {
+    if (configs_.count(model)) return;
+    ModelFacts f;
+    f.spec = model;
+    ModelConfig c = read_model_config(model, options_.models_dir);
+    f.context_tokens = c.max_seq_len;
+    f.add_bos = c.add_bos;
+    try {
+      f.tokenizer_path = resolve_tokenizer_path(model, options_.models_dir);
+    } catch (const Error&) {
+      // None: the protocols that need one say so (and a run's plan would).
+    }
+    facts_[model] = f;
+    configs_[model] = std::move(c);
+  });
+  // The settings against the model first (a length past its context is the config's error,
+  // whatever the data holds), then the data files.
+  if (options_.check_inputs) {
+    protocol.check_model_inputs(resolved, facts_.at(model), options_.data_dir, input);
+    protocol.check_inputs(proto, options_.data_dir, input);
+  }
+  const nlohmann::json& method = resolved.at("method");
+  const std::string name = method.at("name");
+  const std::string device = resolved.at("device"), dtype = resolved.at("dtype");
+  if (MethodRegistry::instance().calibrates(name)) return;
+  // A GPU cell planned on a machine without one: its store cannot be built here (the run builds it
+  // before its row); its target was checked at resolution.
+  if (device != "cpu" && !torch::cuda::is_available()) return;
+  const c10::Device dev = parse_device(device);
+  once("store:" + name + method.at("params").dump() + "|" + model + "|" + device + "|" + dtype,
+       [&] {
+         const CacheContext ctx{configs_.at(model), dev, parse_dtype(dtype)};
+         MethodRegistry::instance().create(name, ctx, method.at("params"));
+       });
 }
 
 std::string run_dataset_label(const nlohmann::json& resolved) {

@@ -9,6 +9,8 @@
 //     "label": "optional free text (not hashed)"
 //   }
 
+#include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -16,6 +18,8 @@
 
 #include "harness/common/config_overrides.h"  // apply_overrides, with the config loaders
 #include "harness/common/params.h"
+#include "harness/eval/protocol.h"
+#include "harness/formats/model_config.h"
 
 namespace kvb {
 
@@ -32,5 +36,39 @@ std::string run_dataset_label(const nlohmann::json& resolved);
 
 // Hash of the resolved config minus fields that do not change results ("label").
 std::string run_config_hash(const nlohmann::json& resolved);
+
+// What RunConfigChecker looks at beside the config.
+struct ConfigCheckOptions {
+  std::string models_dir, data_dir;
+  // Look for the model's files and the protocol's data. False (grid --schema-only, a reproduce
+  // claim for another machine): the config alone is checked, and a method's store is built only
+  // for a synthetic model (whose shapes need no file).
+  bool check_inputs = true;
+};
+
+// The one validation pass of `kvbench run`, `grid` and `reproduce`, made on resolved configs before
+// anything is written (no database is opened): the model resolves; the protocol's inputs load and
+// its settings fit the model's declared context (Protocol::check_inputs, check_model_inputs); the
+// method's store is built for the model's shapes, read from its config without weights, and
+// dropped, so that what the method's factory checks (a kept ratio above 1, a budget in the wrong
+// unit, a group that does not divide head_dim, an adapter trained for other shapes) fails here as
+// the run's own build would. A calibrating method's store needs the model's weights: its schema is
+// checked at resolution, the rest by the run before its row. Each input and each distinct store
+// (method, parameters, model, device, dtype) is checked once per checker, so a grid of hundreds of
+// cells costs one store build per distinct method config.
+class RunConfigChecker {
+ public:
+  explicit RunConfigChecker(ConfigCheckOptions options) : options_(std::move(options)) {}
+  // Throws kvb::Error naming the input or parameter; the same error again for every config that
+  // shares the input.
+  void check(const nlohmann::json& resolved);
+
+ private:
+  void once(const std::string& what, const std::function<void()>& fn);
+  ConfigCheckOptions options_;
+  std::map<std::string, std::string> checked_;  // what -> error ("" when it passed)
+  std::map<std::string, ModelFacts> facts_;     // by model spec
+  std::map<std::string, ModelConfig> configs_;  // by model spec
+};
 
 }  // namespace kvb

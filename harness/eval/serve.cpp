@@ -220,6 +220,18 @@ FootprintCurve target_curve(const FootprintCurve& run, const ModelConfig& tc, do
 
 }  // namespace
 
+void check_prefix_store(const std::string& store) {
+  if (store == "host" || store == "shm" || store == "cxl-sim" || store == "redis-local") return;
+  KVB_CHECK(store.rfind("redis://", 0) == 0 || store.rfind("unix://", 0) == 0,
+            "config.protocol.prefix_store: '", store,
+            "' (host | shm | cxl-sim | redis-local | redis://HOST:PORT | unix://PATH)");
+  try {
+    parse_redis_url(store);
+  } catch (const Error& e) {
+    KVB_FAIL("config.protocol.prefix_store: ", e.what());
+  }
+}
+
 void check_serve_inputs(const nlohmann::json& proto, const std::string& data_dir) {
   const std::string target = proto.at("target");
   try {
@@ -232,10 +244,7 @@ void check_serve_inputs(const nlohmann::json& proto, const std::string& data_dir
   (void)parse_enum(kAdmissions, serve_param(proto, "admission"), "admission");
   (void)parse_enum(kPrefixBlocks, serve_param(proto, "prefix_blocks"), "prefix_blocks");
   const std::string store = proto.at("prefix_store");
-  KVB_CHECK(store == "host" || store == "shm" || store == "cxl-sim" || store == "redis-local" ||
-                store.rfind("redis://", 0) == 0 || store.rfind("unix://", 0) == 0,
-            "config.protocol.prefix_store: '", store,
-            "' (host | shm | cxl-sim | redis-local | redis://HOST:PORT | unix://PATH)");
+  check_prefix_store(store);
   KVB_CHECK(store == "host" || proto.at("prefix_cache_gib").get<double>() != 0,
             "config.protocol.prefix_store: '", store,
             "' needs a prefix cache (prefix_cache_gib != 0)");

@@ -64,6 +64,9 @@ nlohmann::json footprint_sample_json(const std::vector<FootprintPoint>& points,
 // run row): the target preset, and for a file trace that it reads and has requests once cut to
 // max_requests. Throws kvb::Error naming the key or file.
 void check_serve_inputs(const nlohmann::json& proto, const std::string& data_dir);
+// config.protocol.prefix_store: one of the store names, or a Redis URL that parses (nothing is
+// connected to). Checked when the config is resolved, so that a bad URL fails before any run row.
+void check_prefix_store(const std::string& store);
 
 nlohmann::json serve_simulation_sample(const nlohmann::json& proto, const nlohmann::json& footprint,
                                        const std::string& data_dir, uint64_t seed);

@@ -75,6 +75,8 @@ void read_normalizer(const Reader& r, const json& n, const std::string& where,
   }
 }
 
+constexpr size_t kMaxPreTokenizerSteps = 64;
+
 void read_pre_tokenizer(const Reader& r, const json& p, const std::string& where,
                         TokenizerSpec* spec) {
   if (p.is_null()) return;
@@ -83,8 +85,12 @@ void read_pre_tokenizer(const Reader& r, const json& p, const std::string& where
   if (t == "Sequence") {
     const json& list = r.field(p, "pretokenizers", where);
     KVB_CHECK(list.is_array(), r.src, ": ", where, ".pretokenizers is not an array");
-    for (size_t k = 0; k < list.size(); ++k)
+    for (size_t k = 0; k < list.size(); ++k) {
       read_pre_tokenizer(r, list[k], where + ".pretokenizers[" + std::to_string(k) + "]", spec);
+      // Every step is a pass over the whole text; real files chain at most four.
+      KVB_CHECK(spec->pre_tokenizers.size() <= kMaxPreTokenizerSteps, r.src, ": ", where,
+                ": more than ", kMaxPreTokenizerSteps, " pre-tokenizer steps");
+    }
     return;
   } else if (t == "Split") {
     const json& pat = r.field(p, "pattern", where);
@@ -99,6 +105,11 @@ void read_pre_tokenizer(const Reader& r, const json& p, const std::string& where
     KVB_CHECK(!r.flag(p, "invert", where, false), r.src, ": ", where, ".invert is not supported");
     st.type = PreTokenizerStep::Type::kSplit;
   } else if (t == "ByteLevel") {
+    // Each ByteLevel step maps every byte to a character of up to two bytes: a chain of them
+    // doubles the text per step (30 steps: a gigabyte per byte of input). Real files have one.
+    KVB_CHECK(!spec->byte_level, r.src, ": ", where,
+              ": a second ByteLevel pre-tokenizer is not supported (one maps the bytes; another "
+              "would map its output again, doubling the text)");
     st.type = PreTokenizerStep::Type::kByteLevel;
     st.add_prefix_space = r.flag(p, "add_prefix_space", where, true);
     st.use_regex = r.flag(p, "use_regex", where, true);

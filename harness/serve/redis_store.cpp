@@ -1,5 +1,69 @@
 #include "harness/serve/redis_store.h"
 
+#include <sys/un.h>
+
+#include <algorithm>
+#include <string>
+
+#include "harness/common/error.h"
+
+namespace kvb {
+
+namespace {
+constexpr size_t kSocketPathMax = sizeof(sockaddr_un{}.sun_path) - 1;  // room for the NUL
+
+bool url_port_digits(const std::string& s) {
+  return !s.empty() && std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
+}
+}  // namespace
+
+RedisUrl parse_redis_url(const std::string& url) {
+  constexpr const char* kExpected = "expected redis://HOST:PORT or unix:///path/to/socket";
+  const std::string kRedis = "redis://", kUnix = "unix://";
+  RedisUrl u;
+  if (url.compare(0, kUnix.size(), kUnix) == 0) {
+    u.is_unix = true;
+    u.host = url.substr(kUnix.size());
+    KVB_CHECK(!u.host.empty() && u.host[0] == '/', "malformed Redis URL '", url,
+              "': the socket path must be absolute (", kExpected, ")");
+    KVB_CHECK(u.host.size() <= kSocketPathMax, "Redis URL '", url, "': socket path is ",
+              u.host.size(), " bytes, longer than the ", kSocketPathMax,
+              " a unix socket address holds");
+    return u;
+  }
+  KVB_CHECK(url.compare(0, kRedis.size(), kRedis) == 0, "malformed Redis URL '", url, "' (",
+            kExpected, ")");
+  const std::string rest = url.substr(kRedis.size());
+  KVB_CHECK(rest.find('@') == std::string::npos, "Redis URL '", url,
+            "': credentials in the URL are not supported (", kExpected, ")");
+  KVB_CHECK(rest.find('/') == std::string::npos, "malformed Redis URL '", url,
+            "': no path or database number allowed after HOST:PORT (", kExpected, ")");
+  std::string port;
+  if (!rest.empty() && rest[0] == '[') {  // [IPv6]:PORT
+    const size_t close = rest.find(']');
+    KVB_CHECK(close != std::string::npos && close + 1 < rest.size() && rest[close + 1] == ':',
+              "malformed Redis URL '", url, "' (", kExpected, ")");
+    u.host = rest.substr(1, close - 1);
+    port = rest.substr(close + 2);
+  } else {
+    const size_t colon = rest.rfind(':');
+    KVB_CHECK(colon != std::string::npos, "malformed Redis URL '", url, "': no port (", kExpected,
+              ")");
+    u.host = rest.substr(0, colon);
+    port = rest.substr(colon + 1);
+    KVB_CHECK(u.host.find(':') == std::string::npos, "malformed Redis URL '", url,
+              "': write an IPv6 host in brackets, e.g. redis://[::1]:6379");
+  }
+  KVB_CHECK(!u.host.empty(), "malformed Redis URL '", url, "': empty host (", kExpected, ")");
+  KVB_CHECK(
+      url_port_digits(port) && port.size() <= 5 && std::stoi(port) >= 1 && std::stoi(port) <= 65535,
+      "malformed Redis URL '", url, "': port '", port, "' is not a number in 1..65535");
+  u.port = std::stoi(port);
+  return u;
+}
+
+}  // namespace kvb
+
 #ifndef KVB_NO_HIREDIS
 
 #include <fcntl.h>
@@ -155,45 +219,10 @@ void RedisStore::ReplyDeleter::operator()(redisReply* reply) const { freeReplyOb
 RedisStore::RedisStore(const std::string& url, int timeout_ms)
     : url_(url), timeout_ms_(timeout_ms) {
   KVB_CHECK(timeout_ms > 0, "Redis URL ", url, ": timeout_ms must be positive, got ", timeout_ms);
-  constexpr const char* kExpected = "expected redis://HOST:PORT or unix:///path/to/socket";
-  const std::string kRedis = "redis://", kUnix = "unix://";
-  if (url.compare(0, kUnix.size(), kUnix) == 0) {
-    is_unix_ = true;
-    host_ = url.substr(kUnix.size());
-    KVB_CHECK(!host_.empty() && host_[0] == '/', "malformed Redis URL '", url,
-              "': the socket path must be absolute (", kExpected, ")");
-    KVB_CHECK(host_.size() <= kSunPathMax, "Redis URL '", url, "': socket path is ", host_.size(),
-              " bytes, longer than the ", kSunPathMax, " a unix socket address holds");
-  } else if (url.compare(0, kRedis.size(), kRedis) == 0) {
-    const std::string rest = url.substr(kRedis.size());
-    KVB_CHECK(rest.find('@') == std::string::npos, "Redis URL '", url,
-              "': credentials in the URL are not supported (", kExpected, ")");
-    KVB_CHECK(rest.find('/') == std::string::npos, "malformed Redis URL '", url,
-              "': no path or database number allowed after HOST:PORT (", kExpected, ")");
-    std::string port;
-    if (!rest.empty() && rest[0] == '[') {  // [IPv6]:PORT
-      const size_t close = rest.find(']');
-      KVB_CHECK(close != std::string::npos && close + 1 < rest.size() && rest[close + 1] == ':',
-                "malformed Redis URL '", url, "' (", kExpected, ")");
-      host_ = rest.substr(1, close - 1);
-      port = rest.substr(close + 2);
-    } else {
-      const size_t colon = rest.rfind(':');
-      KVB_CHECK(colon != std::string::npos, "malformed Redis URL '", url, "': no port (", kExpected,
-                ")");
-      host_ = rest.substr(0, colon);
-      port = rest.substr(colon + 1);
-      KVB_CHECK(host_.find(':') == std::string::npos, "malformed Redis URL '", url,
-                "': write an IPv6 host in brackets, e.g. redis://[::1]:6379");
-    }
-    KVB_CHECK(!host_.empty(), "malformed Redis URL '", url, "': empty host (", kExpected, ")");
-    KVB_CHECK(
-        all_digits(port) && port.size() <= 5 && std::stoi(port) >= 1 && std::stoi(port) <= 65535,
-        "malformed Redis URL '", url, "': port '", port, "' is not a number in 1..65535");
-    port_ = std::stoi(port);
-  } else {
-    KVB_FAIL("malformed Redis URL '", url, "' (", kExpected, ")");
-  }
+  const RedisUrl u = parse_redis_url(url);
+  is_unix_ = u.is_unix;
+  host_ = u.host;
+  port_ = u.port;
   connect();
 }
 
@@ -339,7 +368,7 @@ void RedisStore::put(const std::string& key, const void* data, size_t bytes) {
             what, " answered '", reply_text(r.get()), "' instead of OK (reply type ", r->type, ")");
 }
 
-bool RedisStore::get(const std::string& key, std::vector<uint8_t>* out) {
+bool RedisStore::get(const std::string& key, std::vector<uint8_t>* out, size_t max_bytes) {
   KVB_CHECK(out != nullptr, "Redis at ", url_, ": get of key ", describe_key(key),
             " needs an output vector");
   const std::string what = detail::concat("GET key ", describe_key(key));
@@ -385,8 +414,12 @@ bool RedisStore::get(const std::string& key, std::vector<uint8_t>* out) {
   }
   if (!all_digits(line) || line.size() > 12) fail_io(what, "malformed bulk length '" + line + "'");
   const size_t len = static_cast<size_t>(std::stoll(line));
-  // Far beyond any value Redis can be configured to hold: a corrupted stream, not a value.
-  if (len > (size_t{16} << 30)) fail_io(what, "implausible bulk length " + line);
+  if (len > max_bytes) {
+    // The value is left unread on the socket: the connection is dropped, like after an I/O error.
+    disconnect();
+    KVB_FAIL("Redis at ", url_, ": ", what, " answered a value of ", len, " bytes, more than the ",
+             max_bytes, " expected for it (not what was put there; the connection was dropped)");
+  }
   out->resize(len);
   // Payload and trailing CRLF: what the first read already holds, then the rest straight in.
   const size_t in_buf = have - (eol + 2);
@@ -658,7 +691,7 @@ RedisBandwidth measure_redis_bandwidth(RedisStore& store, int64_t value_bytes, i
     std::vector<uint8_t> got;
     for (int r = 0; r < repeats; ++r) {
       const auto t0 = Clock::now();
-      const bool found = store.get(keys[r], &got);
+      const bool found = store.get(keys[r], &got, static_cast<size_t>(value_bytes));
       get_ms.push_back(ms_since(t0));
       KVB_CHECK(found, "measure_redis_bandwidth on ", store.url(), ": key '", keys[r],
                 "' vanished between put and get (evicted or flushed by someone else?)");
@@ -717,7 +750,9 @@ RedisStore::RedisStore(const std::string& url, int timeout_ms) : url_(url), time
 }
 RedisStore::~RedisStore() = default;
 void RedisStore::put(const std::string&, const void*, size_t) { no_hiredis("Redis store " + url_); }
-bool RedisStore::get(const std::string&, std::vector<uint8_t>*) { no_hiredis("Redis store " + url_); }
+bool RedisStore::get(const std::string&, std::vector<uint8_t>*, size_t) {
+  no_hiredis("Redis store " + url_);
+}
 bool RedisStore::remove(const std::string&) { no_hiredis("Redis store " + url_); }
 int64_t RedisStore::used_memory_bytes() { no_hiredis("Redis store " + url_); }
 void RedisStore::flush() { no_hiredis("Redis store " + url_); }

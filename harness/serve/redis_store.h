@@ -26,6 +26,17 @@ namespace kvb {
 // front; callers split blocks instead of relying on chunking here.
 inline constexpr size_t kRedisMaxValueBytes = size_t{512} << 20;
 
+// A Redis URL taken apart: "redis://HOST:PORT" (HOST may be a bracketed IPv6 address) or
+// "unix:///path/to/socket".
+struct RedisUrl {
+  bool is_unix = false;
+  std::string host;  // TCP host, or the socket path
+  int port = 0;      // TCP only
+};
+// Throws kvb::Error naming the URL and what is wrong with it; connects to nothing, so a config can
+// be checked before anything runs.
+RedisUrl parse_redis_url(const std::string& url);
+
 // A connection to a Redis server holding KV blocks as binary values. url: "redis://HOST:PORT"
 // (HOST may be a bracketed IPv6 address) or "unix:///path/to/socket". timeout_ms bounds connecting
 // and every socket read/write. Every failure throws kvb::Error naming the URL (and the key, for
@@ -45,7 +56,10 @@ class RedisStore {
   // server errors (e.g. OOM under maxmemory with noeviction).
   void put(const std::string& key, const void* data, size_t bytes);
   // GET key into *out (replaced). Returns false, with *out cleared, when the key does not exist.
-  bool get(const std::string& key, std::vector<uint8_t>* out);
+  // A value longer than max_bytes (what the caller put there) is refused before anything is
+  // allocated for it, naming the key; the connection is dropped, as after any protocol error.
+  bool get(const std::string& key, std::vector<uint8_t>* out,
+           size_t max_bytes = kRedisMaxValueBytes);
   // DEL key. Returns true when the key existed.
   bool remove(const std::string& key);
   // INFO memory's used_memory: what the server's allocator holds, all keys and overheads included.

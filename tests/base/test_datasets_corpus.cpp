@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -168,6 +169,25 @@ TEST(CorpusTest, ChunkedEncodingEqualsWholeTextEncoding) {
       EXPECT_TRUE(std::equal(part.begin(), part.end(), whole.begin())) << name;
     }
   }
+}
+
+// A stretch with no safe cut (one 50 MB "word") is cut every 1 MiB at a character boundary and
+// its pieces encoded alone, so that a window set costs the 1 MiB it reads, not ~50 bytes of
+// tokenizer state per byte of the whole text (minutes and gigabytes); text with cuts keeps its
+// exact encoding (above).
+TEST(CorpusTest, AStretchWithoutACutIsEncodedInBoundedPieces) {
+  const Tokenizer& tok = tok512();
+  const size_t mib = size_t{1} << 20;
+  std::string word = "\u00e9a";  // "éa", doubled to 48 MiB
+  while (word.size() < 48 * mib) word += word;
+  ASSERT_EQ(static_cast<unsigned char>(word[mib]) & 0xC0, 0x80u);  // 1 MiB falls inside a character
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::vector<int64_t> head = encode_long_text(tok, word, 1000);
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_GE(head.size(), 1000u);
+  EXPECT_LT(s, 20.0);
+  // The first piece alone was read, cut before the character the 1 MiB mark falls in.
+  EXPECT_EQ(head, tok.encode(word.substr(0, mib - 1)));
 }
 
 // ---- windows ----

@@ -192,5 +192,27 @@ TEST(FuzzRegressions, SetRefusesInvalidUtf8) {
   EXPECT_NO_THROW((void)config.dump());
 }
 
+// A dotted key nests the config one level per component: 100,000 of them overflowed the stack
+// when the config was printed or freed. The bound is JSON's nesting depth, named in the message
+// (with the key cut short).
+TEST(KeyPaths, ComponentsAreBoundedByTheJsonDepth) {
+  std::string deep = "protocol";
+  for (int k = 0; k < 100000; ++k) deep += ".a";
+  json config = json::object();
+  const std::string msg =
+      expect_kvb_error([&] { apply_overrides(config, {deep + "=1"}); },
+                       {"--set: the key 'protocol.a.a", "100001 components", "more than the 128"});
+  EXPECT_LT(msg.size(), 400u);
+  EXPECT_TRUE(config.empty());
+  expect_kvb_error([&] { split_key_path(deep, "grid.axes"); }, {"grid.axes: the key"});
+  expect_kvb_error([&] { split_key_path("a..b", "grid.exclude[0]"); },
+                   {"grid.exclude[0]: 'a..b' has an empty component"});
+  std::string ok = "a";
+  for (size_t k = 1; k < kMaxKeyPathComponents; ++k) ok += ".a";
+  EXPECT_EQ(split_key_path(ok, "--set").size(), kMaxKeyPathComponents);
+  apply_overrides(config, {ok + "=1"});
+  EXPECT_NO_THROW((void)config.dump());
+}
+
 }  // namespace
 }  // namespace kvb

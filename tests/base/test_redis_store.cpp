@@ -486,6 +486,41 @@ TEST(RedisStoreUrl, MalformedUrlsThrowNamingTheUrl) {
                                 "redis://host:6379/0", "unix://relative/sock", ""}) {
     const std::string msg = error_of([&] { RedisStore store(url, 200); });
     EXPECT_NE(msg.find("'" + url + "'"), std::string::npos) << url << " -> " << msg;
+    // The same check without connecting, for configs checked before anything runs.
+    const std::string parsed = error_of([&] { parse_redis_url(url); });
+    EXPECT_EQ(parsed, msg) << url;
+  }
+  const RedisUrl tcp = parse_redis_url("redis://[::1]:6380");
+  EXPECT_FALSE(tcp.is_unix);
+  EXPECT_EQ(tcp.host, "::1");
+  EXPECT_EQ(tcp.port, 6380);
+  const RedisUrl unix_url = parse_redis_url("unix:///run/redis.sock");
+  EXPECT_TRUE(unix_url.is_unix);
+  EXPECT_EQ(unix_url.host, "/run/redis.sock");
+}
+
+// A reply longer than the value the caller expects is refused from its length line, naming the
+// key, before anything is allocated for it (8 GiB announced here; none of it is sent), and by
+// default above the largest value put() accepts.
+TEST(RedisStoreFaults, AReplyLongerThanExpectedIsRefusedBeforeItsBytes) {
+  ScratchDir dir;  // fake servers: runs without redis-server
+  {
+    ScriptedServer fake(dir.path(), {"+PONG\r\n", "$8589934592\r\n"});
+    RedisStore store(fake.url(), 300);
+    std::vector<uint8_t> got;
+    const std::string msg = error_of([&] { store.get("big-key", &got, 4096); });
+    EXPECT_NE(msg.find("'big-key'"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("8589934592 bytes, more than the 4096 expected"), std::string::npos) << msg;
+    EXPECT_EQ(got.capacity(), 0u);
+  }
+  {
+    ScriptedServer fake(dir.path(), {"+PONG\r\n", "$1073741824\r\n"});
+    RedisStore store(fake.url(), 300);
+    std::vector<uint8_t> got;
+    const std::string msg = error_of([&] { store.get("default-key", &got); });
+    EXPECT_NE(msg.find("more than the " + std::to_string(kRedisMaxValueBytes) + " expected"),
+              std::string::npos)
+        << msg;
   }
 }
 

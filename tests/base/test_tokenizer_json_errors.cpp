@@ -81,6 +81,24 @@ TEST(TokenizerJsonErrors, UnknownComponents) {
   expect_error(d, "model.continuing_subword_prefix");
 }
 
+// Each ByteLevel step maps every byte to a character of up to two bytes: chained, they double the
+// text per step (30 of them: a gigabyte per input byte). A second one is refused naming the file
+// and the step, and so is a sequence of more steps than any real file chains.
+TEST(TokenizerJsonErrors, ChainedByteLevelAndEndlessSequencesAreRefused) {
+  json d = toy();
+  json& steps = d["pre_tokenizer"]["pretokenizers"];
+  for (int k = 0; k < 30; ++k) steps.push_back(steps[1]);
+  expect_error(d, "pre_tokenizer.pretokenizers[2]: a second ByteLevel pre-tokenizer");
+  d = toy();
+  json nested = d["pre_tokenizer"];  // a ByteLevel inside a nested Sequence counts too
+  d["pre_tokenizer"] = {{"type", "Sequence"}, {"pretokenizers", {nested, nested}}};
+  expect_error(d, "pre_tokenizer.pretokenizers[1].pretokenizers[1]: a second ByteLevel");
+  d = toy();
+  json digits = d["pre_tokenizer"]["pretokenizers"][0];
+  for (int k = 0; k < 100; ++k) d["pre_tokenizer"]["pretokenizers"].push_back(digits);
+  expect_error(d, "more than 64 pre-tokenizer steps");
+}
+
 TEST(TokenizerJsonErrors, BadVocabularyAndMerges) {
   json d = toy();
   d["model"].erase("merges");

@@ -125,6 +125,10 @@ TEST(Grid, EveryShippedGridExpandsWithItsInputs) {
   const fs::path root = fs::path(test::fixtures_dir()).parent_path().parent_path();
   const bool testbed = fs::exists(root / "models" / "kvb-testbed" / "model.safetensors");
   int checked = 0;
+  // Method files (adapters) are named relative to the repository root, where scripts/main.sh runs
+  // the grids; the grid builds each method's store, so it reads them from there.
+  const fs::path cwd = fs::current_path();
+  fs::current_path(root);
   for (const auto& e : fs::directory_iterator(root / "configs" / "grids")) {
     if (e.path().extension() != ".json") continue;
     if (!testbed && read_file(e.path().string()).find("\"kvb-testbed\"") != std::string::npos) continue;
@@ -142,6 +146,7 @@ TEST(Grid, EveryShippedGridExpandsWithItsInputs) {
       ADD_FAILURE() << e.path() << ": " << err.what();
     }
   }
+  fs::current_path(cwd);
   EXPECT_GE(checked, 3);
 }
 
@@ -214,6 +219,93 @@ TEST(Grid, InvalidGridExitsTwoWithOneLineAndWritesNothing) {
     EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
     EXPECT_FALSE(std::ifstream(db).good()) << "database written for case " << i;
   }
+}
+
+// What only a method's store or a URL parser can refuse fails the whole grid before its first
+// cell, as it fails `run`: exit 2, one line naming the cell and the parameter, no database; the
+// dry run refuses it the same way. Many cells sharing a method config cost one store build.
+TEST(Grid, StoreChecksAndUrlsFailTheGridBeforeAnyCell) {
+  const std::string dir = test::make_temp_dir("grid_store_checks");
+  const std::string stream = R"("protocol": {"name": "stream", "window": 32})";
+  struct Case {
+    std::string grid, needle;
+  };
+  const std::vector<Case> cases = {
+      {R"({"base": {"model": ")" + model_path() + R"(", )" + stream +
+           R"(}, "axes": {"method": ["full", {"name": "snapkv", "params": {"budget": [0.5, 7]}}]}})",
+       "cell #2 (method=snapkv(budget=7)): method snapkv.budget: 7 is not a valid kept ratio"},
+      {R"({"base": {"model": ")" + model_path() + R"(", "method": "full", "protocol": {"name":
+           "serve", "trace": "generated", "gen_requests": 10, "prefix_cache_gib": 1}},
+           "axes": {"protocol.prefix_store": ["host", "redis://cachehost"]}})",
+       "(protocol.prefix_store=redis://cachehost) is invalid: config.protocol.prefix_store: "
+       "malformed Redis URL 'redis://cachehost': no port"},
+  };
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const std::string cfg = dir + "/g" + std::to_string(i) + ".json";
+    const std::string db = dir + "/db" + std::to_string(i) + ".sqlite";
+    write_file(cfg, cases[i].grid);
+    for (const std::string mode : {"", " --dry-run"}) {
+      auto r = test::run_kvbench("grid -q -c " + cfg + mode + " --db " + db + " --data-dir " +
+                                 test::data_dir());
+      EXPECT_EQ(r.exit_code, 2) << mode << "\n" << r.out << r.err;
+      EXPECT_NE(r.err.find(cases[i].needle), std::string::npos)
+          << "want '" << cases[i].needle << "' in: " << r.err;
+      EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+      EXPECT_FALSE(std::ifstream(db).good()) << "database written for case " << i << mode;
+    }
+  }
+  // 400 cells of one method config (the seed axis changes nothing the store sees).
+  std::string seeds;
+  for (int k = 0; k < 400; ++k) seeds += (k ? "," : "") + std::to_string(k);
+  const std::string big = dir + "/big.json";
+  write_file(big, R"({"base": {"model": ")" + model_path() + R"(", )" + stream +
+                      R"(, "method": {"name": "snapkv", "params": {"budget": 0.5}}},
+                      "axes": {"seed": [)" +
+                      seeds + "]}}");
+  const auto t0 = std::chrono::steady_clock::now();
+  auto r = test::run_kvbench("grid --dry-run --json -c " + big + " --data-dir " + test::data_dir());
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(json::parse(r.out)["cells_total"], 400);
+  EXPECT_LT(s, 30.0) << "400 cells of one method config took " << s << " s to validate";
+}
+
+// A dotted key of 100,000 components (a grid axis, an exclude key, a --set) is refused at once
+// with the bound named, instead of nesting a config 100,000 deep (which overflowed the stack).
+TEST(Grid, KeyPathsLongerThanAConfigNestsAreRefused) {
+  const std::string dir = test::make_temp_dir("grid_deep_keys");
+  std::string deep = "protocol";
+  for (int k = 0; k < 100000; ++k) deep += ".a";
+  const std::string cfg = dir + "/g.json";
+  write_file(cfg, R"({"base": {"model": ")" + model_path() +
+                      R"(", "method": "full", "protocol": {"name": "stream", "window": 32}},
+                      "axes": {")" +
+                      deep + R"(": [1]}})");
+  const std::string db = dir + "/db.sqlite";
+  auto g = test::run_kvbench("grid --dry-run -c " + cfg + " --db " + db);
+  EXPECT_EQ(g.exit_code, 2) << g.err.substr(0, 400);
+  EXPECT_NE(g.err.find("grid.axes: the key 'protocol.a.a."), std::string::npos)
+      << g.err.substr(0, 400);
+  EXPECT_NE(g.err.find("has 100001 components, more than the 128"), std::string::npos)
+      << g.err.substr(0, 400);
+  EXPECT_LT(g.err.size(), 1000u);  // the key is cut in the message
+  // --set on run: the same bound, before anything is read or written (50,000 components: one
+  // argument of a command line holds at most 128 KiB).
+  std::string set = "protocol";
+  for (int k = 0; k < 50000; ++k) set += ".a";
+  const std::string run_cfg = dir + "/r.json";
+  write_file(run_cfg, R"({"model": ")" + model_path() +
+                          R"(", "method": "full", "protocol": {"name": "stream", "window": 32}})");
+  auto r = test::run_kvbench("run -q -c " + run_cfg + " --db " + db + " --set " + set + "=1");
+  EXPECT_EQ(r.exit_code, 2) << r.err.substr(0, 400);
+  EXPECT_NE(r.err.find("--set: the key 'protocol.a.a."), std::string::npos) << r.err.substr(0, 400);
+  EXPECT_FALSE(std::ifstream(db).good());
+  // 128 components are still a key (refused only as a protocol parameter it is not).
+  std::string ok = "protocol";
+  for (int k = 1; k < 128; ++k) ok += ".a";
+  auto r128 = test::run_kvbench("run -q -c " + run_cfg + " --db " + db + " --set " + ok + "=1");
+  EXPECT_EQ(r128.exit_code, 2);
+  EXPECT_EQ(r128.err.find("components"), std::string::npos) << r128.err;
 }
 
 // A small stream grid: 8 cells, 2 windows each.

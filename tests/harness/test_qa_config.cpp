@@ -273,6 +273,60 @@ TEST(QaConfig, RunRefusesALengthBeyondTheContextAndWritesNoRunRow) {
   }
 }
 
+// A LongBench sample longer than the model's context with `length: 0` (no truncation) is refused
+// before anything is written, naming the line and the lengths, by run and by grid (its dry run
+// too); a cap middle-truncates it, as LongBench does, and the same file plans.
+TEST(QaConfig, LongBenchPromptsPastTheContextAreRefusedUnlessTruncated) {
+  const std::string dir = test::make_temp_dir("qa_lb_context");
+  const std::string fx = test::fixtures_dir() + "/longbench";
+  std::string story;
+  for (int k = 0; k < 600; ++k) story += "Tom had a red ball and he liked to play with it. ";
+  const std::string jsonl = dir + "/long.jsonl";
+  write_file(jsonl, json({{"context", story},
+                          {"input", "What color was the ball?"},
+                          {"answers", {"red"}},
+                          {"length", 6000},
+                          {"dataset", "tinyqa"},
+                          {"all_classes", nullptr},
+                          {"_id", "long1"}})
+                            .dump() +
+                        "\n");
+  auto config = [&](int length) {
+    return json({{"model", test::models_dir() + "/stories260K"},
+                 {"method", "full"},
+                 {"protocol",
+                  {{"name", "qa"},
+                   {"source", "longbench"},
+                   {"path", jsonl},
+                   {"tasks", fx + "/tasks.json"},
+                   {"length", length},
+                   {"num_samples", 1}}}});
+  };
+  const std::string db = dir + "/db.sqlite";
+  const std::string run_cfg = dir + "/run.json";
+  write_file(run_cfg, config(0).dump());
+  auto r = test::run_kvbench("run -q -c " + run_cfg + " --db " + db);
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_NE(r.err.find(jsonl + ":1: the prompt is "), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("longer than the context of"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("(512 tokens); set config.protocol.length to at most"), std::string::npos)
+      << r.err;
+  EXPECT_FALSE(fs::exists(db));
+  const std::string grid_cfg = dir + "/grid.json";
+  write_file(grid_cfg,
+             json({{"name", "lb"}, {"base", config(0)}, {"axes", {{"seed", {0, 1}}}}}).dump());
+  for (const std::string mode : {"", " --dry-run"}) {
+    auto g = test::run_kvbench("grid -q -c " + grid_cfg + mode + " --db " + db);
+    EXPECT_EQ(g.exit_code, 2) << mode << g.err;
+    EXPECT_NE(g.err.find("grid 'lb': cell #0"), std::string::npos) << g.err;
+    EXPECT_NE(g.err.find(jsonl + ":1: the prompt is "), std::string::npos) << g.err;
+    EXPECT_FALSE(fs::exists(db)) << mode;
+  }
+  write_file(grid_cfg, json({{"name", "lb"}, {"base", config(448)}}).dump());
+  auto ok = test::run_kvbench("grid --dry-run -c " + grid_cfg + " --db " + db);
+  EXPECT_EQ(ok.exit_code, 0) << ok.err;
+}
+
 // The engine tells how far a prefill has got, chunk by chunk, and prefill_progress_lines turns it
 // into lines with an ETA (thresholds at 0 here: every chunk prints), one meter per prefill.
 TEST(QaConfig, PrefillProgressCountsEveryChunkAndPrintsAnEta) {

@@ -481,6 +481,33 @@ TEST(Reproduce, CliWritesNothingOnAConfigError) {
   EXPECT_FALSE(fs::exists(db));
 }
 
+// A claim whose cell only the method's store can refuse (a kept ratio of 7) is a config error of
+// the suite, not an inconclusive claim: exit 2 naming the claim's side and the parameter, nothing
+// written.
+TEST(Reproduce, CliRefusesAStoreErrorOfACellBeforeAnything) {
+  Scratch s;
+  json stream = {{"model", "stories260K"},
+                 {"threads", 1},
+                 {"method", {{"name", "snapkv"}, {"params", {{"budget", 7}}}}},
+                 {"protocol", {{"name", "stream"}, {"window", 64}, {"max_windows", 1}}}};
+  json full = stream;
+  full["method"] = "full";
+  s.write_suite(
+      "toy",
+      json::array({claim("c", pred("kl_mean", "difference", "greater", 0.0), stream, full)}));
+  const std::string db = s.dir + "/out/db.sqlite", out = s.dir + "/out/reports";
+  const test::CommandResult r =
+      test::run_kvbench("reproduce toy --suites-dir " + s.dir + " --grids-dir " + s.grids +
+                        " --db " + db + " --out-dir " + out + " --models-dir " +
+                        test::models_dir() + " --data-dir " + test::data_dir() + " --quiet");
+  EXPECT_EQ(r.exit_code, 2) << r.out << r.err;
+  EXPECT_NE(r.err.find("claims[0].a.config"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("method snapkv.budget: 7 is not a valid kept ratio"), std::string::npos)
+      << r.err;
+  EXPECT_FALSE(fs::exists(db));
+  EXPECT_FALSE(fs::exists(out));
+}
+
 // The cheapest real claim: on stories260K, 2-bit KIVI drifts further from the full cache than
 // 8-bit KIVI (KL over 10 TinyStories windows). Runs its two cells, evaluates, writes the page; a
 // second call skips the finished cells.

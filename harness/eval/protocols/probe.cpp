@@ -46,6 +46,10 @@ class ProbeProtocol : public PlannedProtocol<ProbeRun> {
     info_.needs_tokenizer = true;
     info_.report.default_metric = "attn_output_rel_err";
   }
+  void check_model_inputs(const nlohmann::json& resolved, const ModelFacts& model,
+                          const std::string&, const InputCheck& check) const override {
+    check_window_input(resolved, model, check);
+  }
 };
 
 }  // namespace

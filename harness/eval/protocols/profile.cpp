@@ -22,8 +22,7 @@ std::vector<StreamWindow> random_windows(const RunContext& ctx) {
   const nlohmann::json& proto = ctx.protocol();
   const int64_t window = proto["window"], count = proto["max_windows"];
   const int64_t vocab = ctx.model->config.vocab_size;
-  KVB_CHECK(window <= ctx.model->config.max_seq_len, "config.protocol.window: ", window,
-            " tokens is longer than the model's context of ", ctx.model->config.max_seq_len);
+  check_window_fits(proto, ctx.model->config.max_seq_len, ctx.model->source);
   std::vector<StreamWindow> out;
   for (int64_t w = 0; w < count; ++w) {
     std::mt19937_64 rng(ctx.seed() * 1000003ULL + static_cast<uint64_t>(w));
@@ -111,6 +110,10 @@ class ProfileProtocol : public PlannedProtocol<ProfileRun> {
                     const InputCheck& check) const override {
     if (protocol.at("dataset").get<std::string>() != kRandomTokens)
       check_dataset_input(protocol, data_dir, check);
+  }
+  void check_model_inputs(const nlohmann::json& resolved, const ModelFacts& model,
+                          const std::string&, const InputCheck& check) const override {
+    check_window_input(resolved, model, check);
   }
 };
 

@@ -10,11 +10,55 @@
 #include "harness/common/error.h"
 #include "harness/eval/protocol_registry.h"
 #include "harness/eval/protocols/model_run.h"
+#include "harness/formats/chat_template.h"
 #include "harness/formats/tokenizer.h"
 #include "harness/model/model.h"
 
 namespace kvb {
 namespace {
+
+// Where a sample came from, for messages: the JSONL line, or the corpus story.
+std::string sample_origin(const nlohmann::json& proto, const QaSample& s) {
+  if (proto.at("source") == "longbench")
+    return proto.at("path").get<std::string>() + ":" +
+           s.meta.value("line", nlohmann::json(0)).dump();
+  return "config.protocol.dataset '" + proto.at("dataset").get<std::string>() + "' story " +
+         s.meta.value("story", nlohmann::json(0)).dump();
+}
+
+// Every sample's prompt -- BOS, the chat turn's opener, the context (middle-truncated to `length`
+// where that is given, as LongBench does), and its longest question with the turn's closer --
+// within the model's context: a longer one is refused, naming the sample and the lengths, before
+// the run row exists. Each question follows the context alone (a fork), so the longest one counts;
+// the answer's tokens may run past, as a synthetic prompt's (made to `length`) do. A context is
+// tokenized only where `length` cannot bound it.
+void check_prompts_fit(const Tokenizer& tok, const std::vector<QaSample>& samples,
+                       const ChatTemplate& chat, bool add_bos, int64_t context_tokens,
+                       const std::string& model, const nlohmann::json& proto) {
+  if (context_tokens <= 0 || proto.at("source") == "synthetic") return;
+  const int64_t prefix = ((chat.active() ? chat.bos : add_bos) ? 1 : 0) +
+                         static_cast<int64_t>(encode_segments(tok, chat.user_open()).size());
+  const int64_t close = static_cast<int64_t>(encode_segments(tok, chat.user_close()).size());
+  for (const QaSample& s : samples) {
+    int64_t question = 0;
+    for (const QaItem& item : s.items)
+      question = std::max(question, static_cast<int64_t>(tok.encode(item.question).size()) + close);
+    int64_t context = s.max_context_tokens;
+    if (context <= 0 || context + question > context_tokens) {
+      context = prefix + static_cast<int64_t>(tok.encode(s.context).size());
+      if (s.max_context_tokens > 0) context = std::min(context, s.max_context_tokens);
+    }
+    if (context + question <= context_tokens) continue;
+    const bool longbench = proto.at("source") == "longbench";
+    KVB_FAIL(sample_origin(proto, s), ": the prompt is ", context + question, " tokens (context ",
+             context, ", question ", question, "), longer than the context of ", model, " (",
+             context_tokens, " tokens)",
+             longbench ? "; set config.protocol.length to at most " +
+                             std::to_string(std::max<int64_t>(0, context_tokens - question)) +
+                             " to middle-truncate the context to it, as LongBench does"
+                       : "; use a corpus of shorter stories");
+  }
+}
 
 class QaRun : public ModelRun {
  public:
@@ -33,6 +77,8 @@ class QaRun : public ModelRun {
     opts_.chat = resolve_chat_template(proto_["chat_template"], tok_->chat_template(),
                                        "config.protocol.chat_template");
     if (opts_.chat.active()) ctx.log("chat template: " + opts_.chat.describe());
+    check_prompts_fit(*tok_, samples_, opts_.chat, model_->config.add_bos,
+                      model_->config.max_seq_len, model_->source, proto_);
   }
   int64_t samples() const override { return static_cast<int64_t>(samples_.size()); }
   std::string sample_key(int64_t i) const override { return samples_[i].key; }
@@ -75,8 +121,10 @@ class QaProtocol : public PlannedProtocol<QaRun> {
              string_param("task", "niah_single_1", {}, "synthetic task name (source synthetic)"),
              int_param("length", 1024, 0, 1 << 24,
                        "target prompt tokens, question included (synthetic; at most the model's "
-                       "context); max context tokens, middle-truncated (longbench, required; 0: "
-                       "none)"),
+                       "context); longbench (required): the context's tokens at most, a longer "
+                       "one middle-truncated to it as LongBench does; 0: not truncated. Either "
+                       "way a prompt (context and question) longer than the model's context is "
+                       "refused before the run"),
              int_param("num_samples", 4, 1, 1 << 20, "samples (per depth when depths are given)"),
              string_param("depths", "", {},
                           "comma-separated needle depths in [0, 1]; \"\": RULER's grid"),
@@ -188,7 +236,25 @@ class QaProtocol : public PlannedProtocol<QaRun> {
     const nlohmann::json& proto = resolved.at("protocol");
     check("qa length:" + model.spec + ":" + proto.dump(),
           [&] { check_qa_length(proto, model.context_tokens, model.spec); });
-    if (proto.at("source") != "synthetic") return;
+    if (proto.at("source") != "synthetic") {
+      // The prompts as the run's plan reads them (the data files are small beside a run).
+      // The seed picks a recall source's stories: part of what is checked.
+      check("qa prompts:" + model.spec + ":" + resolved.at("seed").dump() + ":" + proto.dump(),
+            [&] {
+              if (model.tokenizer_path.empty() || model.context_tokens <= 0) return;
+              const Tokenizer tok(model.tokenizer_path);
+              nlohmann::json p = proto;
+              p["seed"] = resolved.at("seed");
+              std::string hash;
+              const std::vector<QaSample> samples =
+                  qa_samples(tok, p, data_dir, /*cache_dir=*/"", &hash);
+              const ChatTemplate chat = resolve_chat_template(
+                  proto.at("chat_template"), tok.chat_template(), "config.protocol.chat_template");
+              check_prompts_fit(tok, samples, chat, model.add_bos, model.context_tokens, model.spec,
+                                proto);
+            });
+      return;
+    }
     nlohmann::json p = proto;
     p["seed"] = resolved.at("seed");
     p["num_samples"] = 1;

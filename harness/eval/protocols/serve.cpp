@@ -17,15 +17,19 @@ namespace {
 
 enum ServeSample : int64_t { kFootprint = 0, kSimulation = 1 };
 
+// The footprint probe's prompt lengths, each with its decode steps within the model's context.
+std::vector<int64_t> probe_lengths(const nlohmann::json& proto, int64_t context_tokens) {
+  const int64_t decode = proto.at("probe_decode_tokens");
+  return protocol_int_list(proto, "probe_lengths", "length", 2, context_tokens - decode);
+}
+
 class ServeRun : public ModelRun {
  public:
   explicit ServeRun(const RunContext& ctx)
       : ModelRun(ctx),
         dtype_(ctx.resolved["dtype"]),
         data_dir_(resolve_data_dir(ctx.env.data_dir)) {
-    const int64_t decode = proto_["probe_decode_tokens"];
-    lengths_ = protocol_int_list(proto_, "probe_lengths", "length", 2,
-                                 model_->config.max_seq_len - decode);
+    lengths_ = probe_lengths(proto_, model_->config.max_seq_len);
     check_serve_inputs(proto_, data_dir_);
     nlohmann::json wp = {{"dataset", proto_["dataset"]},
                          {"stride", 0},
@@ -202,6 +206,7 @@ class ServeProtocol : public PlannedProtocol<ServeRun> {
     const bool cxl = r.at("prefix_store") == "cxl-sim" || r.at("pd_transport") == "cxl-sim";
     refuse_unless("cxl_gbps", cxl, "applies to prefix_store or pd_transport 'cxl-sim' only");
     refuse_unless("cxl_latency_us", cxl, "applies to prefix_store or pd_transport 'cxl-sim' only");
+    check_prefix_store(r.at("prefix_store"));
     for (const ParamSpec& p : serve_later_params())
       if (!given.contains(p.name)) r.erase(p.name);
     return r;
@@ -218,6 +223,19 @@ class ServeProtocol : public PlannedProtocol<ServeRun> {
     const std::string path = serve_trace_path(proto["trace"], resolve_data_dir(data_dir));
     check("trace:" + path,
           [&] { KVB_CHECK(file_exists(path), "serve trace ", path, " not found (data path)"); });
+  }
+  void check_model_inputs(const nlohmann::json& resolved, const ModelFacts& model,
+                          const std::string&, const InputCheck& check) const override {
+    const nlohmann::json& proto = resolved.at("protocol");
+    if (model.context_tokens <= 0) return;
+    check("serve probe:" + model.spec + ":" + proto.dump(), [&] {
+      try {
+        probe_lengths(proto, model.context_tokens);
+      } catch (const Error& e) {
+        KVB_FAIL(e.what(), " (the context of ", model.spec, " is ", model.context_tokens,
+                 " tokens, probe_decode_tokens included)");
+      }
+    });
   }
 };
 

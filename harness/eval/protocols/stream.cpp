@@ -80,6 +80,10 @@ class StreamProtocol : public PlannedProtocol<StreamRun> {
                     const InputCheck& check) const override {
     check_dataset_input(proto, data_dir, check);
   }
+  void check_model_inputs(const nlohmann::json& resolved, const ModelFacts& model,
+                          const std::string&, const InputCheck& check) const override {
+    check_window_input(resolved, model, check);
+  }
 
   void sample_sums(const nlohmann::json& j, const SampleSumSink& put) const override {
     const double tokens = sample_number(j, "tokens");

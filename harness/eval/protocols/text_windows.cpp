@@ -6,13 +6,26 @@
 
 namespace kvb {
 
+void check_window_fits(const nlohmann::json& protocol, int64_t context_tokens,
+                       const std::string& model) {
+  const int64_t window = protocol.at("window");
+  KVB_CHECK(context_tokens <= 0 || window <= context_tokens, "config.protocol.window: ", window,
+            " tokens is longer than the model's context of ", context_tokens,
+            " (max_position_embeddings of ", model, ")");
+}
+
+void check_window_input(const nlohmann::json& resolved, const ModelFacts& model,
+                        const InputCheck& check) {
+  const nlohmann::json& proto = resolved.at("protocol");
+  check("window:" + model.spec + ":" + proto.at("window").dump(),
+        [&] { check_window_fits(proto, model.context_tokens, model.spec); });
+}
+
 std::vector<StreamWindow> checked_text_windows(const RunContext& ctx, std::string* dataset_hash) {
   const nlohmann::json& proto = ctx.protocol();
   const Model& model = *ctx.model;
   const int64_t window = proto["window"];
-  KVB_CHECK(window <= model.config.max_seq_len, "config.protocol.window: ", window,
-            " tokens is longer than the model's context of ", model.config.max_seq_len,
-            " (max_position_embeddings of ", model.source, ")");
+  check_window_fits(proto, model.config.max_seq_len, model.source);
   std::vector<StreamWindow> windows =
       stream_windows(model.tokenizer_path, proto, ctx.env.data_dir, dataset_hash);
   KVB_CHECK(!windows.empty(), "config.protocol.dataset: '", proto["dataset"].get<std::string>(),

@@ -14,6 +14,15 @@ namespace kvb {
 
 std::vector<StreamWindow> checked_text_windows(const RunContext& ctx, std::string* dataset_hash);
 
+// config.protocol.window within the context `context_tokens` that `model` declares; kvb::Error
+// naming the key and both lengths.
+void check_window_fits(const nlohmann::json& protocol, int64_t context_tokens,
+                       const std::string& model);
+
+// A protocol's grid check of its window against the cell's model (Protocol::check_model_inputs).
+void check_window_input(const nlohmann::json& resolved, const ModelFacts& model,
+                        const InputCheck& check);
+
 // A run whose samples are the windows_ its constructor fills, each keyed as its window.
 class WindowRun : public ModelRun {
  public:
