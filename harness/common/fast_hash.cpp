@@ -48,7 +48,8 @@ inline uint64_t merge_round(uint64_t acc, uint64_t lane) {
   return acc * kP1 + kP4;
 }
 
-// Four independent lanes per 32-byte stripe: the multiplies of one stripe do not wait on each other.
+// Four independent lanes per 32-byte stripe: the multiplies of one stripe do not wait on each
+// other.
 inline void consume_stripe(std::array<uint64_t, 4>& lanes, const uint8_t* p) {
   for (int i = 0; i < 4; ++i) lanes[i] = round(lanes[i], read64(p + 8 * i));
 }

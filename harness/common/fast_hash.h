@@ -1,9 +1,9 @@
 #pragma once
 // A fast 64-bit content hash (XXH64), torch-free. Cache keys and cache checksums hash whole models
-// and logit tables, hundreds of megabytes, on every run: SHA-256 would cost seconds there, and these
-// hashes only have to notice accidental change (a replaced checkpoint, a truncated or zeroed file),
-// not an adversary. The digest is the reference XXH64's, so it is stable across compilers and
-// platforms (words are read little-endian).
+// and logit tables, hundreds of megabytes, on every run: SHA-256 would cost seconds there, and
+// these hashes only have to notice accidental change (a replaced checkpoint, a truncated or zeroed
+// file), not an adversary. The digest is the reference XXH64's, so it is stable across compilers
+// and platforms (words are read little-endian).
 
 #include <array>
 #include <cstddef>

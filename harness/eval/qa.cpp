@@ -208,10 +208,10 @@ std::string tokenizer_identity(const Model& model, const Tokenizer& tok) {
   return file_exists(tok.path()) ? fast_hash_file_hex(tok.path()) : "";
 }
 
-// Where the full-cache answers of a sample live in the baseline cache ("" when there is none): keyed
-// by everything that decides them (the model's content, device, dtype, the tokenizer's content, mode,
-// chunking, the sample, the decoding limits, the chat template), not by the method being compared
-// nor by where the model's files are.
+// Where the full-cache answers of a sample live in the baseline cache ("" when there is none):
+// keyed by everything that decides them (the model's content, device, dtype, the tokenizer's
+// content, mode, chunking, the sample, the decoding limits, the chat template), not by the method
+// being compared nor by where the model's files are.
 std::string baseline_path(const Model& model, const Tokenizer& tok, const QaSample& s,
                           const QaOptions& opts) {
   if (opts.cache_dir.empty()) return "";
@@ -240,8 +240,8 @@ void store_baseline(const std::string& path, const std::string& dir,
   if (path.empty()) return;
   const nlohmann::json answers = predictions;
   make_directories(dir);
-  write_file_atomically(path,
-                        nlohmann::json{{"answers", answers}, {"check", answers_check(answers)}}.dump());
+  write_file_atomically(
+      path, nlohmann::json{{"answers", answers}, {"check", answers_check(answers)}}.dump());
 }
 
 // The entry's answers, or nothing when it is missing or fails its check (it is then recomputed and

@@ -16,8 +16,8 @@
 #include "harness/common/internal_error.h"
 #include "harness/common/mapped_file.h"
 #include "harness/common/strings.h"
-#include "harness/formats/gguf.h"
 #include "harness/formats/finite_check.h"
+#include "harness/formats/gguf.h"
 #include "harness/formats/llama2c_format.h"
 #include "harness/formats/safetensors.h"
 #include "harness/model/huge_page_weights.h"
@@ -650,8 +650,9 @@ std::string Model::content_hash() const {
 }
 
 std::string Model::tokenizer_hash() const {
-  return tokenizer_hash_.get(
-      [this] { return tokenizer_path.empty() ? std::string() : fast_hash_file_hex(tokenizer_path); });
+  return tokenizer_hash_.get([this] {
+    return tokenizer_path.empty() ? std::string() : fast_hash_file_hex(tokenizer_path);
+  });
 }
 
 std::shared_ptr<Model> load_model(const std::string& spec, const LoadOptions& opts) {

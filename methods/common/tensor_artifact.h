@@ -40,8 +40,8 @@ std::shared_ptr<const TensorArtifact> cached_tensor_artifact(
 
 // The artifact a method calibrates from `text` run through `model`, as cached_tensor_artifact: its
 // key is `artifact` (the artifact's name and version), the model's content hash, its tokenizer's,
-// the calibration text (calibration_text_json) and `settings`, the method's own parameters that decide it (an
-// object whose fields join the key's). Cached in text.cache_dir.
+// the calibration text (calibration_text_json) and `settings`, the method's own parameters that
+// decide it (an object whose fields join the key's). Cached in text.cache_dir.
 std::shared_ptr<const TensorArtifact> cached_calibration_artifact(
     const std::string& method, const std::string& artifact, const Model& model,
     const CalibrationText& text, nlohmann::json settings,

@@ -203,13 +203,13 @@ void save_artifact(const Artifact& a, const std::string& path) {
       e.data = bits_store[b++].data();
   std::map<std::string, std::pair<const void*, size_t>> payload;
   for (const auto& e : entries) payload[e.name] = {e.data, e.nbytes};
-  nlohmann::json head = {{"meta", a.meta},
-                         {"key", a.key},
-                         {"payload_hash", payload_hash(payload)},
-                         {"kinds", kinds},
-                         {"k_post_rope",
-                          {{"rel_mse", a.k_post_rope_rel_mse},
-                           {"energy_top_used", a.k_post_rope_energy_top_used}}}};
+  nlohmann::json head = {
+      {"meta", a.meta},
+      {"key", a.key},
+      {"payload_hash", payload_hash(payload)},
+      {"kinds", kinds},
+      {"k_post_rope",
+       {{"rel_mse", a.k_post_rope_rel_mse}, {"energy_top_used", a.k_post_rope_energy_top_used}}}};
   mkdirs(path.substr(0, path.find_last_of('/')));
   write_safetensors(path, entries, {{"kvtc", head.dump()}});
 }

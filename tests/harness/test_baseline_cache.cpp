@@ -1,7 +1,7 @@
 // The full-cache baseline caches (stream logits, qa answers) on disk: keyed by the model's content,
 // so a checkpoint replaced in place with other weights of the same size misses the old entries;
-// checksummed, so a zeroed, cut or changed entry is recomputed; and checked by the `full` run itself,
-// which replaces (and names) an entry that differs from its own outputs.
+// checksummed, so a zeroed, cut or changed entry is recomputed; and checked by the `full` run
+// itself, which replaces (and names) an entry that differs from its own outputs.
 
 #include <gtest/gtest.h>
 
@@ -60,8 +60,8 @@ std::string copy_stories260k(const std::string& tag) {
 void replace_weights_in_place(const std::string& dir) {
   const std::string path = dir + "/stories260K.bin";
   std::string bytes = read_bytes(path);
-  const Llama2cLayout layout = parse_llama2c_header(
-      reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size(), path);
+  const Llama2cLayout layout =
+      parse_llama2c_header(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size(), path);
   ASSERT_EQ(layout.expected_bytes, bytes.size());
   constexpr size_t kHeader = 28;
   for (size_t at = kHeader, i = 0; at + 4 <= bytes.size(); at += 4, ++i) {
@@ -123,15 +123,21 @@ TEST(BaselineCache, StreamEntriesOfAReplacedCheckpointAreNotServed) {
   const std::vector<float> want = fresh_baseline(m, w);
   ASSERT_NE(want, fresh_baseline(old_model, w)) << "the replaced weights compute the same logits";
 
-  const StreamSampleResult full = run_stream_sample(m, "full", nlohmann::json::object(), w, cached(cache));
-  EXPECT_EQ(kl_sum(full), 0.0);
-  EXPECT_FALSE(full.baseline_from_cache);
+  // A method's baseline is the new model's, computed: the old entry is not its.
+  const StreamSampleResult paged =
+      run_stream_sample(m, "paged", nlohmann::json::object(), w, cached(cache));
+  EXPECT_FALSE(paged.baseline_from_cache);
+  EXPECT_LT(kl_sum(paged) / static_cast<double>(paged.tokens), 1e-6);
   bool from_cache = false;
   EXPECT_EQ(stream_baseline_logprobs(m, w, cached(cache), &from_cache), want);
   EXPECT_TRUE(from_cache);
-  const StreamSampleResult paged = run_stream_sample(m, "paged", nlohmann::json::object(), w, cached(cache));
-  EXPECT_TRUE(paged.baseline_from_cache);
-  EXPECT_LT(kl_sum(paged) / static_cast<double>(paged.tokens), 1e-6);
+  // The full run agrees with that entry: nothing to replace.
+  testing::internal::CaptureStderr();
+  const StreamSampleResult full =
+      run_stream_sample(m, "full", nlohmann::json::object(), w, cached(cache));
+  EXPECT_EQ(testing::internal::GetCapturedStderr(), "");
+  EXPECT_EQ(kl_sum(full), 0.0);
+  EXPECT_TRUE(full.baseline_from_cache);
 }
 
 // The baseline computed on its own (for a method) and the `full` run's own logits are the same
@@ -215,8 +221,8 @@ TEST(BaselineCache, FullRunReplacesAWrongEntryAndWarns) {
   EXPECT_EQ(stream_baseline_logprobs(m, w, cached(cache), &from_cache), fresh_baseline(m, w));
   EXPECT_TRUE(from_cache);
   testing::internal::CaptureStderr();
-  EXPECT_TRUE(run_stream_sample(m, "full", nlohmann::json::object(), w, cached(cache))
-                  .baseline_from_cache);
+  EXPECT_TRUE(
+      run_stream_sample(m, "full", nlohmann::json::object(), w, cached(cache)).baseline_from_cache);
   EXPECT_EQ(testing::internal::GetCapturedStderr(), "");
 }
 
@@ -242,35 +248,42 @@ QaOptions qa_cached(const std::string& dir) {
 TEST(BaselineCache, QaEntriesFollowTheModelsContentAndAreChecked) {
   const std::string dir = copy_stories260k("bc_qa_model");
   const std::string cache = test::make_temp_dir("bc_qa_cache");
-  const std::string other = test::make_temp_dir("bc_qa_other");
   const Tokenizer tok(dir + "/tok512.model");
   const QaSample s = story_sample();
+  auto paired = [&](const std::shared_ptr<Model>& model) {
+    return run_qa_sample(model, tok, "paged", nlohmann::json::object(), s, qa_cached(cache))
+        .items[0]
+        .full_prediction;
+  };
   const auto old_model = load_model(dir);
-  const auto old_answer =
-      run_qa_sample(old_model, tok, "paged", nlohmann::json::object(), s, qa_cached(other))
-          .items[0]
-          .full_prediction;
+  const std::string old_answer = paired(old_model);
+  const std::string old_path = only_file(cache);
+  const std::string old_entry = read_bytes(old_path);
   replace_weights_in_place(dir);
   const auto m = load_model(dir);
   const std::string want =
       run_qa_sample(m, tok, "full", nlohmann::json::object(), s, QaOptions{}).items[0].prediction;
   ASSERT_NE(want, old_answer) << "the replaced weights answer the same";
 
-  // The old model's entry under the new model's name (the finding: same path, same size) is
-  // caught by the full run, named and replaced.
-  run_qa_sample(m, tok, "paged", nlohmann::json::object(), s, qa_cached(cache));
-  const std::string path = only_file(cache);
-  fs::copy_file(only_file(other), path, fs::copy_options::overwrite_existing);
+  // The new model's answers are computed, not read from the old model's entry.
+  EXPECT_EQ(paired(m), want);
+  std::string path;
+  for (const auto& e : fs::directory_iterator(cache))
+    if (e.path().string() != old_path) path = e.path().string();
+  ASSERT_FALSE(path.empty()) << "the new model's answers have an entry of their own";
+
+  // A wrong entry that passes its check (the old model's, under the new one's name) is caught by
+  // the full run, named and replaced.
+  write_bytes(path, old_entry);
   testing::internal::CaptureStderr();
-  const QaSampleResult full = run_qa_sample(m, tok, "full", nlohmann::json::object(), s, qa_cached(cache));
+  const QaSampleResult full =
+      run_qa_sample(m, tok, "full", nlohmann::json::object(), s, qa_cached(cache));
   const std::string err = testing::internal::GetCapturedStderr();
   EXPECT_NE(err.find(path), std::string::npos) << err;
+  EXPECT_EQ(std::count(err.begin(), err.end(), '\n'), 1) << err;
   EXPECT_EQ(full.items[0].prediction, want);
   EXPECT_EQ(full.items[0].full_prediction, want);
-  EXPECT_EQ(run_qa_sample(m, tok, "paged", nlohmann::json::object(), s, qa_cached(cache))
-                .items[0]
-                .full_prediction,
-            want);
+  EXPECT_EQ(paired(m), want);
 
   // A changed entry fails its check: recomputed and rewritten, not used.
   std::string text = read_bytes(path);
@@ -278,10 +291,7 @@ TEST(BaselineCache, QaEntriesFollowTheModelsContentAndAreChecked) {
   ASSERT_NE(at, std::string::npos) << text;
   text[at] = text[at] == 'x' ? 'y' : 'x';
   write_bytes(path, text);
-  EXPECT_EQ(run_qa_sample(m, tok, "paged", nlohmann::json::object(), s, qa_cached(cache))
-                .items[0]
-                .full_prediction,
-            want);
+  EXPECT_EQ(paired(m), want);
   EXPECT_NE(read_bytes(path), text);
 }
 
