@@ -6,12 +6,15 @@
 
 #include <chrono>
 #include <fstream>
+#include <iostream>
+#include <optional>
 
 #include "datasets/corpus.h"
 #include "datasets/recall_task.h"
 #include "datasets/synthetic_tasks.h"
 #include "harness/common/atomic_file.h"
 #include "harness/common/error.h"
+#include "harness/common/fast_hash.h"
 #include "harness/common/internal_error.h"
 #include "harness/common/json_parse.h"
 #include "harness/common/mapped_file.h"
@@ -198,43 +201,87 @@ Answers answer_all(std::shared_ptr<Model> model, const Tokenizer& tok, const std
   return a;
 }
 
-// Where the full-cache answers of a sample live in the baseline cache ("" when there is none): keyed
-// by everything that decides them (model, weights, device, dtype, mode, chunking, the sample, the
-// decoding limits, the chat template), not by the method being compared.
-std::string baseline_path(const Model& model, const QaSample& s, const QaOptions& opts) {
+// The identity of the tokenizer `tok` (it decides the prompt's ids and the answers' text): the
+// model's own file's hash, remembered with the model, else its file's.
+std::string tokenizer_identity(const Model& model, const Tokenizer& tok) {
+  if (tok.path() == model.tokenizer_path) return model.tokenizer_hash();
+  return file_exists(tok.path()) ? fast_hash_file_hex(tok.path()) : "";
+}
+
+// Where the full-cache answers of a sample live in the baseline cache ("" when there is none):
+// keyed by everything that decides them (the model's content, device, dtype, the tokenizer's
+// content, mode, chunking, the sample, the decoding limits, the chat template), not by the method
+// being compared nor by where the model's files are.
+std::string baseline_path(const Model& model, const Tokenizer& tok, const QaSample& s,
+                          const QaOptions& opts) {
   if (opts.cache_dir.empty()) return "";
-  nlohmann::json key = {{"v", 1},          {"model", model.config.to_json()},
-                        {"source", model.source}, {"weights_bytes", model.weight_bytes()},
-                        {"device", model.device.str()}, {"dtype", dtype_name(model.dtype)},
-                        {"mode", opts.mode}, {"chunk", opts.prefill_chunk},
-                        {"sample", s.key},  {"max_new", s.max_new_tokens},
-                        {"stop", s.stop},   {"max_ctx", s.max_context_tokens}};
+  nlohmann::json key = {{"v", 2},
+                        {"model", model.config.to_json()},
+                        {"content", model.content_hash()},
+                        {"tokenizer", tokenizer_identity(model, tok)},
+                        {"device", model.device.str()},
+                        {"dtype", dtype_name(model.dtype)},
+                        {"mode", opts.mode},
+                        {"chunk", opts.prefill_chunk},
+                        {"sample", s.key},
+                        {"max_new", s.max_new_tokens},
+                        {"stop", s.stop},
+                        {"max_ctx", s.max_context_tokens}};
   if (opts.chat.active()) key["chat"] = opts.chat.describe();
   return opts.cache_dir + "/qa-" + sha256_hex(key.dump()) + ".json";
 }
 
+// An entry is {"answers": [...], "check": FastHash of the answers' JSON}, so a file that was cut
+// short or changed is told from a valid one.
+std::string answers_check(const nlohmann::json& answers) { return fast_hash_hex(answers.dump()); }
+
 void store_baseline(const std::string& path, const std::string& dir,
                     const std::vector<std::string>& predictions) {
   if (path.empty()) return;
+  const nlohmann::json answers = predictions;
   make_directories(dir);
-  write_file_atomically(path, nlohmann::json(predictions).dump());
+  write_file_atomically(
+      path, nlohmann::json{{"answers", answers}, {"check", answers_check(answers)}}.dump());
+}
+
+// The entry's answers, or nothing when it is missing or fails its check (it is then recomputed and
+// replaced).
+std::optional<std::vector<std::string>> read_baseline(const std::string& path) {
+  if (path.empty() || !file_exists(path)) return std::nullopt;
+  try {
+    const nlohmann::json j = parse_json(read_text_file(path), path);
+    const nlohmann::json& answers = j.at("answers");
+    if (j.at("check").get<std::string>() != answers_check(answers)) return std::nullopt;
+    return answers.get<std::vector<std::string>>();
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
 }
 
 // The full-cache answers a method's answers are paired with: from the baseline cache when a `full`
 // run (or an earlier method's run) has put them there, else computed once and stored.
 std::vector<std::string> full_answers(std::shared_ptr<Model> model, const Tokenizer& tok,
                                       const QaSample& s, const QaOptions& opts) {
-  const std::string path = baseline_path(*model, s, opts);
-  if (!path.empty() && file_exists(path)) {
-    try {
-      return parse_json(read_text_file(path), path).get<std::vector<std::string>>();
-    } catch (const std::exception&) {
-      // A damaged cache entry is recomputed below.
-    }
-  }
+  const std::string path = baseline_path(*model, tok, s, opts);
+  if (auto cached = read_baseline(path)) return std::move(*cached);
   auto a = answer_all(model, tok, baseline_method(), nlohmann::json::object(), s, opts);
   store_baseline(path, opts.cache_dir, a.predictions);
   return a.predictions;
+}
+
+// A baseline (`full`) run's answers are the baseline itself: they fill the cache for the methods
+// compared with them, and check it. An entry that differs from them is wrong (decoding is
+// deterministic), so it is named on stderr and replaced.
+void check_baseline(const Model& model, const Tokenizer& tok, const QaSample& s,
+                    const QaOptions& opts, const std::vector<std::string>& own) {
+  const std::string path = baseline_path(model, tok, s, opts);
+  if (path.empty()) return;
+  const auto cached = read_baseline(path);
+  if (cached && *cached == own) return;
+  if (cached)
+    std::cerr << "kvbench: warning: baseline cache entry " << path
+              << " differs from the full cache's own answers; replaced with them\n";
+  store_baseline(path, opts.cache_dir, own);
 }
 
 // The samples of a LongBench-format JSONL file with its task settings (the first num_samples
@@ -331,7 +378,7 @@ QaSampleResult run_qa_sample(std::shared_ptr<Model> model, const Tokenizer& tok,
   // A baseline (`full`) run is its own baseline, and leaves its answers in the baseline cache for the
   // methods compared with it (a grid's full-cache run is never repeated for them).
   const bool is_full = method == baseline_method() && method_params.empty();
-  if (is_full) store_baseline(baseline_path(*model, s, opts), opts.cache_dir, mine.predictions);
+  if (is_full) check_baseline(*model, tok, s, opts, mine.predictions);
   if (!hindsight) {
     full = is_full ? mine.predictions : full_answers(model, tok, s, opts);
     full_s = is_full ? 0.0 : seconds_since(t0);

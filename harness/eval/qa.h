@@ -6,7 +6,9 @@
 //                    from one question to the next).
 //   query_aware    — the question is part of the prefix the method compresses; one prefill per question.
 // The full cache answers the same samples under the same schedule (computed once, cached on disk by
-// content hash), so every answer is paired with the uncompressed one.
+// content hash, the model's and the tokenizer's included, each entry checksummed), so every answer
+// is paired with the uncompressed one. A `full` run's own answers check the cache: an entry that
+// differs is named in one warning line on stderr and replaced.
 
 #include <functional>
 #include <map>

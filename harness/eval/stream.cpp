@@ -7,10 +7,14 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
+#include <iostream>
+#include <optional>
 
 #include "harness/common/atomic_file.h"
 #include "harness/common/error.h"
+#include "harness/common/fast_hash.h"
 #include "harness/common/mapped_file.h"
 #include "harness/common/sha256.h"
 #include "harness/engine/engine.h"
@@ -47,11 +51,13 @@ void feed_window(Engine& e, const std::vector<int64_t>& tokens, const StreamOpti
   for (int64_t i = P; i < n - 1; ++i) cb(e.decode({seq}, {tokens[i]}), i);
 }
 
+// The cache entry's name: a hash of everything that decides the baseline's logits. The model enters
+// by its content, so a checkpoint replaced in place with other weights of the same size misses the
+// entries of the old one; its path does not enter (a moved model keeps its entries).
 std::string baseline_key(const Model& m, const std::vector<int64_t>& tokens, const StreamOptions& o) {
-  nlohmann::json k = {{"v", 1},
+  nlohmann::json k = {{"v", 2},
                       {"model", m.config.to_json()},
-                      {"source", m.source},
-                      {"weights_bytes", m.weight_bytes()},
+                      {"content", m.content_hash()},
                       {"device", m.device.str()},
                       {"dtype", dtype_name(m.dtype)},
                       {"prefill_tokens", o.prefill_tokens},
@@ -60,39 +66,137 @@ std::string baseline_key(const Model& m, const std::vector<int64_t>& tokens, con
   return sha256_hex(k.dump());
 }
 
+// An entry is the [rows, vocab] fp32 log-probabilities followed by this trailer, so a file that was
+// cut short, zero-filled or changed is told from a valid one before its numbers are used.
+struct EntryTrailer {
+  char magic[8];
+  uint64_t payload_bytes;
+  uint64_t payload_hash;  // FastHash of the payload
+};
+static_assert(sizeof(EntryTrailer) == 24, "the trailer's layout is the file format");
+constexpr char kEntryMagic[8] = {'K', 'V', 'B', 'L', 'O', 'G', 'P', '2'};
+constexpr size_t kTrailerFloats = sizeof(EntryTrailer) / sizeof(float);
+
+std::string entry_path(const Model& m, const std::vector<int64_t>& tokens, const StreamOptions& o) {
+  return o.cache_dir.empty() ? "" : o.cache_dir + "/" + baseline_key(m, tokens, o) + ".f32";
+}
+
+// The entry's log-probabilities ([floats]), or nothing when the file is missing or fails its check
+// (it is then recomputed and replaced).
+std::optional<std::vector<float>> read_entry(const std::string& path, size_t floats) {
+  if (path.empty() || !file_exists(path)) return std::nullopt;
+  MappedFile f(path);
+  const size_t payload = floats * sizeof(float);
+  if (f.size() != payload + sizeof(EntryTrailer)) return std::nullopt;
+  EntryTrailer t;
+  std::memcpy(&t, f.data() + payload, sizeof(t));
+  if (std::memcmp(t.magic, kEntryMagic, sizeof(kEntryMagic)) != 0 || t.payload_bytes != payload ||
+      t.payload_hash != fast_hash64(f.data(), payload))
+    return std::nullopt;
+  const float* p = reinterpret_cast<const float*>(f.data());
+  return std::vector<float>(p, p + floats);
+}
+
+// Writes `lp` and its trailer (write-then-rename: a killed process never leaves half an entry).
+// `lp` has room reserved for the trailer, which is appended and removed again.
+void write_entry(const std::string& path, const std::string& dir, std::vector<float>* lp) {
+  if (path.empty()) return;
+  const size_t payload = lp->size() * sizeof(float);
+  EntryTrailer t;
+  std::memcpy(t.magic, kEntryMagic, sizeof(kEntryMagic));
+  t.payload_bytes = payload;
+  t.payload_hash = fast_hash64(lp->data(), payload);
+  const size_t floats = lp->size();
+  lp->resize(floats + kTrailerFloats);
+  std::memcpy(lp->data() + floats, &t, sizeof(t));
+  make_directories(dir);
+  write_file_atomically(path, lp->data(), payload + sizeof(t));
+  lp->resize(floats);
+}
+
+// A [rows, vocab] buffer with room for the entry's trailer, so writing it copies nothing.
+std::vector<float> logprob_buffer(size_t floats) {
+  std::vector<float> v;
+  v.reserve(floats + kTrailerFloats);
+  v.resize(floats);
+  return v;
+}
+
+// Runs the window through `e` and returns every position's log-probabilities, [rows, vocab].
+std::vector<float> window_logprobs(Engine& e, const std::vector<int64_t>& tokens,
+                                   const StreamOptions& opts, int64_t V) {
+  std::vector<float> out = logprob_buffer((tokens.size() - 1) * static_cast<size_t>(V));
+  feed_window(e, tokens, opts, [&](const at::Tensor& logits, int64_t first) {
+    at::Tensor lp = at::log_softmax(logits.to(at::kFloat), -1).contiguous().to(at::kCPU);
+    std::copy(lp.data_ptr<float>(), lp.data_ptr<float>() + lp.numel(), out.begin() + first * V);
+  });
+  return out;
+}
+
+// Scores the method's log-probabilities `q` ([n, vocab], positions first..first+n-1) against the
+// baseline's `base` ([rows, vocab]).
+void score_rows(const float* base, const float* q_rows, int64_t n, int64_t first, int64_t V,
+                const std::vector<int64_t>& tokens, StreamSampleResult* r) {
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t pos = first + i;
+    const float* b = base + pos * V;
+    const float* q = q_rows + i * V;
+    double kl = 0;
+    int64_t am_b = 0, am_q = 0;
+    for (int64_t v = 0; v < V; ++v) {
+      const double pb = std::exp(static_cast<double>(b[v]));
+      kl += pb * (static_cast<double>(b[v]) - q[v]);
+      if (b[v] > b[am_b]) am_b = v;
+      if (q[v] > q[am_q]) am_q = v;
+    }
+    const int64_t target = tokens[pos + 1];
+    r->kl[pos] = static_cast<float>(std::max(0.0, kl));  // rounding can dip below 0
+    r->nll_sum += -q[target];
+    r->top1_agree += am_b == am_q;
+    r->abs_dprob_sum += std::abs(std::exp(static_cast<double>(q[target])) -
+                                 std::exp(static_cast<double>(b[target])));
+    r->tokens++;
+  }
+}
+
+// The baseline method with its defaults: its logits are the baseline itself.
+bool is_baseline_run(const std::string& method, const nlohmann::json& params) {
+  return method == baseline_method() && params.empty();
+}
+
+// The baseline run's own logits check the cache: an entry that differs from them is wrong (the
+// computation is deterministic), so it is named on stderr and replaced. Returns whether the entry
+// held exactly `own`.
+bool check_entry(const Model& m, const std::vector<int64_t>& tokens, const StreamOptions& opts,
+                 std::vector<float>* own) {
+  const std::string path = entry_path(m, tokens, opts);
+  if (path.empty()) return false;
+  const auto cached = read_entry(path, own->size());
+  if (cached && std::memcmp(cached->data(), own->data(), own->size() * sizeof(float)) == 0)
+    return true;
+  if (cached)
+    std::cerr << "kvbench: warning: baseline cache entry " << path
+              << " differs from the full cache's own logits; replaced with them\n";
+  write_entry(path, opts.cache_dir, own);
+  return false;
+}
+
 }  // namespace
 
 std::vector<float> stream_baseline_logprobs(std::shared_ptr<Model> model,
                                             const std::vector<int64_t>& tokens,
                                             const StreamOptions& opts, bool* from_cache) {
   const int64_t V = model->config.vocab_size;
-  const int64_t rows = static_cast<int64_t>(tokens.size()) - 1;
-  const size_t want_bytes = static_cast<size_t>(rows * V) * sizeof(float);
-  std::string path;
-  if (!opts.cache_dir.empty()) {
-    path = opts.cache_dir + "/" + baseline_key(*model, tokens, opts) + ".f32";
-    if (file_exists(path)) {
-      MappedFile f(path);
-      if (f.size() == want_bytes) {
-        *from_cache = true;
-        const float* p = reinterpret_cast<const float*>(f.data());
-        return std::vector<float>(p, p + rows * V);
-      }
-    }
+  const std::string path = entry_path(*model, tokens, opts);
+  if (auto cached = read_entry(path, (tokens.size() - 1) * static_cast<size_t>(V))) {
+    *from_cache = true;
+    return std::move(*cached);
   }
   *from_cache = false;
   CacheContext ctx{model->config, model->device, model->dtype, model};
   Engine e(model, MethodRegistry::instance().create(baseline_method(), ctx, nlohmann::json::object()));
-  std::vector<float> out(static_cast<size_t>(rows * V));
-  feed_window(e, tokens, opts, [&](const at::Tensor& logits, int64_t first) {
-    at::Tensor lp = at::log_softmax(logits.to(at::kFloat), -1).contiguous().to(at::kCPU);
-    std::copy(lp.data_ptr<float>(), lp.data_ptr<float>() + lp.numel(), out.begin() + first * V);
-  });
-  if (!path.empty()) {
-    // Write-then-rename: a killed process never leaves a half-written baseline behind.
-    make_directories(opts.cache_dir);
-    write_file_atomically(path, out.data(), static_cast<size_t>(want_bytes));
-  }
+  std::vector<float> out = window_logprobs(e, tokens, opts, V);
+  write_entry(path, opts.cache_dir, &out);
   return out;
 }
 
@@ -101,37 +205,26 @@ StreamSampleResult run_stream_sample(std::shared_ptr<Model> model, const std::st
                                      const std::vector<int64_t>& tokens, const StreamOptions& opts) {
   KVB_CHECK(tokens.size() >= 2, "stream: a window needs at least 2 tokens");
   const int64_t V = model->config.vocab_size;
+  const int64_t rows = static_cast<int64_t>(tokens.size()) - 1;
   StreamSampleResult r;
-  const std::vector<float> base = stream_baseline_logprobs(model, tokens, opts, &r.baseline_from_cache);
+  r.kl.assign(tokens.size() - 1, 0.f);
   CacheContext ctx{model->config, model->device, model->dtype, model};
   Engine e(model, MethodRegistry::instance().create(method, ctx, method_params));
-  r.kl.assign(tokens.size() - 1, 0.f);
-  feed_window(e, tokens, opts, [&](const at::Tensor& logits, int64_t first) {
-    at::Tensor lp = at::log_softmax(logits.to(at::kFloat), -1).contiguous().to(at::kCPU);
-    const int64_t n = lp.size(0);
-    const float* m = lp.data_ptr<float>();
-    for (int64_t i = 0; i < n; ++i) {
-      const int64_t pos = first + i;
-      const float* b = base.data() + pos * V;
-      const float* q = m + i * V;
-      double kl = 0;
-      int64_t am_b = 0, am_q = 0;
-      for (int64_t v = 0; v < V; ++v) {
-        const double pb = std::exp(static_cast<double>(b[v]));
-        kl += pb * (static_cast<double>(b[v]) - q[v]);
-        if (b[v] > b[am_b]) am_b = v;
-        if (q[v] > q[am_q]) am_q = v;
-      }
-      const int64_t target = tokens[pos + 1];
-      r.kl[pos] = static_cast<float>(std::max(0.0, kl));  // rounding can dip below 0
-      r.nll_sum += -q[target];
-      r.top1_agree += am_b == am_q;
-      r.abs_dprob_sum += std::abs(std::exp(static_cast<double>(q[target])) - std::exp(static_cast<double>(b[target])));
-      r.tokens++;
-    }
-  });
+  if (is_baseline_run(method, method_params)) {
+    // Its own logits are the baseline: scored against themselves, and checked against the cache.
+    std::vector<float> own = window_logprobs(e, tokens, opts, V);
+    r.baseline_from_cache = check_entry(*model, tokens, opts, &own);
+    score_rows(own.data(), own.data(), rows, 0, V, tokens, &r);
+  } else {
+    const std::vector<float> base =
+        stream_baseline_logprobs(model, tokens, opts, &r.baseline_from_cache);
+    feed_window(e, tokens, opts, [&](const at::Tensor& logits, int64_t first) {
+      at::Tensor lp = at::log_softmax(logits.to(at::kFloat), -1).contiguous().to(at::kCPU);
+      score_rows(base.data(), lp.data_ptr<float>(), lp.size(0), first, V, tokens, &r);
+    });
+  }
   r.ledger.fp = e.kv().footprint();
-  r.ledger.tokens_seen = static_cast<int64_t>(tokens.size()) - 1;  // the last token is only predicted
+  r.ledger.tokens_seen = rows;  // the last token is only predicted
   // full_kv_bytes: a model's window layers hold only their window, in the full cache too.
   r.ledger.baseline_bytes = model->config.full_kv_bytes(r.ledger.tokens_seen, dtype_bytes(model->dtype));
   r.ledger.baseline_bytes_16bit = model->config.full_kv_bytes(r.ledger.tokens_seen, 2);

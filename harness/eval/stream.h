@@ -37,12 +37,17 @@ struct StreamSampleResult {
   static StreamSampleResult from_json(const nlohmann::json& j);
 };
 
-// Log-probabilities of every position under the full-cache method (the baseline): [n - 1, vocab] fp32,
-// row i predicting tokens[i + 1]. Cached under cache_dir by a hash of everything that determines them.
+// Log-probabilities of every position under the full-cache method (the baseline): [n - 1, vocab]
+// fp32, row i predicting tokens[i + 1]. Cached under cache_dir by a hash of everything that
+// determines them (the model by its content: Model::content_hash), each entry with a checksum of
+// its payload; an entry that is missing or fails its check is computed and (atomically) replaced.
 std::vector<float> stream_baseline_logprobs(std::shared_ptr<Model> model,
                                             const std::vector<int64_t>& tokens,
                                             const StreamOptions& opts, bool* from_cache);
 
+// The baseline method with its defaults (`full`) is scored against its own logits (KL exactly 0)
+// and checks the cache with them: an entry that differs is wrong, so it is named in one warning
+// line on stderr and replaced.
 StreamSampleResult run_stream_sample(std::shared_ptr<Model> model, const std::string& method,
                                      const nlohmann::json& method_params,
                                      const std::vector<int64_t>& tokens, const StreamOptions& opts);

@@ -7,15 +7,17 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <nlohmann/json.hpp>
 #include <set>
 
 #include "harness/common/asset_cache.h"
 #include "harness/common/error.h"
+#include "harness/common/fast_hash.h"
 #include "harness/common/internal_error.h"
 #include "harness/common/mapped_file.h"
 #include "harness/common/strings.h"
-#include "harness/formats/gguf.h"
 #include "harness/formats/finite_check.h"
+#include "harness/formats/gguf.h"
 #include "harness/formats/llama2c_format.h"
 #include "harness/formats/model_family.h"
 #include "harness/formats/safetensors.h"
@@ -595,6 +597,63 @@ int64_t Model::weight_bytes() const {
     add(L.post_ffn_norm);
   }
   return b;
+}
+
+LazyString& LazyString::operator=(const LazyString&) {
+  std::lock_guard<std::mutex> lock(mu_);
+  value_.clear();
+  done_ = false;
+  return *this;
+}
+
+namespace {
+
+void hash_tensor(FastHash& h, const char* name, const at::Tensor& t) {
+  h.update_field(name);
+  if (!t.defined()) {
+    h.update_field("undefined");
+    return;
+  }
+  h.update_field(c10::toString(t.scalar_type()));
+  for (int64_t s : t.sizes()) h.update(&s, sizeof(s));
+  const at::Tensor c = t.device().is_cpu() ? t.contiguous() : t.to(at::kCPU).contiguous();
+  h.update(c.data_ptr(), static_cast<size_t>(c.nbytes()));
+}
+
+}  // namespace
+
+std::string Model::content_hash() const {
+  return content_hash_.get([this] {
+    nlohmann::json cfg = config.to_json();
+    cfg.erase("name");  // the directory's name does not change what the model computes
+    FastHash h;
+    h.update_field(cfg.dump());
+    h.update_field(dtype_name(dtype));
+    hash_tensor(h, "embedding", weights.embedding);
+    hash_tensor(h, "final_norm", weights.final_norm);
+    // A tied head shares the embedding's storage (and the config says it is tied).
+    if (!config.tied_embeddings) hash_tensor(h, "lm_head", weights.lm_head);
+    for (const LayerWeights& L : weights.layers) {
+      hash_tensor(h, "attn_norm", L.attn_norm);
+      hash_tensor(h, "wqkv", L.wqkv);
+      hash_tensor(h, "bqkv", L.bqkv);
+      hash_tensor(h, "wo", L.wo);
+      hash_tensor(h, "ffn_norm", L.ffn_norm);
+      hash_tensor(h, "w13", L.w13);
+      hash_tensor(h, "w2", L.w2);
+      hash_tensor(h, "q_norm", L.q_norm);
+      hash_tensor(h, "k_norm", L.k_norm);
+      hash_tensor(h, "post_attn_norm", L.post_attn_norm);
+      hash_tensor(h, "post_ffn_norm", L.post_ffn_norm);
+    }
+    return h.hex_digest();
+  });
+}
+
+std::string Model::tokenizer_hash() const {
+  return tokenizer_hash_.get([this] {
+    return tokenizer_path.empty() ? std::string() : fast_hash_file_hex(tokenizer_path);
+  });
 }
 
 std::shared_ptr<Model> load_model(const std::string& spec, const LoadOptions& opts) {

@@ -8,6 +8,7 @@
 #include <c10/core/ScalarType.h>
 
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -68,6 +69,30 @@ struct LoadOptions {
   int64_t rope_table_len = 0;   // positions to precompute (0: max(config, 8192)); grows on demand
 };
 
+// A string computed once, on first use, by whichever thread asks first. A copy starts empty: a
+// model is copied to be changed (kvtuner-search clears a copy's sliding windows), so the copy's
+// value is computed anew.
+class LazyString {
+ public:
+  LazyString() = default;
+  LazyString(const LazyString&) {}
+  LazyString& operator=(const LazyString&);
+  template <typename F>
+  std::string get(F&& compute) const {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!done_) {
+      value_ = compute();
+      done_ = true;
+    }
+    return value_;
+  }
+
+ private:
+  mutable std::mutex mu_;
+  mutable std::string value_;
+  mutable bool done_ = false;
+};
+
 class Model {
  public:
   ModelConfig config;
@@ -80,6 +105,18 @@ class Model {
   // Makes sure the RoPE tables cover positions [0, n). Not thread-safe.
   void ensure_rope_len(int64_t n);
   int64_t weight_bytes() const;
+
+  // What the model computes, as 16 hex digits: a FastHash (harness/common/fast_hash.h) of its
+  // config (its name excluded), dtype and every weight tensor's shape and bytes. Caches derived
+  // from the model are keyed by it, so a checkpoint replaced in place with other weights of the
+  // same size misses them. Computed on the first call (a few tens of milliseconds per 500 MB,
+  // CUDA tensors copied to the host) and remembered: the weights must not change after it.
+  std::string content_hash() const;
+  // The tokenizer file's FastHash ("" when the model has none), computed on the first call.
+  std::string tokenizer_hash() const;
+
+ private:
+  LazyString content_hash_, tokenizer_hash_;
 };
 
 // Loads a model from a spec: a path (HF directory, llama2.c .bin, .gguf, or a directory holding one

@@ -47,16 +47,6 @@ std::string payload_hash(const std::map<std::string, at::Tensor>& tensors) {
   return h.hex_digest();
 }
 
-void hash_tensor(Sha256& h, const at::Tensor& t) {
-  if (!t.defined()) {
-    h.update("undefined");
-    return;
-  }
-  const at::Tensor c = t.to(at::kCPU).contiguous();
-  for (int64_t s : c.sizes()) h.update(&s, sizeof(s));
-  h.update(c.data_ptr(), static_cast<size_t>(c.nbytes()));
-}
-
 std::shared_ptr<TensorArtifact> load(const std::string& path, const std::string& key) {
   SafetensorsFile f(path);  // a malformed file throws naming the path
   auto it = f.metadata().find(kMetaKey);
@@ -145,26 +135,12 @@ std::shared_ptr<const TensorArtifact> cached_calibration_artifact(
   nlohmann::json inputs = std::move(settings);
   inputs["artifact"] = artifact;
   inputs["model"] = model_content_hash(model);
+  inputs["tokenizer"] = model.tokenizer_hash();  // it cuts the calibration text into tokens
   inputs["text"] = calibration_text_json(text);
   return cached_tensor_artifact(method, inputs, text.cache_dir, compute);
 }
 
-std::string model_content_hash(const Model& m) {
-  nlohmann::json cfg = m.config.to_json();
-  cfg.erase("name");  // the directory's name does not change what the model computes
-  const std::string cfg_s = cfg.dump() + "|" + dtype_name(m.dtype);
-  Sha256 h;
-  h.update(cfg_s);
-  const ModelWeights& w = m.weights;
-  hash_tensor(h, w.embedding);
-  hash_tensor(h, w.final_norm);
-  hash_tensor(h, w.lm_head);
-  for (const LayerWeights& l : w.layers)
-    for (const at::Tensor* t : {&l.attn_norm, &l.wqkv, &l.bqkv, &l.wo, &l.ffn_norm, &l.w13, &l.w2,
-                                &l.q_norm, &l.k_norm, &l.post_attn_norm, &l.post_ffn_norm})
-      hash_tensor(h, *t);
-  return h.hex_digest();
-}
+std::string model_content_hash(const Model& m) { return m.content_hash(); }
 
 int64_t tensor_artifacts_computed() { return g_computed.load(); }
 

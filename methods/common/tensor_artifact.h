@@ -39,17 +39,16 @@ std::shared_ptr<const TensorArtifact> cached_tensor_artifact(
     const std::function<std::map<std::string, at::Tensor>()>& compute);
 
 // The artifact a method calibrates from `text` run through `model`, as cached_tensor_artifact: its
-// key is `artifact` (the artifact's name and version), the model's content hash, the calibration
-// text (calibration_text_json) and `settings`, the method's own parameters that decide it (an
-// object whose fields join the key's). Cached in text.cache_dir.
+// key is `artifact` (the artifact's name and version), the model's content hash, its tokenizer's,
+// the calibration text (calibration_text_json) and `settings`, the method's own parameters that
+// decide it (an object whose fields join the key's). Cached in text.cache_dir.
 std::shared_ptr<const TensorArtifact> cached_calibration_artifact(
     const std::string& method, const std::string& artifact, const Model& model,
     const CalibrationText& text, nlohmann::json settings,
     const std::function<std::map<std::string, at::Tensor>()>& compute);
 
-// sha256 over the model's config, dtype and every weight tensor's bytes: two models with equal
-// hashes compute the same thing, whatever their path. Reads every weight once (a calibrator
-// runs once per model object: MethodRegistry::calibrate remembers its artifact).
+// The model's content identity (Model::content_hash: its config, dtype and every weight tensor's
+// bytes): two models with equal hashes compute the same thing, whatever their path.
 std::string model_content_hash(const Model& model);
 
 // How many artifacts this process computed (not loaded) so far: a test's proof that a second run

@@ -12,6 +12,7 @@
 
 #include "datasets/corpus.h"
 #include "harness/common/error.h"
+#include "harness/common/fast_hash.h"
 #include "harness/common/json_parse.h"
 #include "harness/common/mapped_file.h"
 #include "harness/common/sha256.h"
@@ -65,11 +66,24 @@ nlohmann::json calib_json(const CalibOptions& c, const std::string& corpus_sha) 
           {"exclude_recent", c.exclude_recent}};
 }
 
+// The model by its content (weights, config, dtype) and its tokenizer's, which cuts the
+// calibration text into tokens; where its files live does not enter.
 nlohmann::json model_json(const Model& m) {
   return {{"config", m.config.to_json()},
-          {"source", m.source},
-          {"weights_bytes", m.weight_bytes()},
+          {"content", m.content_hash()},
+          {"tokenizer", m.tokenizer_hash()},
           {"dtype", dtype_name(m.dtype)}};
+}
+
+// FastHash of the artifact's tensors in name order (name, then bytes): recorded in the file and
+// checked on load, so a changed or zeroed payload is refused instead of read as numbers.
+std::string payload_hash(std::map<std::string, std::pair<const void*, size_t>> tensors) {
+  FastHash h;
+  for (const auto& [name, bytes] : tensors) {
+    h.update_field(name);
+    h.update(bytes.first, bytes.second);
+  }
+  return h.hex_digest();
 }
 
 std::mutex& memo_mutex() {
@@ -132,8 +146,9 @@ CalibData collect_kv(const std::shared_ptr<Model>& model, const CalibOptions& o)
 
 nlohmann::json artifact_meta(const Model& model, const CalibOptions& c, const TransformOptions& t) {
   auto corpus = load_corpus(c.corpus, resolve_data_dir(c.data_dir));
-  // Version 2 adds the post-RoPE reference (k_post_rope); a version-1 file is recalibrated.
-  nlohmann::json meta = {{"kvtc_artifact_version", 2},
+  // Version 2 adds the post-RoPE reference (k_post_rope); version 3 keys the model by its
+  // content and checks the payload. An older file is recalibrated.
+  nlohmann::json meta = {{"kvtc_artifact_version", 3},
                          {"model", model_json(model)},
                          {"calibration", calib_json(c, corpus->sha256)},
                          {"transform",
@@ -186,12 +201,15 @@ void save_artifact(const Artifact& a, const std::string& path) {
   for (auto& e : entries)
     if (e.name.size() > 5 && e.name.compare(e.name.size() - 5, 5, ".bits") == 0)
       e.data = bits_store[b++].data();
-  nlohmann::json head = {{"meta", a.meta},
-                         {"key", a.key},
-                         {"kinds", kinds},
-                         {"k_post_rope",
-                          {{"rel_mse", a.k_post_rope_rel_mse},
-                           {"energy_top_used", a.k_post_rope_energy_top_used}}}};
+  std::map<std::string, std::pair<const void*, size_t>> payload;
+  for (const auto& e : entries) payload[e.name] = {e.data, e.nbytes};
+  nlohmann::json head = {
+      {"meta", a.meta},
+      {"key", a.key},
+      {"payload_hash", payload_hash(payload)},
+      {"kinds", kinds},
+      {"k_post_rope",
+       {{"rel_mse", a.k_post_rope_rel_mse}, {"energy_top_used", a.k_post_rope_energy_top_used}}}};
   mkdirs(path.substr(0, path.find_last_of('/')));
   write_safetensors(path, entries, {{"kvtc", head.dump()}});
 }
@@ -208,6 +226,12 @@ std::shared_ptr<Artifact> load_artifact(const std::string& path) {
   a->from_cache = true;
   KVB_CHECK(head.contains("k_post_rope") && head["k_post_rope"].is_object(), path,
             ": kvtc metadata has no 'k_post_rope' (an artifact older than version 2)");
+  std::map<std::string, std::pair<const void*, size_t>> payload;
+  for (const auto& [name, t] : f.tensors()) payload[name] = {t.data, t.nbytes};
+  const std::string got = payload_hash(payload);
+  const std::string want = head.value("payload_hash", "");
+  KVB_CHECK(got == want, path, ": kvtc artifact is corrupt (payload hash ", got, ", recorded ",
+            want.empty() ? "nothing" : want, "); delete it to recalibrate");
   a->k_post_rope_rel_mse = head["k_post_rope"].at("rel_mse").get<double>();
   a->k_post_rope_energy_top_used = head["k_post_rope"].at("energy_top_used").get<double>();
   auto tensor = [&](const std::string& name, at::ScalarType st) {

@@ -75,6 +75,7 @@ TEST(CalibrationArtifact, KeyIsTheArtifactTheModelTheTextAndTheMethodsSettings) 
   const auto a = make({{"alpha", 1.0}});
   const nlohmann::json inputs = {{"artifact", "toy.stat/1"},
                                  {"model", model_content_hash(*model)},
+                                 {"tokenizer", model->tokenizer_hash()},
                                  {"text", calibration_text_json(text)},
                                  {"alpha", 1.0}};
   EXPECT_EQ(a->meta, inputs);
@@ -82,7 +83,7 @@ TEST(CalibrationArtifact, KeyIsTheArtifactTheModelTheTextAndTheMethodsSettings) 
   EXPECT_TRUE(at::equal(a->get("stat"), at::ones({2})));
   // A setting that decides the statistic is part of the key; no settings at all is a key too.
   EXPECT_NE(make({{"alpha", 2.0}})->key, a->key);
-  EXPECT_EQ(make(nlohmann::json::object())->meta.size(), 3u);
+  EXPECT_EQ(make(nlohmann::json::object())->meta.size(), 4u);
   EXPECT_EQ(computed, 3);  // cache_dir "": nothing is saved, each call computes
 }
 
