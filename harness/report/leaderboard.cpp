@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "harness/common/error.h"
+#include "harness/common/text_escape.h"
 #include "harness/common/json_parse.h"
 #include "harness/common/strings.h"
 #include "harness/eval/grid.h"
@@ -75,15 +76,7 @@ std::string html_label(const std::string& s) {
   return o;
 }
 
-std::string md_escape(const std::string& s) {
-  std::string o;
-  for (char c : s) {
-    if (c == '|') o += "\\|";
-    else if (c == '\n') o += ' ';
-    else o += c;
-  }
-  return o;
-}
+std::string md_escape(const std::string& s) { return markdown_cell(s); }
 
 std::string csv_field(const std::string& s) {
   if (s.find_first_of(",\"\n") == std::string::npos) return s;
@@ -812,7 +805,7 @@ std::string leaderboard_markdown(const Leaderboard& lb) {
   std::ostringstream s;
   s << "## kvbench leaderboard\n\n";
   if (lb.tables.empty()) {
-    s << "No finished runs in `" << lb.db_path << "` match the filters.\n";
+    s << "No finished runs in " << md_escape(lb.db_path) << " match the filters.\n";
     return s.str();
   }
   for (const auto& t : lb.tables) {
@@ -821,10 +814,10 @@ std::string leaderboard_markdown(const Leaderboard& lb) {
     s << "Ranked by **" << metric_caption(t) << "** at measured bytes per token. " << baseline_note(t, lb.options)
       << "\n\n";
     s << "| # | method | bytes/token" << (t.bytes_16bit ? " (16-bit)" : "") << " | compression"
-      << (t.bytes_16bit ? " (16-bit)" : "") << " | " << t.metric << arrow(t.direction) << " | Δ vs full [95% CI] |";
+      << (t.bytes_16bit ? " (16-bit)" : "") << " | " << md_escape(t.metric) << arrow(t.direction) << " | Δ vs full [95% CI] |";
     for (const auto& m : t.secondary) {
       const Direction d = is_known_metric(m) && metric_info(m).direction == "higher" ? Direction::kHigher : Direction::kLower;
-      s << " " << m << arrow(d) << " | Δ " << m << " [95% CI] |";
+      s << " " << md_escape(m) << arrow(d) << " | Δ " << md_escape(m) << " [95% CI] |";
     }
     if (c.top1) s << " top-1 ↑ |";
     if (c.throughput) s << " decode tok/s ↑ |";
@@ -861,12 +854,12 @@ std::string leaderboard_markdown(const Leaderboard& lb) {
     if (c.headroom) s << "_" << headroom_caption() << "_\n\n";
     if (!has_curves(t)) continue;
     s << "#### " << md_escape(t.metric) << " vs measured compression\n\n" << summary_caption(t) << "\n\n";
-    s << "| method | points | within 1 pt: max compression | AUC " << t.metric << arrow(t.direction) << " |\n";
+    s << "| method | points | within 1 pt: max compression | AUC " << md_escape(t.metric) << arrow(t.direction) << " |\n";
     s << "|---|--:|--:|--:|\n";
     for (const auto& c : t.curves.curves)
       s << "| " << md_escape(c.name) << " | " << c.points.size() << " | "
         << percent_text(c.max_compression_within_1pt) << " | " << format_value(c.auc) << " |\n";
-    s << "\n| method | budget | measured compression | " << t.metric << arrow(t.direction) << " |\n";
+    s << "\n| method | budget | measured compression | " << md_escape(t.metric) << arrow(t.direction) << " |\n";
     s << "|---|--:|--:|--:|\n";
     for (const auto& c : t.curves.curves)
       for (const auto& p : c.points)

@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "harness/common/error.h"
+#include "harness/common/text_escape.h"
 #include "harness/common/internal_error.h"
 #include "harness/common/json_parse.h"
 #include "harness/common/strings.h"
@@ -678,18 +679,7 @@ std::string ours_text(const ClaimResult& r) {
          ")";
 }
 
-std::string md_cell(std::string s) {
-  std::string out;
-  for (char c : s) {
-    if (c == '|')
-      out += "\\|";
-    else if (c == '\n')
-      out += ' ';
-    else
-      out += c;
-  }
-  return out;
-}
+std::string md_cell(const std::string& s) { return markdown_cell(s); }
 
 std::string html_escape(const std::string& s) {
   std::string out;
