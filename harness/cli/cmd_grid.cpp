@@ -242,6 +242,10 @@ void register_merge(CLI::App& app) {
       KVB_CHECK(path_exists(in), in, ": no such results database");
       KVB_CHECK(in != args->out, in, ": cannot merge a database into itself");
     }
+    // Every input is a readable results DB before OUT is created (merge_from reads each again).
+    for (const auto& in : args->inputs) {
+      const ResultsDb readable(in, ResultsDb::read_only_options());
+    }
     check_db_path(args->out, "merge: OUT");
     ResultsDb out(args->out);
     MergeStats total;

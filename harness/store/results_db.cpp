@@ -1141,11 +1141,9 @@ MergeStats ResultsDb::merge_from(const std::string& other_path) {
   KVB_ASSERT(txn_depth_ == 0, "results_db", path_, ": merge_from cannot run inside a transaction");
   KVB_CHECK(!options_.read_only, "results DB ", path_, ": opened for reading only; cannot merge into it");
   struct stat src_st {};
-  KVB_CHECK(::stat(other_path.c_str(), &src_st) == 0 && S_ISREG(src_st.st_mode), "cannot merge ",
-            other_path, " into ", path_, ": no such file");
   struct stat dst_st {};
-  KVB_CHECK(::stat(path_.c_str(), &dst_st) != 0 || dst_st.st_dev != src_st.st_dev ||
-                dst_st.st_ino != src_st.st_ino,
+  KVB_CHECK(::stat(other_path.c_str(), &src_st) != 0 || ::stat(path_.c_str(), &dst_st) != 0 ||
+                dst_st.st_dev != src_st.st_dev || dst_st.st_ino != src_st.st_ino,
             "cannot merge ", other_path, " into itself");
 
   // The source is only ever read: opened read-only (which refuses a file that is not a results DB

@@ -225,7 +225,7 @@ TEST(CliReadOnly, DamagedDbIsRefusedByShowAndByRunBeforeItWrites) {
   {
     ResultsDb d(a.db);  // grow the file so that the damage lands in a sample page
     d.transaction([&] {
-      for (int i = 0; i < 30; ++i) add_run(d, "grow", 0.01 * (i + 2));
+      for (int i = 0; i < 60; ++i) add_run(d, "grow", 0.01 * (i + 2));
     });
   }
   std::string bytes = slurp(a.db);
