@@ -375,6 +375,28 @@ std::string format_delta(const DeltaCi& d) {
   return "";
 }
 
+namespace {
+
+// A run's stored config, refused naming the DB and run when it lacks the shape kvbench writes (a
+// foreign or hand-edited DB) instead of failing inside the JSON library as if kvbench had a bug.
+json stored_run_config(const std::string& db_path, const RunRow& r) {
+  const std::string what = "results DB " + db_path + ": run " + std::to_string(r.id) + " config";
+  json cfg = parse_json(r.config_json, what);
+  KVB_CHECK(cfg.is_object(), what, ": expected a JSON object, got ", cfg.dump().substr(0, 80));
+  KVB_CHECK(cfg.value("model", json("")).is_string(), what, ": 'model' must be a string");
+  const json& method = cfg["method"];
+  KVB_CHECK(method.is_object() && method.value("name", json()).is_string() &&
+                method.value("params", json::object()).is_object(),
+            what, ": 'method' must be an object with a string 'name' and an object 'params'");
+  if (!method.contains("params")) cfg["method"]["params"] = json::object();
+  const json& protocol = cfg["protocol"];
+  KVB_CHECK(protocol.is_object() && protocol.value("context", json(0)).is_number_integer(), what,
+            ": 'protocol' must be an object (with an integer 'context' where it has one)");
+  return cfg;
+}
+
+}  // namespace
+
 Leaderboard build_leaderboard(ResultsDb& db, const LeaderboardOptions& options) {
   const std::string reference_method = baseline_method();  // deltas are against it
   KVB_CHECK(options.n_resamples >= 1, "leaderboard: n_resamples must be at least 1");
@@ -416,7 +438,7 @@ Leaderboard build_leaderboard(ResultsDb& db, const LeaderboardOptions& options) 
     pf.protocol = throughput_protocol;
     pf.status = RunStatus::kDone;
     for (const auto& r : db.list_runs(pf)) {
-      const json cfg = parse_json(r.config_json, "run " + std::to_string(r.id) + " config");
+      const json cfg = stored_run_config(db.path(), r);
       const int64_t ctx = cfg["protocol"].value("context", int64_t{0});
       const double v = metric_or_nan(run_metrics(r.id), "decode_tok_s");
       if (!std::isfinite(v)) continue;
@@ -433,7 +455,7 @@ Leaderboard build_leaderboard(ResultsDb& db, const LeaderboardOptions& options) 
   std::map<std::string, Group> groups;
   for (const auto& r : runs) {
     if (!ProtocolRegistry::instance().report(r.protocol).ranks_methods) continue;
-    json cfg = parse_json(r.config_json, "run " + std::to_string(r.id) + " config");
+    json cfg = stored_run_config(db.path(), r);
     json key = cfg;
     key.erase("method");
     key.erase("label");
@@ -514,7 +536,7 @@ Leaderboard build_leaderboard(ResultsDb& db, const LeaderboardOptions& options) 
     std::map<std::string, std::set<std::string>> show;
     std::map<std::string, std::map<std::string, std::set<std::string>>> values;  // method -> param -> values
     for (const RunRow* r : shown) {
-      const json cfg = parse_json(r->config_json, "run " + std::to_string(r->id) + " config");
+      const json cfg = stored_run_config(db.path(), *r);
       for (auto it = cfg["method"]["params"].begin(); it != cfg["method"]["params"].end(); ++it)
         values[r->method][it.key()].insert(it.value().dump());
     }
@@ -543,7 +565,7 @@ Leaderboard build_leaderboard(ResultsDb& db, const LeaderboardOptions& options) 
     }
     for (const RunRow* r : shown) {
       LeaderRow row;
-      const json cfg = parse_json(r->config_json, "run " + std::to_string(r->id) + " config");
+      const json cfg = stored_run_config(db.path(), *r);
       row.method = r->method;
       row.params = cfg["method"]["params"];
       row.oracle = MethodRegistry::instance().has(r->method) &&

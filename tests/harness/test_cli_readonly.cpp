@@ -273,6 +273,22 @@ TEST(CliReadOnly, TextFromTheDbCannotDriveTheTerminalOrInjectHtml) {
   EXPECT_EQ(term.out.find('\x1b'), std::string::npos) << term.out;
 }
 
+TEST(CliReadOnly, ConfigsOfAForeignShapeAreUserErrors) {
+  for (const std::string& config : {"1", "[]", R"({"method": 5})", R"({"method": {"name": "x", "params": 3}})",
+                                    R"({"model": [1], "method": {"name": "x"}, "protocol": {}})",
+                                    R"({"method": {"name": "x"}, "protocol": {"context": "long"}})"}) {
+    Archive a;
+    sqlite3* raw = nullptr;
+    ASSERT_EQ(sqlite3_open(a.db.c_str(), &raw), SQLITE_OK);
+    const std::string sql = "UPDATE runs SET config_json = '" + config + "' WHERE id = 1";
+    ASSERT_EQ(sqlite3_exec(raw, sql.c_str(), nullptr, nullptr, nullptr), SQLITE_OK) << sqlite3_errmsg(raw);
+    sqlite3_close(raw);
+    auto r = run_kvbench("leaderboard --db " + a.db);
+    EXPECT_EQ(r.exit_code, 2) << config << "\n" << r.err;
+    EXPECT_NE(r.err.find(a.db + ": run 1 config"), std::string::npos) << config << "\n" << r.err;
+  }
+}
+
 TEST(CliReadOnly, QuotedInputsAndFlagsAreBounded) {
   Archive a;
   // A 100 KB run reference is quoted by its head and length.
