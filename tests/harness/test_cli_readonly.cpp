@@ -274,13 +274,13 @@ TEST(CliReadOnly, TextFromTheDbCannotDriveTheTerminalOrInjectHtml) {
 }
 
 TEST(CliReadOnly, ConfigsOfAForeignShapeAreUserErrors) {
-  for (const std::string& config : {"1", "[]", R"({"method": 5})", R"({"method": {"name": "x", "params": 3}})",
+  for (const char* config : {"1", "[]", R"({"method": 5})", R"({"method": {"name": "x", "params": 3}})",
                                     R"({"model": [1], "method": {"name": "x"}, "protocol": {}})",
                                     R"({"method": {"name": "x"}, "protocol": {"context": "long"}})"}) {
     Archive a;
     sqlite3* raw = nullptr;
     ASSERT_EQ(sqlite3_open(a.db.c_str(), &raw), SQLITE_OK);
-    const std::string sql = "UPDATE runs SET config_json = '" + config + "' WHERE id = 1";
+    const std::string sql = std::string("UPDATE runs SET config_json = '") + config + "' WHERE id = 1";
     ASSERT_EQ(sqlite3_exec(raw, sql.c_str(), nullptr, nullptr, nullptr), SQLITE_OK) << sqlite3_errmsg(raw);
     sqlite3_close(raw);
     auto r = run_kvbench("leaderboard --db " + a.db);
