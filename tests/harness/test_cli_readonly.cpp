@@ -18,6 +18,7 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <tuple>
 
 #include "harness/eval/run_config.h"
 #include "harness/eval/stream.h"
@@ -152,7 +153,7 @@ TEST(CliReadOnly, ReadCommandsReadAReadOnlyDirectoryAndChangeNothing) {
   ASSERT_EQ(::chmod(a.dir.c_str(), 0555), 0);
   ASSERT_EQ(::chmod(out_dir.c_str(), 0777), 0);
   for (const std::string& args :
-       {"leaderboard --db " + a.db, "leaderboard -f html --db " + a.db, "show 1 --db " + a.db,
+       {"leaderboard --db " + a.db, "show 1 --db " + a.db,
         "compare 1 2 --db " + a.db, "compare --db-a " + a.db + " --db-b " + a.db,
         "merge " + out_dir + "/merged.sqlite " + a.db}) {
     auto r = run_unprivileged(args);
@@ -174,18 +175,21 @@ TEST(CliReadOnly, EmptyFileDirectoryAndGarbageAreRefusedByName) {
   std::ofstream(garbage) << std::string(3000, 'g');
   const std::string folder = dir + "/folder.sqlite";
   std::filesystem::create_directories(folder);
-  const std::pair<std::string, std::string> cases[] = {
-      {empty, ": empty file (0 bytes)"}, {garbage, "not a SQLite database"}, {folder, "is a directory"}};
-  for (const auto& [path, what] : cases) {
-    for (const std::string& args :
-         {"leaderboard --db " + path, "show 1 --db " + path, "compare 1 2 --db " + path,
-          "compare --db-a " + path + " --db-b " + path, "merge " + dir + "/out.sqlite " + path}) {
-      auto r = run_kvbench(args);
-      EXPECT_EQ(r.exit_code, 2) << args << "\n" << r.err;
-      EXPECT_NE(r.err.find(path), std::string::npos) << args << "\n" << r.err;
-      EXPECT_NE(r.err.find(what), std::string::npos) << args << "\n" << r.err;
-      EXPECT_EQ(r.err.find("internal error"), std::string::npos) << args << "\n" << r.err;
-    }
+  // Every read command with the empty file (one open path for all), the others once each.
+  const std::string out = dir + "/out.sqlite";
+  const std::tuple<std::string, std::string, std::string> cases[] = {
+      {"leaderboard --db " + empty, empty, ": empty file (0 bytes)"},
+      {"show 1 --db " + empty, empty, ": empty file (0 bytes)"},
+      {"compare 1 2 --db " + empty, empty, ": empty file (0 bytes)"},
+      {"merge " + out + " " + empty, empty, ": empty file (0 bytes)"},
+      {"compare --db-a " + garbage + " --db-b " + garbage, garbage, "not a SQLite database"},
+      {"leaderboard --db " + folder, folder, "is a directory"}};
+  for (const auto& [args, path, what] : cases) {
+    auto r = run_kvbench(args);
+    EXPECT_EQ(r.exit_code, 2) << args << "\n" << r.err;
+    EXPECT_NE(r.err.find(path), std::string::npos) << args << "\n" << r.err;
+    EXPECT_NE(r.err.find(what), std::string::npos) << args << "\n" << r.err;
+    EXPECT_EQ(r.err.find("internal error"), std::string::npos) << args << "\n" << r.err;
   }
   EXPECT_EQ(std::filesystem::file_size(empty), 0u);
   EXPECT_EQ(slurp(garbage), std::string(3000, 'g'));
@@ -274,9 +278,8 @@ TEST(CliReadOnly, TextFromTheDbCannotDriveTheTerminalOrInjectHtml) {
 }
 
 TEST(CliReadOnly, ConfigsOfAForeignShapeAreUserErrors) {
-  for (const char* config : {"1", "[]", R"({"method": 5})", R"({"method": {"name": "x", "params": 3}})",
-                                    R"({"model": [1], "method": {"name": "x"}, "protocol": {}})",
-                                    R"({"method": {"name": "x"}, "protocol": {"context": "long"}})"}) {
+  for (const char* config : {"[]", R"({"method": {"name": "x", "params": 3}})",
+                             R"({"method": {"name": "x"}, "protocol": {"context": "long"}})"}) {
     Archive a;
     sqlite3* raw = nullptr;
     ASSERT_EQ(sqlite3_open(a.db.c_str(), &raw), SQLITE_OK);
@@ -298,9 +301,7 @@ TEST(CliReadOnly, QuotedInputsAndFlagsAreBounded) {
   EXPECT_NE(r.err.find("... (100000 bytes in all)"), std::string::npos) << r.err.substr(0, 600);
   const std::pair<std::string, std::string> flags[] = {
       {"compare 1 2 --resamples 100000000 --db " + a.db, "--resamples: 100000000 is out of range; expected 1..10000000"},
-      {"leaderboard --resamples 0 --db " + a.db, "--resamples: 0 is out of range"},
       {"bench --model " + test::models_dir() + "/stories260K --batch 1,5000", "--batch: 5000 is out of range; expected 1..1024"},
-      {"bench --model " + test::models_dir() + "/stories260K --context 100000000", "--context: 100000000 is out of range"},
       {"bench --model " + test::models_dir() + "/stories260K --context 4096", "is longer than the context of model"},
       {"bench --model " + test::models_dir() + "/stories260K --batch 1024 --context 65536", "tokens in flight"},
       {"bench --model " + test::models_dir() + "/stories260K --repeats 100000", "--repeats: 100000 is out of range; expected 1..1000"}};
