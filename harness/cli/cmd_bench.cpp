@@ -77,19 +77,21 @@ void register_bench(CLI::App& app) {
     auto threads = parse_list(args->threads, "--threads-list");
     for (int64_t th : threads) check_thread_count(th, "--threads-list", /*allow_default=*/false);
     for (int64_t b : batches)
-      KVB_CHECK(b <= kMaxBenchBatch, "--batch: ", b, " is out of range; expected 1..", kMaxBenchBatch);
-    KVB_CHECK(args->context >= 2 && args->context <= kMaxContextTokens, "--context: ", args->context,
-              " is out of range; expected 2..", kMaxContextTokens, " (and at most the model's context)");
+      KVB_CHECK(b <= kMaxBenchBatch, "--batch: ", b, " is out of range; expected 1..",
+                kMaxBenchBatch);
+    KVB_CHECK(args->context >= 2 && args->context <= kMaxContextTokens,
+              "--context: ", args->context, " is out of range; expected 2..", kMaxContextTokens,
+              " (and at most the model's context)");
     const int64_t max_batch = *std::max_element(batches.begin(), batches.end());
-    KVB_CHECK(max_batch * args->context <= kMaxContextTokens, "--batch ", max_batch, " x --context ",
-              args->context, ": ", max_batch * args->context,
+    KVB_CHECK(max_batch * args->context <= kMaxContextTokens, "--batch ", max_batch,
+              " x --context ", args->context, ": ", max_batch * args->context,
               " tokens in flight; expected at most ", kMaxContextTokens);
     KVB_CHECK(args->repeats >= 1 && args->repeats <= kMaxBenchRepeats, "--repeats: ", args->repeats,
               " is out of range; expected 1..", kMaxBenchRepeats);
     auto model = load_model_from_args(args->model);
-    KVB_CHECK(model->config.max_seq_len <= 0 || args->context <= model->config.max_seq_len, "--context: ",
-              args->context, " is longer than the context of model ", model->config.name, " (",
-              model->config.max_seq_len, " tokens)");
+    KVB_CHECK(model->config.max_seq_len <= 0 || args->context <= model->config.max_seq_len,
+              "--context: ", args->context, " is longer than the context of model ",
+              model->config.name, " (", model->config.max_seq_len, " tokens)");
     nlohmann::json rows = nlohmann::json::array();
     for (int64_t th : threads) {
       apply_thread_policy(static_cast<int>(th));

@@ -11,9 +11,9 @@
 
 #include "harness/cli/cli_common.h"
 #include "harness/common/error.h"
-#include "harness/common/text_escape.h"
 #include "harness/common/limits.h"
 #include "harness/common/strings.h"
+#include "harness/common/text_escape.h"
 #include "harness/report/compare.h"
 #include "harness/report/leaderboard.h"
 
@@ -49,8 +49,9 @@ void register_compare(CLI::App& app) {
       KVB_CHECK(::stat(p.c_str(), &st) == 0, p, ": no such results database");
     };
     KVB_CHECK(args->refs.empty() || args->refs.size() == 2, "compare: give two runs (A B), or none with --db-a/--db-b");
-    KVB_CHECK(args->resamples >= 1 && args->resamples <= static_cast<size_t>(kMaxBootstrapResamples), "--resamples: ",
-              args->resamples, " is out of range; expected 1..", kMaxBootstrapResamples);
+    KVB_CHECK(
+        args->resamples >= 1 && args->resamples <= static_cast<size_t>(kMaxBootstrapResamples),
+        "--resamples: ", args->resamples, " is out of range; expected 1..", kMaxBootstrapResamples);
     KVB_CHECK(args->rel_tol >= 0, "--rel-tol: expected >= 0");
     CompareOptions o;
     o.seed = args->seed;
@@ -73,7 +74,8 @@ void register_compare(CLI::App& app) {
       RunComparison c = compare_runs(da, a, dbb, b, o);
       regressions = c.regressions;
       if (args->json) std::cout << comparison_json(c).dump(2) << "\n";
-      else std::cout << terminal_text(comparison_text(c, o));  // names come from the DBs
+      else
+        std::cout << terminal_text(comparison_text(c, o));  // names come from the DBs
     } else {
       KVB_CHECK(!args->db_a.empty() && !args->db_b.empty(),
                 "compare: give two runs (A B), or --db-a X --db-b Y to compare every run the two databases share");
@@ -117,8 +119,8 @@ void register_compare(CLI::App& app) {
         }
         if (!reg.empty() || !imp.empty() || !chg.empty()) with_moves++;
         std::ostringstream line;
-        line << a.config_hash.substr(0, 12) << "  " << a.method << " · " << a.model << " · " << a.dataset << " · "
-             << a.protocol << ": " << c.common << " common samples";
+        line << a.config_hash.substr(0, 12) << "  " << a.method << " · " << a.model << " · "
+             << a.dataset << " · " << a.protocol << ": " << c.common << " common samples";
         if (reg.empty() && imp.empty() && chg.empty()) line << "; nothing moved beyond its CI";
         if (!reg.empty()) line << "; REGRESSION " << join(reg, "; ");
         if (!imp.empty()) line << "; improved " << join(imp, "; ");

@@ -2,6 +2,7 @@
 // database; kvbench merge: combine per-shard databases.
 
 #include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -11,12 +12,11 @@
 #include <map>
 #include <memory>
 #include <sstream>
-#include <sys/stat.h>
 
 #include "harness/cli/cli_common.h"
 #include "harness/common/error.h"
-#include "harness/common/text_escape.h"
 #include "harness/common/strings.h"
+#include "harness/common/text_escape.h"
 #include "harness/eval/grid.h"
 #include "harness/store/results_db.h"
 
@@ -274,11 +274,12 @@ void register_merge(CLI::App& app) {
                           {"artifacts_added", s.artifacts_added}};
       per.push_back(j);
       if (!args->json)
-        std::cout << terminal_text(in) << ": " << s.runs_added << " runs added, " << s.runs_replaced << " replaced, "
-                  << s.runs_combined << " combined, " << s.runs_skipped << " skipped (already done), "
-                  << s.runs_held << " left to the live process computing them; "
-                  << s.samples_copied << " samples, " << s.metrics_copied << " metrics, "
-                  << s.artifacts_added << " artifacts copied\n";
+        std::cout << terminal_text(in) << ": " << s.runs_added << " runs added, " << s.runs_replaced
+                  << " replaced, " << s.runs_combined << " combined, " << s.runs_skipped
+                  << " skipped (already done), " << s.runs_held
+                  << " left to the live process computing them; " << s.samples_copied
+                  << " samples, " << s.metrics_copied << " metrics, " << s.artifacts_added
+                  << " artifacts copied\n";
     }
     const size_t runs = out.list_runs().size();
     const size_t done = out.list_runs(RunFilter{"", "", "", "", "", RunStatus::kDone}).size();

@@ -7,8 +7,8 @@
 
 #include "harness/cli/cli_common.h"
 #include "harness/common/error.h"
-#include "harness/common/text_escape.h"
 #include "harness/common/limits.h"
+#include "harness/common/text_escape.h"
 #include "harness/report/leaderboard.h"
 
 namespace kvb::cli {
@@ -40,8 +40,9 @@ void register_leaderboard(CLI::App& app) {
   sub->callback([args] {
     struct stat st {};
     KVB_CHECK(::stat(args->db.c_str(), &st) == 0, args->db, ": no such results database (run `kvbench grid` or `kvbench run` first)");
-    KVB_CHECK(args->resamples >= 1 && args->resamples <= static_cast<size_t>(kMaxBootstrapResamples), "--resamples: ",
-              args->resamples, " is out of range; expected 1..", kMaxBootstrapResamples);
+    KVB_CHECK(
+        args->resamples >= 1 && args->resamples <= static_cast<size_t>(kMaxBootstrapResamples),
+        "--resamples: ", args->resamples, " is out of range; expected 1..", kMaxBootstrapResamples);
     LeaderboardOptions o;
     o.filter.model = args->model;
     o.filter.dataset = args->dataset;

@@ -11,8 +11,8 @@
 
 #include "harness/cli/cli_common.h"
 #include "harness/common/error.h"
-#include "harness/common/text_escape.h"
 #include "harness/common/json_parse.h"
+#include "harness/common/text_escape.h"
 #include "harness/report/compare.h"
 #include "harness/store/results_db.h"
 

@@ -1,6 +1,6 @@
 #pragma once
-// kvb::Error: the one exception type for anything a user can cause (a bad file, config key, value or
-// flag). Its message names the input. The CLI prints it as one line and exits non-zero.
+// kvb::Error: the one exception type for anything a user can cause (a bad file, config key, value
+// or flag). Its message names the input. The CLI prints it as one line and exits non-zero.
 //
 // Whatever a message quotes stays readable: every std::string part of KVB_CHECK / KVB_FAIL (names,
 // paths, values: the inputs) longer than kMaxShownInputBytes is cut to its head with its length,

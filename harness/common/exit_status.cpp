@@ -25,7 +25,8 @@ int report_failure(const std::exception_ptr& failure, const std::string& program
     err << program << ": error: " << e.what() << "\n";
     return kExitUserError;
   } catch (const InternalError& e) {
-    err << program << ": " << one_line(e.what()) << "\n";  // what() starts "internal error in <component>"
+    err << program << ": " << one_line(e.what())
+        << "\n";  // what() starts "internal error in <component>"
     return kExitInternalError;
   } catch (const std::exception& e) {
     err << program << ": internal error: " << one_line(e.what()) << "\n";

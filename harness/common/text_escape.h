@@ -18,7 +18,8 @@ constexpr size_t kShownInputHeadBytes = 200;
 
 // `s` with every C0 control byte, DEL and C1 control character (U+0080..U+009F, which some
 // terminals obey like ESC [) written as an escape: \0, \t, \r, \n (only when `keep_newlines` is
-// false: multi-line output keeps its lines), \xHH and \u00HH. Other bytes, UTF-8 included, are kept.
+// false: multi-line output keeps its lines), \xHH and \u00HH. Other bytes, UTF-8 included, are
+// kept.
 inline std::string escape_control_bytes(std::string_view s, bool keep_newlines = false) {
   static const char kHex[] = "0123456789abcdef";
   std::string out;
@@ -52,8 +53,8 @@ inline std::string escape_control_bytes(std::string_view s, bool keep_newlines =
   return out;
 }
 
-// `s` cut to about `head` bytes (never inside a UTF-8 character) with "... (N bytes in all)" when it
-// is longer than `max_bytes`; else `s` itself. Control bytes are left to escape_control_bytes.
+// `s` cut to about `head` bytes (never inside a UTF-8 character) with "... (N bytes in all)" when
+// it is longer than `max_bytes`; else `s` itself. Control bytes are left to escape_control_bytes.
 inline std::string bounded_text(std::string_view s, size_t max_bytes = kMaxShownInputBytes,
                                 size_t head = kShownInputHeadBytes) {
   if (s.size() <= max_bytes) return std::string(s);
@@ -70,13 +71,27 @@ inline std::string markdown_cell(std::string_view s) {
   out.reserve(s.size());
   for (const char c : s) {
     switch (c) {
-      case '|': out += "\\|"; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': case '\r': out += ' '; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '&': out += "&amp;"; break;
-      default: out += c;
+      case '|':
+        out += "\\|";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+      case '\r':
+        out += ' ';
+        break;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '&':
+        out += "&amp;";
+        break;
+      default:
+        out += c;
     }
   }
   return escape_control_bytes(out);

@@ -7,9 +7,9 @@
 #include <sstream>
 
 #include "harness/common/error.h"
-#include "harness/common/text_escape.h"
 #include "harness/common/json_parse.h"
 #include "harness/common/strings.h"
+#include "harness/common/text_escape.h"
 #include "harness/eval/grid.h"
 #include "harness/eval/protocol_registry.h"
 #include "harness/eval/run_config.h"
@@ -836,7 +836,8 @@ std::string leaderboard_markdown(const Leaderboard& lb) {
     s << "Ranked by **" << metric_caption(t) << "** at measured bytes per token. " << baseline_note(t, lb.options)
       << "\n\n";
     s << "| # | method | bytes/token" << (t.bytes_16bit ? " (16-bit)" : "") << " | compression"
-      << (t.bytes_16bit ? " (16-bit)" : "") << " | " << md_escape(t.metric) << arrow(t.direction) << " | Δ vs full [95% CI] |";
+      << (t.bytes_16bit ? " (16-bit)" : "") << " | " << md_escape(t.metric) << arrow(t.direction)
+      << " | Δ vs full [95% CI] |";
     for (const auto& m : t.secondary) {
       const Direction d = is_known_metric(m) && metric_info(m).direction == "higher" ? Direction::kHigher : Direction::kLower;
       s << " " << md_escape(m) << arrow(d) << " | Δ " << md_escape(m) << " [95% CI] |";
@@ -876,12 +877,14 @@ std::string leaderboard_markdown(const Leaderboard& lb) {
     if (c.headroom) s << "_" << headroom_caption() << "_\n\n";
     if (!has_curves(t)) continue;
     s << "#### " << md_escape(t.metric) << " vs measured compression\n\n" << summary_caption(t) << "\n\n";
-    s << "| method | points | within 1 pt: max compression | AUC " << md_escape(t.metric) << arrow(t.direction) << " |\n";
+    s << "| method | points | within 1 pt: max compression | AUC " << md_escape(t.metric)
+      << arrow(t.direction) << " |\n";
     s << "|---|--:|--:|--:|\n";
     for (const auto& c : t.curves.curves)
       s << "| " << md_escape(c.name) << " | " << c.points.size() << " | "
         << percent_text(c.max_compression_within_1pt) << " | " << format_value(c.auc) << " |\n";
-    s << "\n| method | budget | measured compression | " << md_escape(t.metric) << arrow(t.direction) << " |\n";
+    s << "\n| method | budget | measured compression | " << md_escape(t.metric)
+      << arrow(t.direction) << " |\n";
     s << "|---|--:|--:|--:|\n";
     for (const auto& c : t.curves.curves)
       for (const auto& p : c.points)

@@ -12,10 +12,10 @@
 #include <sstream>
 
 #include "harness/common/error.h"
-#include "harness/common/text_escape.h"
 #include "harness/common/internal_error.h"
 #include "harness/common/json_parse.h"
 #include "harness/common/strings.h"
+#include "harness/common/text_escape.h"
 #include "harness/eval/protocol_registry.h"
 #include "harness/eval/run_config.h"
 #include "harness/metrics/metric_table.h"

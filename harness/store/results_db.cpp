@@ -162,8 +162,8 @@ std::string dir_of(const std::string& path) {
   return slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
 }
 
-// `path` as a SQLite URI filename, every byte that could read as URI syntax percent-encoded, so that
-// parameters can follow it and ATTACH can name a file with them.
+// `path` as a SQLite URI filename, every byte that could read as URI syntax percent-encoded, so
+// that parameters can follow it and ATTACH can name a file with them.
 std::string uri_of(const std::string& path, const std::string& query) {
   static const char kHex[] = "0123456789ABCDEF";
   std::string out = !path.empty() && path[0] == '/' ? "file://" : "file:";
@@ -192,14 +192,16 @@ std::string read_only_query(const std::string& path) {
   struct stat st {};
   if (::stat((path + "-shm").c_str(), &st) == 0) return "mode=ro";
   if (::access(dir_of(path).c_str(), W_OK) == 0) return "mode=ro";
-  KVB_CHECK(::stat((path + "-wal").c_str(), &st) != 0 || st.st_size == 0, "results DB ", path,
-            ": its -wal file holds commits that SQLite can read only with a -shm file, which cannot "
-            "be created in the read-only directory ",
-            dir_of(path), "; copy the DB with its -wal file to a writable directory and read it there");
+  KVB_CHECK(
+      ::stat((path + "-wal").c_str(), &st) != 0 || st.st_size == 0, "results DB ", path,
+      ": its -wal file holds commits that SQLite can read only with a -shm file, which cannot "
+      "be created in the read-only directory ",
+      dir_of(path), "; copy the DB with its -wal file to a writable directory and read it there");
   return "immutable=1";
 }
 
-// Copies the whole main database of `from` into `to` (SQLite's online backup); SQLite's result code.
+// Copies the whole main database of `from` into `to` (SQLite's online backup); SQLite's result
+// code.
 int copy_database(sqlite3* from, sqlite3* to) {
   sqlite3_backup* backup = sqlite3_backup_init(to, "main", from, "main");
   if (backup == nullptr) return sqlite3_errcode(to);
@@ -483,7 +485,8 @@ void ResultsDb::open_read_only(const std::vector<store_detail::Migration>& migra
   }
   KVB_CHECK(!S_ISDIR(st.st_mode), "results DB ", path_, ": is a directory, not a results DB file");
   KVB_CHECK(S_ISREG(st.st_mode), "results DB ", path_, ": exists but is not a regular file");
-  KVB_CHECK(st.st_size > 0, "results DB ", path_, ": empty file (0 bytes), not a kvbench results DB");
+  KVB_CHECK(st.st_size > 0, "results DB ", path_,
+            ": empty file (0 bytes), not a kvbench results DB");
   KVB_CHECK(::access(path_.c_str(), R_OK) == 0, "results DB ", path_,
             ": cannot read it: ", std::strerror(errno));
 
@@ -522,8 +525,7 @@ void ResultsDb::open_read_only(const std::vector<store_detail::Migration>& migra
   exec("PRAGMA query_only = ON");
 }
 
-void ResultsDb::migrate(const std::vector<store_detail::Migration>& migrations,
-                        int known_version) {
+void ResultsDb::migrate(const std::vector<store_detail::Migration>& migrations, int known_version) {
   for (const auto& m : migrations) {
     Txn txn(*this);
     // Re-read under the write lock: another process may have migrated since we looked.
@@ -1139,7 +1141,8 @@ void ResultsDb::save_copy(const std::string& path) {
 MergeStats ResultsDb::merge_from(const std::string& other_path) {
   std::lock_guard<std::recursive_mutex> lock(mutex_);
   KVB_ASSERT(txn_depth_ == 0, "results_db", path_, ": merge_from cannot run inside a transaction");
-  KVB_CHECK(!options_.read_only, "results DB ", path_, ": opened for reading only; cannot merge into it");
+  KVB_CHECK(!options_.read_only, "results DB ", path_,
+            ": opened for reading only; cannot merge into it");
   struct stat src_st {};
   struct stat dst_st {};
   KVB_CHECK(::stat(other_path.c_str(), &src_st) != 0 || ::stat(path_.c_str(), &dst_st) != 0 ||
@@ -1190,7 +1193,8 @@ MergeStats ResultsDb::merge_from(const std::string& other_path) {
   std::vector<SrcRun> src_runs;
   {
     Stmt s(*this, "SELECT id, config_hash, status FROM merge_src.runs ORDER BY id");
-    while (s.step()) src_runs.push_back({s.col_int(0), s.col_text(1), parse_run_status(s.col_text(2))});
+    while (s.step())
+      src_runs.push_back({s.col_int(0), s.col_text(1), parse_run_status(s.col_text(2))});
   }
 
   MergeStats stats;

@@ -9,8 +9,8 @@
 #include <string>
 
 #include "harness/common/error.h"
-#include "harness/common/internal_error.h"
 #include "harness/common/exit_status.h"
+#include "harness/common/internal_error.h"
 #include "harness/common/text_escape.h"
 
 namespace kvb {
@@ -92,7 +92,6 @@ TEST(ExitStatus, OtherExceptionsAreInternalErrors) {
   EXPECT_TRUE(contains(line2, "internal error")) << line2;
 }
 
-
 TEST(ErrorMessages, InputsAreEscapedAndBoundedWhereverTheMessageIsBuilt) {
   // A NUL no longer ends the message, and control bytes (a terminal escape, a newline) are shown.
   const std::string name = std::string("run\0x", 5) + "\x1b[2J\nnext";
@@ -104,10 +103,12 @@ TEST(ErrorMessages, InputsAreEscapedAndBoundedWhereverTheMessageIsBuilt) {
   auto [status2, line2] = report([&] { KVB_CHECK(false, "file ", huge, ": not found"); });
   EXPECT_EQ(status2, 2);
   EXPECT_LT(line2.size(), 300u) << line2.size();
-  EXPECT_TRUE(contains(line2, std::string(kShownInputHeadBytes, 'a') + "... (10485760 bytes in all): not found"))
+  EXPECT_TRUE(contains(
+      line2, std::string(kShownInputHeadBytes, 'a') + "... (10485760 bytes in all): not found"))
       << line2.substr(0, 400);
   // Short inputs and the message's own words are kept as they are.
-  EXPECT_STREQ(Error(std::string(kMaxShownInputBytes, 'b')).what(), std::string(kMaxShownInputBytes, 'b').c_str());
+  EXPECT_STREQ(Error(std::string(kMaxShownInputBytes, 'b')).what(),
+               std::string(kMaxShownInputBytes, 'b').c_str());
   // A message built without KVB_FAIL is bounded as a whole; other exceptions are printed escaped.
   EXPECT_LT(std::string(Error(huge).what()).size(), Error::kMaxMessageBytes + 100);
   auto [status3, line3] = report([] { throw std::runtime_error("bad\x1b]0;title\x07"); });
@@ -116,7 +117,9 @@ TEST(ErrorMessages, InputsAreEscapedAndBoundedWhereverTheMessageIsBuilt) {
 }
 
 TEST(TextEscape, TerminalAndMarkdownText) {
-  EXPECT_EQ(terminal_text("a\tb\nc\x1b[31m\xc2\x9b" "1m\x7f é"), "a\\tb\nc\\x1b[31m\\u009b1m\\x7f é");
+  EXPECT_EQ(terminal_text("a\tb\nc\x1b[31m\xc2\x9b"
+                          "1m\x7f é"),
+            "a\\tb\nc\\x1b[31m\\u009b1m\\x7f é");
   EXPECT_EQ(markdown_cell("<img src=x onerror=alert(1)> & a|b \\ c\nd\x1b"),
             "&lt;img src=x onerror=alert(1)&gt; &amp; a\\|b \\\\ c d\\x1b");
   // A cut never splits a UTF-8 character.

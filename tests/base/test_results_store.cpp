@@ -9,13 +9,13 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cmath>
 #include <csignal>
-#include <chrono>
 #include <cstdio>
 #include <filesystem>
-#include <functional>
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <limits>
 #include <set>
@@ -685,7 +685,8 @@ struct FileState {
 FileState file_state(const std::string& path) {
   struct stat st {};
   EXPECT_EQ(::stat(path.c_str(), &st), 0) << path;
-  return {read_file(path), static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec};
+  return {read_file(path),
+          static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec};
 }
 
 std::set<std::string> dir_entries(const std::string& dir) {
@@ -844,11 +845,13 @@ std::string make_v1_db(const std::string& path) {
   o.migrations = &schema_v1();
   { ResultsDb db(path, o); }
   const RunSpec spec = make_spec("kivi", 7);
-  raw_query(path, "INSERT INTO runs (config_hash, config_json, method, status, created_at, "
-                  "started_at) VALUES ('" + spec.config_hash + "', '" + spec.config_json +
-                      "', 'kivi', 'done', 't', 't')");
-  raw_query(path, "INSERT INTO samples (run_id, sample_index, output_json, created_at) "
-                  "VALUES (1, 0, '{}', 't')");
+  raw_query(path,
+            "INSERT INTO runs (config_hash, config_json, method, status, created_at, "
+            "started_at) VALUES ('" +
+                spec.config_hash + "', '" + spec.config_json + "', 'kivi', 'done', 't', 't')");
+  raw_query(path,
+            "INSERT INTO samples (run_id, sample_index, output_json, created_at) "
+            "VALUES (1, 0, '{}', 't')");
   return spec.config_hash;
 }
 

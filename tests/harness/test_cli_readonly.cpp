@@ -54,7 +54,8 @@ std::set<std::string> entries(const std::string& dir) {
 
 // A stream run as the protocol stores it (4 samples), finished; `method` and `error` as given (a
 // non-empty error makes it a failed run).
-void add_run(ResultsDb& db, const std::string& method, double budget, const std::string& error = "") {
+void add_run(ResultsDb& db, const std::string& method, double budget,
+             const std::string& error = "") {
   const json cfg = {{"model", "m"},
                     {"device", "cpu"},
                     {"dtype", "fp32"},
@@ -153,8 +154,8 @@ TEST(CliReadOnly, ReadCommandsReadAReadOnlyDirectoryAndChangeNothing) {
   ASSERT_EQ(::chmod(a.dir.c_str(), 0555), 0);
   ASSERT_EQ(::chmod(out_dir.c_str(), 0777), 0);
   for (const std::string& args :
-       {"leaderboard --db " + a.db, "show 1 --db " + a.db,
-        "compare 1 2 --db " + a.db, "compare --db-a " + a.db + " --db-b " + a.db,
+       {"leaderboard --db " + a.db, "show 1 --db " + a.db, "compare 1 2 --db " + a.db,
+        "compare --db-a " + a.db + " --db-b " + a.db,
         "merge " + out_dir + "/merged.sqlite " + a.db}) {
     auto r = run_unprivileged(args);
     EXPECT_EQ(r.exit_code, 0) << args << "\n" << r.err;
@@ -193,7 +194,8 @@ TEST(CliReadOnly, EmptyFileDirectoryAndGarbageAreRefusedByName) {
   }
   EXPECT_EQ(std::filesystem::file_size(empty), 0u);
   EXPECT_EQ(slurp(garbage), std::string(3000, 'g'));
-  EXPECT_EQ(entries(dir), (std::set<std::string>{"empty.sqlite", "garbage.sqlite", "folder.sqlite"}));
+  EXPECT_EQ(entries(dir),
+            (std::set<std::string>{"empty.sqlite", "garbage.sqlite", "folder.sqlite"}));
 }
 
 TEST(CliReadOnly, MergeLeavesAnOlderSchemaInputByteIdentical) {
@@ -245,9 +247,10 @@ TEST(CliReadOnly, DamagedDbIsRefusedByShowAndByRunBeforeItWrites) {
   EXPECT_EQ(merge.exit_code, 2) << merge.out << merge.err;
   EXPECT_NE(merge.err.find(a.db + ": fails PRAGMA quick_check"), std::string::npos) << merge.err;
   const std::string cfg = a.dir + "/run.json";
-  std::ofstream(cfg) << R"({"model": ")" + test::models_dir() +
-                            R"(/stories260K", "method": "full", "protocol": {"name": "stream", )"
-                            R"("dataset": "tinystories-valid-sample", "window": 32, "max_windows": 1}})";
+  std::ofstream(cfg)
+      << R"({"model": ")" + test::models_dir() +
+             R"(/stories260K", "method": "full", "protocol": {"name": "stream", )"
+             R"("dataset": "tinystories-valid-sample", "window": 32, "max_windows": 1}})";
   auto run = run_kvbench("run -q -c " + cfg + " --db " + a.db + " --data-dir " + test::data_dir());
   EXPECT_EQ(run.exit_code, 2) << run.out << run.err;
   EXPECT_NE(run.err.find(a.db + ": fails PRAGMA quick_check"), std::string::npos) << run.err;
@@ -270,7 +273,8 @@ TEST(CliReadOnly, TextFromTheDbCannotDriveTheTerminalOrInjectHtml) {
   const std::string text = slurp(a.dir + "/lb.md");
   EXPECT_EQ(text.find("<script>"), std::string::npos) << text;
   EXPECT_EQ(text.find('\x1b'), std::string::npos) << text;
-  EXPECT_NE(text.find("&lt;script&gt;alert(1)&lt;/script&gt; &amp; \\x1b]0;title\\x07"), std::string::npos)
+  EXPECT_NE(text.find("&lt;script&gt;alert(1)&lt;/script&gt; &amp; \\x1b]0;title\\x07"),
+            std::string::npos)
       << text;
   auto term = run_kvbench("leaderboard --db " + a.db);
   ASSERT_EQ(term.exit_code, 0) << term.err;
@@ -283,8 +287,10 @@ TEST(CliReadOnly, ConfigsOfAForeignShapeAreUserErrors) {
     Archive a;
     sqlite3* raw = nullptr;
     ASSERT_EQ(sqlite3_open(a.db.c_str(), &raw), SQLITE_OK);
-    const std::string sql = std::string("UPDATE runs SET config_json = '") + config + "' WHERE id = 1";
-    ASSERT_EQ(sqlite3_exec(raw, sql.c_str(), nullptr, nullptr, nullptr), SQLITE_OK) << sqlite3_errmsg(raw);
+    const std::string sql =
+        std::string("UPDATE runs SET config_json = '") + config + "' WHERE id = 1";
+    ASSERT_EQ(sqlite3_exec(raw, sql.c_str(), nullptr, nullptr, nullptr), SQLITE_OK)
+        << sqlite3_errmsg(raw);
     sqlite3_close(raw);
     auto r = run_kvbench("leaderboard --db " + a.db);
     EXPECT_EQ(r.exit_code, 2) << config << "\n" << r.err;
@@ -300,11 +306,16 @@ TEST(CliReadOnly, QuotedInputsAndFlagsAreBounded) {
   EXPECT_LT(r.err.size(), 600u) << r.err.substr(0, 600);
   EXPECT_NE(r.err.find("... (100000 bytes in all)"), std::string::npos) << r.err.substr(0, 600);
   const std::pair<std::string, std::string> flags[] = {
-      {"compare 1 2 --resamples 100000000 --db " + a.db, "--resamples: 100000000 is out of range; expected 1..10000000"},
-      {"bench --model " + test::models_dir() + "/stories260K --batch 1,5000", "--batch: 5000 is out of range; expected 1..1024"},
-      {"bench --model " + test::models_dir() + "/stories260K --context 4096", "is longer than the context of model"},
-      {"bench --model " + test::models_dir() + "/stories260K --batch 1024 --context 65536", "tokens in flight"},
-      {"bench --model " + test::models_dir() + "/stories260K --repeats 100000", "--repeats: 100000 is out of range; expected 1..1000"}};
+      {"compare 1 2 --resamples 100000000 --db " + a.db,
+       "--resamples: 100000000 is out of range; expected 1..10000000"},
+      {"bench --model " + test::models_dir() + "/stories260K --batch 1,5000",
+       "--batch: 5000 is out of range; expected 1..1024"},
+      {"bench --model " + test::models_dir() + "/stories260K --context 4096",
+       "is longer than the context of model"},
+      {"bench --model " + test::models_dir() + "/stories260K --batch 1024 --context 65536",
+       "tokens in flight"},
+      {"bench --model " + test::models_dir() + "/stories260K --repeats 100000",
+       "--repeats: 100000 is out of range; expected 1..1000"}};
   for (const auto& [args, needle] : flags) {
     auto f = run_kvbench(args);
     EXPECT_EQ(f.exit_code, 2) << args << "\n" << f.err;
