@@ -47,6 +47,12 @@ std::vector<int64_t> parse_list(const std::string& s, const char* flag) {
   return out;
 }
 
+// What one bench invocation can do in reasonable time and memory: every repeat generates the whole
+// context for every sequence of the batch, and the batch's prompts and KV cache grow with
+// batch x context tokens.
+constexpr int64_t kMaxBenchBatch = 1024;
+constexpr int64_t kMaxBenchRepeats = 1000;
+
 }  // namespace
 
 void register_bench(CLI::App& app) {
@@ -70,9 +76,22 @@ void register_bench(CLI::App& app) {
     auto batches = parse_list(args->batches, "--batch");
     auto threads = parse_list(args->threads, "--threads-list");
     for (int64_t th : threads) check_thread_count(th, "--threads-list", /*allow_default=*/false);
-    KVB_CHECK(args->context >= 2, "--context must be >= 2");
-    KVB_CHECK(args->repeats >= 1, "--repeats must be >= 1");
+    for (int64_t b : batches)
+      KVB_CHECK(b <= kMaxBenchBatch, "--batch: ", b, " is out of range; expected 1..",
+                kMaxBenchBatch);
+    KVB_CHECK(args->context >= 2 && args->context <= kMaxContextTokens,
+              "--context: ", args->context, " is out of range; expected 2..", kMaxContextTokens,
+              " (and at most the model's context)");
+    const int64_t max_batch = *std::max_element(batches.begin(), batches.end());
+    KVB_CHECK(max_batch * args->context <= kMaxContextTokens, "--batch ", max_batch,
+              " x --context ", args->context, ": ", max_batch * args->context,
+              " tokens in flight; expected at most ", kMaxContextTokens);
+    KVB_CHECK(args->repeats >= 1 && args->repeats <= kMaxBenchRepeats, "--repeats: ", args->repeats,
+              " is out of range; expected 1..", kMaxBenchRepeats);
     auto model = load_model_from_args(args->model);
+    KVB_CHECK(model->config.max_seq_len <= 0 || args->context <= model->config.max_seq_len,
+              "--context: ", args->context, " is longer than the context of model ",
+              model->config.name, " (", model->config.max_seq_len, " tokens)");
     nlohmann::json rows = nlohmann::json::array();
     for (int64_t th : threads) {
       apply_thread_policy(static_cast<int>(th));

@@ -7,10 +7,13 @@
 #include <iostream>
 #include <map>
 #include <memory>
+#include <sstream>
 
 #include "harness/cli/cli_common.h"
 #include "harness/common/error.h"
+#include "harness/common/limits.h"
 #include "harness/common/strings.h"
+#include "harness/common/text_escape.h"
 #include "harness/report/compare.h"
 #include "harness/report/leaderboard.h"
 
@@ -46,7 +49,9 @@ void register_compare(CLI::App& app) {
       KVB_CHECK(::stat(p.c_str(), &st) == 0, p, ": no such results database");
     };
     KVB_CHECK(args->refs.empty() || args->refs.size() == 2, "compare: give two runs (A B), or none with --db-a/--db-b");
-    KVB_CHECK(args->resamples >= 1, "--resamples: expected at least 1");
+    KVB_CHECK(
+        args->resamples >= 1 && args->resamples <= static_cast<size_t>(kMaxBootstrapResamples),
+        "--resamples: ", args->resamples, " is out of range; expected 1..", kMaxBootstrapResamples);
     KVB_CHECK(args->rel_tol >= 0, "--rel-tol: expected >= 0");
     CompareOptions o;
     o.seed = args->seed;
@@ -58,10 +63,10 @@ void register_compare(CLI::App& app) {
       const std::string pb = !args->db_b.empty() ? args->db_b : !args->db.empty() ? args->db : "results/kvbench.sqlite";
       must_exist(pa);
       must_exist(pb);
-      ResultsDb da(pa);
+      ResultsDb da(pa, ResultsDb::read_only_options());
       da.check_integrity();
       std::unique_ptr<ResultsDb> owned;
-      if (pb != pa) owned = std::make_unique<ResultsDb>(pb);
+      if (pb != pa) owned = std::make_unique<ResultsDb>(pb, ResultsDb::read_only_options());
       ResultsDb& dbb = owned ? *owned : da;
       if (owned) dbb.check_integrity();
       const RunRow a = find_run_ref(da, args->refs[0]);
@@ -69,13 +74,15 @@ void register_compare(CLI::App& app) {
       RunComparison c = compare_runs(da, a, dbb, b, o);
       regressions = c.regressions;
       if (args->json) std::cout << comparison_json(c).dump(2) << "\n";
-      else std::cout << comparison_text(c, o);
+      else
+        std::cout << terminal_text(comparison_text(c, o));  // names come from the DBs
     } else {
       KVB_CHECK(!args->db_a.empty() && !args->db_b.empty(),
                 "compare: give two runs (A B), or --db-a X --db-b Y to compare every run the two databases share");
       must_exist(args->db_a);
       must_exist(args->db_b);
-      ResultsDb da(args->db_a), dbb(args->db_b);
+      ResultsDb da(args->db_a, ResultsDb::read_only_options());
+      ResultsDb dbb(args->db_b, ResultsDb::read_only_options());
       da.check_integrity();
       dbb.check_integrity();
       RunFilter f;
@@ -111,13 +118,14 @@ void register_compare(CLI::App& app) {
           else if (m.verdict == "changed") chg.push_back(t);
         }
         if (!reg.empty() || !imp.empty() || !chg.empty()) with_moves++;
-        std::cout << a.config_hash.substr(0, 12) << "  " << a.method << " · " << a.model << " · " << a.dataset << " · "
-                  << a.protocol << ": " << c.common << " common samples";
-        if (reg.empty() && imp.empty() && chg.empty()) std::cout << "; nothing moved beyond its CI";
-        if (!reg.empty()) std::cout << "; REGRESSION " << join(reg, "; ");
-        if (!imp.empty()) std::cout << "; improved " << join(imp, "; ");
-        if (!chg.empty()) std::cout << "; changed " << join(chg, "; ");
-        std::cout << "\n";
+        std::ostringstream line;
+        line << a.config_hash.substr(0, 12) << "  " << a.method << " · " << a.model << " · "
+             << a.dataset << " · " << a.protocol << ": " << c.common << " common samples";
+        if (reg.empty() && imp.empty() && chg.empty()) line << "; nothing moved beyond its CI";
+        if (!reg.empty()) line << "; REGRESSION " << join(reg, "; ");
+        if (!imp.empty()) line << "; improved " << join(imp, "; ");
+        if (!chg.empty()) line << "; changed " << join(chg, "; ");
+        std::cout << terminal_text(line.str()) << "\n";  // names come from the DBs
       }
       size_t only_b = 0;
       for (const auto& b : dbb.list_runs(f))

@@ -2,6 +2,7 @@
 // database; kvbench merge: combine per-shard databases.
 
 #include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -11,11 +12,11 @@
 #include <map>
 #include <memory>
 #include <sstream>
-#include <sys/stat.h>
 
 #include "harness/cli/cli_common.h"
 #include "harness/common/error.h"
 #include "harness/common/strings.h"
+#include "harness/common/text_escape.h"
 #include "harness/eval/grid.h"
 #include "harness/store/results_db.h"
 
@@ -100,7 +101,8 @@ void register_grid(CLI::App& app) {
 
     if (args->dry_run) {
       std::unique_ptr<ResultsDb> db;
-      if (path_exists(args->db)) db = std::make_unique<ResultsDb>(args->db);  // never create it here
+      if (path_exists(args->db))  // never create it here, nor write to it
+        db = std::make_unique<ResultsDb>(args->db, ResultsDb::read_only_options());
       std::map<std::string, int> counts;
       nlohmann::json jcells = nlohmann::json::array();
       std::ostringstream rows;
@@ -167,7 +169,9 @@ void register_grid(CLI::App& app) {
 
     GridSummary sum;
     {
-      ResultsDb db(args->db);
+      ResultsDb::Options db_options;
+      db_options.check_integrity = true;  // a damaged DB fails before the grid writes to it
+      ResultsDb db(args->db, db_options);
       if (ro.progress)
         *ro.progress << "grid '" << plan.name << "'" << shard_text << ": " << cells.size() << " cells -> "
                      << args->db << "\n";
@@ -238,6 +242,10 @@ void register_merge(CLI::App& app) {
       KVB_CHECK(path_exists(in), in, ": no such results database");
       KVB_CHECK(in != args->out, in, ": cannot merge a database into itself");
     }
+    // Every input is a readable results DB before OUT is created (merge_from reads each again).
+    for (const auto& in : args->inputs) {
+      const ResultsDb readable(in, ResultsDb::read_only_options());
+    }
     check_db_path(args->out, "merge: OUT");
     ResultsDb out(args->out);
     MergeStats total;
@@ -249,6 +257,7 @@ void register_merge(CLI::App& app) {
         t.runs_replaced += x.runs_replaced;
         t.runs_combined += x.runs_combined;
         t.runs_skipped += x.runs_skipped;
+        t.runs_held += x.runs_held;
         t.samples_copied += x.samples_copied;
         t.metrics_copied += x.metrics_copied;
         t.artifacts_added += x.artifacts_added;
@@ -259,15 +268,18 @@ void register_merge(CLI::App& app) {
                           {"runs_replaced", s.runs_replaced},
                           {"runs_combined", s.runs_combined},
                           {"runs_skipped", s.runs_skipped},
+                          {"runs_held", s.runs_held},
                           {"samples_copied", s.samples_copied},
                           {"metrics_copied", s.metrics_copied},
                           {"artifacts_added", s.artifacts_added}};
       per.push_back(j);
       if (!args->json)
-        std::cout << in << ": " << s.runs_added << " runs added, " << s.runs_replaced << " replaced, "
-                  << s.runs_combined << " combined, " << s.runs_skipped << " skipped (already done); "
-                  << s.samples_copied << " samples, " << s.metrics_copied << " metrics, "
-                  << s.artifacts_added << " artifacts copied\n";
+        std::cout << terminal_text(in) << ": " << s.runs_added << " runs added, " << s.runs_replaced
+                  << " replaced, " << s.runs_combined << " combined, " << s.runs_skipped
+                  << " skipped (already done), " << s.runs_held
+                  << " left to the live process computing them; " << s.samples_copied
+                  << " samples, " << s.metrics_copied << " metrics, " << s.artifacts_added
+                  << " artifacts copied\n";
     }
     const size_t runs = out.list_runs().size();
     const size_t done = out.list_runs(RunFilter{"", "", "", "", "", RunStatus::kDone}).size();
@@ -278,6 +290,7 @@ void register_merge(CLI::App& app) {
                                    {"runs_replaced", total.runs_replaced},
                                    {"runs_combined", total.runs_combined},
                                    {"runs_skipped", total.runs_skipped},
+                                   {"runs_held", total.runs_held},
                                    {"samples_copied", total.samples_copied},
                                    {"metrics_copied", total.metrics_copied},
                                    {"artifacts_added", total.artifacts_added},

@@ -7,6 +7,8 @@
 
 #include "harness/cli/cli_common.h"
 #include "harness/common/error.h"
+#include "harness/common/limits.h"
+#include "harness/common/text_escape.h"
 #include "harness/report/leaderboard.h"
 
 namespace kvb::cli {
@@ -38,7 +40,9 @@ void register_leaderboard(CLI::App& app) {
   sub->callback([args] {
     struct stat st {};
     KVB_CHECK(::stat(args->db.c_str(), &st) == 0, args->db, ": no such results database (run `kvbench grid` or `kvbench run` first)");
-    KVB_CHECK(args->resamples >= 1 && args->resamples <= 10000000, "--resamples: expected 1..10000000");
+    KVB_CHECK(
+        args->resamples >= 1 && args->resamples <= static_cast<size_t>(kMaxBootstrapResamples),
+        "--resamples: ", args->resamples, " is out of range; expected 1..", kMaxBootstrapResamples);
     LeaderboardOptions o;
     o.filter.model = args->model;
     o.filter.dataset = args->dataset;
@@ -49,7 +53,7 @@ void register_leaderboard(CLI::App& app) {
     o.n_resamples = args->resamples;
     std::string text;
     {
-      ResultsDb db(args->db);
+      ResultsDb db(args->db, ResultsDb::read_only_options());
       db.check_integrity();
       Leaderboard lb = build_leaderboard(db, o);
       if (args->format == "md") text = leaderboard_markdown(lb);
@@ -58,7 +62,8 @@ void register_leaderboard(CLI::App& app) {
       else text = leaderboard_html(lb);
     }
     if (args->out.empty()) {
-      std::cout << text;
+      // Method labels and errors come from the DB; JSON and HTML escape them themselves.
+      std::cout << (args->format == "md" || args->format == "csv" ? terminal_text(text) : text);
       return;
     }
     std::ofstream f(args->out, std::ios::binary);

@@ -46,7 +46,9 @@ void register_run(CLI::App& app) {
     env.data_dir = args->data_dir;
     env.cache_dir = args->cache_dir.empty() ? db_dir_of(args->db) + "/cache/baseline" : args->cache_dir;
     if (!args->quiet) env.log = [](const std::string& s) { std::cerr << "kvbench: " << s << "\n"; };
-    ResultsDb db(args->db);
+    ResultsDb::Options db_options;
+    db_options.check_integrity = true;  // a damaged DB fails before the run writes to it
+    ResultsDb db(args->db, db_options);
     RunOutcome o = execute_run(resolved, db, env);
     nlohmann::json metrics = nlohmann::json::object();
     for (const auto& m : o.metrics)

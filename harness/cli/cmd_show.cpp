@@ -12,6 +12,7 @@
 #include "harness/cli/cli_common.h"
 #include "harness/common/error.h"
 #include "harness/common/json_parse.h"
+#include "harness/common/text_escape.h"
 #include "harness/report/compare.h"
 #include "harness/store/results_db.h"
 
@@ -90,7 +91,8 @@ void register_show(CLI::App& app) {
     KVB_CHECK(args->max_items >= 1, "--max-items: expected at least 1, got ", args->max_items);
     struct stat st {};
     KVB_CHECK(::stat(args->db.c_str(), &st) == 0, args->db, ": no such results database");  // never create one
-    ResultsDb db(args->db);
+    ResultsDb db(args->db, ResultsDb::read_only_options());
+    db.check_integrity();  // a damaged page fails here instead of showing garbled or missing rows
     const RunRow run = find_run_ref(db, args->ref);
     const nlohmann::json config = parse_json(run.config_json, "run " + std::to_string(run.id) + " config");
     const nlohmann::json provenance = parse_json(run.provenance_json, "run " + std::to_string(run.id) + " provenance");
@@ -163,7 +165,7 @@ void register_show(CLI::App& app) {
       for (auto it = out.begin(); it != out.end(); ++it)
         os << "    " << it.key() << ": " << (it->is_string() ? it->get<std::string>() : it->dump()) << "\n";
     }
-    std::cout << os.str();
+    std::cout << terminal_text(os.str());  // names, errors and outputs come from the DB
   });
 }
 

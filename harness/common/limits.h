@@ -26,6 +26,11 @@ constexpr int64_t kMaxContextTokens = int64_t{1} << 24;
 // a config nested deeper than any file may be, and overflow the stack when it is printed or freed.
 constexpr size_t kMaxKeyPathComponents = 128;
 
+// Bootstrap resamples of leaderboard and compare (--resamples): each resample is a pass over a
+// run's samples, so 10^7 already means minutes on a large run; 10^4 (the default) gives stable 95%
+// intervals.
+constexpr int64_t kMaxBootstrapResamples = 10000000;
+
 // Throws kvb::Error naming `what` unless 0 <= n <= kMaxThreads (0: LibTorch's default) — or
 // 1 <= n when `allow_default` is false.
 void check_thread_count(int64_t n, const std::string& what, bool allow_default = true);

@@ -9,6 +9,7 @@
 #include "harness/common/error.h"
 #include "harness/common/json_parse.h"
 #include "harness/common/strings.h"
+#include "harness/common/text_escape.h"
 #include "harness/eval/grid.h"
 #include "harness/eval/protocol_registry.h"
 #include "harness/eval/run_config.h"
@@ -75,15 +76,7 @@ std::string html_label(const std::string& s) {
   return o;
 }
 
-std::string md_escape(const std::string& s) {
-  std::string o;
-  for (char c : s) {
-    if (c == '|') o += "\\|";
-    else if (c == '\n') o += ' ';
-    else o += c;
-  }
-  return o;
-}
+std::string md_escape(const std::string& s) { return markdown_cell(s); }
 
 std::string csv_field(const std::string& s) {
   if (s.find_first_of(",\"\n") == std::string::npos) return s;
@@ -382,6 +375,28 @@ std::string format_delta(const DeltaCi& d) {
   return "";
 }
 
+namespace {
+
+// A run's stored config, refused naming the DB and run when it lacks the shape kvbench writes (a
+// foreign or hand-edited DB) instead of failing inside the JSON library as if kvbench had a bug.
+json stored_run_config(const std::string& db_path, const RunRow& r) {
+  const std::string what = "results DB " + db_path + ": run " + std::to_string(r.id) + " config";
+  json cfg = parse_json(r.config_json, what);
+  KVB_CHECK(cfg.is_object(), what, ": expected a JSON object, got ", cfg.dump().substr(0, 80));
+  KVB_CHECK(cfg.value("model", json("")).is_string(), what, ": 'model' must be a string");
+  const json& method = cfg["method"];
+  KVB_CHECK(method.is_object() && method.value("name", json()).is_string() &&
+                method.value("params", json::object()).is_object(),
+            what, ": 'method' must be an object with a string 'name' and an object 'params'");
+  if (!method.contains("params")) cfg["method"]["params"] = json::object();
+  const json& protocol = cfg["protocol"];
+  KVB_CHECK(protocol.is_object() && protocol.value("context", json(0)).is_number_integer(), what,
+            ": 'protocol' must be an object (with an integer 'context' where it has one)");
+  return cfg;
+}
+
+}  // namespace
+
 Leaderboard build_leaderboard(ResultsDb& db, const LeaderboardOptions& options) {
   const std::string reference_method = baseline_method();  // deltas are against it
   KVB_CHECK(options.n_resamples >= 1, "leaderboard: n_resamples must be at least 1");
@@ -423,7 +438,7 @@ Leaderboard build_leaderboard(ResultsDb& db, const LeaderboardOptions& options) 
     pf.protocol = throughput_protocol;
     pf.status = RunStatus::kDone;
     for (const auto& r : db.list_runs(pf)) {
-      const json cfg = parse_json(r.config_json, "run " + std::to_string(r.id) + " config");
+      const json cfg = stored_run_config(db.path(), r);
       const int64_t ctx = cfg["protocol"].value("context", int64_t{0});
       const double v = metric_or_nan(run_metrics(r.id), "decode_tok_s");
       if (!std::isfinite(v)) continue;
@@ -440,7 +455,7 @@ Leaderboard build_leaderboard(ResultsDb& db, const LeaderboardOptions& options) 
   std::map<std::string, Group> groups;
   for (const auto& r : runs) {
     if (!ProtocolRegistry::instance().report(r.protocol).ranks_methods) continue;
-    json cfg = parse_json(r.config_json, "run " + std::to_string(r.id) + " config");
+    json cfg = stored_run_config(db.path(), r);
     json key = cfg;
     key.erase("method");
     key.erase("label");
@@ -521,7 +536,7 @@ Leaderboard build_leaderboard(ResultsDb& db, const LeaderboardOptions& options) 
     std::map<std::string, std::set<std::string>> show;
     std::map<std::string, std::map<std::string, std::set<std::string>>> values;  // method -> param -> values
     for (const RunRow* r : shown) {
-      const json cfg = parse_json(r->config_json, "run " + std::to_string(r->id) + " config");
+      const json cfg = stored_run_config(db.path(), *r);
       for (auto it = cfg["method"]["params"].begin(); it != cfg["method"]["params"].end(); ++it)
         values[r->method][it.key()].insert(it.value().dump());
     }
@@ -550,7 +565,7 @@ Leaderboard build_leaderboard(ResultsDb& db, const LeaderboardOptions& options) 
     }
     for (const RunRow* r : shown) {
       LeaderRow row;
-      const json cfg = parse_json(r->config_json, "run " + std::to_string(r->id) + " config");
+      const json cfg = stored_run_config(db.path(), *r);
       row.method = r->method;
       row.params = cfg["method"]["params"];
       row.oracle = MethodRegistry::instance().has(r->method) &&
@@ -812,7 +827,7 @@ std::string leaderboard_markdown(const Leaderboard& lb) {
   std::ostringstream s;
   s << "## kvbench leaderboard\n\n";
   if (lb.tables.empty()) {
-    s << "No finished runs in `" << lb.db_path << "` match the filters.\n";
+    s << "No finished runs in " << md_escape(lb.db_path) << " match the filters.\n";
     return s.str();
   }
   for (const auto& t : lb.tables) {
@@ -821,10 +836,11 @@ std::string leaderboard_markdown(const Leaderboard& lb) {
     s << "Ranked by **" << metric_caption(t) << "** at measured bytes per token. " << baseline_note(t, lb.options)
       << "\n\n";
     s << "| # | method | bytes/token" << (t.bytes_16bit ? " (16-bit)" : "") << " | compression"
-      << (t.bytes_16bit ? " (16-bit)" : "") << " | " << t.metric << arrow(t.direction) << " | Δ vs full [95% CI] |";
+      << (t.bytes_16bit ? " (16-bit)" : "") << " | " << md_escape(t.metric) << arrow(t.direction)
+      << " | Δ vs full [95% CI] |";
     for (const auto& m : t.secondary) {
       const Direction d = is_known_metric(m) && metric_info(m).direction == "higher" ? Direction::kHigher : Direction::kLower;
-      s << " " << m << arrow(d) << " | Δ " << m << " [95% CI] |";
+      s << " " << md_escape(m) << arrow(d) << " | Δ " << md_escape(m) << " [95% CI] |";
     }
     if (c.top1) s << " top-1 ↑ |";
     if (c.throughput) s << " decode tok/s ↑ |";
@@ -861,12 +877,14 @@ std::string leaderboard_markdown(const Leaderboard& lb) {
     if (c.headroom) s << "_" << headroom_caption() << "_\n\n";
     if (!has_curves(t)) continue;
     s << "#### " << md_escape(t.metric) << " vs measured compression\n\n" << summary_caption(t) << "\n\n";
-    s << "| method | points | within 1 pt: max compression | AUC " << t.metric << arrow(t.direction) << " |\n";
+    s << "| method | points | within 1 pt: max compression | AUC " << md_escape(t.metric)
+      << arrow(t.direction) << " |\n";
     s << "|---|--:|--:|--:|\n";
     for (const auto& c : t.curves.curves)
       s << "| " << md_escape(c.name) << " | " << c.points.size() << " | "
         << percent_text(c.max_compression_within_1pt) << " | " << format_value(c.auc) << " |\n";
-    s << "\n| method | budget | measured compression | " << t.metric << arrow(t.direction) << " |\n";
+    s << "\n| method | budget | measured compression | " << md_escape(t.metric)
+      << arrow(t.direction) << " |\n";
     s << "|---|--:|--:|--:|\n";
     for (const auto& c : t.curves.curves)
       for (const auto& p : c.points)

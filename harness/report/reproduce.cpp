@@ -15,6 +15,7 @@
 #include "harness/common/internal_error.h"
 #include "harness/common/json_parse.h"
 #include "harness/common/strings.h"
+#include "harness/common/text_escape.h"
 #include "harness/eval/protocol_registry.h"
 #include "harness/eval/run_config.h"
 #include "harness/metrics/metric_table.h"
@@ -678,18 +679,7 @@ std::string ours_text(const ClaimResult& r) {
          ")";
 }
 
-std::string md_cell(std::string s) {
-  std::string out;
-  for (char c : s) {
-    if (c == '|')
-      out += "\\|";
-    else if (c == '\n')
-      out += ' ';
-    else
-      out += c;
-  }
-  return out;
-}
+std::string md_cell(const std::string& s) { return markdown_cell(s); }
 
 std::string html_escape(const std::string& s) {
   std::string out;

@@ -4,10 +4,12 @@
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <memory>
@@ -153,6 +155,59 @@ bool no_room_to_grow(const std::string& path) {
       return true;
   }
   return false;
+}
+
+std::string dir_of(const std::string& path) {
+  const size_t slash = path.find_last_of('/');
+  return slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
+}
+
+// `path` as a SQLite URI filename, every byte that could read as URI syntax percent-encoded, so
+// that parameters can follow it and ATTACH can name a file with them.
+std::string uri_of(const std::string& path, const std::string& query) {
+  static const char kHex[] = "0123456789ABCDEF";
+  std::string out = !path.empty() && path[0] == '/' ? "file://" : "file:";
+  for (const unsigned char c : path) {
+    const bool plain = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                       c == '/' || c == '.' || c == '_' || c == '-' || c == '~';
+    if (plain) {
+      out += static_cast<char>(c);
+    } else {
+      out += '%';
+      out += kHex[c >> 4];
+      out += kHex[c & 15];
+    }
+  }
+  return query.empty() ? out : out + "?" + query;
+}
+
+// The URI parameters a reader opens the results DB at `path` with. "mode=ro" shares the -shm index
+// with the writers, so a WAL DB being written reads as of its last commit; SQLite creates the -shm
+// (and an empty -wal) when they are missing, which needs a writable directory. In a read-only
+// directory without a -shm (an archive, another user's results) no process has the DB open (every
+// open WAL connection keeps one), so "immutable=1" reads the file alone; only a -wal that still
+// holds commits would need a -shm to be read, and then the DB cannot be read in place. (A writer
+// that starts during such a read is not seen; the file is assumed to be at rest.)
+std::string read_only_query(const std::string& path) {
+  struct stat st {};
+  if (::stat((path + "-shm").c_str(), &st) == 0) return "mode=ro";
+  if (::access(dir_of(path).c_str(), W_OK) == 0) return "mode=ro";
+  KVB_CHECK(
+      ::stat((path + "-wal").c_str(), &st) != 0 || st.st_size == 0, "results DB ", path,
+      ": its -wal file holds commits that SQLite can read only with a -shm file, which cannot "
+      "be created in the read-only directory ",
+      dir_of(path), "; copy the DB with its -wal file to a writable directory and read it there");
+  return "immutable=1";
+}
+
+// Copies the whole main database of `from` into `to` (SQLite's online backup); SQLite's result
+// code.
+int copy_database(sqlite3* from, sqlite3* to) {
+  sqlite3_backup* backup = sqlite3_backup_init(to, "main", from, "main");
+  if (backup == nullptr) return sqlite3_errcode(to);
+  const int rc = sqlite3_backup_step(backup, -1);
+  sqlite3_backup_finish(backup);
+  return rc == SQLITE_DONE ? SQLITE_OK : rc;
 }
 
 void check_json(const std::string& db_path, const std::string& text, const std::string& what) {
@@ -314,7 +369,11 @@ ResultsDb::ResultsDb(std::string path, Options options)
   const auto& migrations =
       options_.migrations != nullptr ? *options_.migrations : store_detail::builtin_migrations();
   try {
-    open(migrations);
+    if (options_.read_only) {
+      open_read_only(migrations);
+    } else {
+      open(migrations);
+    }
   } catch (...) {
     sqlite3_close_v2(db_);
     db_ = nullptr;
@@ -323,6 +382,12 @@ ResultsDb::ResultsDb(std::string path, Options options)
 }
 
 ResultsDb::~ResultsDb() { sqlite3_close_v2(db_); }
+
+ResultsDb::Options ResultsDb::read_only_options() {
+  Options o;
+  o.read_only = true;
+  return o;
+}
 
 int ResultsDb::latest_schema_version() { return store_detail::builtin_migrations().back().version; }
 
@@ -360,13 +425,21 @@ void ResultsDb::exec(const std::string& sql) {
   if (rc != SQLITE_OK) fail_sqlite("cannot execute '" + sql.substr(0, 120) + "'", rc);
 }
 
-void ResultsDb::open(const std::vector<store_detail::Migration>& migrations) {
+namespace {
+
+int checked_known_version(const std::vector<store_detail::Migration>& migrations) {
   for (size_t i = 0; i < migrations.size(); ++i) {
     KVB_ASSERT(migrations[i].version == static_cast<int>(i) + 1, "results_db",
                "migrations must be numbered 1, 2, ... in order; entry ", i, " has version ",
                migrations[i].version);
   }
-  const int known_version = migrations.empty() ? 0 : migrations.back().version;
+  return migrations.empty() ? 0 : migrations.back().version;
+}
+
+}  // namespace
+
+void ResultsDb::open(const std::vector<store_detail::Migration>& migrations) {
+  const int known_version = checked_known_version(migrations);
   const bool in_memory = path_ == ":memory:";
   if (!in_memory) {
     struct stat st {};
@@ -375,8 +448,10 @@ void ResultsDb::open(const std::vector<store_detail::Migration>& migrations) {
     make_parent_dirs(path_);
   }
 
-  int rc =
-      sqlite3_open_v2(path_.c_str(), &db_, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, nullptr);
+  // A URI filename (the path encoded) so that merge_from can ATTACH its source read-only.
+  const std::string name = in_memory ? path_ : uri_of(path_, "");
+  int rc = sqlite3_open_v2(name.c_str(), &db_,
+                           SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_URI, nullptr);
   if (rc != SQLITE_OK) fail_sqlite("cannot open", rc);
   sqlite3_extended_result_codes(db_, 1);
   sqlite3_busy_timeout(db_, options_.busy_timeout_ms);
@@ -387,6 +462,7 @@ void ResultsDb::open(const std::vector<store_detail::Migration>& migrations) {
   KVB_CHECK(found_version <= known_version, "results DB ", path_, " has schema version ",
             found_version, " but this kvbench knows versions up to ", known_version,
             ": it was written by a newer kvbench; use that version or another --db");
+  if (options_.check_integrity) check_integrity();
 
   if (!in_memory) {
     const std::string mode = switch_to_wal();
@@ -397,7 +473,59 @@ void ResultsDb::open(const std::vector<store_detail::Migration>& migrations) {
   // commits (never corrupt the file). FULL would add an fsync per sample.
   exec("PRAGMA synchronous = NORMAL");
   exec("PRAGMA foreign_keys = ON");
+  migrate(migrations, known_version);
+}
 
+void ResultsDb::open_read_only(const std::vector<store_detail::Migration>& migrations) {
+  const int known_version = checked_known_version(migrations);
+  KVB_CHECK(path_ != ":memory:", "results DB :memory: cannot be opened for reading only");
+  struct stat st {};
+  if (::stat(path_.c_str(), &st) != 0) {
+    KVB_FAIL("results DB ", path_, ": ", errno == ENOENT ? "no such file" : std::strerror(errno));
+  }
+  KVB_CHECK(!S_ISDIR(st.st_mode), "results DB ", path_, ": is a directory, not a results DB file");
+  KVB_CHECK(S_ISREG(st.st_mode), "results DB ", path_, ": exists but is not a regular file");
+  KVB_CHECK(st.st_size > 0, "results DB ", path_,
+            ": empty file (0 bytes), not a kvbench results DB");
+  KVB_CHECK(::access(path_.c_str(), R_OK) == 0, "results DB ", path_,
+            ": cannot read it: ", std::strerror(errno));
+
+  const std::string uri = uri_of(path_, read_only_query(path_));
+  int rc = sqlite3_open_v2(uri.c_str(), &db_, SQLITE_OPEN_READONLY | SQLITE_OPEN_URI, nullptr);
+  if (rc != SQLITE_OK) fail_sqlite("cannot open for reading", rc);
+  sqlite3_extended_result_codes(db_, 1);
+  sqlite3_busy_timeout(db_, options_.busy_timeout_ms);
+
+  const int found_version = schema_version();
+  KVB_CHECK(found_version >= 1, "results DB ", path_,
+            ": not a kvbench results DB (a SQLite file without the kvbench schema)");
+  KVB_CHECK(found_version <= known_version, "results DB ", path_, " has schema version ",
+            found_version, " but this kvbench knows versions up to ", known_version,
+            ": it was written by a newer kvbench; use that version");
+  if (found_version < known_version) {
+    // The readers know only the latest schema, and the file must not change: they read a copy in
+    // memory, migrated there (a write command or merge migrates the file itself).
+    sqlite3* copy = nullptr;
+    rc = sqlite3_open_v2(":memory:", &copy, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, nullptr);
+    if (rc == SQLITE_OK) rc = copy_database(db_, copy);
+    if (rc != SQLITE_OK) {
+      sqlite3_close_v2(copy);
+      fail_sqlite("cannot copy it (schema version " + std::to_string(found_version) +
+                      ") into memory to read it as version " + std::to_string(known_version),
+                  rc);
+    }
+    sqlite3_close_v2(db_);
+    db_ = copy;
+    in_memory_copy_ = true;
+    sqlite3_extended_result_codes(db_, 1);
+    exec("PRAGMA foreign_keys = ON");
+    migrate(migrations, known_version);
+  }
+  // Belt and braces: a write through this handle fails even on the writable in-memory copy.
+  exec("PRAGMA query_only = ON");
+}
+
+void ResultsDb::migrate(const std::vector<store_detail::Migration>& migrations, int known_version) {
   for (const auto& m : migrations) {
     Txn txn(*this);
     // Re-read under the write lock: another process may have migrated since we looked.
@@ -969,76 +1097,107 @@ std::vector<Artifact> ResultsDb::list_artifacts(const std::string& kind) {
 
 namespace {
 
-// Reads PRAGMA user_version of another file without modifying it.
-int probe_schema_version(const std::string& path) {
-  sqlite3* db = nullptr;
-  int rc = sqlite3_open_v2(path.c_str(), &db, SQLITE_OPEN_READONLY, nullptr);
-  std::unique_ptr<sqlite3, int (*)(sqlite3*)> guard(db, &sqlite3_close_v2);
-  KVB_CHECK(rc == SQLITE_OK, "cannot merge ", path,
-            ": cannot open: ", db ? sqlite3_errmsg(db) : sqlite3_errstr(rc));
-  sqlite3_busy_timeout(db, 30000);
-  sqlite3_stmt* stmt = nullptr;
-  rc = sqlite3_prepare_v2(db, "PRAGMA user_version", -1, &stmt, nullptr);
-  if (rc == SQLITE_OK) rc = sqlite3_step(stmt);
-  const int version = rc == SQLITE_ROW ? sqlite3_column_int(stmt, 0) : -1;
-  const std::string err = sqlite3_errmsg(db);
-  sqlite3_finalize(stmt);
-  if ((rc & 0xff) == SQLITE_NOTADB) KVB_FAIL("cannot merge ", path, ": not a SQLite database");
-  KVB_CHECK(version >= 0, "cannot merge ", path, ": cannot read its schema version: ", err);
-  return version;
-}
+// A temporary file for a migrated copy of a merge source, removed with SQLite's side files.
+class TempDbFile {
+ public:
+  TempDbFile() {
+    const char* env = std::getenv("TMPDIR");
+    const std::string dir = env != nullptr && *env != '\0' ? env : "/tmp";
+    std::string tmpl = dir + "/kvb_merge_XXXXXX";
+    const int fd = ::mkstemp(tmpl.data());
+    KVB_CHECK(fd >= 0, "cannot create a temporary file in ", dir, ": ", std::strerror(errno));
+    ::close(fd);
+    path_ = tmpl;
+  }
+  ~TempDbFile() {
+    for (const char* suffix : {"", "-journal", "-wal", "-shm"}) ::unlink((path_ + suffix).c_str());
+  }
+  TempDbFile(const TempDbFile&) = delete;
+  TempDbFile& operator=(const TempDbFile&) = delete;
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+// A merge copies runs in transactions of about this long, then pauses for longer than SQLite's busy
+// handler sleeps between its tries (100 ms at most), so that a writer waiting for the lock (a live
+// grid adding a sample) gets it between two of them instead of timing out behind the whole merge.
+constexpr auto kMergeBatch = std::chrono::milliseconds(200);
+constexpr auto kMergePause = std::chrono::milliseconds(120);
 
 }  // namespace
+
+void ResultsDb::save_copy(const std::string& path) {
+  std::lock_guard<std::recursive_mutex> lock(mutex_);
+  sqlite3* out = nullptr;
+  int rc = sqlite3_open_v2(path.c_str(), &out, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, nullptr);
+  std::unique_ptr<sqlite3, int (*)(sqlite3*)> guard(out, &sqlite3_close_v2);
+  if (rc == SQLITE_OK) rc = copy_database(db_, out);
+  KVB_CHECK(rc == SQLITE_OK, "results DB ", path_, ": cannot copy it to ", path, ": ",
+            out != nullptr ? sqlite3_errmsg(out) : sqlite3_errstr(rc));
+}
 
 MergeStats ResultsDb::merge_from(const std::string& other_path) {
   std::lock_guard<std::recursive_mutex> lock(mutex_);
   KVB_ASSERT(txn_depth_ == 0, "results_db", path_, ": merge_from cannot run inside a transaction");
+  KVB_CHECK(!options_.read_only, "results DB ", path_,
+            ": opened for reading only; cannot merge into it");
   struct stat src_st {};
-  KVB_CHECK(::stat(other_path.c_str(), &src_st) == 0 && S_ISREG(src_st.st_mode), "cannot merge ",
-            other_path, " into ", path_, ": no such file");
   struct stat dst_st {};
-  KVB_CHECK(::stat(path_.c_str(), &dst_st) != 0 || dst_st.st_dev != src_st.st_dev ||
-                dst_st.st_ino != src_st.st_ino,
+  KVB_CHECK(::stat(other_path.c_str(), &src_st) != 0 || ::stat(path_.c_str(), &dst_st) != 0 ||
+                dst_st.st_dev != src_st.st_dev || dst_st.st_ino != src_st.st_ino,
             "cannot merge ", other_path, " into itself");
 
-  const int version = probe_schema_version(other_path);
-  KVB_CHECK(version >= 1, "cannot merge ", other_path,
-            ": not a kvbench results DB (schema version ", version, ")");
-  KVB_CHECK(version <= latest_schema_version(), "cannot merge ", other_path,
-            ": its schema version ", version, " is newer than this kvbench knows (",
-            latest_schema_version(), ")");
-  if (version < latest_schema_version()) {
-    ResultsDb upgrade(other_path);  // brings the source to our schema so the column lists match
-  }
-
+  // The source is only ever read: opened read-only (which refuses a file that is not a results DB
+  // or is newer) and checked for damage before anything here changes. An older-schema source is
+  // read through a migrated temporary copy so that the column lists match.
+  std::unique_ptr<TempDbFile> migrated;
   {
+    Options ro = read_only_options();
+    ro.busy_timeout_ms = options_.busy_timeout_ms;
+    ro.migrations = options_.migrations;
+    ResultsDb src(other_path, ro);
+    src.check_integrity();
+    if (src.in_memory_copy_) {
+      migrated = std::make_unique<TempDbFile>();
+      src.save_copy(migrated->path());
+    }
+  }
+  {
+    const std::string uri = migrated ? uri_of(migrated->path(), "mode=ro")
+                                     : uri_of(other_path, read_only_query(other_path));
     Stmt attach(*this, "ATTACH DATABASE ?1 AS merge_src");
-    attach.bind_text(1, other_path);
+    attach.bind_text(1, uri);
     attach.run();
   }
-  // Declared before the transaction so that it runs after the rollback: DETACH fails inside one.
+  // Declared before the transactions so that it runs after a rollback: DETACH fails inside one.
   struct Detach {
     sqlite3* db;
     ~Detach() { sqlite3_exec(db, "DETACH DATABASE merge_src", nullptr, nullptr, nullptr); }
   } detach{db_};
 
-  MergeStats stats;
-  Txn txn(*this);
+  {
+    // Refused before anything is written, not halfway through.
+    Stmt clash(*this,
+               "SELECT s.config_hash FROM merge_src.runs s JOIN main.runs m "
+               "ON m.config_hash = s.config_hash WHERE m.config_json <> s.config_json LIMIT 1");
+    KVB_CHECK(!clash.step(), "cannot merge ", other_path, " into ", path_, ": config hash ",
+              clash.col_text(0), " has different config_json in the two DBs");
+  }
   struct SrcRun {
     int64_t id;
     std::string hash;
-    std::string config_json;
     RunStatus status;
   };
   std::vector<SrcRun> src_runs;
   {
-    Stmt s(*this, "SELECT id, config_hash, config_json, status FROM merge_src.runs ORDER BY id");
-    while (s.step()) {
-      src_runs.push_back(
-          {s.col_int(0), s.col_text(1), s.col_text(2), parse_run_status(s.col_text(3))});
-    }
+    Stmt s(*this, "SELECT id, config_hash, status FROM merge_src.runs ORDER BY id");
+    while (s.step())
+      src_runs.push_back({s.col_int(0), s.col_text(1), parse_run_status(s.col_text(2))});
   }
 
+  MergeStats stats;
   const std::string cols = kRunColumns;
   auto copy_children = [&](int64_t src_id, int64_t dst_id) {
     // OR IGNORE: when uniting two unfinished runs, the rows already here win.
@@ -1058,9 +1217,8 @@ MergeStats ResultsDb::merge_from(const std::string& other_path) {
     metrics.run();
     stats.metrics_copied += sqlite3_changes(db_);
   };
-
-  for (const auto& src : src_runs) {
-    Stmt find(*this, "SELECT id, status, config_json FROM main.runs WHERE config_hash = ?1");
+  auto merge_run = [&](const SrcRun& src) {
+    Stmt find(*this, "SELECT id, status FROM main.runs WHERE config_hash = ?1");
     find.bind_text(1, src.hash);
     if (!find.step()) {
       Stmt ins(*this, "INSERT INTO main.runs (" + cols + ") SELECT " + cols +
@@ -1069,15 +1227,22 @@ MergeStats ResultsDb::merge_from(const std::string& other_path) {
       ins.run();
       copy_children(src.id, sqlite3_last_insert_rowid(db_));
       ++stats.runs_added;
-      continue;
+      return;
     }
     const int64_t dst_id = find.col_int(0);
     const RunStatus dst_status = parse_run_status(find.col_text(1));
-    KVB_CHECK(find.col_text(2) == src.config_json, "cannot merge ", other_path, " into ", path_,
-              ": config hash ", src.hash, " has different config_json in the two DBs");
     if (dst_status == RunStatus::kDone) {
       ++stats.runs_skipped;
-    } else if (src.status == RunStatus::kDone) {
+      return;
+    }
+    // A run a live process is computing is its holder's: replacing it or adding rows under it
+    // would make that process's next write (a sample, its finish) fail.
+    const std::optional<RunLease> held = lease(dst_id);
+    if (held && held->live && !held->ours) {
+      ++stats.runs_held;
+      return;
+    }
+    if (src.status == RunStatus::kDone) {
       for (const char* table : {"main.samples", "main.metrics", "main.run_leases"}) {
         Stmt del(*this, std::string("DELETE FROM ") + table + " WHERE run_id = ?1");
         del.bind_int(1, dst_id);
@@ -1093,8 +1258,20 @@ MergeStats ResultsDb::merge_from(const std::string& other_path) {
       copy_children(src.id, dst_id);
       ++stats.runs_combined;
     }
+  };
+
+  size_t next = 0;
+  while (next < src_runs.size()) {
+    const auto started = std::chrono::steady_clock::now();
+    Txn txn(*this);
+    do {
+      merge_run(src_runs[next++]);
+    } while (next < src_runs.size() && std::chrono::steady_clock::now() - started < kMergeBatch);
+    txn.commit();
+    if (next < src_runs.size()) std::this_thread::sleep_for(kMergePause);
   }
 
+  Txn txn(*this);
   Stmt art(*this,
            "INSERT OR IGNORE INTO main.artifacts (hash, kind, path, bytes, created_at, meta_json) "
            "SELECT hash, kind, path, bytes, created_at, meta_json FROM merge_src.artifacts");

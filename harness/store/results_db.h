@@ -175,6 +175,7 @@ struct MergeStats {
   int64_t runs_replaced = 0;  // here but not done, done in the source: the source's run replaced it
   int64_t runs_combined = 0;  // not done in either: samples and metrics united (this DB's rows win)
   int64_t runs_skipped = 0;   // already done here: kept as is
+  int64_t runs_held = 0;      // running here under a live process: left to it, changed in no way
   int64_t samples_copied = 0;
   int64_t metrics_copied = 0;
   int64_t artifacts_added = 0;
@@ -202,12 +203,23 @@ class ResultsDb {
     int lease_ttl_s = 60;
     // Replaces the built-in schema; for tests of the migration mechanism only.
     const std::vector<store_detail::Migration>* migrations = nullptr;
+    // Open for reading only (the read commands: leaderboard, show, compare, grid --dry-run and
+    // merge's inputs): nothing is ever written to the file, its directory may be read-only, and a
+    // writer's open transaction does not block it (WAL readers see the last commit). The file must
+    // exist and be a kvbench results DB; an older schema is read through a migrated copy in memory
+    // (the file keeps its version). Every write operation fails.
+    bool read_only = false;
+    // Run check_integrity() on an existing file before anything is written to it (the journal
+    // mode, migrations, the command's rows): what the commands that add runs (run, grid) open with,
+    // so that a damaged DB fails loudly instead of taking rows it may garble.
+    bool check_integrity = false;
   };
+  static Options read_only_options();
 
   // Opens or creates the DB at `path` (creating missing parent directories), switches it to WAL
-  // mode and applies pending migrations, each in its own transaction. Throws kvb::Error naming the
-  // path if the file is not a SQLite DB, has a newer schema than this build knows, or cannot be
-  // opened.
+  // mode and applies pending migrations, each in its own transaction; with options.read_only,
+  // opens it as described there. Throws kvb::Error naming the path if the file is not a SQLite DB,
+  // has a newer schema than this build knows, or cannot be opened.
   explicit ResultsDb(std::string path);
   ResultsDb(std::string path, Options options);
   ~ResultsDb();
@@ -285,10 +297,18 @@ class ResultsDb {
 
   // --- merge ---
   // Copies runs (with samples and metrics) and artifacts from the results DB at `other_path` into
-  // this one, in one transaction. Runs are matched by config_hash: a 'done' run here is kept; a
-  // 'done' run in the source replaces a non-done one here; two non-done runs are united sample by
-  // sample. An older-schema source is migrated first; a newer one is refused.
+  // this one. Runs are matched by config_hash: a 'done' run here is kept; a 'done' run in the
+  // source replaces a non-done one here; two non-done runs are united sample by sample; a run that
+  // a live process holds here is left to it (it finishes the run itself). The source is opened
+  // read-only and checked with quick_check; an older-schema source is read through a migrated
+  // temporary copy (the file itself is never written); a newer one is refused. Each run is copied
+  // in one transaction, several runs to a transaction while they take little time, so a killed
+  // merge leaves whole runs only (merging again completes it) and a live writer on this DB never
+  // waits for more than a short stretch of the merge.
   MergeStats merge_from(const std::string& other_path);
+
+  // Writes a consistent copy of this DB (as read now) to a new file at `path` (SQLite's backup).
+  void save_copy(const std::string& path);
 
  private:
   class Txn;
@@ -296,6 +316,8 @@ class ResultsDb {
   friend class Txn;
 
   void open(const std::vector<store_detail::Migration>& migrations);
+  void open_read_only(const std::vector<store_detail::Migration>& migrations);
+  void migrate(const std::vector<store_detail::Migration>& migrations, int known_version);
   void exec(const std::string& sql);
   std::string switch_to_wal();  // returns the journal mode now in effect
   [[noreturn]] void fail_sqlite(const std::string& what, int rc);
@@ -316,6 +338,7 @@ class ResultsDb {
   sqlite3* db_ = nullptr;
   std::recursive_mutex mutex_;
   int txn_depth_ = 0;  // 0: no transaction open; >0: nesting depth (savepoints beyond the first)
+  bool in_memory_copy_ = false;  // read_only on an older schema: db_ is a migrated copy in memory
 };
 
 }  // namespace kvb

@@ -9,8 +9,9 @@
 #include <string>
 
 #include "harness/common/error.h"
-#include "harness/common/internal_error.h"
 #include "harness/common/exit_status.h"
+#include "harness/common/internal_error.h"
+#include "harness/common/text_escape.h"
 
 namespace kvb {
 namespace {
@@ -89,6 +90,41 @@ TEST(ExitStatus, OtherExceptionsAreInternalErrors) {
   auto [status2, line2] = report([] { throw 42; });
   EXPECT_EQ(status2, 1);
   EXPECT_TRUE(contains(line2, "internal error")) << line2;
+}
+
+TEST(ErrorMessages, InputsAreEscapedAndBoundedWhereverTheMessageIsBuilt) {
+  // A NUL no longer ends the message, and control bytes (a terminal escape, a newline) are shown.
+  const std::string name = std::string("run\0x", 5) + "\x1b[2J\nnext";
+  auto [status, line] = report([&] { KVB_FAIL("unknown method '", name, "'"); });
+  EXPECT_EQ(status, 2);
+  EXPECT_EQ(line, "kvbench: error: unknown method 'run\\0x\\x1b[2J\\nnext'\n");
+  // A 10 MB name is cut to its head and its length.
+  const std::string huge(10 << 20, 'a');
+  auto [status2, line2] = report([&] { KVB_CHECK(false, "file ", huge, ": not found"); });
+  EXPECT_EQ(status2, 2);
+  EXPECT_LT(line2.size(), 300u) << line2.size();
+  EXPECT_TRUE(contains(
+      line2, std::string(kShownInputHeadBytes, 'a') + "... (10485760 bytes in all): not found"))
+      << line2.substr(0, 400);
+  // Short inputs and the message's own words are kept as they are.
+  EXPECT_STREQ(Error(std::string(kMaxShownInputBytes, 'b')).what(),
+               std::string(kMaxShownInputBytes, 'b').c_str());
+  // A message built without KVB_FAIL is bounded as a whole; other exceptions are printed escaped.
+  EXPECT_LT(std::string(Error(huge).what()).size(), Error::kMaxMessageBytes + 100);
+  auto [status3, line3] = report([] { throw std::runtime_error("bad\x1b]0;title\x07"); });
+  EXPECT_EQ(status3, 1);
+  EXPECT_EQ(line3, "kvbench: internal error: bad\\x1b]0;title\\x07\n");
+}
+
+TEST(TextEscape, TerminalAndMarkdownText) {
+  EXPECT_EQ(terminal_text("a\tb\nc\x1b[31m\xc2\x9b"
+                          "1m\x7f é"),
+            "a\\tb\nc\\x1b[31m\\u009b1m\\x7f é");
+  EXPECT_EQ(markdown_cell("<img src=x onerror=alert(1)> & a|b \\ c\nd\x1b"),
+            "&lt;img src=x onerror=alert(1)&gt; &amp; a\\|b \\\\ c d\\x1b");
+  // A cut never splits a UTF-8 character.
+  EXPECT_EQ(bounded_text(std::string(199, 'x') + "é" + std::string(200, 'y')),
+            std::string(199, 'x') + "... (401 bytes in all)");
 }
 
 }  // namespace

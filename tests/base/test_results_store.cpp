@@ -5,14 +5,17 @@
 #include <gtest/gtest.h>
 #include <sqlite3.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <limits>
 #include <set>
@@ -668,6 +671,299 @@ TEST(ResultsDbMerge, RefusesGarbageMissingAndSelf) {
   EXPECT_TRUE(contains(err, "not a kvbench results DB")) << err;
   // The DB is still usable after the failed merges (nothing left attached or open).
   EXPECT_GT(db.begin_run(make_spec("kivi", 1)).id, 0);
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Reading only
+
+// A file's bytes and modification time: equal before and after means it was not written.
+struct FileState {
+  std::string bytes;
+  int64_t mtime_ns = 0;
+  bool operator==(const FileState& o) const { return bytes == o.bytes && mtime_ns == o.mtime_ns; }
+};
+FileState file_state(const std::string& path) {
+  struct stat st {};
+  EXPECT_EQ(::stat(path.c_str(), &st), 0) << path;
+  return {read_file(path),
+          static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec};
+}
+
+std::set<std::string> dir_entries(const std::string& dir) {
+  std::set<std::string> out;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) out.insert(e.path().filename());
+  return out;
+}
+
+// A DB at rest (every connection closed, so no -wal or -shm) holding one finished run of `n`
+// samples.
+int64_t make_finished_db(const std::string& path, int variant = 1, int n = 3) {
+  ResultsDb db(path);
+  const int64_t id = db.begin_run(make_spec("kivi", variant)).id;
+  db.transaction([&] {
+    for (int64_t i = 0; i < n; ++i) db.add_sample(id, i, "k", sample_json(i));
+  });
+  db.finish_run(id, {{"ppl", 1.5, "", Direction::kLower}}, 1.0);
+  return id;
+}
+
+// Runs `fn` in a child process that cannot write what its user does not own: as root (whom
+// permissions do not stop) the child drops to uid/gid 65534 first. Returns fn's result, or false
+// when the child failed otherwise (its stderr says why).
+bool in_unprivileged_child(const std::function<bool()>& fn) {
+  const pid_t pid = ::fork();
+  if (pid < 0) return false;
+  if (pid == 0) {
+    if (::geteuid() == 0 && (::setgid(65534) != 0 || ::setuid(65534) != 0)) ::_exit(3);
+    bool ok = false;
+    try {
+      ok = fn();
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "child: %s\n", e.what());
+    }
+    ::_exit(ok ? 0 : 1);
+  }
+  int status = 0;
+  if (::waitpid(pid, &status, 0) != pid) return false;
+  return WIFEXITED(status) && WEXITSTATUS(status) == 0;
+}
+
+TEST(ResultsDbReadOnly, ReadsWithoutWritingAndRefusesWrites) {
+  TempDir tmp;
+  const std::string path = tmp.file("r.sqlite");
+  const int64_t id = make_finished_db(path);
+  const FileState before = file_state(path);
+  {
+    ResultsDb db(path, ResultsDb::read_only_options());
+    db.check_integrity();
+    EXPECT_EQ(db.list_runs().size(), 1u);
+    EXPECT_EQ(db.sample_count(id), 3);
+    EXPECT_EQ(db.metrics(id).size(), 1u);
+    const std::string err = error_of([&] { db.begin_run(make_spec("kivi", 2)); });
+    EXPECT_TRUE(contains(err, path)) << err;
+    EXPECT_TRUE(contains(error_of([&] { db.merge_from(path); }), "reading only"));
+  }
+  EXPECT_TRUE(file_state(path) == before);
+  EXPECT_EQ(raw_one(path, "SELECT count(*) FROM runs"), "1");
+}
+
+TEST(ResultsDbReadOnly, ReadOnlyDirectoryIsReadableAndLeftUntouched) {
+  TempDir tmp;
+  const std::string dir = tmp.file("archive");
+  const std::string out_dir = tmp.file("out");
+  std::filesystem::create_directories(dir);
+  std::filesystem::create_directories(out_dir);
+  const std::string path = dir + "/r.sqlite";
+  make_finished_db(path);
+  const FileState before = file_state(path);
+  ASSERT_EQ(::chmod(path.c_str(), 0444), 0);
+  ASSERT_EQ(::chmod(dir.c_str(), 0555), 0);
+  ASSERT_EQ(::chmod(out_dir.c_str(), 0777), 0);
+  ASSERT_EQ(::chmod(tmp.file("").c_str(), 0755), 0);
+  EXPECT_TRUE(in_unprivileged_child([&] {
+    ResultsDb db(path, ResultsDb::read_only_options());
+    db.check_integrity();
+    if (db.list_runs().size() != 1) return false;
+    ResultsDb out(out_dir + "/merged.sqlite");  // a read-only DB as merge's input
+    return out.merge_from(path).runs_added == 1 && out.list_runs().size() == 1;
+  }));
+  ::chmod(dir.c_str(), 0755);
+  EXPECT_TRUE(file_state(path) == before);
+  EXPECT_EQ(dir_entries(dir), (std::set<std::string>{"r.sqlite"}));  // no -wal, no -shm
+}
+
+TEST(ResultsDbReadOnly, WalWithCommitsInReadOnlyDirectoryIsRefusedByName) {
+  TempDir tmp;
+  const std::string dir = tmp.file("archive");
+  std::filesystem::create_directories(dir);
+  const std::string path = dir + "/r.sqlite";
+  make_finished_db(path);
+  {
+    // A copy taken while a writer was open: the -wal holds commits, there is no -shm.
+    ResultsDb db(path);
+    raw_query(path, "PRAGMA wal_autocheckpoint = 0");
+    db.begin_run(make_spec("kivi", 2));
+    std::filesystem::copy_file(path + "-wal", tmp.file("wal"));
+    std::filesystem::copy_file(path, tmp.file("db"));
+  }
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  std::filesystem::copy_file(tmp.file("db"), path);
+  std::filesystem::copy_file(tmp.file("wal"), path + "-wal");
+  ASSERT_GT(std::filesystem::file_size(path + "-wal"), 0u);
+  ASSERT_EQ(::chmod(dir.c_str(), 0555), 0);
+  ASSERT_EQ(::chmod(tmp.file("").c_str(), 0755), 0);
+  EXPECT_TRUE(in_unprivileged_child([&] {
+    const std::string err = error_of([&] { ResultsDb db(path, ResultsDb::read_only_options()); });
+    const bool ok = contains(err, path) && contains(err, "-wal file holds commits");
+    if (!ok) std::fprintf(stderr, "child: %s\n", err.c_str());
+    return ok;
+  }));
+  ::chmod(dir.c_str(), 0755);
+}
+
+TEST(ResultsDbReadOnly, EmptyMissingGarbageForeignAndDirectoryAreRefusedByName) {
+  TempDir tmp;
+  const auto ro = ResultsDb::read_only_options();
+  const std::string empty = tmp.file("empty.sqlite");
+  std::ofstream(empty).close();
+  std::string err = error_of([&] { ResultsDb db(empty, ro); });
+  EXPECT_TRUE(contains(err, empty + ": empty file (0 bytes)")) << err;
+  EXPECT_EQ(std::filesystem::file_size(empty), 0u);
+  EXPECT_EQ(dir_entries(tmp.file("")), (std::set<std::string>{"empty.sqlite"}));
+
+  const std::string missing = tmp.file("missing.sqlite");
+  err = error_of([&] { ResultsDb db(missing, ro); });
+  EXPECT_TRUE(contains(err, missing + ": no such file")) << err;
+  EXPECT_FALSE(std::filesystem::exists(missing));
+
+  const std::string garbage = tmp.file("garbage.sqlite");
+  std::ofstream(garbage, std::ios::binary) << std::string(5000, 'z');
+  err = error_of([&] { ResultsDb db(garbage, ro); });
+  EXPECT_TRUE(contains(err, garbage) && contains(err, "not a SQLite database")) << err;
+  EXPECT_EQ(read_file(garbage), std::string(5000, 'z'));
+
+  const std::string foreign = tmp.file("foreign.sqlite");
+  raw_query(foreign, "CREATE TABLE t (x)");
+  err = error_of([&] { ResultsDb db(foreign, ro); });
+  EXPECT_TRUE(contains(err, foreign) && contains(err, "not a kvbench results DB")) << err;
+
+  const std::string dir = tmp.file("dir.sqlite");
+  std::filesystem::create_directories(dir);
+  err = error_of([&] { ResultsDb db(dir, ro); });
+  EXPECT_TRUE(contains(err, dir + ": is a directory")) << err;
+}
+
+// The first built-in migration only: a DB as an older kvbench wrote it.
+const std::vector<store_detail::Migration>& schema_v1() {
+  static const std::vector<store_detail::Migration> v1 = {store_detail::builtin_migrations()[0]};
+  return v1;
+}
+
+std::string make_v1_db(const std::string& path) {
+  ResultsDb::Options o;
+  o.migrations = &schema_v1();
+  { ResultsDb db(path, o); }
+  const RunSpec spec = make_spec("kivi", 7);
+  raw_query(path,
+            "INSERT INTO runs (config_hash, config_json, method, status, created_at, "
+            "started_at) VALUES ('" +
+                spec.config_hash + "', '" + spec.config_json + "', 'kivi', 'done', 't', 't')");
+  raw_query(path,
+            "INSERT INTO samples (run_id, sample_index, output_json, created_at) "
+            "VALUES (1, 0, '{}', 't')");
+  return spec.config_hash;
+}
+
+TEST(ResultsDbReadOnly, OlderSchemaIsReadThroughAMigratedCopyAndMergedWithoutRewritingIt) {
+  TempDir tmp;
+  const std::string old_path = tmp.file("v1.sqlite");
+  const std::string hash = make_v1_db(old_path);
+  const FileState before = file_state(old_path);
+  {
+    ResultsDb db(old_path, ResultsDb::read_only_options());
+    EXPECT_EQ(db.schema_version(), ResultsDb::latest_schema_version());  // the copy's
+    ASSERT_EQ(db.list_runs().size(), 1u);
+    EXPECT_FALSE(db.lease(db.list_runs()[0].id).has_value());  // a table v1 lacks
+  }
+  const std::string scratch = tmp.file("scratch");
+  std::filesystem::create_directories(scratch);
+  const char* saved = std::getenv("TMPDIR");
+  const std::string saved_tmpdir = saved != nullptr ? saved : "";
+  ::setenv("TMPDIR", scratch.c_str(), 1);
+  ResultsDb out(tmp.file("out.sqlite"));
+  const MergeStats st = out.merge_from(old_path);
+  if (saved != nullptr) {
+    ::setenv("TMPDIR", saved_tmpdir.c_str(), 1);
+  } else {
+    ::unsetenv("TMPDIR");
+  }
+  EXPECT_EQ(st.runs_added, 1);
+  EXPECT_EQ(st.samples_copied, 1);
+  EXPECT_EQ(out.find_run_by_hash(hash)->status, RunStatus::kDone);
+  EXPECT_TRUE(file_state(old_path) == before);
+  EXPECT_EQ(raw_one(old_path, "PRAGMA user_version"), "1");
+  EXPECT_TRUE(dir_entries(scratch).empty());  // the migrated temporary copy is gone
+}
+
+TEST(ResultsDbReadOnly, ReaderDoesNotWaitForAWriter) {
+  TempDir tmp;
+  const std::string path = tmp.file("w.sqlite");
+  make_finished_db(path);
+  ResultsDb writer(path);
+  ResultsDb::Options ro = ResultsDb::read_only_options();
+  ro.busy_timeout_ms = 2000;  // the old read path waited the full timeout, then failed
+  writer.transaction([&] {
+    writer.begin_run(make_spec("kivi", 2));  // uncommitted while the reader reads
+    const auto t0 = std::chrono::steady_clock::now();
+    ResultsDb reader(path, ro);
+    EXPECT_EQ(reader.list_runs().size(), 1u);  // the last commit
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(1500));
+  });
+  EXPECT_EQ(writer.list_runs().size(), 2u);
+}
+
+TEST(ResultsDbIntegrity, DamagedFileIsRefusedBeforeAnythingIsWritten) {
+  TempDir tmp;
+  const std::string path = tmp.file("d.sqlite");
+  make_finished_db(path, 1, 200);
+  const size_t page = 4096;
+  std::string bytes = read_file(path);
+  ASSERT_GT(bytes.size(), 12 * page);
+  for (size_t i = 8 * page; i < 8 * page + 64; ++i) bytes[i] = static_cast<char>(0xA5);
+  std::ofstream(path, std::ios::binary) << bytes;
+  const FileState before = file_state(path);
+  ResultsDb::Options o;
+  o.check_integrity = true;
+  std::string err = error_of([&] { ResultsDb db(path, o); });
+  EXPECT_TRUE(contains(err, path + ": fails PRAGMA quick_check")) << err;
+  EXPECT_TRUE(file_state(path) == before);
+  // A merge refuses it as a source, naming it, before changing the destination.
+  ResultsDb out(tmp.file("out.sqlite"));
+  err = error_of([&] { out.merge_from(path); });
+  EXPECT_TRUE(contains(err, path + ": fails PRAGMA quick_check")) << err;
+  EXPECT_TRUE(out.list_runs().empty());
+}
+
+TEST(ResultsDbMerge, LeavesARunALiveProcessHoldsToIt) {
+  TempDir tmp;
+  const std::string dst = tmp.file("dst.sqlite");
+  const std::string src = tmp.file("src.sqlite");
+  make_finished_db(src, 5);  // done in the source
+  int ready[2];
+  ASSERT_EQ(::pipe(ready), 0);
+  const pid_t holder = ::fork();
+  ASSERT_GE(holder, 0);
+  if (holder == 0) {
+    // A live grid computing the same run in the destination.
+    ResultsDb db(dst);
+    db.begin_run(make_spec("kivi", 5));
+    (void)!::write(ready[1], "x", 1);
+    ::pause();
+    ::_exit(0);
+  }
+  char c = 0;
+  ASSERT_EQ(::read(ready[0], &c, 1), 1);
+  MergeStats st;
+  {
+    ResultsDb out(dst);
+    st = out.merge_from(src);
+    const auto run = out.find_run_by_hash(make_spec("kivi", 5).config_hash);
+    EXPECT_EQ(run->status, RunStatus::kRunning);
+    EXPECT_EQ(out.sample_count(run->id), 0);
+    const auto lease = out.lease(run->id);
+    EXPECT_TRUE(lease && lease->live && !lease->ours);
+  }
+  ::kill(holder, SIGKILL);
+  ::waitpid(holder, nullptr, 0);
+  ::close(ready[0]);
+  ::close(ready[1]);
+  EXPECT_EQ(st.runs_held, 1);
+  EXPECT_EQ(st.runs_replaced, 0);
+  // Once the holder is gone, merging again replaces the run with the source's finished one.
+  ResultsDb out(dst);
+  EXPECT_EQ(out.merge_from(src).runs_replaced, 1);
+  EXPECT_EQ(out.find_run_by_hash(make_spec("kivi", 5).config_hash)->status, RunStatus::kDone);
 }
 
 // ---------------------------------------------------------------------------------------------------
