@@ -1,5 +1,8 @@
 #include "harness/eval/runner.h"
 
+#include <map>
+#include <mutex>
+
 #include <ATen/Parallel.h>
 #include <torch/csrc/api/include/torch/version.h>
 
@@ -16,6 +19,7 @@
 #include "harness/eval/run_config.h"
 #include "harness/kv/method_registry.h"
 #include "harness/model/model.h"
+#include "harness/model/model_files.h"
 #include "harness/store/config_hash.h"
 #include "harness/store/lease_heartbeat.h"
 #include "harness/store/provenance.h"
@@ -70,8 +74,63 @@ std::string provenance_json(const RunEnv& env, const Model& m) {
   j["libtorch_version"] = std::to_string(TORCH_VERSION_MAJOR) + "." + std::to_string(TORCH_VERSION_MINOR) + "." + std::to_string(TORCH_VERSION_PATCH);
   j["device_name"] = m.device.str();
   j["model_source"] = m.source;
+  // What the results were computed from: a later run of the same config (whose hash names the model
+  // by path) checks them before it skips or resumes this run.
+  j["model_content"] = m.content_hash();
+  j["model_files"] = model_files_identity(m.source, "");
   j["threads"] = at::get_num_threads();
   return j.dump();
+}
+
+// The model content a stored run recorded ("" when it predates the record).
+std::string recorded_model_content(const RunRow& run) {
+  const nlohmann::json p = nlohmann::json::parse(run.provenance_json, nullptr, false);
+  if (!p.is_object() || !p.contains("model_content") || !p["model_content"].is_string()) return "";
+  return p["model_content"].get<std::string>();
+}
+
+[[noreturn]] void throw_other_weights(const RunRow& run, const std::string& model, const std::string& then,
+                                      const std::string& now, const char* what) {
+  KVB_FAIL("run ", run.config_hash.substr(0, 12), " (id ", run.id, ") ", what, " model ", model,
+           " with other weights (content ", then, " then, ", now,
+           " now: the checkpoint was replaced in place); its results would stand for a model that is "
+           "gone. Use another --db for the new weights (a run's config names its model by path)");
+}
+
+LoadOptions load_options(const nlohmann::json& resolved, const RunEnv& env) {
+  LoadOptions lo;
+  lo.device = resolved["device"];
+  lo.dtype = resolved["dtype"];
+  lo.models_dir = env.models_dir;
+  lo.synthetic_seed = resolved["seed"].get<uint64_t>();
+  return lo;
+}
+
+// A finished run is skipped only while its model is the one it was computed from: when the model's
+// files changed since (size, times, inode), the model is loaded and its content compared.
+void check_done_run_model(const RunRow& run, const nlohmann::json& resolved, const RunEnv& env) {
+  const nlohmann::json p = nlohmann::json::parse(run.provenance_json, nullptr, false);
+  if (!p.is_object() || !p.contains("model_files") || !p["model_files"].is_string()) return;
+  const std::string model = resolved["model"];
+  if (model_files_identity(model, env.models_dir) == p["model_files"].get<std::string>()) return;
+  const std::string then = recorded_model_content(run);
+  // A grid meets the same model in many finished cells (a DB copied from another machine: other
+  // inodes, the same bytes): it is loaded and hashed once per process.
+  static std::mutex mu;
+  static std::map<std::string, std::string> content_by_files;
+  const std::string files = model_files_identity(model, env.models_dir) + "|" + resolved["dtype"].get<std::string>();
+  std::string now;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = content_by_files.find(files);
+    if (it != content_by_files.end()) now = it->second;
+  }
+  if (now.empty()) {
+    now = load_model(model, load_options(resolved, env))->content_hash();
+    std::lock_guard<std::mutex> lock(mu);
+    content_by_files[files] = now;
+  }
+  if (!then.empty() && then != now) throw_other_weights(run, model, then, now, "was computed from");
 }
 
 }  // namespace
@@ -102,7 +161,9 @@ RunOutcome execute_run(const nlohmann::json& resolved, ResultsDb& db, const RunE
   spec.grid = env.grid;
   spec.simulated = method_info.caps.simulated;
 
-  if (auto existing = db.find_run_by_hash(out.config_hash); existing && existing->status == RunStatus::kDone) {
+  const std::optional<RunRow> existing = db.find_run_by_hash(out.config_hash);
+  if (existing && existing->status == RunStatus::kDone) {
+    check_done_run_model(*existing, resolved, env);
     out.run_id = existing->id;
     out.skipped = true;
     out.metrics = db.metrics(existing->id);
@@ -118,12 +179,12 @@ RunOutcome execute_run(const nlohmann::json& resolved, ResultsDb& db, const RunE
   int64_t run_id = 0;
   try {
     apply_thread_policy(resolved["threads"].get<int>());
-    LoadOptions lo;
-    lo.device = resolved["device"];
-    lo.dtype = resolved["dtype"];
-    lo.models_dir = env.models_dir;
-    lo.synthetic_seed = resolved["seed"].get<uint64_t>();
-    auto model = load_model(resolved["model"], lo);
+    auto model = load_model(resolved["model"], load_options(resolved, env));
+    // Stored samples of an unfinished run are resumed only onto the weights that computed them.
+    if (existing && !recorded_model_content(*existing).empty() &&
+        recorded_model_content(*existing) != model->content_hash())
+      throw_other_weights(*existing, resolved["model"], recorded_model_content(*existing),
+                          model->content_hash(), "holds samples computed from");
     // A calibrating method computes (or loads) its artifact before the first sample, so a failure
     // (missing calibration text, a corrupt cached file) is one line before the run row exists, and
     // the run records which artifact it ran with.

@@ -3,6 +3,11 @@
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <dirent.h>
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <filesystem>
 
 #include <cmath>
 #include <cstdlib>
@@ -22,6 +27,7 @@
 #include "harness/formats/model_family.h"
 #include "harness/formats/safetensors.h"
 #include "harness/model/huge_page_weights.h"
+#include "harness/model/model_files.h"
 #include "harness/model/synthetic_presets.h"
 
 namespace kvb {
@@ -684,6 +690,39 @@ std::shared_ptr<Model> load_model(const std::string& spec, const LoadOptions& op
   if (opts.rope_table_len > 0) m->ensure_rope_len(opts.rope_table_len);
   finish_weights(*m);
   return m;
+}
+
+namespace {
+
+void add_file_identity(FastHash& h, const std::string& path) {
+  struct stat st {};
+  KVB_CHECK(::stat(path.c_str(), &st) == 0, path, ": cannot stat: ", std::strerror(errno));
+  h.update_field(path);
+  for (const int64_t v : {static_cast<int64_t>(st.st_size), static_cast<int64_t>(st.st_ino),
+                          static_cast<int64_t>(st.st_mtim.tv_sec), static_cast<int64_t>(st.st_mtim.tv_nsec),
+                          static_cast<int64_t>(st.st_ctim.tv_sec), static_cast<int64_t>(st.st_ctim.tv_nsec)})
+    h.update(&v, sizeof v);
+}
+
+}  // namespace
+
+std::string model_files_identity(const std::string& spec, const std::string& models_dir) {
+  const std::string path = resolve_model_path(spec, models_dir);
+  if (starts_with(path, "synthetic:")) return "";
+  const ModelFiles f = locate_model_files(path);
+  FastHash h;
+  if (f.format == "hf") {
+    std::vector<std::string> names;
+    for (const auto& e : std::filesystem::directory_iterator(f.path))
+      if (e.is_regular_file()) names.push_back(e.path().string());
+    std::sort(names.begin(), names.end());
+    for (const auto& n : names) add_file_identity(h, n);
+  } else {
+    add_file_identity(h, f.path);
+    const std::string tok = resolve_tokenizer_path(spec, models_dir);
+    if (tok != f.path) add_file_identity(h, tok);
+  }
+  return h.hex_digest();
 }
 
 std::string resolve_tokenizer_path(const std::string& spec, const std::string& models_dir) {
