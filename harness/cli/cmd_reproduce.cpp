@@ -110,7 +110,7 @@ void register_reproduce(CLI::App& app) {
           for (const auto& p : list_reproduce_suites(args->suites_dir))
             names.push_back(std::filesystem::path(p).stem().string());
         KVB_CHECK(false, "reproduce: unknown paper '", args->paper, "'",
-                  did_you_mean(args->paper, names), "; known: ", join(names, ", "));
+                  did_you_mean(args->paper, names), "; known: ", join(names, ", ").c_str());
       }
       paths.push_back(path);
     }

@@ -148,7 +148,7 @@ nlohmann::json resolve_params(const std::vector<ParamSpec>& specs, const nlohman
       for (const auto& n : names) known = known || n == it.key();
       KVB_CHECK(known, subject, ": unknown parameter '", it.key(), "'",
                 did_you_mean(it.key(), names),
-                names.empty() ? "; it takes no parameters" : "; known: " + join(names, ", "));
+                (names.empty() ? "; it takes no parameters" : "; known: " + join(names, ", ")).c_str());
     }
   }
   nlohmann::json out = nlohmann::json::object();

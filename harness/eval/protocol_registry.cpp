@@ -28,7 +28,7 @@ void ProtocolRegistry::add(std::unique_ptr<Protocol> protocol) {
 const Protocol& ProtocolRegistry::get(const std::string& name) const {
   auto it = protocols_.find(name);
   KVB_CHECK(it != protocols_.end(), "protocol.name: unknown protocol '", name, "'",
-            did_you_mean(name, names()), "; known: ", join(names(), ", "));
+            did_you_mean(name, names()), "; known: ", join(names(), ", ").c_str());
   return *it->second.protocol;
 }
 

@@ -97,6 +97,13 @@ std::string recorded_model_content(const RunRow& run) {
            "gone. Use another --db for the new weights (a run's config names its model by path)");
 }
 
+// Stored samples of an unfinished run are resumed only onto the weights that computed them.
+void check_resumed_run_model(const RunRow& run, const std::string& spec, const Model& model) {
+  const std::string then = recorded_model_content(run);
+  if (!then.empty() && then != model.content_hash())
+    throw_other_weights(run, spec, then, model.content_hash(), "holds samples computed from");
+}
+
 LoadOptions load_options(const nlohmann::json& resolved, const RunEnv& env) {
   LoadOptions lo;
   lo.device = resolved["device"];
@@ -180,11 +187,7 @@ RunOutcome execute_run(const nlohmann::json& resolved, ResultsDb& db, const RunE
   try {
     apply_thread_policy(resolved["threads"].get<int>());
     auto model = load_model(resolved["model"], load_options(resolved, env));
-    // Stored samples of an unfinished run are resumed only onto the weights that computed them.
-    if (existing && !recorded_model_content(*existing).empty() &&
-        recorded_model_content(*existing) != model->content_hash())
-      throw_other_weights(*existing, resolved["model"], recorded_model_content(*existing),
-                          model->content_hash(), "holds samples computed from");
+    if (existing) check_resumed_run_model(*existing, resolved["model"], *model);
     // A calibrating method computes (or loads) its artifact before the first sample, so a failure
     // (missing calibration text, a corrupt cached file) is one line before the run row exists, and
     // the run records which artifact it ran with.

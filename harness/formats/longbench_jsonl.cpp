@@ -107,7 +107,7 @@ std::map<std::string, LongBenchTask> load_longbench_tasks(const std::string& pat
       task.metric = json_string(obj, "metric");
       KVB_CHECK(is_text_metric(task.metric), "field 'metric': unknown metric '", task.metric, "'",
                 did_you_mean(task.metric, text_metric_names()),
-                "; known: ", join(text_metric_names(), ", "));
+                "; known: ", join(text_metric_names(), ", ").c_str());
       if (obj.contains("first_line_only")) task.first_line_only = json_bool(obj, "first_line_only");
       if (obj.contains("stop")) {
         task.stop = json_string_array(obj, "stop");

@@ -31,7 +31,9 @@ void MethodRegistry::add(MethodInfo info, CacheFactory factory, Calibrator calib
 const MethodInfo& MethodRegistry::info(const std::string& name) const {
   auto it = methods_.find(name);
   KVB_CHECK(it != methods_.end(), "unknown method '", name, "'", did_you_mean(name, names()),
-            "; known: ", join(names(), ", "));
+            // A C string: the registry's own list, shown whole (error.h shortens std::string
+            // parts, which it takes for quoted inputs).
+            "; known: ", join(names(), ", ").c_str());
   return it->second.info;
 }
 

@@ -124,7 +124,7 @@ const MetricInfo& metric_info(std::string_view name) {
   }
   // The full list too: a missing unit suffix ("ttft" for "ttft_ms") is too far for the typo hint.
   KVB_FAIL("unknown metric '", name, "'", did_you_mean(name, metric_names()),
-           "; known: ", join(metric_names(), ", "));
+           "; known: ", join(metric_names(), ", ").c_str());
 }
 
 bool is_known_metric(std::string_view name) {

@@ -444,7 +444,7 @@ double score_answer(std::string_view metric_name, std::string_view prediction,
   }
   KVB_FAIL("unknown text metric '", metric_name, "'",
            did_you_mean(metric_name, text_metric_names()),
-           "; known: ", join(text_metric_names(), ", "));
+           "; known: ", join(text_metric_names(), ", ").c_str());
 }
 
 const std::vector<std::string>& text_metric_names() {

@@ -135,7 +135,7 @@ ModelConfig synthetic_preset(const std::string& preset) {
   }
   KVB_FAIL("unknown synthetic preset '", preset, "'",
            did_you_mean(preset, synthetic_preset_names()), "; known: ",
-           join(synthetic_preset_names(), ", "));
+           join(synthetic_preset_names(), ", ").c_str());
 }
 
 }  // namespace kvb
