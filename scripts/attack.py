@@ -1307,7 +1307,7 @@ def write_page(path, results, args, started, load, sanitized):
         " `--only CLASS` for one class, `--fuzz-log` / `--sanitize-log` to summarise those runs).")
     add("")
     add("- commit `%s`%s, binary `%s`" % (git("rev-parse", "--short=12", "HEAD"),
-                                         " (dirty tree)" if git("status", "--porcelain") else "",
+                                         " (dirty tree)" if git("status", "--porcelain", "--", ".", ":!results/reliability.md") else "",
                                          os.path.relpath(args.kvbench, ROOT)))
     add("- machine: %s; load average when started %s (times are wall clock on a shared machine: "
         "upper bounds)" % (machine(), load))
