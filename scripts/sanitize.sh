@@ -7,6 +7,9 @@
 #   KVB_SANITIZE_BUDGET_S    stop starting tests after this many seconds of the test run (tests run
 #                            in chunks; those not started are counted, and the script exits 0 when
 #                            every test that ran passed)
+#   KVB_SANITIZE_DEADLINE    a wall-clock deadline (seconds since the epoch): the build is stopped
+#                            there (what compiled stays in ccache, so the next run gets further) and
+#                            no test chunk starts after it; a build stopped this way exits 3
 #   KVB_SANITIZE_SHARD       i/n: run only every n-th test, starting at the i-th (0-based), so n runs
 #                            with i = 0..n-1 cover the whole suite (CI picks i from the commit count)
 # A finding fails its test with the sanitizer's report in the output; the script exits non-zero.
@@ -25,7 +28,20 @@ start=$(date +%s)
 cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release \
   -DCMAKE_CXX_FLAGS_RELEASE="-O1 -g1 -DNDEBUG" -DKVB_SANITIZE=ON -DKVB_BUILD_BENCH=OFF \
   -DKVB_WITH_CUDA=OFF >&2
-cmake --build "$BUILD_DIR" -j "$JOBS" >&2
+deadline="${KVB_SANITIZE_DEADLINE:-}"
+if [ -n "$deadline" ]; then
+  [[ "$deadline" =~ ^[0-9]{1,12}$ ]] ||
+    { echo "sanitize: KVB_SANITIZE_DEADLINE must be seconds since the epoch, got '$deadline'" >&2; exit 2; }
+  left=$((deadline - $(date +%s))) rc=124
+  [ "$left" -le 0 ] || { timeout "$left" cmake --build "$BUILD_DIR" -j "$JOBS" >&2 && rc=0 || rc=$?; }
+  if [ "$rc" -eq 124 ]; then
+    echo "sanitize: the build did not finish by the deadline; what compiled is in ccache for the next run; no sanitized tests ran" >&2
+    exit 3
+  fi
+  [ "$rc" -eq 0 ] || exit "$rc"
+else
+  cmake --build "$BUILD_DIR" -j "$JOBS" >&2
+fi
 built=$(date +%s)
 
 # halt_on_error / abort_on_error: a report fails the test at once. LeakSanitizer runs too; its
@@ -46,13 +62,18 @@ if [ -n "${KVB_SANITIZE_SHARD:-}" ]; then
   echo "sanitize: shard $shard_i/$shard_n (one test in $shard_n, from test $((shard_i + 1)))" >&2
 fi
 chunk=$total
-[ -z "${KVB_SANITIZE_BUDGET_S:-}" ] || chunk=$((JOBS * 8 * shard_n))
+[ -z "${KVB_SANITIZE_BUDGET_S:-}${deadline}" ] || chunk=$((JOBS * 8 * shard_n))
 log=$(mktemp)
 status=0 ran=0 failed=0 first=1 not_run=0
 while [ "$first" -le "$total" ]; do
   if [ -n "${KVB_SANITIZE_BUDGET_S:-}" ] && [ $(( $(date +%s) - built )) -ge "$KVB_SANITIZE_BUDGET_S" ]; then
     not_run=$((total - first + 1))
     echo "sanitize: the ${KVB_SANITIZE_BUDGET_S} s budget is spent: tests $first..$total (of $total, before label filters) not started" >&2
+    break
+  fi
+  if [ -n "$deadline" ] && [ "$(date +%s)" -ge "$deadline" ]; then
+    not_run=$((total - first + 1))
+    echo "sanitize: the deadline has passed: tests $first..$total (of $total, before label filters) not started" >&2
     break
   fi
   (cd "$BUILD_DIR" && ctest --output-on-failure -j "$JOBS" "${args[@]}" -I "$((first + shard_i)),$((first + chunk - 1)),$shard_n") \
