@@ -146,6 +146,12 @@ int64_t Engine::compose(const std::vector<int64_t>& parts) {
   return id;
 }
 
+void Engine::advance_position(int64_t seq, int64_t n) {
+  KVB_ASSERT(n >= 0 && pos_.count(seq) == 1, "engine", "advance_position(", seq, ", ", n, ")");
+  pos_[seq] += n;
+  guess_.erase(seq);
+}
+
 at::Tensor Engine::prefill(const std::vector<int64_t>& seqs,
                            const std::vector<std::vector<int64_t>>& tokens,
                            const LogitsCallback& cb, bool call_end_prefill) {

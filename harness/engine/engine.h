@@ -71,6 +71,8 @@ class Engine {
   void release(int64_t seq);
   int64_t fork(int64_t src);  // returns the new sequence's id
   int64_t position(int64_t seq) const;  // next RoPE position
+  // Positions a prefill fed to the store without the model took (replay_prefill, prefill_replay.h).
+  void advance_position(int64_t seq, int64_t n);
 
   // Feeds `tokens` to each sequence (chunked, all sequences together). Returns the last token's
   // logits per sequence: [batch, vocab] fp32. With `all_logits`, every position's logits go to cb.

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <fstream>
 #include <iostream>
+#include <mutex>
 #include <optional>
 
 #include "datasets/corpus.h"
@@ -22,7 +23,9 @@
 #include "harness/common/sha256.h"
 #include "harness/common/strings.h"
 #include "harness/engine/engine.h"
+#include "harness/engine/prefill_replay.h"
 #include "harness/eval/documents.h"
+#include "harness/eval/shared_prefill.h"
 #include "harness/formats/longbench_jsonl.h"
 #include "harness/formats/tokenizer.h"
 #include "harness/kv/baseline_method.h"
@@ -68,7 +71,18 @@ std::string greedy_answer(Engine& e, const Tokenizer& tok, int64_t seq, at::Tens
   return text;
 }
 
+// How the context got into the store, for the sample's record, and the time a replay does not
+// spend itself: the recorded prefill's model work, which the method's own prefill would have done.
+struct ContextPrefill {
+  int64_t seq = -1;
+  std::string path;  // "shared": replayed; "recorded": prefilled and recorded; "own": prefilled
+  std::string why;   // why an own prefill (empty when sharing is off)
+  double replay_s = 0;  // the replay's own time (the store's attend calls)
+  double model_s = 0;   // the recorded prefill's time outside the full cache's attend calls
+};
+
 struct Answers {
+  ContextPrefill prefill;
   std::vector<std::string> predictions;
   LedgerEntry ledger;
   int64_t context_tokens = 0;
@@ -80,32 +94,137 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
+// The context a sample's questions follow: [BOS] [chat: system turn + user-turn opener] context,
+// the context middle-truncated to the sample's cap.
+struct ContextPrompt {
+  std::vector<int64_t> ids;
+  int64_t body_tokens = 0;  // of them, the context's own
+};
+
+ContextPrompt context_prompt(const Model& model, const Tokenizer& tok, const QaSample& s,
+                             const QaOptions& opts) {
+  ContextPrompt p;
+  if (opts.chat.active() ? opts.chat.bos : model.config.add_bos) p.ids.push_back(model.config.bos_id);
+  const std::vector<int64_t> open = encode_segments(tok, opts.chat.user_open());
+  p.ids.insert(p.ids.end(), open.begin(), open.end());
+  std::vector<int64_t> body = tok.encode(s.context);
+  const int64_t room = s.max_context_tokens - static_cast<int64_t>(p.ids.size());
+  if (s.max_context_tokens > 0 && static_cast<int64_t>(body.size()) > room) {
+    KVB_CHECK(room > 0, "qa: max context ", s.max_context_tokens, " tokens leaves no room after the ",
+              p.ids.size(), " tokens of BOS and chat template");
+    body = truncate_middle(body, static_cast<size_t>(room));
+  }
+  p.ids.insert(p.ids.end(), body.begin(), body.end());
+  p.body_tokens = static_cast<int64_t>(body.size());
+  return p;
+}
+
+bool is_baseline(const std::string& method, const nlohmann::json& params) {
+  return method == baseline_method() && params.empty();
+}
+
+// The full cache's store for `prompt`, recording its context prefill for the process's other runs
+// (shared_prefill.h) when sharing is on, the prefill is not held yet and there is room for it.
+std::unique_ptr<KvCache> maybe_recording(std::unique_ptr<KvCache> store, const Model& model,
+                                         const std::vector<int64_t>& prompt, const QaOptions& opts,
+                                         RecordingKvCache** recorder) {
+  *recorder = nullptr;
+  const SharedPrefills& shared = SharedPrefills::instance();
+  if (!opts.share_prefill || opts.mode != "query_agnostic" ||
+      shared.find(shared_prefill_key(model, opts.prefill_chunk, prompt)) ||
+      !shared.has_room(recording_bytes_estimate(model, static_cast<int64_t>(prompt.size()))))
+    return store;
+  auto r = std::make_unique<RecordingKvCache>(std::move(store));
+  *recorder = r.get();
+  return r;
+}
+
+// Stores (method and parameters) that did not reproduce a recorded prefill in this process, with
+// why: their later samples prefill at once instead of trying again. Trying again could only find
+// more sharing, never another answer.
+std::mutex unshared_mu;
+std::map<std::string, std::string> unshared;
+
+std::string unshared_reason(const std::string& store_key) {
+  std::lock_guard<std::mutex> lock(unshared_mu);
+  auto it = unshared.find(store_key);
+  return it == unshared.end() ? "" : "did not reproduce an earlier prefill: " + it->second;
+}
+
+// The engine a sample runs on. When sharing is on and the process holds the full cache's prefill
+// of the context, the context is replayed into the method's store (c->path "shared", c->seq its
+// sequence); a store that does not reproduce it is dropped for a fresh one (c->why says where it
+// differed), so nothing of the attempt reaches the sample. The full cache records the prefill
+// when it can (*recorder).
+std::unique_ptr<Engine> sample_engine(std::shared_ptr<Model> model, const std::string& method,
+                                      const nlohmann::json& params, const EngineOptions& eo,
+                                      const std::vector<int64_t>& ids, const QaOptions& opts,
+                                      RecordingKvCache** recorder, ContextPrefill* c) {
+  CacheContext ctx{model->config, model->device, model->dtype, model};
+  auto make = [&] { return MethodRegistry::instance().create(method, ctx, params); };
+  *recorder = nullptr;
+  c->path = "own";
+  if (!opts.share_prefill) return std::make_unique<Engine>(model, make(), eo);
+  if (opts.mode != "query_agnostic") {
+    c->why = "query-aware: each context is prefilled with its question";
+    return std::make_unique<Engine>(model, make(), eo);
+  }
+  if (is_baseline(method, params))
+    return std::make_unique<Engine>(model, maybe_recording(make(), *model, ids, opts, recorder), eo);
+  auto e = std::make_unique<Engine>(model, make(), eo);
+  const std::string store_key = method + params.dump();
+  std::shared_ptr<const PrefillRecording> rec =
+      SharedPrefills::instance().find(shared_prefill_key(*model, opts.prefill_chunk, ids));
+  c->why = document_reuse_of(e->kv()) ? "document reuse prefills each document alone"
+           : !rec                     ? "no recording of this context"
+                                      : unshared_reason(store_key);
+  if (!c->why.empty()) return e;
+  const auto t0 = std::chrono::steady_clock::now();
+  ReplayResult r = replay_prefill(*e, *rec);
+  if (r.seq < 0) {
+    c->why = r.mismatch;
+    std::lock_guard<std::mutex> lock(unshared_mu);
+    unshared.emplace(store_key, r.mismatch);
+    return std::make_unique<Engine>(model, make(), eo);
+  }
+  c->seq = r.seq;
+  c->path = "shared";
+  c->replay_s = seconds_since(t0);
+  c->model_s = rec->model_s;
+  return e;
+}
+
+// Prefills the context into a new sequence of e's store, without the end-of-prefill compression,
+// recording it with `recorder` when given.
+int64_t prefill_context(Engine& e, const std::vector<int64_t>& ids, const QaOptions& opts,
+                        RecordingKvCache* recorder) {
+  const auto t0 = std::chrono::steady_clock::now();
+  if (recorder) recorder->start();
+  const int64_t seq = e.new_sequence();
+  at::Tensor logits = e.prefill({seq}, {ids}, nullptr, /*call_end_prefill=*/false);
+  if (recorder)
+    SharedPrefills::instance().put(shared_prefill_key(e.model(), opts.prefill_chunk, ids),
+                                   recorder->finish(logits, seconds_since(t0)));
+  return seq;
+}
+
 // full: the full cache's answers, handed to an oracle store that compresses with hindsight of them
 // (HindsightCache); null for every other method.
 Answers answer_all(std::shared_ptr<Model> model, const Tokenizer& tok, const std::string& method,
                    const nlohmann::json& params, const QaSample& s, const QaOptions& opts,
                    const std::vector<std::string>* full = nullptr) {
-  CacheContext ctx{model->config, model->device, model->dtype, model};
   EngineOptions eo;
   eo.prefill_chunk = opts.prefill_chunk;
   eo.prefill_progress = prefill_progress_lines(opts.progress);
-  Engine e(model, MethodRegistry::instance().create(method, ctx, params), eo);
-  // [BOS] [chat: system turn + user-turn opener] context; questions get the turn's closer.
-  std::vector<int64_t> ctx_ids;
-  if (opts.chat.active() ? opts.chat.bos : model->config.add_bos) ctx_ids.push_back(model->config.bos_id);
-  const std::vector<int64_t> open = encode_segments(tok, opts.chat.user_open());
-  const std::vector<int64_t> close = encode_segments(tok, opts.chat.user_close());
-  ctx_ids.insert(ctx_ids.end(), open.begin(), open.end());
-  std::vector<int64_t> body = tok.encode(s.context);
-  const int64_t room = s.max_context_tokens - static_cast<int64_t>(ctx_ids.size());
-  if (s.max_context_tokens > 0 && static_cast<int64_t>(body.size()) > room) {
-    KVB_CHECK(room > 0, "qa: max context ", s.max_context_tokens, " tokens leaves no room after the ",
-              ctx_ids.size(), " tokens of BOS and chat template");
-    body = truncate_middle(body, static_cast<size_t>(room));
-  }
-  ctx_ids.insert(ctx_ids.end(), body.begin(), body.end());
-  auto question_ids = [&](const std::string& q) { return concat(tok.encode(q), close); };
+  const ContextPrompt prompt = context_prompt(*model, tok, s, opts);
+  const std::vector<int64_t>& ctx_ids = prompt.ids;
   Answers a;
+  RecordingKvCache* recorder = nullptr;
+  std::unique_ptr<Engine> engine =
+      sample_engine(model, method, params, eo, ctx_ids, opts, &recorder, &a.prefill);
+  Engine& e = *engine;
+  const std::vector<int64_t> close = encode_segments(tok, opts.chat.user_close());
+  auto question_ids = [&](const std::string& q) { return concat(tok.encode(q), close); };
   a.context_tokens = static_cast<int64_t>(ctx_ids.size());
   // The full cache of `n` tokens (a model's window layers hold only their window, in it too).
   const int64_t elem = dtype_bytes(model->dtype);
@@ -122,27 +241,25 @@ Answers answer_all(std::shared_ptr<Model> model, const Tokenizer& tok, const std
       a.timing.context_s = d.splice_s;
     } else {
       auto t0 = std::chrono::steady_clock::now();
-      seq = e.new_sequence();
+      seq = a.prefill.seq >= 0 ? a.prefill.seq : prefill_context(e, ctx_ids, opts, recorder);
+      if (recorder) a.prefill.path = "recorded";
       a.timing.prefill_tokens = a.context_tokens;
       if (auto* pass_cache = dynamic_cast<ContextPassCache*>(&e.kv())) {
         // The method's own pass over the context (KVzip's reconstruction) runs before the
         // context is compressed; its tokens and time are the context prefill's.
-        e.prefill({seq}, {ctx_ids}, nullptr, /*call_end_prefill=*/false);
         ContextPass pass;
         pass.engine = &e;
         pass.seq = seq;
         pass.context = ctx_ids;
-        pass.prefix_tokens = static_cast<int64_t>(ctx_ids.size() - body.size());
+        pass.prefix_tokens = static_cast<int64_t>(ctx_ids.size()) - prompt.body_tokens;
         pass.turn_close = opts.chat.active() ? close : tok.encode("\n");
         pass.encode = [&tok](const std::string& text) { return tok.encode(text); };
         a.timing.prefill_tokens += pass_cache->run_context_pass(pass);
-        e.kv().end_prefill(seq);
       } else if (auto* oracle = dynamic_cast<HindsightCache*>(&e.kv())) {
         // An oracle compresses the context knowing every question and the full cache's answer to
         // it; its pass is no work a deployment does, so it is not counted as prefill.
         KVB_ASSERT(full && full->size() == s.items.size(), "qa",
                    "an oracle store needs the full cache's answers first");
-        e.prefill({seq}, {ctx_ids}, nullptr, /*call_end_prefill=*/false);
         HindsightPass pass;
         pass.engine = &e;
         pass.seq = seq;
@@ -154,11 +271,11 @@ Answers answer_all(std::shared_ptr<Model> model, const Tokenizer& tok, const std
           pass.continuations.push_back(std::move(c));
         }
         oracle->run_hindsight_pass(pass);
-        e.kv().end_prefill(seq);
-      } else {
-        e.prefill({seq}, {ctx_ids});  // end_prefill: the method compresses the context here
       }
-      a.timing.context_s = seconds_since(t0);
+      e.kv().end_prefill(seq);  // the method compresses the context here
+      // A replayed prefill: the store's own attend calls and compression, and the model's work
+      // it shared (what the method's own prefill would have spent).
+      a.timing.context_s = seconds_since(t0) + a.prefill.replay_s + a.prefill.model_s;
     }
     a.ledger.fp = e.kv().footprint();
     a.ledger.tokens_seen = a.context_tokens;
@@ -269,6 +386,24 @@ std::vector<std::string> full_answers(std::shared_ptr<Model> model, const Tokeni
   return a.predictions;
 }
 
+// Records the full cache's prefill of the sample's context for the process's runs (a prefill and
+// nothing else) unless it is held or there is no room: a grid's first method whose full-cache
+// answers came from the baseline cache pays it, the others replay it.
+void record_context(std::shared_ptr<Model> model, const Tokenizer& tok, const QaSample& s,
+                    const QaOptions& opts) {
+  const ContextPrompt prompt = context_prompt(*model, tok, s, opts);
+  RecordingKvCache* recorder = nullptr;
+  CacheContext ctx{model->config, model->device, model->dtype, model};
+  std::unique_ptr<KvCache> store = maybe_recording(
+      MethodRegistry::instance().create(baseline_method(), ctx, nlohmann::json::object()), *model,
+      prompt.ids, opts, &recorder);
+  if (!recorder) return;
+  EngineOptions eo;
+  eo.prefill_chunk = opts.prefill_chunk;
+  Engine e(model, std::move(store), eo);
+  prefill_context(e, prompt.ids, opts, recorder);
+}
+
 // A baseline (`full`) run's answers are the baseline itself: they fill the cache for the methods
 // compared with them, and check it. An entry that differs from them is wrong (decoding is
 // deterministic), so it is named on stderr and replaced.
@@ -361,13 +496,17 @@ QaSampleResult run_qa_sample(std::shared_ptr<Model> model, const Tokenizer& tok,
             opts.mode, "'");
   QaSampleResult r;
   auto t0 = std::chrono::steady_clock::now();
-  // An oracle with hindsight compresses knowing the full cache's answers: they come first.
+  // An oracle with hindsight compresses knowing the full cache's answers: they come first. So they
+  // do where the context prefill is shared: computing them records the prefill the method replays.
   const bool hindsight = MethodRegistry::instance().has(method) &&
                          MethodRegistry::instance().info(method).caps.needs_hindsight;
+  const bool is_full = is_baseline(method, method_params);
+  const bool share = opts.share_prefill && !is_full && opts.mode == "query_agnostic";
   std::vector<std::string> full;
   double full_s = 0;
-  if (hindsight) {
+  if (hindsight || share) {
     full = full_answers(model, tok, s, opts);
+    if (share && opts.record_eagerly) record_context(model, tok, s, opts);
     full_s = seconds_since(t0);
     t0 = std::chrono::steady_clock::now();
   }
@@ -377,9 +516,8 @@ QaSampleResult run_qa_sample(std::shared_ptr<Model> model, const Tokenizer& tok,
   t0 = std::chrono::steady_clock::now();
   // A baseline (`full`) run is its own baseline, and leaves its answers in the baseline cache for the
   // methods compared with it (a grid's full-cache run is never repeated for them).
-  const bool is_full = method == baseline_method() && method_params.empty();
   if (is_full) check_baseline(*model, tok, s, opts, mine.predictions);
-  if (!hindsight) {
+  if (!hindsight && !share) {
     full = is_full ? mine.predictions : full_answers(model, tok, s, opts);
     full_s = is_full ? 0.0 : seconds_since(t0);
   }
@@ -388,6 +526,10 @@ QaSampleResult run_qa_sample(std::shared_ptr<Model> model, const Tokenizer& tok,
   r.ledger = mine.ledger;
   r.timing = mine.timing;
   r.counters = mine.counters;
+  r.prefill_path = mine.prefill.path;
+  r.prefill_why = mine.prefill.why;
+  r.prefill_replay_s = mine.prefill.replay_s;
+  r.prefill_shared_model_s = mine.prefill.model_s;
   for (size_t i = 0; i < s.items.size(); ++i) {
     const QaItem& it = s.items[i];
     QaItemResult x;
@@ -420,7 +562,12 @@ nlohmann::json QaSampleResult::to_json() const {
             {"document_prefill_s", timing.document_prefill_s},
             {"answer_s", timing.answer_s},
             {"full_answer_s", timing.full_answer_s}}},
-          {"ledger", ledger_to_json(ledger)}};
+          {"ledger", ledger_to_json(ledger)},
+          {"prefill",
+           {{"path", prefill_path},
+            {"why", prefill_why},
+            {"replay_s", prefill_replay_s},
+            {"shared_model_s", prefill_shared_model_s}}}};
 }
 
 QaSampleResult QaSampleResult::from_json(const nlohmann::json& j) {
@@ -438,6 +585,12 @@ QaSampleResult QaSampleResult::from_json(const nlohmann::json& j) {
                 t.at("document_prefill_s"), t.value("answer_s", -1.0), t.value("full_answer_s", -1.0)};
   }
   r.ledger = ledger_from_json(j.at("ledger"));
+  if (j.contains("prefill") && j.at("prefill").is_object()) {  // rows stored before it lack it
+    r.prefill_path = j.at("prefill").value("path", std::string());
+    r.prefill_why = j.at("prefill").value("why", std::string());
+    r.prefill_replay_s = j.at("prefill").value("replay_s", 0.0);
+    r.prefill_shared_model_s = j.at("prefill").value("shared_model_s", 0.0);
+  }
   return r;
 }
 

@@ -54,6 +54,12 @@ struct QaOptions {
   std::string cache_dir;  // full-cache answers; "" disables caching
   // Where a long prefill's progress lines go (prefill_progress_lines); empty: nowhere.
   std::function<void(const std::string&)> progress;
+  // Shared context prefill (harness/eval/shared_prefill.h): the full cache's prefill of a context is
+  // recorded once and replayed into every store that reproduces it bitwise; a store that does not
+  // prefills itself. The answers are the same either way. record_eagerly: a method whose full-cache
+  // answers came from the baseline cache records the prefill for the runs after it (a grid).
+  bool share_prefill = false;
+  bool record_eagerly = false;
 };
 
 struct QaItemResult {
@@ -83,6 +89,13 @@ struct QaSampleResult {
   QaTiming timing;
   std::map<std::string, double> counters;  // the method's counters after the last answer
   LedgerEntry ledger;  // the method's cache right after the context (what every question reads)
+  // How the context reached the store: "shared" (the process's recording of the full cache's
+  // prefill, replayed: context_s is then the recorded model time plus the store's own attend calls
+  // and compression), "recorded" (prefilled and recorded) or "own"; prefill_why: why not shared.
+  std::string prefill_path, prefill_why;
+  // A shared prefill's parts of context_s: the replay (the store's attend calls) and the recorded
+  // prefill's model work outside the full cache's attend calls.
+  double prefill_replay_s = 0, prefill_shared_model_s = 0;
   nlohmann::json to_json() const;
   static QaSampleResult from_json(const nlohmann::json& j);
 };

@@ -113,6 +113,27 @@ LoadOptions load_options(const nlohmann::json& resolved, const RunEnv& env) {
   return lo;
 }
 
+// The model of a run: the process's last one when the run asks for the same files (size, inode,
+// times), device, dtype and options, else loaded (and kept in its place). A grid's cells on one
+// model load it once; holding one model bounds the memory.
+std::shared_ptr<Model> run_model(const nlohmann::json& resolved, const RunEnv& env) {
+  static std::mutex mu;
+  static std::string last_key;
+  static std::shared_ptr<Model> last;
+  const std::string spec = resolved["model"];
+  const LoadOptions lo = load_options(resolved, env);
+  const std::string key = resolve_model_path(spec, env.models_dir) + "|" +
+                          model_files_identity(spec, env.models_dir) + "|" + lo.device + "|" +
+                          lo.dtype + "|" + std::to_string(lo.synthetic_seed) + "|" +
+                          std::to_string(lo.rope_table_len);
+  std::lock_guard<std::mutex> lock(mu);
+  if (last && key == last_key) return last;
+  last.reset();  // before loading the next one: never two models at once
+  last = load_model(spec, lo);
+  last_key = key;
+  return last;
+}
+
 // A finished run is skipped only while its model is the one it was computed from: when the model's
 // files changed since (size, times, inode), the model is loaded and its content compared.
 void check_done_run_model(const RunRow& run, const nlohmann::json& resolved, const RunEnv& env) {
@@ -186,7 +207,7 @@ RunOutcome execute_run(const nlohmann::json& resolved, ResultsDb& db, const RunE
   int64_t run_id = 0;
   try {
     apply_thread_policy(resolved["threads"].get<int>());
-    auto model = load_model(resolved["model"], load_options(resolved, env));
+    std::shared_ptr<Model> model = run_model(resolved, env);
     if (existing) check_resumed_run_model(*existing, resolved["model"], *model);
     // A calibrating method computes (or loads) its artifact before the first sample, so a failure
     // (missing calibration text, a corrupt cached file) is one line before the run row exists, and

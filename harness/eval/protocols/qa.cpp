@@ -10,6 +10,7 @@
 #include "harness/common/error.h"
 #include "harness/eval/protocol_registry.h"
 #include "harness/eval/protocols/model_run.h"
+#include "harness/eval/shared_prefill.h"
 #include "harness/formats/chat_template.h"
 #include "harness/formats/tokenizer.h"
 #include "harness/model/model.h"
@@ -73,6 +74,8 @@ class QaRun : public ModelRun {
     opts_.mode = proto_["mode"];
     opts_.prefill_chunk = proto_["prefill_chunk"];
     opts_.cache_dir = ctx.env.cache_dir;
+    opts_.share_prefill = SharedPrefills::instance().enabled();
+    opts_.record_eagerly = !ctx.env.grid.empty();  // the grid's other cells replay what it records
     opts_.progress = ctx.env.log;  // a long context's prefill prints its progress
     opts_.chat = resolve_chat_template(proto_["chat_template"], tok_->chat_template(),
                                        "config.protocol.chat_template");
@@ -93,7 +96,8 @@ class QaRun : public ModelRun {
     for (const auto& it : r.items) score += it.score;
     return {j, "sample " + std::to_string(i + 1) + "/" + std::to_string(samples_.size()) +
                    ": score " + std::to_string(score / std::max<size_t>(1, r.items.size())) + " (" +
-                   std::to_string(r.context_tokens) + " context tokens)"};
+                   std::to_string(r.context_tokens) + " context tokens" +
+                   (r.prefill_path == "shared" ? ", shared prefill" : "") + ")"};
   }
   std::vector<Metric> metrics(const StoredSamples& stored) const override {
     return qa_metrics(parsed<QaSampleResult>(stored), caps_.simulated);
