@@ -7,7 +7,6 @@
 #include "harness/common/fast_hash.h"
 #include "harness/common/internal_error.h"
 #include "harness/engine/engine.h"
-#include "harness/kv/hidden_state.h"
 #include "harness/kv/lookahead.h"
 
 namespace kvb {
@@ -46,7 +45,8 @@ int64_t PrefillRecording::bytes() const {
   int64_t n = tensor_bytes(last_logits);
   for (const RecordedStep& s : steps)
     for (const RecordedAttend& a : s.layers)
-      n += tensor_bytes(a.q) + tensor_bytes(a.k) + tensor_bytes(a.k_pre_rope) + tensor_bytes(a.v);
+      n += tensor_bytes(a.q) + tensor_bytes(a.k) + tensor_bytes(a.k_pre_rope) + tensor_bytes(a.v) +
+           tensor_bytes(a.hidden);
   return n;
 }
 
@@ -69,6 +69,10 @@ void RecordingKvCache::begin_step(const StepBatch& batch) {
   inner_->begin_step(batch);
 }
 
+void RecordingKvCache::layer_hidden(int, const at::Tensor& hidden) {
+  if (rec_) hidden_ = hidden.clone();
+}
+
 at::Tensor RecordingKvCache::attend(const LayerInput& in) {
   if (!rec_) return inner_->attend(in);
   const auto t0 = Clock::now();
@@ -79,6 +83,7 @@ at::Tensor RecordingKvCache::attend(const LayerInput& in) {
   a.k = in.k->clone();
   a.k_pre_rope = in.k_pre_rope->clone();
   a.v = in.v->clone();
+  a.hidden = std::move(hidden_);
   a.sm_scale = in.sm_scale;
   a.window = in.window;
   a.out_hash = tensor_hash(out);
@@ -91,10 +96,7 @@ at::Tensor RecordingKvCache::attend(const LayerInput& in) {
 ReplayResult replay_prefill(Engine& e, const PrefillRecording& rec) {
   ReplayResult r;
   KvCache& kv = e.kv();
-  if (dynamic_cast<HiddenStateCache*>(&kv) != nullptr) {
-    r.mismatch = "the store reads the hidden states, which the recording does not hold";
-    return r;
-  }
+  auto* hidden = dynamic_cast<HiddenStateCache*>(&kv);
   const int64_t seq = e.new_sequence();
   for (size_t s = 0; s < rec.steps.size() && r.mismatch.empty(); ++s) {
     const RecordedStep& step = rec.steps[s];
@@ -119,6 +121,10 @@ ReplayResult replay_prefill(Engine& e, const PrefillRecording& rec) {
       in.sm_scale = a.sm_scale;
       in.window = a.window;
       const auto t0 = Clock::now();
+      if (hidden) {
+        KVB_ASSERT(a.hidden.defined(), "prefill replay", "the recording holds no hidden states");
+        hidden->layer_hidden(static_cast<int>(l), a.hidden);
+      }
       const at::Tensor out = kv.attend(in);
       r.attend_s += seconds(t0, Clock::now());
       // After a mismatch the step's remaining layers still run, so the store ends the step whole.

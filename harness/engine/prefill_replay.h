@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "harness/kv/hidden_state.h"
 #include "harness/kv/kv_cache.h"
 
 namespace kvb {
@@ -25,6 +26,7 @@ class Engine;
 // One layer's attend call of a recorded step.
 struct RecordedAttend {
   at::Tensor q, k, k_pre_rope, v;  // as LayerInput's, owned copies
+  at::Tensor hidden;               // [T, dim]: the residual stream entering the layer
   float sm_scale = 1.0f;
   int64_t window = 0;
   uint64_t out_hash = 0;  // FastHash of the attention output's bytes, [T, num_qo_heads, head_dim]
@@ -45,9 +47,10 @@ struct PrefillRecording {
 };
 
 // Wraps the store of an engine that prefills one sequence: between start() and finish() it records
-// every step's attend calls (and passes them on); otherwise it only passes the calls on. Meant for
-// the full cache: it forwards the KvCache verbs and no optional capability.
-class RecordingKvCache : public KvCache {
+// every step's attend calls and the hidden states the forward hands over before them (and passes
+// the calls on); otherwise it only passes the calls on. Meant for the full cache: it forwards the
+// KvCache verbs and no optional capability.
+class RecordingKvCache : public KvCache, public HiddenStateCache {
  public:
   explicit RecordingKvCache(std::unique_ptr<KvCache> inner) : inner_(std::move(inner)) {}
   void start();
@@ -67,10 +70,12 @@ class RecordingKvCache : public KvCache {
   Footprint footprint() const override { return inner_->footprint(); }
   std::map<std::string, double> counters() const override { return inner_->counters(); }
   bool serves_windows() const override { return inner_->serves_windows(); }
+  void layer_hidden(int layer, const at::Tensor& hidden) override;
 
  private:
   std::unique_ptr<KvCache> inner_;
   std::shared_ptr<PrefillRecording> rec_;  // null: not recording
+  at::Tensor hidden_;                      // the current layer's, until its attend
 };
 
 struct ReplayResult {
@@ -82,8 +87,9 @@ struct ReplayResult {
 
 // Feeds `rec` to e's store as the prefill of a new sequence (without end_prefill: the caller
 // compresses where its own prefill would). On a mismatch the sequence is released and `mismatch`
-// names the first differing call. A store that reads the hidden states (HiddenStateCache) is not
-// replayed: the recording has none.
+// names the first differing call; the store may keep traces of the attempt (counters), so a caller
+// that goes on prefilling builds a fresh one. A store that reads the hidden states
+// (HiddenStateCache) gets the recorded ones before each layer's attend, as from the forward.
 ReplayResult replay_prefill(Engine& e, const PrefillRecording& rec);
 
 }  // namespace kvb

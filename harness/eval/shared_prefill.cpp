@@ -72,7 +72,7 @@ std::string shared_prefill_key(const Model& model, int64_t chunk, const std::vec
 
 int64_t recording_bytes_estimate(const Model& model, int64_t tokens) {
   const ModelConfig& c = model.config;
-  const int64_t per_layer = (c.n_heads + 3 * c.n_kv_heads) * c.head_dim;
+  const int64_t per_layer = (c.n_heads + 3 * c.n_kv_heads) * c.head_dim + c.dim;
   return tokens * per_layer * c.n_layers * dtype_bytes(model.dtype);
 }
 

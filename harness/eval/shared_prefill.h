@@ -46,8 +46,8 @@ class SharedPrefills {
 // The key of the prefill of `tokens` on `model` in chunks of `chunk`.
 std::string shared_prefill_key(const Model& model, int64_t chunk, const std::vector<int64_t>& tokens);
 
-// About what the recording of a `tokens`-token prefill holds: q, k before and after RoPE and v of
-// every layer, at the model's dtype.
+// About what the recording of a `tokens`-token prefill holds: q, k before and after RoPE, v and the
+// hidden state of every layer, at the model's dtype.
 int64_t recording_bytes_estimate(const Model& model, int64_t tokens);
 
 }  // namespace kvb
