@@ -19,6 +19,7 @@
 #include "harness/common/strings.h"
 #include "harness/eval/protocol_registry.h"
 #include "harness/eval/run_config.h"
+#include "harness/eval/shared_prefill.h"
 #include "harness/kv/method_registry.h"
 #include "harness/model/model.h"
 #include "harness/store/config_hash.h"
@@ -601,6 +602,40 @@ CellState cell_state(ResultsDb& db, const GridCell& cell) {
   return s;
 }
 
+// A qa cell whose context prefills other cells can share (query-agnostic: the context is prefilled
+// alone).
+bool shares_context_prefill(const GridCell& c) {
+  const nlohmann::json& p = c.resolved.at("protocol");
+  return p.at("name") == "qa" && p.value("mode", std::string()) == "query_agnostic";
+}
+
+// How many samples of every sharing qa cell a pass of the grid computes, so that the recordings of
+// a pass's contexts fit the process's shared-prefill budget (shared_prefill.h): the grid computes
+// samples [0, W) of each such cell, then [W, 2W), ..., and the cells of a window replay its
+// prefills. 0: one pass (sharing is off, fewer than two such cells, or every sample fits).
+int64_t shared_prefill_window(const std::vector<GridCell>& cells, const std::string& models_dir) {
+  const SharedPrefills& shared = SharedPrefills::instance();
+  int64_t per_sample = 0, samples = 0, sharing = 0;
+  for (const GridCell& c : cells) {
+    if (!shares_context_prefill(c)) continue;
+    ++sharing;
+    samples = std::max(samples, c.expected_samples);
+    ModelConfig config;
+    try {
+      config = read_model_config(c.resolved.at("model"), models_dir);
+    } catch (const std::exception&) {
+      continue;  // the cell's run says what is wrong with its model
+    }
+    const int64_t length = c.resolved.at("protocol").value("length", int64_t{0});
+    const int64_t tokens = length > 0 ? length : std::min<int64_t>(config.max_seq_len, 4096);
+    const int64_t elem = c.resolved.value("dtype", std::string("fp32")) == "fp32" ? 4 : 2;
+    per_sample = std::max(per_sample, recording_bytes_estimate(config, elem, tokens));
+  }
+  if (!shared.enabled() || sharing < 2 || per_sample <= 0) return 0;
+  const int64_t window = std::max<int64_t>(1, shared.budget_bytes() / per_sample);
+  return window >= samples ? 0 : window;
+}
+
 GridSummary run_grid(const std::string& grid_name, const std::vector<GridCell>& cells, ResultsDb& db,
                      const GridRunOptions& options) {
   GridSummary summary;
@@ -613,9 +648,10 @@ GridSummary run_grid(const std::string& grid_name, const std::vector<GridCell>& 
   Progress progress(options, cells.size(), work);
   auto stop_requested = [&] { return options.stop && options.stop->load() != 0; };
   bool disk_full = false;  // a cell failed for want of room: the grid stops
+  bool windows_run = false;  // sample windows ran before the cells' last pass
   // One attempt at a cell: "ran", "skipped" (done before), "failed", "interrupted", or "held"
-  // (another live process computes it).
-  auto run_cell = [&](size_t pos, const GridCell& c) {
+  // (another live process computes it). sample_limit >= 0: the samples below it only (a window).
+  auto run_cell = [&](size_t pos, const GridCell& c, int64_t sample_limit = -1) {
     progress.begin_cell(pos, c);
     CellResult r;
     r.index = c.index;
@@ -623,11 +659,15 @@ GridSummary run_grid(const std::string& grid_name, const std::vector<GridCell>& 
     r.config_hash = c.config_hash;
     RunEnv env = options.env;
     env.grid = grid_name;
+    env.sample_limit = sample_limit;
+    // A run resumed by the grid's next sample window is no news.
+    const bool windowed = sample_limit >= 0 || windows_run;
     env.log = [&](const std::string& s) {
       if (s.rfind("sample ", 0) == 0 || s.rfind("batch ", 0) == 0) progress.sample_done();
       if (s.rfind("prefill ", 0) == 0)
         progress.detail(s);
-      else if (options.verbose || s.rfind("resuming", 0) == 0 || s.rfind("taking over", 0) == 0)
+      else if (options.verbose || (s.rfind("resuming", 0) == 0 && !windowed) ||
+               s.rfind("taking over", 0) == 0)
         progress.line("kvbench: " + s);
       if (stop_requested()) throw GridInterrupted();
     };
@@ -636,7 +676,7 @@ GridSummary run_grid(const std::string& grid_name, const std::vector<GridCell>& 
       RunOutcome o = execute_run(c.resolved, db, env);
       r.run_id = o.run_id;
       r.samples_computed = o.samples_computed;
-      r.status = o.skipped ? "skipped" : "ran";
+      r.status = o.skipped ? "skipped" : o.unfinished ? "window" : "ran";
     } catch (const GridInterrupted& e) {
       r.status = "interrupted";
       r.error = e.what();
@@ -669,7 +709,7 @@ GridSummary run_grid(const std::string& grid_name, const std::vector<GridCell>& 
       }
     }
     r.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - c0).count();
-    progress.end_cell(r);
+    if (r.status != "window") progress.end_cell(r);
     return r;
   };
   auto count = [&](const CellResult& r) {
@@ -680,6 +720,36 @@ GridSummary run_grid(const std::string& grid_name, const std::vector<GridCell>& 
     else if (r.status == "failed")
       summary.failed++;
   };
+  // The sharing qa cells' sample windows but the last, cell after cell within each window; a cell
+  // that fails or is held here meets the same fate in the last pass, which reports it. Each window
+  // starts with an empty set of recordings.
+  const int64_t window = shared_prefill_window(cells, options.env.models_dir);
+  int64_t most = 0;
+  for (const GridCell& c : cells)
+    if (shares_context_prefill(c)) most = std::max(most, c.expected_samples);
+  for (int64_t limit = window; window > 0 && limit < most && !summary.interrupted && !disk_full;
+       limit += window) {
+    SharedPrefills::instance().clear();
+    windows_run = true;
+    for (size_t pos = 0; pos < cells.size() && !disk_full; ++pos) {
+      if (!shares_context_prefill(cells[pos])) continue;
+      if (stop_requested()) {
+        summary.interrupted = true;
+        break;
+      }
+      const CellResult r = run_cell(pos, cells[pos], limit);
+      if (r.status == "interrupted") summary.interrupted = true;
+      if (summary.interrupted) break;
+    }
+  }
+  if (summary.interrupted || disk_full) {
+    summary.not_reached = cells.size();
+    progress.finish();
+    summary.disk_full = disk_full;
+    summary.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    return summary;
+  }
+  SharedPrefills::instance().clear();
   std::vector<size_t> held;  // positions (in `cells` and summary.cells) of cells others hold
   for (size_t pos = 0; pos < cells.size(); ++pos) {
     if (stop_requested()) {

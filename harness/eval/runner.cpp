@@ -275,6 +275,10 @@ RunOutcome execute_run(const nlohmann::json& resolved, ResultsDb& db, const RunE
     const std::map<int64_t, std::string> done = db.done_sample_keys(run_id);
     out.samples_total = plan->samples();
     for (int64_t i = 0; i < out.samples_total; ++i) {
+      if (env.sample_limit >= 0 && i >= env.sample_limit) {
+        out.unfinished = true;  // the lease ends with the heartbeat; the next call resumes
+        return out;
+      }
       const std::string key = plan->sample_key(i);
       if (auto it = done.find(i); it != done.end()) {
         KVB_CHECK(it->second == key, "run ", run_id, ": stored sample ", i,

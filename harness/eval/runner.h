@@ -20,6 +20,7 @@ struct RunOutcome {
   bool skipped = false;          // already done before this call
   int64_t samples_total = 0;
   int64_t samples_computed = 0;  // by this call (the rest were resumed from the database)
+  bool unfinished = false;       // stopped at RunEnv::sample_limit: the run stays open
   std::vector<Metric> metrics;
 };
 

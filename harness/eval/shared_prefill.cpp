@@ -70,10 +70,13 @@ std::string shared_prefill_key(const Model& model, int64_t chunk, const std::vec
   return h.hex_digest() + ":" + std::to_string(tokens.size());
 }
 
-int64_t recording_bytes_estimate(const Model& model, int64_t tokens) {
-  const ModelConfig& c = model.config;
+int64_t recording_bytes_estimate(const ModelConfig& c, int64_t dtype_bytes, int64_t tokens) {
   const int64_t per_layer = (c.n_heads + 3 * c.n_kv_heads) * c.head_dim + c.dim;
-  return tokens * per_layer * c.n_layers * dtype_bytes(model.dtype);
+  return tokens * per_layer * c.n_layers * dtype_bytes;
+}
+
+int64_t recording_bytes_estimate(const Model& model, int64_t tokens) {
+  return recording_bytes_estimate(model.config, dtype_bytes(model.dtype), tokens);
 }
 
 }  // namespace kvb

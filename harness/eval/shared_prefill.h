@@ -25,7 +25,11 @@ class SharedPrefills {
  public:
   static SharedPrefills& instance();
 
-  bool enabled() const { return budget_bytes_ > 0; }
+  bool enabled() const { return budget_bytes() > 0; }
+  int64_t budget_bytes() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return budget_bytes_;
+  }
   std::shared_ptr<const PrefillRecording> find(const std::string& key) const;
   // Whether a recording of `bytes` would be kept.
   bool has_room(int64_t bytes) const;
@@ -48,6 +52,7 @@ std::string shared_prefill_key(const Model& model, int64_t chunk, const std::vec
 
 // About what the recording of a `tokens`-token prefill holds: q, k before and after RoPE, v and the
 // hidden state of every layer, at the model's dtype.
+int64_t recording_bytes_estimate(const ModelConfig& config, int64_t dtype_bytes, int64_t tokens);
 int64_t recording_bytes_estimate(const Model& model, int64_t tokens);
 
 }  // namespace kvb

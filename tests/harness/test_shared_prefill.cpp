@@ -10,6 +10,7 @@
 
 #include "harness/engine/engine.h"
 #include "harness/engine/prefill_replay.h"
+#include "harness/eval/grid.h"
 #include "harness/eval/run_config.h"
 #include "harness/eval/runner.h"
 #include "harness/eval/shared_prefill.h"
@@ -146,6 +147,59 @@ TEST(SharedPrefill, QaRunsAnswerAlikeOnTheSharedAndThePerCellPath) {
         EXPECT_GE(a[i]["timing"]["context_s"].get<double>(),
                   a[i]["prefill"]["shared_model_s"].get<double>());
       }
+    }
+  }
+}
+
+// A grid whose recordings do not all fit the budget computes its qa cells in sample windows (one
+// sample each here): every cell's first sample, then every cell's second, ...; each window's cells
+// replay its prefills, and the answers are the per-cell path's.
+TEST(SharedPrefill, AGridInSampleWindowsSharesEveryWindowAndAnswersAlike) {
+  const nlohmann::json grid = nlohmann::json::parse(R"({
+    "name": "windows",
+    "base": {"protocol": {"name": "qa", "source": "recall", "num_samples": 3, "prefill_chunk": 16}},
+    "axes": {"method": ["full", {"name": "snapkv", "params": {"budget": 0.5}},
+                        {"name": "knorm", "params": {"budget": 0.5}}]}
+  })");
+  nlohmann::json g = grid;
+  g["base"]["model"] = test::models_dir() + "/stories260K";
+  const ModelConfig config = read_model_config(g["base"]["model"], "");
+  // Room for one context's recording (a recall context is estimated at the model's context).
+  const int64_t one = recording_bytes_estimate(config, 4, std::min<int64_t>(config.max_seq_len, 4096));
+  std::map<std::string, std::vector<nlohmann::json>> by_path[2];
+  for (int shared = 1; shared >= 0; --shared) {
+    SharedPrefills::instance().clear();
+    SharedPrefills::instance().set_budget(shared ? one * 3 / 2 : 0);
+    const std::string dir = test::make_temp_dir("shared_prefill_windows");
+    ResultsDb db(dir + "/db.sqlite");
+    GridOptions go;
+    go.data_dir = test::data_dir();
+    const GridPlan plan = expand_grid(g, go);
+    GridRunOptions ro;
+    ro.env.data_dir = test::data_dir();
+    ro.env.cache_dir = dir + "/cache";
+    const GridSummary sum = run_grid(plan.name, plan.cells, db, ro);
+    EXPECT_EQ(sum.ran, 3u);
+    EXPECT_EQ(sum.failed, 0u);
+    for (const GridCell& c : plan.cells) {
+      const auto run = db.find_run_by_hash(c.config_hash);
+      ASSERT_TRUE(run && run->status == RunStatus::kDone) << c.label;
+      for (const auto& row : db.samples(run->id))
+        by_path[shared][c.label].push_back(nlohmann::json::parse(row.output_json));
+    }
+  }
+  SharedPrefills::instance().clear();
+  SharedPrefills::instance().set_budget(int64_t{2048} << 20);
+  for (const auto& [label, a] : by_path[1]) {
+    const auto& b = by_path[0][label];
+    ASSERT_EQ(a.size(), 3u);
+    ASSERT_EQ(b.size(), 3u);
+    for (size_t i = 0; i < a.size(); ++i) {
+      EXPECT_EQ(a[i]["items"], b[i]["items"]) << label << " sample " << i;
+      EXPECT_EQ(a[i]["ledger"], b[i]["ledger"]) << label << " sample " << i;
+      const std::string path = a[i]["prefill"]["path"];
+      EXPECT_TRUE(path == (label.find("full") != std::string::npos ? "recorded" : "shared"))
+          << label << " sample " << i << ": " << path << " " << a[i]["prefill"]["why"];
     }
   }
 }
