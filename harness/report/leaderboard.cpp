@@ -1,6 +1,7 @@
 #include "harness/report/leaderboard.h"
 
 #include <algorithm>
+#include <functional>
 #include <cmath>
 #include <cstdio>
 #include <set>
@@ -131,7 +132,7 @@ std::string metric_caption(const LeaderTable& t) {
   return t.metric + " (" + unit + direction_text(t.direction) + ")";
 }
 
-std::string baseline_note(const LeaderTable& t, const LeaderboardOptions& o) {
+std::string delta_note(const LeaderTable& t, const LeaderboardOptions& o) {
   if (t.baseline_hash.empty() && t.embedded_baseline)
     return "No full-cache run in this group: Δ accuracy pairs each answer with the full cache's answer "
            "stored in the same sample; 95% paired bootstrap CI (" +
@@ -147,6 +148,13 @@ std::string baseline_note(const LeaderTable& t, const LeaderboardOptions& o) {
   return "Δ = method − full cache, paired by sample over " + std::to_string(t.baseline_samples) +
          (t.baseline_samples == 1 ? " sample" : " samples") + "; 95% paired bootstrap CI (" + std::to_string(o.n_resamples) + " resamples, seed " +
          std::to_string(o.seed) + ").";
+}
+
+std::string baseline_note(const LeaderTable& t, const LeaderboardOptions& o) {
+  const bool ties = std::any_of(t.rows.begin(), t.rows.end(), [](const LeaderRow& r) { return r.tied_above; });
+  return delta_note(t, o) + (ties ? " =N: tied with the row above (their paired 95% interval, over "
+                                    "their common samples, holds 0), so it shares that rank."
+                                  : "");
 }
 
 // ---------------------------------------------------------------- SVG charts
@@ -397,6 +405,36 @@ json stored_run_config(const std::string& db_path, const RunRow& r) {
 
 }  // namespace
 
+// Ties: a ranked row whose paired interval against the ranked row above it (the ranking metric over
+// their common samples) holds 0 shares that row's rank. Deterministic protocols (exact differences)
+// and metrics without a per-sample form are ranked by value alone.
+void mark_ties(LeaderTable& t, const LeaderboardOptions& o,
+               const std::function<const RunSamples&(int64_t run_id)>& samples) {
+  if (!ProtocolRegistry::instance().report(t.protocol).exact_delta_note.empty()) return;
+  const SampleMetricDef* def = find_sample_metric(t.protocol, t.metric);
+  if (!def) return;
+  const LeaderRow* above = nullptr;
+  for (LeaderRow& row : t.rows) {
+    if (row.rank == 0) continue;
+    if (above) {
+      const RunSamples& a = samples(row.run_id);
+      const RunSamples& b = samples(above->run_id);
+      const PairedSums ps = paired_sums(a, b, *def, common_samples(a, b));
+      bool tied = ps.a_num.empty();
+      if (!tied) {
+        const BootstrapCi ci =
+            paired_ratio_bootstrap(ps, def->exp_transform, o.n_resamples, o.seed, o.confidence);
+        tied = ci.lo <= 0.0 && ci.hi >= 0.0;
+      }
+      if (tied) {
+        row.tied_above = true;
+        row.rank = above->rank;
+      }
+    }
+    above = &row;
+  }
+}
+
 Leaderboard build_leaderboard(ResultsDb& db, const LeaderboardOptions& options) {
   const std::string reference_method = baseline_method();  // deltas are against it
   KVB_CHECK(options.n_resamples >= 1, "leaderboard: n_resamples must be at least 1");
@@ -465,6 +503,8 @@ Leaderboard build_leaderboard(ResultsDb& db, const LeaderboardOptions& options) 
     g.runs.push_back(r);
   }
 
+  std::map<int64_t, const RunRow*> run_by_id;
+  for (const auto& r : runs) run_by_id[r.id] = &r;
   std::map<int64_t, RunSamples> sample_cache;
   auto samples_of = [&](const RunRow& r) -> const RunSamples& {
     auto it = sample_cache.find(r.id);
@@ -660,6 +700,7 @@ Leaderboard build_leaderboard(ResultsDb& db, const LeaderboardOptions& options) 
     int rank = 0;
     for (auto& row : t.rows)
       if (row.status == "done" && !row.oracle) row.rank = ++rank;
+    mark_ties(t, options, [&](int64_t id) -> const RunSamples& { return samples_of(*run_by_id.at(id)); });
     set_headroom(t);
 
     // Pareto frontiers of the deployable rows (an oracle neither sits on one nor dominates).
@@ -778,7 +819,9 @@ std::string headroom_caption() {
          " row at the same equivalent bits); n/a without both or when they are equal.";
 }
 
-std::string rank_text(const LeaderRow& r) { return r.oracle ? "oracle" : std::to_string(r.rank); }
+std::string rank_text(const LeaderRow& r) {
+  return r.oracle ? "oracle" : (r.tied_above ? "=" : "") + std::to_string(r.rank);
+}
 
 // A table gets a curves section when some method other than the full cache has a point on it.
 // A curve section needs a sweep: some method with two or more budgets. Where every method has one
@@ -993,6 +1036,7 @@ json leaderboard_json(const Leaderboard& lb) {
       json metrics = json::object();
       for (const auto& [k, v] : r.metrics) metrics[k] = num(v);
       rows.push_back({{"rank", r.rank ? json(r.rank) : json(nullptr)},
+                      {"tied_above", r.tied_above},
                       {"method", r.method},
                       {"params", r.params},
                       {"label", r.label},

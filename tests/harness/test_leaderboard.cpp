@@ -418,7 +418,11 @@ TEST(LeaderboardHeadroom, OracleRowsAreMarkedUnrankedAndEachMethodGetsItsShareOf
     }
   }
   EXPECT_EQ(oracles, 2);
-  EXPECT_EQ(ranks, (std::vector<int>{1, 2, 3, 4, 5, 6}));
+  // streaming_llm(budget=0.5) and snapkv(budget=25 tokens) have the same KL on every sample: tied,
+  // they share rank 4 (and the next row is 6th).
+  EXPECT_EQ(ranks, (std::vector<int>{1, 2, 3, 4, 4, 6}));
+  EXPECT_TRUE(row_labelled(t, "snapkv(budget=25, budget_unit=tokens_per_head)").tied_above ||
+              row_labelled(t, "streaming_llm(budget=0.5)").tied_above);
   EXPECT_TRUE(snap.pareto_memory);
   const LeaderTable& t2 = table_for(lb, "h2", "stream");
   for (const auto& r : t2.rows) EXPECT_TRUE(std::isnan(r.headroom)) << r.label;
@@ -454,6 +458,42 @@ TEST(LeaderboardHeadroom, OracleRowsAreMarkedUnrankedAndEachMethodGetsItsShareOf
 
 // Quantizers have no `budget`: their rows meet oracle_quant at the same KVTuner equivalent bits,
 // with the pertoken row there as the floor.
+// Ranks are what the data can separate: a row whose paired interval against the row above holds 0
+// shares its rank ("=N" in every format); a row clearly worse than the one above gets its own.
+TEST(Leaderboard, RowsTheIntervalsCannotSeparateShareARank) {
+  const std::string dir = test::make_temp_dir("lb_ties");
+  const std::string path = dir + "/db.sqlite";
+  {
+    ResultsDb db(path);
+    auto run = [&](const std::string& name, double budget, const std::vector<double>& kls) {
+      std::vector<json> v;
+      for (double kl : kls) v.push_back(stream_sample(kl, 4.0 + kl, 4, 100));
+      add_stream_run(db, stream_cfg("m", {{"name", name}, {"params", {{"budget", budget}}}}), v);
+    };
+    run("full", 0, {0, 0, 0, 0, 0, 0});
+    run("snapkv", 0.25, {0.1, 0.2, 0.1, 0.2, 0.1, 0.2});
+    run("knorm", 0.25, {0.2, 0.1, 0.2, 0.1, 0.2, 0.1});  // the same mean: not separable
+    run("streaming_llm", 0.25, {0.6, 0.7, 0.6, 0.7, 0.6, 0.7});  // worse on every sample
+  }
+  ResultsDb db(path);
+  const Leaderboard lb = build_leaderboard(db, LeaderboardOptions{});
+  const LeaderTable& t = table_for(lb, "m", "stream");
+  std::vector<std::pair<std::string, int>> ranks;
+  for (const auto& r : t.rows) ranks.push_back({r.method, r.rank});
+  ASSERT_EQ(t.rows.size(), 4u);
+  EXPECT_EQ(t.rows[0].rank, 1);  // full
+  EXPECT_FALSE(t.rows[1].tied_above);  // snapkv or knorm: worse than full on every sample
+  EXPECT_EQ(t.rows[1].rank, 2);
+  EXPECT_TRUE(t.rows[2].tied_above) << t.rows[2].label;
+  EXPECT_EQ(t.rows[2].rank, 2);
+  EXPECT_EQ(t.rows[3].method, "streaming_llm");
+  EXPECT_FALSE(t.rows[3].tied_above);
+  EXPECT_EQ(t.rows[3].rank, 4);
+  const std::string md = leaderboard_markdown(lb);
+  EXPECT_NE(md.find("| =2 | "), std::string::npos) << md;
+  EXPECT_NE(md.find("=N: tied with the row above"), std::string::npos) << md;
+}
+
 TEST(LeaderboardHeadroom, QuantizersMatchTheQuantOracleAtTheSameEquivalentBits) {
   EXPECT_EQ(equivalent_bits_of("kvtuner", {{"pairs", "K4V2"}}), 3);
   EXPECT_EQ(equivalent_bits_of("kvtuner", {{"pairs", "KV8, K4V2,KV2,KV4"}}), 4.25);
