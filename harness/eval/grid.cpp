@@ -602,6 +602,8 @@ CellState cell_state(ResultsDb& db, const GridCell& cell) {
   return s;
 }
 
+namespace {
+
 // A qa cell whose context prefills other cells can share (query-agnostic: the context is prefilled
 // alone).
 bool shares_context_prefill(const GridCell& c) {
@@ -636,44 +638,178 @@ int64_t shared_prefill_window(const std::vector<GridCell>& cells, const std::str
   return window >= samples ? 0 : window;
 }
 
-GridSummary run_grid(const std::string& grid_name, const std::vector<GridCell>& cells, ResultsDb& db,
-                     const GridRunOptions& options) {
-  GridSummary summary;
-  const auto t0 = std::chrono::steady_clock::now();
-  int64_t work = 0;
-  for (const auto& c : cells) {
-    CellState s = cell_state(db, c);
-    if (s.status != "done") work += std::max<int64_t>(0, c.expected_samples - s.samples);
+// One run_grid call: the cells' sample windows (shared_prefill_window), the cells in order, then
+// the cells other processes held.
+class GridExecution {
+ public:
+  GridExecution(const std::string& grid_name, const std::vector<GridCell>& cells, ResultsDb& db,
+                const GridRunOptions& options)
+      : name_(grid_name), cells_(cells), db_(db), o_(options),
+        progress_(options, cells.size(), remaining_work(cells, db)) {}
+
+  GridSummary run() {
+    run_windows();
+    if (!summary_.interrupted && !disk_full_) {
+      SharedPrefills::instance().clear();
+      wait_for_held(run_in_order());
+    } else {
+      summary_.not_reached = cells_.size();
+      summary_.disk_full = disk_full_;
+    }
+    progress_.finish();
+    summary_.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
+    return summary_;
   }
-  Progress progress(options, cells.size(), work);
-  auto stop_requested = [&] { return options.stop && options.stop->load() != 0; };
-  bool disk_full = false;  // a cell failed for want of room: the grid stops
-  bool windows_run = false;  // sample windows ran before the cells' last pass
-  // One attempt at a cell: "ran", "skipped" (done before), "failed", "interrupted", or "held"
-  // (another live process computes it). sample_limit >= 0: the samples below it only (a window).
-  auto run_cell = [&](size_t pos, const GridCell& c, int64_t sample_limit = -1) {
-    progress.begin_cell(pos, c);
+
+ private:
+  static int64_t remaining_work(const std::vector<GridCell>& cells, ResultsDb& db) {
+    int64_t work = 0;
+    for (const auto& c : cells) {
+      CellState s = cell_state(db, c);
+      if (s.status != "done") work += std::max<int64_t>(0, c.expected_samples - s.samples);
+    }
+    return work;
+  }
+
+  bool stop_requested() const { return o_.stop && o_.stop->load() != 0; }
+
+  // The sharing qa cells' sample windows but the last, cell after cell within each window; a cell
+  // that fails or is held here meets the same fate in the last pass, which reports it. Each window
+  // starts with an empty set of recordings.
+  void run_windows() {
+    const int64_t window = shared_prefill_window(cells_, o_.env.models_dir);
+    int64_t most = 0;
+    for (const GridCell& c : cells_)
+      if (shares_context_prefill(c)) most = std::max(most, c.expected_samples);
+    for (int64_t limit = window; window > 0 && limit < most; limit += window) {
+      SharedPrefills::instance().clear();
+      windows_run_ = true;
+      for (size_t pos = 0; pos < cells_.size(); ++pos) {
+        if (!shares_context_prefill(cells_[pos])) continue;
+        if (stop_requested() || run_cell(pos, cells_[pos], limit).status == "interrupted")
+          summary_.interrupted = true;
+        if (summary_.interrupted || disk_full_) return;
+      }
+    }
+  }
+
+  // Every cell once, in order; returns the positions of those other live processes held.
+  std::vector<size_t> run_in_order() {
+    std::vector<size_t> held;  // positions (in cells_ and summary_.cells)
+    for (size_t pos = 0; pos < cells_.size(); ++pos) {
+      if (stop_requested()) {
+        summary_.interrupted = true;
+        summary_.not_reached = cells_.size() - pos;
+        break;
+      }
+      summary_.cells.push_back(run_cell(pos, cells_[pos]));
+      const CellResult& r = summary_.cells.back();
+      count(r);
+      if (r.status == "held") held.push_back(pos);
+      if (r.status == "interrupted" || disk_full_) {
+        summary_.interrupted = r.status == "interrupted";
+        summary_.not_reached = cells_.size() - pos - 1;
+        break;
+      }
+    }
+    if (disk_full_) {
+      progress_.line("grid: stopped: no room left to write (" + std::to_string(summary_.not_reached) +
+                     " cells not reached); free space and re-run the same command, which resumes");
+      summary_.disk_full = true;
+      held.clear();  // nothing can be taken over without room to write
+    }
+    return held;
+  }
+
+  // Cells another live process held when reached: wait for them, so that a grid exits 0 only with
+  // every cell done. A cell is checked in the DB (cheaply, nothing loaded) until its holder
+  // finishes it, or is gone or failed it, and then run here (taken over or resumed from its
+  // samples).
+  void wait_for_held(std::vector<size_t> held) {
+    if (!held.empty() && !summary_.interrupted)
+      progress_.line("grid: " + std::to_string(held.size()) + " cell" + (held.size() == 1 ? "" : "s") +
+                     " held by other processes; waiting for them");
+    while (!held.empty() && !summary_.interrupted) {
+      std::vector<size_t> still;
+      for (size_t k = 0; k < held.size(); ++k) {
+        if (stop_requested()) {
+          summary_.interrupted = true;
+          still.insert(still.end(), held.begin() + static_cast<std::ptrdiff_t>(k), held.end());
+          break;
+        }
+        if (!poll_held(held[k])) still.push_back(held[k]);
+        if (disk_full_) {
+          summary_.disk_full = true;
+          still.clear();
+          break;
+        }
+      }
+      held = std::move(still);
+      if (summary_.interrupted || summary_.disk_full || held.empty()) break;
+      // Sleep in slices, so that a stop request is seen at once.
+      const auto wake = std::chrono::steady_clock::now() + std::chrono::milliseconds(o_.held_poll_ms);
+      while (std::chrono::steady_clock::now() < wake && !stop_requested())
+        std::this_thread::sleep_for(std::chrono::milliseconds(std::min(50, o_.held_poll_ms)));
+    }
+    summary_.held = held.size();
+  }
+
+  // One look at a held cell: false while another live process still holds it.
+  bool poll_held(size_t pos) {
+    const GridCell& c = cells_[pos];
+    CellResult& r = summary_.cells[pos];
+    if (auto run = db_.find_run_by_hash(c.config_hash); run && run->status != RunStatus::kFailed) {
+      if (run->status == RunStatus::kDone) {
+        r.status = "skipped";
+        r.error.clear();
+        r.run_id = run->id;
+        count(r);
+        progress_.line("grid: #" + std::to_string(c.index) + " " + c.label + ": done by " +
+                       (run->worker.empty() ? std::string("another process") : run->worker));
+        return true;
+      }
+      if (auto l = db_.lease(run->id); l && l->live && !l->ours) return false;
+    }
+    r = run_cell(pos, c);
+    count(r);
+    if (r.status == "interrupted") summary_.interrupted = true;
+    return r.status != "held";
+  }
+
+  void count(const CellResult& r) {
+    if (r.status == "ran") summary_.ran++;
+    else if (r.status == "skipped") summary_.skipped++;
+    else if (r.status == "failed") summary_.failed++;
+  }
+
+  // The run's log lines: samples advance the progress, a prefill's progress is a detail, the rest
+  // shows when verbose (resuming and taking over always, but a window's resume is no news).
+  std::function<void(const std::string&)> cell_log(bool windowed) {
+    return [this, windowed](const std::string& s) {
+      if (s.rfind("sample ", 0) == 0 || s.rfind("batch ", 0) == 0) progress_.sample_done();
+      if (s.rfind("prefill ", 0) == 0)
+        progress_.detail(s);
+      else if (o_.verbose || (s.rfind("resuming", 0) == 0 && !windowed) || s.rfind("taking over", 0) == 0)
+        progress_.line("kvbench: " + s);
+      if (stop_requested()) throw GridInterrupted();
+    };
+  }
+
+  // One attempt at a cell: "ran", "skipped" (done before), "failed", "interrupted", "held"
+  // (another live process computes it), or "window" (stopped at sample_limit >= 0, as asked).
+  CellResult run_cell(size_t pos, const GridCell& c, int64_t sample_limit = -1) {
+    progress_.begin_cell(pos, c);
     CellResult r;
     r.index = c.index;
     r.label = c.label;
     r.config_hash = c.config_hash;
-    RunEnv env = options.env;
-    env.grid = grid_name;
+    RunEnv env = o_.env;
+    env.grid = name_;
     env.sample_limit = sample_limit;
-    // A run resumed by the grid's next sample window is no news.
-    const bool windowed = sample_limit >= 0 || windows_run;
-    env.log = [&](const std::string& s) {
-      if (s.rfind("sample ", 0) == 0 || s.rfind("batch ", 0) == 0) progress.sample_done();
-      if (s.rfind("prefill ", 0) == 0)
-        progress.detail(s);
-      else if (options.verbose || (s.rfind("resuming", 0) == 0 && !windowed) ||
-               s.rfind("taking over", 0) == 0)
-        progress.line("kvbench: " + s);
-      if (stop_requested()) throw GridInterrupted();
-    };
+    env.log = cell_log(sample_limit >= 0 || windows_run_);
     const auto c0 = std::chrono::steady_clock::now();
     try {
-      RunOutcome o = execute_run(c.resolved, db, env);
+      RunOutcome o = execute_run(c.resolved, db_, env);
       r.run_id = o.run_id;
       r.samples_computed = o.samples_computed;
       r.status = o.skipped ? "skipped" : o.unfinished ? "window" : "ran";
@@ -688,146 +824,51 @@ GridSummary run_grid(const std::string& grid_name, const std::vector<GridCell>& 
       // room for one): stop here; what is committed stays, and a re-run resumes.
       r.status = "failed";
       r.error = e.what();
-      disk_full = true;
+      disk_full_ = true;
     } catch (const std::exception& e) {
       r.status = "failed";
       r.error = e.what();
-      // execute_run records failures once the run has begun; record earlier ones (e.g. a model that
-      // does not load) too, so the database shows every cell's fate; never on a run another live
-      // process holds (begin_run reports it and changes nothing).
-      try {
-        auto existing = db.find_run_by_hash(c.config_hash);
-        if (!existing || existing->status == RunStatus::kRunning) {
-          RunInfo info = db.begin_run(spec_for(c, grid_name));
-          if (!info.already_done && info.held_by.empty()) db.fail_run(info.id, r.error);
-          r.run_id = info.id;
-        } else {
-          r.run_id = existing->id;
-        }
-      } catch (const std::exception& e2) {
-        r.error += std::string(" (and recording the failure failed: ") + e2.what() + ")";
-      }
+      record_early_failure(c, r);
     }
     r.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - c0).count();
-    if (r.status != "window") progress.end_cell(r);
+    if (r.status != "window") progress_.end_cell(r);
     return r;
-  };
-  auto count = [&](const CellResult& r) {
-    if (r.status == "ran")
-      summary.ran++;
-    else if (r.status == "skipped")
-      summary.skipped++;
-    else if (r.status == "failed")
-      summary.failed++;
-  };
-  // The sharing qa cells' sample windows but the last, cell after cell within each window; a cell
-  // that fails or is held here meets the same fate in the last pass, which reports it. Each window
-  // starts with an empty set of recordings.
-  const int64_t window = shared_prefill_window(cells, options.env.models_dir);
-  int64_t most = 0;
-  for (const GridCell& c : cells)
-    if (shares_context_prefill(c)) most = std::max(most, c.expected_samples);
-  for (int64_t limit = window; window > 0 && limit < most && !summary.interrupted && !disk_full;
-       limit += window) {
-    SharedPrefills::instance().clear();
-    windows_run = true;
-    for (size_t pos = 0; pos < cells.size() && !disk_full; ++pos) {
-      if (!shares_context_prefill(cells[pos])) continue;
-      if (stop_requested()) {
-        summary.interrupted = true;
-        break;
+  }
+
+  // execute_run records failures once the run has begun; record earlier ones (e.g. a model that
+  // does not load) too, so the database shows every cell's fate; never on a run another live
+  // process holds (begin_run reports it and changes nothing).
+  void record_early_failure(const GridCell& c, CellResult& r) {
+    try {
+      auto existing = db_.find_run_by_hash(c.config_hash);
+      if (!existing || existing->status == RunStatus::kRunning) {
+        RunInfo info = db_.begin_run(spec_for(c, name_));
+        if (!info.already_done && info.held_by.empty()) db_.fail_run(info.id, r.error);
+        r.run_id = info.id;
+      } else {
+        r.run_id = existing->id;
       }
-      const CellResult r = run_cell(pos, cells[pos], limit);
-      if (r.status == "interrupted") summary.interrupted = true;
-      if (summary.interrupted) break;
+    } catch (const std::exception& e2) {
+      r.error += std::string(" (and recording the failure failed: ") + e2.what() + ")";
     }
   }
-  if (summary.interrupted || disk_full) {
-    summary.not_reached = cells.size();
-    progress.finish();
-    summary.disk_full = disk_full;
-    summary.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    return summary;
-  }
-  SharedPrefills::instance().clear();
-  std::vector<size_t> held;  // positions (in `cells` and summary.cells) of cells others hold
-  for (size_t pos = 0; pos < cells.size(); ++pos) {
-    if (stop_requested()) {
-      summary.interrupted = true;
-      summary.not_reached = cells.size() - pos;
-      break;
-    }
-    summary.cells.push_back(run_cell(pos, cells[pos]));
-    const CellResult& r = summary.cells.back();
-    count(r);
-    if (r.status == "held") held.push_back(pos);
-    if (r.status == "interrupted" || disk_full) {
-      summary.interrupted = r.status == "interrupted";
-      summary.not_reached = cells.size() - pos - 1;
-      break;
-    }
-  }
-  if (disk_full) {
-    progress.line("grid: stopped: no room left to write (" + std::to_string(summary.not_reached) +
-                  " cells not reached); free space and re-run the same command, which resumes");
-    summary.disk_full = true;
-    held.clear();  // nothing can be taken over without room to write
-  }
-  // Cells another live process held when reached: wait for them, so that a grid exits 0 only with
-  // every cell done. A cell is checked in the DB (cheaply, nothing loaded) until its holder
-  // finishes it, or is gone or failed it, and then run here (taken over or resumed from its
-  // samples).
-  if (!held.empty() && !summary.interrupted)
-    progress.line("grid: " + std::to_string(held.size()) + " cell" + (held.size() == 1 ? "" : "s") +
-                  " held by other processes; waiting for them");
-  while (!held.empty() && !summary.interrupted) {
-    std::vector<size_t> still;
-    for (size_t k = 0; k < held.size(); ++k) {
-      const size_t pos = held[k];
-      if (stop_requested()) {
-        summary.interrupted = true;
-        still.insert(still.end(), held.begin() + static_cast<std::ptrdiff_t>(k), held.end());
-        break;
-      }
-      const GridCell& c = cells[pos];
-      CellResult& r = summary.cells[pos];
-      if (auto run = db.find_run_by_hash(c.config_hash); run && run->status != RunStatus::kFailed) {
-        if (run->status == RunStatus::kDone) {
-          r.status = "skipped";
-          r.error.clear();
-          r.run_id = run->id;
-          count(r);
-          progress.line("grid: #" + std::to_string(c.index) + " " + c.label + ": done by " +
-                        (run->worker.empty() ? std::string("another process") : run->worker));
-          continue;
-        }
-        if (auto l = db.lease(run->id); l && l->live && !l->ours) {
-          still.push_back(pos);
-          continue;
-        }
-      }
-      r = run_cell(pos, c);
-      count(r);
-      if (r.status == "held") still.push_back(pos);
-      if (r.status == "interrupted") summary.interrupted = true;
-      if (disk_full) {
-        summary.disk_full = true;
-        still.clear();
-        break;
-      }
-    }
-    held = std::move(still);
-    if (summary.interrupted || summary.disk_full || held.empty()) break;
-    // Sleep in slices, so that a stop request is seen at once.
-    const auto wake =
-        std::chrono::steady_clock::now() + std::chrono::milliseconds(options.held_poll_ms);
-    while (std::chrono::steady_clock::now() < wake && !stop_requested())
-      std::this_thread::sleep_for(std::chrono::milliseconds(std::min(50, options.held_poll_ms)));
-  }
-  summary.held = held.size();
-  progress.finish();
-  summary.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  return summary;
+
+  const std::string& name_;
+  const std::vector<GridCell>& cells_;
+  ResultsDb& db_;
+  const GridRunOptions& o_;
+  Progress progress_;
+  GridSummary summary_;
+  const std::chrono::steady_clock::time_point t0_ = std::chrono::steady_clock::now();
+  bool disk_full_ = false;    // a cell failed for want of room: the grid stops
+  bool windows_run_ = false;  // sample windows ran before the cells' last pass
+};
+
+}  // namespace
+
+GridSummary run_grid(const std::string& grid_name, const std::vector<GridCell>& cells, ResultsDb& db,
+                     const GridRunOptions& options) {
+  return GridExecution(grid_name, cells, db, options).run();
 }
 
 }  // namespace kvb

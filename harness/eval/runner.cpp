@@ -161,6 +161,33 @@ void check_done_run_model(const RunRow& run, const nlohmann::json& resolved, con
   if (!then.empty() && then != now) throw_other_weights(run, model, then, now, "was computed from");
 }
 
+// Computes the run's samples that are not stored yet, each in its own transaction; a stored one is
+// checked against the plan's key. False when env.sample_limit stopped it first (the run stays open:
+// the lease ends with the caller's heartbeat, and the next call resumes).
+bool run_samples(ProtocolRun& plan, ResultsDb& db, int64_t run_id, const RunEnv& env,
+                 RunOutcome& out) {
+  const DbSamples stored(db, run_id);
+  const std::map<int64_t, std::string> done = db.done_sample_keys(run_id);
+  out.samples_total = plan.samples();
+  for (int64_t i = 0; i < out.samples_total; ++i) {
+    if (env.sample_limit >= 0 && i >= env.sample_limit) {
+      out.unfinished = true;
+      return false;
+    }
+    const std::string key = plan.sample_key(i);
+    if (auto it = done.find(i); it != done.end()) {
+      KVB_CHECK(it->second == key, "run ", run_id, ": stored sample ", i,
+                " was computed on different data (key mismatch); delete the run to redo it");
+      continue;
+    }
+    SampleOutput sample = plan.run_sample(i, stored);
+    db.add_sample(run_id, i, key, sample.json.dump());
+    out.samples_computed++;
+    if (!sample.log.empty() && env.log) env.log(sample.log);
+  }
+  return true;
+}
+
 }  // namespace
 
 RunOutcome execute_run(const nlohmann::json& resolved, ResultsDb& db, const RunEnv& env) {
@@ -272,24 +299,7 @@ RunOutcome execute_run(const nlohmann::json& resolved, ResultsDb& db, const RunE
     if (info.resumed) log("resuming run " + std::to_string(run_id) + " with " + std::to_string(info.done_samples) + " samples done");
 
     const DbSamples stored(db, run_id);
-    const std::map<int64_t, std::string> done = db.done_sample_keys(run_id);
-    out.samples_total = plan->samples();
-    for (int64_t i = 0; i < out.samples_total; ++i) {
-      if (env.sample_limit >= 0 && i >= env.sample_limit) {
-        out.unfinished = true;  // the lease ends with the heartbeat; the next call resumes
-        return out;
-      }
-      const std::string key = plan->sample_key(i);
-      if (auto it = done.find(i); it != done.end()) {
-        KVB_CHECK(it->second == key, "run ", run_id, ": stored sample ", i,
-                  " was computed on different data (key mismatch); delete the run to redo it");
-        continue;
-      }
-      SampleOutput sample = plan->run_sample(i, stored);
-      db.add_sample(run_id, i, key, sample.json.dump());
-      out.samples_computed++;
-      if (!sample.log.empty()) log(sample.log);
-    }
+    if (!run_samples(*plan, db, run_id, env, out)) return out;  // a grid's window ends here
     out.metrics = plan->metrics(stored);
     for (auto& m : device_allocator_metrics(resolved["device"])) out.metrics.push_back(m);
     const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

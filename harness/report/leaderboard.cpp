@@ -435,6 +435,30 @@ void mark_ties(LeaderTable& t, const LeaderboardOptions& o,
   }
 }
 
+// Orders the rows (done ones by the ranking metric, then bytes per token, then label; failed ones
+// last), ranks them, and marks the ties.
+void rank_rows(LeaderTable& t, const LeaderboardOptions& o,
+               const std::function<const RunSamples&(int64_t run_id)>& samples) {
+  // Rank done rows; failed rows last.
+  std::stable_sort(t.rows.begin(), t.rows.end(), [&](const LeaderRow& a, const LeaderRow& b) {
+    const bool ad = a.status == "done", bd = b.status == "done";
+    if (ad != bd) return ad;
+    if (!ad) return a.label < b.label;
+    const bool af = std::isfinite(a.value), bf = std::isfinite(b.value);
+    if (af != bf) return af;
+    if (af && a.value != b.value) return at_least(a.value, b.value, t.direction, true);
+    const double ab = std::isfinite(a.bytes_per_token) ? a.bytes_per_token : INFINITY;
+    const double bb = std::isfinite(b.bytes_per_token) ? b.bytes_per_token : INFINITY;
+    if (ab != bb) return ab < bb;
+    return a.label < b.label;
+  });
+  // Oracle rows are bounds: listed among the others by score, never given a rank.
+  int rank = 0;
+  for (auto& row : t.rows)
+    if (row.status == "done" && !row.oracle) row.rank = ++rank;
+  mark_ties(t, o, samples);
+}
+
 Leaderboard build_leaderboard(ResultsDb& db, const LeaderboardOptions& options) {
   const std::string reference_method = baseline_method();  // deltas are against it
   KVB_CHECK(options.n_resamples >= 1, "leaderboard: n_resamples must be at least 1");
@@ -683,24 +707,7 @@ Leaderboard build_leaderboard(ResultsDb& db, const LeaderboardOptions& options) 
       t.rows.push_back(std::move(row));
     }
 
-    // Rank done rows; failed rows last.
-    std::stable_sort(t.rows.begin(), t.rows.end(), [&](const LeaderRow& a, const LeaderRow& b) {
-      const bool ad = a.status == "done", bd = b.status == "done";
-      if (ad != bd) return ad;
-      if (!ad) return a.label < b.label;
-      const bool af = std::isfinite(a.value), bf = std::isfinite(b.value);
-      if (af != bf) return af;
-      if (af && a.value != b.value) return at_least(a.value, b.value, t.direction, true);
-      const double ab = std::isfinite(a.bytes_per_token) ? a.bytes_per_token : INFINITY;
-      const double bb = std::isfinite(b.bytes_per_token) ? b.bytes_per_token : INFINITY;
-      if (ab != bb) return ab < bb;
-      return a.label < b.label;
-    });
-    // Oracle rows are bounds: listed among the others by score, never given a rank.
-    int rank = 0;
-    for (auto& row : t.rows)
-      if (row.status == "done" && !row.oracle) row.rank = ++rank;
-    mark_ties(t, options, [&](int64_t id) -> const RunSamples& { return samples_of(*run_by_id.at(id)); });
+    rank_rows(t, options, [&](int64_t id) -> const RunSamples& { return samples_of(*run_by_id.at(id)); });
     set_headroom(t);
 
     // Pareto frontiers of the deployable rows (an oracle neither sits on one nor dominates).
