@@ -49,6 +49,8 @@ OUT=${KVB_PEER_OUT:-results/grid-speed.md}
 PINS=(torch==2.15.0 transformers==5.2.0 kvpress==0.5.5 sentencepiece==0.2.3)
 TAG=bench-grid-vs-kvpress
 PEER=scripts/peer
+# The Python steps import their sibling modules; no __pycache__ left in the checkout.
+export PYTHONDONTWRITEBYTECODE=1
 
 die() { echo "$TAG: $*" >&2; exit 1; }
 # need_int NAME VALUE: a positive integer, or stop with the variable's name.

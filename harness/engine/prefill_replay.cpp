@@ -56,7 +56,7 @@ std::shared_ptr<PrefillRecording> RecordingKvCache::finish(at::Tensor last_logit
   KVB_ASSERT(rec_, "prefill recording", "finish() without start()");
   std::shared_ptr<PrefillRecording> r = std::move(rec_);
   r->last_logits = last_logits.to(at::kCPU).clone();
-  r->model_s = std::max(0.0, total_s - r->attend_s);
+  r->model_s = std::max(0.0, total_s - r->attend_s - r->record_s);
   return r;
 }
 
@@ -70,14 +70,18 @@ void RecordingKvCache::begin_step(const StepBatch& batch) {
 }
 
 void RecordingKvCache::layer_hidden(int, const at::Tensor& hidden) {
-  if (rec_) hidden_ = hidden.clone();
+  if (!rec_) return;
+  const auto t0 = Clock::now();
+  hidden_ = hidden.clone();
+  rec_->record_s += seconds(t0, Clock::now());
 }
 
 at::Tensor RecordingKvCache::attend(const LayerInput& in) {
   if (!rec_) return inner_->attend(in);
   const auto t0 = Clock::now();
   at::Tensor out = inner_->attend(in);
-  rec_->attend_s += seconds(t0, Clock::now());
+  const auto t1 = Clock::now();
+  rec_->attend_s += seconds(t0, t1);
   RecordedAttend a;
   a.q = in.q->clone();
   a.k = in.k->clone();
@@ -90,6 +94,7 @@ at::Tensor RecordingKvCache::attend(const LayerInput& in) {
   KVB_ASSERT(static_cast<size_t>(in.layer) == rec_->steps.back().layers.size(),
              "prefill recording", "layers out of order");
   rec_->steps.back().layers.push_back(std::move(a));
+  rec_->record_s += seconds(t1, Clock::now());
   return out;
 }
 

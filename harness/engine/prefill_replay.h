@@ -41,8 +41,9 @@ struct PrefillRecording {
   std::vector<RecordedStep> steps;
   at::Tensor last_logits;  // [1, vocab] fp32: what the prefill returned
   int64_t tokens = 0;
-  double model_s = 0;   // the prefill's wall time outside the store's attend calls
+  double model_s = 0;   // the prefill's wall time outside the store's attend calls and the recording
   double attend_s = 0;  // inside the full cache's attend calls
+  double record_s = 0;  // spent recording (copies, hashes): not the prefill's own work
   int64_t bytes() const;
 };
 

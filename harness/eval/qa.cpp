@@ -169,10 +169,12 @@ std::unique_ptr<Engine> sample_engine(std::shared_ptr<Model> model, const std::s
     c->why = "query-aware: each context is prefilled with its question";
     return std::make_unique<Engine>(model, make(), eo);
   }
-  if (is_baseline(method, params))
-    return std::make_unique<Engine>(model, maybe_recording(make(), *model, ids, opts, recorder), eo);
-  auto e = std::make_unique<Engine>(model, make(), eo);
-  const std::string store_key = method + params.dump();
+  std::unique_ptr<KvCache> store = make();
+  if (is_baseline(method, params)) store = maybe_recording(std::move(store), *model, ids, opts, recorder);
+  auto e = std::make_unique<Engine>(model, std::move(store), eo);
+  if (*recorder) return e;
+  const std::string store_key = model->content_hash() + "|" + std::to_string(opts.prefill_chunk) +
+                                "|" + method + params.dump();
   std::shared_ptr<const PrefillRecording> rec =
       SharedPrefills::instance().find(shared_prefill_key(*model, opts.prefill_chunk, ids));
   c->why = document_reuse_of(e->kv()) ? "document reuse prefills each document alone"
@@ -195,16 +197,19 @@ std::unique_ptr<Engine> sample_engine(std::shared_ptr<Model> model, const std::s
 }
 
 // Prefills the context into a new sequence of e's store, without the end-of-prefill compression,
-// recording it with `recorder` when given.
+// recording it with `recorder` when given; *record_s: the time the recording itself took (copies
+// and hashes), which is no part of the full cache's own prefill.
 int64_t prefill_context(Engine& e, const std::vector<int64_t>& ids, const QaOptions& opts,
-                        RecordingKvCache* recorder) {
+                        RecordingKvCache* recorder, double* record_s = nullptr) {
   const auto t0 = std::chrono::steady_clock::now();
   if (recorder) recorder->start();
   const int64_t seq = e.new_sequence();
   at::Tensor logits = e.prefill({seq}, {ids}, nullptr, /*call_end_prefill=*/false);
-  if (recorder)
-    SharedPrefills::instance().put(shared_prefill_key(e.model(), opts.prefill_chunk, ids),
-                                   recorder->finish(logits, seconds_since(t0)));
+  if (recorder) {
+    std::shared_ptr<PrefillRecording> rec = recorder->finish(logits, seconds_since(t0));
+    if (record_s) *record_s = rec->record_s;
+    SharedPrefills::instance().put(shared_prefill_key(e.model(), opts.prefill_chunk, ids), std::move(rec));
+  }
   return seq;
 }
 
@@ -241,7 +246,8 @@ Answers answer_all(std::shared_ptr<Model> model, const Tokenizer& tok, const std
       a.timing.context_s = d.splice_s;
     } else {
       auto t0 = std::chrono::steady_clock::now();
-      seq = a.prefill.seq >= 0 ? a.prefill.seq : prefill_context(e, ctx_ids, opts, recorder);
+      double record_s = 0;
+      seq = a.prefill.seq >= 0 ? a.prefill.seq : prefill_context(e, ctx_ids, opts, recorder, &record_s);
       if (recorder) a.prefill.path = "recorded";
       a.timing.prefill_tokens = a.context_tokens;
       if (auto* pass_cache = dynamic_cast<ContextPassCache*>(&e.kv())) {
@@ -275,7 +281,7 @@ Answers answer_all(std::shared_ptr<Model> model, const Tokenizer& tok, const std
       e.kv().end_prefill(seq);  // the method compresses the context here
       // A replayed prefill: the store's own attend calls and compression, and the model's work
       // it shared (what the method's own prefill would have spent).
-      a.timing.context_s = seconds_since(t0) + a.prefill.replay_s + a.prefill.model_s;
+      a.timing.context_s = seconds_since(t0) - record_s + a.prefill.replay_s + a.prefill.model_s;
     }
     a.ledger.fp = e.kv().footprint();
     a.ledger.tokens_seen = a.context_tokens;

@@ -228,35 +228,42 @@ def model_facts(kvbench, model):
     return j["bos_token_id"], eos, j.get("add_bos_token", True), j
 
 
+def sample_prompt(a, task, chat, facts, cache):
+    """One sample's ids as kvbench's qa protocol builds them (harness/eval/qa.cpp context_prompt and
+    question_ids), and the prompt pieces around the context: (sample entry, pieces)."""
+    bos, _, add_bos, _ = facts
+    opener, close = chat_segments(chat)
+    prefix = [bos] if (add_bos if opener is None else False) else []  # ChatML takes no BOS
+    prefix += encode_segments(a.kvbench, a.model, opener or [], cache)
+    close_ids = encode_segments(a.kvbench, a.model, close or [], cache)
+    ctx_text, q_text = sample_texts(task)
+    entry = {"context": prefix + kvbench_ids(a.kvbench, a.model, ctx_text, cache),
+             "question": kvbench_ids(a.kvbench, a.model, q_text, cache) + close_ids,
+             "max_new_tokens": task["max_new_tokens"], "depth": task.get("depth"),
+             "answers": task["answers"]}
+    return entry, {"chat": chat, "prefix": prefix, "turn_close": close_ids if close else None}
+
+
 def write_ids(a):
     """ids.json: per sample key the context and question ids, plus the prompt pieces KVzip needs."""
     tasks = load_tasks(a.db)
-    bos, eos, add_bos, _ = model_facts(a.kvbench, a.model)
+    facts = model_facts(a.kvbench, a.model)
     cache, samples, pieces = {}, {}, None
     for run in grid_rows(a.db):
-        is_full = run["config"]["method"]["name"] == FULL
+        # prefill_tokens = context + question, except where KVzip's reconstruction adds its own
+        plain = run["config"]["method"]["name"] != "kvzip"
         for _, key, out in run["rows"]:
             if key not in samples:
-                opener, close = chat_segments(out["chat_template"])
-                prefix = ([bos] if (add_bos if opener is None else False) else [])
-                prefix += encode_segments(a.kvbench, a.model, opener or [], cache)
-                close_ids = encode_segments(a.kvbench, a.model, close or [], cache)
-                ctx_text, q_text = sample_texts(tasks[key])
-                samples[key] = {"context": prefix + kvbench_ids(a.kvbench, a.model, ctx_text, cache),
-                                "question": kvbench_ids(a.kvbench, a.model, q_text, cache) + close_ids,
-                                "max_new_tokens": tasks[key]["max_new_tokens"],
-                                "depth": tasks[key].get("depth"), "answers": tasks[key]["answers"]}
-                pieces = pieces or {"chat": out["chat_template"], "prefix": prefix,
-                                    "turn_close": close_ids if close else None}
+                samples[key], pieces = sample_prompt(a, tasks[key], out["chat_template"], facts, cache)
             s = samples[key]
             if len(s["context"]) != out["context_tokens"]:
                 raise SystemExit(f"kvpress_grid: sample {key[:12]}: {len(s['context'])} context ids, "
                                  f"kvbench prefilled {out['context_tokens']}")
-            if is_full and len(s["context"]) + len(s["question"]) != out["timing"]["prefill_tokens"]:
+            if plain and len(s["context"]) + len(s["question"]) != out["timing"]["prefill_tokens"]:
                 raise SystemExit(f"kvpress_grid: sample {key[:12]}: the question's ids differ in length "
                                  "from kvbench's")
     with open(a.ids, "w") as f:
-        json.dump({"bos": bos, "eos": eos, **pieces, "samples": samples}, f)
+        json.dump({"bos": facts[0], "eos": facts[1], **pieces, "samples": samples}, f)
 
 
 # ----------------------------------------------------------------------------------------------- run

@@ -60,7 +60,7 @@ def pct(a, b):
     return f"{100 * a / b:.0f}%" if b > 0 else "-"
 
 
-def sizes(plan, runs, kvp):
+def sizes(plan, runs):
     """What ran, against the whole grid, and whether this is the whole grid."""
     w = plan["whole"]
     ran = {"methods": labels_in_order(plan),
@@ -75,7 +75,7 @@ def sizes(plan, runs, kvp):
 
 
 def header(w, a, plan, runs, kvp):
-    ran, whole, n_rows = sizes(plan, runs, kvp)
+    ran, whole, n_rows = sizes(plan, runs)
     wh = plan["whole"]
     w("# Grid speed: kvbench vs kvpress over one leaderboard grid")
     w("")
@@ -112,7 +112,8 @@ def header(w, a, plan, runs, kvp):
       "kvbench's stop rule (EOS/BOS, the task's answer cap, the first `\\n`). kvpress has no grid "
       "runner and its pipeline takes one press per call, so each cell prefills every context again; "
       "loading the model once for the whole grid is its best case. The prompt ids are kvbench's "
-      "(`kvbench tokenize`, checked against the stored lengths) and are tokenized before the timing.")
+      "(`kvbench tokenize`, checked against the stored lengths) and are tokenized before the timing "
+      "(kvbench's `answer_s` includes its own tokenizing).")
     w("")
 
 
@@ -127,7 +128,7 @@ def setup(w, a, kvp):
     w("")
 
 
-def summary(w, a, runs, kvp, rows_by):
+def summary(w, a, runs, kvp):
     b_runs = sum(r["wall_s"] for r in runs)
     b_samples = sum(x["answer_s"] + x["full_answer_s"] for r in runs for x in r["rows"])
     p_samples = sum(s["sample_s"] for c in kvp["cells"] for s in c["samples"])
@@ -277,10 +278,11 @@ def limits(w, a, runs, kvp):
     full = sum(x["full_answer_s"] for x in xs)
     run_rest = sum(r["wall_s"] for r in runs) - sum(x["answer_s"] + x["full_answer_s"] for x in xs)
     proc = total - sum(r["wall_s"] for r in runs)
-    parts = [("the shared prefills' replays", replay),
-             ("compression after a replay (end of prefill, the method's own context passes)", shared_ctx),
-             ("own context prefills", own_ctx), ("the recorded full-cache prefills", rec_ctx),
-             ("questions and decoding (every cell)", q_dec), ("the paired full-cache answers", full),
+    own = sorted({r["label"] for r in runs for x in r["rows"] if x["path"] == "own"})
+    parts = [("replays of the shared prefill", replay),
+             ("compression after a replay (KVzip's reconstruction included)", shared_ctx),
+             ("own context prefills" + (f" ({', '.join(own)})" if own else ""), own_ctx), ("recorded full-cache prefills", rec_ctx),
+             ("questions and decoding", q_dec), ("paired full-cache answers", full),
              ("run set-up outside the samples (calibration, task sets, database)", run_rest),
              ("the process outside the runs (start-up, model load, planning)", proc)]
     parts.sort(key=lambda p: -p[1])
@@ -290,16 +292,18 @@ def limits(w, a, runs, kvp):
     p_ctx = sum(s["context_s"] for s in ss)
     w("## What limits the rest")
     w("")
-    w(f"kvbench's {fmt_s(total)} s split by where they went: "
-      + "; ".join(f"{name} {fmt_s(v)} s ({pct(v, total)})" for name, v in parts) + ". "
-      f"Sharing ran {n_prefills} context prefills for {len(xs)} samples; the replays stood in for "
-      f"{fmt_s(sum(x['shared_model_s'] for x in xs))} s of model work and cost {fmt_s(replay)} s, "
-      f"{fmt_s(saved)} s saved. What remains is led by {parts[0][0]} ({pct(parts[0][1], total)}), then "
-      f"{parts[1][0]} ({pct(parts[1][1], total)}).")
+    w("| kvbench's wall time, by where it went | s | share |")
+    w("|---|---:|---:|")
+    for name, v in parts:
+        w(f"| {name} | {fmt_s(v)} | {pct(v, total)} |")
     w("")
-    w(f"kvpress prefilled the context {len(ss)} times for the same {len(ss)} samples: "
-      f"{fmt_s(p_ctx)} s of its {fmt_s(a.kvp_wall)} s ({pct(p_ctx, a.kvp_wall)}) are context "
-      f"prefills, {fmt_s(sum(s['sample_s'] for s in ss) - p_ctx)} s questions and decoding, and "
+    w(f"Sharing ran {n_prefills} context prefills for {len(xs)} samples; the replays stood in for "
+      f"{fmt_s(sum(x['shared_model_s'] for x in xs))} s of model work and cost {fmt_s(replay)} s, so "
+      f"{fmt_s(saved)} s were saved. What remains on kvbench's side is led by {parts[0][0]}: "
+      f"{pct(parts[0][1], total)} of its wall time; then {parts[1][0]}: {pct(parts[1][1], total)}. "
+      f"kvpress prefilled the context {len(ss)} times for the same {len(ss)} samples: {fmt_s(p_ctx)} s of "
+      f"its {fmt_s(a.kvp_wall)} s ({pct(p_ctx, a.kvp_wall)}) are context prefills, "
+      f"{fmt_s(sum(s['sample_s'] for s in ss) - p_ctx)} s questions and decoding, and "
       f"{fmt_s(kvp['setup_s'])} s imports and model load.")
     w("")
 
@@ -332,7 +336,8 @@ def per_cell(w, runs, kvp):
     for r, c in pairs_of(kvp, runs):
         p = collections.Counter(x["path"] for x in r["rows"])
         same = sum(x["prediction"] == s["prediction"] for x, s in zip(r["rows"], c["samples"]))
-        w(f"| {r['label']} | {r['ratio']:g} | {r['task']} | {sum(x['answer_s'] for x in r['rows']):.2f} | "
+        ratio = "-" if r["label"] == FULL else f"{r['ratio']:g}"
+        w(f"| {r['label']} | {ratio} | {r['task']} | {sum(x['answer_s'] for x in r['rows']):.2f} | "
           f"{p['shared']}/{p['recorded']}/{p['own']} | {c['cell_s']:.2f} | {same}/{len(r['rows'])} |")
     w("")
 
@@ -361,7 +366,7 @@ def main():
     w = L.append
     header(w, a, plan, runs, kvp)
     setup(w, a, kvp)
-    summary(w, a, runs, kvp, None)
+    summary(w, a, runs, kvp)
     kvbench_time(w, plan, runs)
     kvpress_time(w, plan, runs, kvp)
     agreement(w, plan, runs, kvp)
