@@ -114,7 +114,8 @@ echo "$TAG: kvpress over the same cells" >&2
 t0=$(now)
 "$VENV/bin/python" "$PEER/kvpress_grid.py" run --db "$DB" --plan "$WORK/plan.json" --ids "$WORK/ids.json" \
   --model-dir "$PY_DIR" ${PY_GGUF:+--gguf-file "$PY_GGUF"} --threads "$THREADS" \
-  --out "$WORK/kvpress.json" 2>"$WORK/kvpress.log"
+  --out "$WORK/kvpress.json" 2>"$WORK/kvpress.log" ||
+  { tail -20 "$WORK/kvpress.log" >&2; die "the kvpress side failed (log: $WORK/kvpress.log)"; }
 kvp_wall=$(elapsed "$t0" "$(now)")
 
 knobs="KVB_GRID_MODEL=$MODE KVB_GRID_SAMPLES=$SAMPLES KVB_PEER_THREADS=$THREADS"

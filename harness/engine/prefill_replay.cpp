@@ -66,7 +66,7 @@ void RecordingKvCache::begin_step(const StepBatch& batch) {
     rec_->steps.push_back({batch, {}});
     rec_->tokens += batch.num_tokens();
   }
-  inner_->begin_step(batch);
+  wrapped().begin_step(batch);
 }
 
 void RecordingKvCache::layer_hidden(int, const at::Tensor& hidden) {
@@ -77,9 +77,9 @@ void RecordingKvCache::layer_hidden(int, const at::Tensor& hidden) {
 }
 
 at::Tensor RecordingKvCache::attend(const LayerInput& in) {
-  if (!rec_) return inner_->attend(in);
+  if (!rec_) return wrapped().attend(in);
   const auto t0 = Clock::now();
-  at::Tensor out = inner_->attend(in);
+  at::Tensor out = wrapped().attend(in);
   const auto t1 = Clock::now();
   rec_->attend_s += seconds(t0, t1);
   RecordedAttend a;

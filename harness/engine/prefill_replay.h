@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "harness/kv/forwarding_kv_cache.h"
 #include "harness/kv/hidden_state.h"
 #include "harness/kv/kv_cache.h"
 
@@ -51,30 +52,19 @@ struct PrefillRecording {
 // every step's attend calls and the hidden states the forward hands over before them (and passes
 // the calls on); otherwise it only passes the calls on. Meant for the full cache: it forwards the
 // KvCache verbs and no optional capability.
-class RecordingKvCache : public KvCache, public HiddenStateCache {
+class RecordingKvCache : public ForwardingKvCache, public HiddenStateCache {
  public:
-  explicit RecordingKvCache(std::unique_ptr<KvCache> inner) : inner_(std::move(inner)) {}
+  using ForwardingKvCache::ForwardingKvCache;
   void start();
   // The recording of the steps since start(); `last_logits` and `total_s` (the prefill's wall
   // time) come from the caller.
   std::shared_ptr<PrefillRecording> finish(at::Tensor last_logits, double total_s);
 
-  std::string name() const override { return inner_->name(); }
   void begin_step(const StepBatch& batch) override;
   at::Tensor attend(const LayerInput& in) override;
-  void end_step(const StepBatch& batch) override { inner_->end_step(batch); }
-  void end_prefill(int64_t seq_id) override { inner_->end_prefill(seq_id); }
-  void release(int64_t seq_id) override { inner_->release(seq_id); }
-  void fork(int64_t src_id, int64_t dst_id) override { inner_->fork(src_id, dst_id); }
-  void truncate(int64_t seq_id, int64_t new_len) override { inner_->truncate(seq_id, new_len); }
-  int64_t seq_len(int64_t seq_id) const override { return inner_->seq_len(seq_id); }
-  Footprint footprint() const override { return inner_->footprint(); }
-  std::map<std::string, double> counters() const override { return inner_->counters(); }
-  bool serves_windows() const override { return inner_->serves_windows(); }
   void layer_hidden(int layer, const at::Tensor& hidden) override;
 
  private:
-  std::unique_ptr<KvCache> inner_;
   std::shared_ptr<PrefillRecording> rec_;  // null: not recording
   at::Tensor hidden_;                      // the current layer's, until its attend
 };

@@ -8,7 +8,7 @@
 #include <memory>
 #include <utility>
 
-#include "methods/common/forwarding_kv_cache.h"
+#include "harness/kv/forwarding_kv_cache.h"
 
 namespace kvb {
 

@@ -12,6 +12,7 @@
 #include "harness/common/error.h"
 #include "harness/common/json_parse.h"
 #include "harness/kv/document_reuse.h"
+#include "harness/kv/forwarding_kv_cache.h"
 #include "harness/kv/hidden_state.h"
 #include "harness/kv/lookahead.h"
 #include "harness/kv/method_registry.h"
@@ -20,7 +21,6 @@
 #include "methods/common/codec_kv_cache.h"
 #include "methods/common/contiguous_kv_cache.h"
 #include "methods/common/eviction_select.h"
-#include "methods/common/forwarding_kv_cache.h"
 #include "methods/common/method_listing.h"
 #include "methods/kv_packet/packet_adapter.h"
 

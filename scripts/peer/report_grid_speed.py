@@ -99,7 +99,9 @@ def header(w, a, plan, runs, kvp):
     w(f"The grid: `{plan['source_grid']}`'s methods that kvpress has, each with the parameters of its "
       "kvpress pair (`scripts/peer/kvpress_pairs.py`; where they depart from the leaderboard grid's is "
       f"listed at the end), at kvpress compression ratios r (kvbench budget 1 - r), on {a.model_name} "
-      f"at {plan['length']:,} target tokens, fp32, greedy, {plan['threads']} threads on both sides. The "
+      f"at {plan['length']:,} target tokens, "
+      + ("its GGUF dequantized to fp32 on both sides" if kvp["model"].endswith(".gguf") else "fp32")
+      + f", greedy, {plan['threads']} threads on both sides. The "
       f"generated grid is `{os.path.basename(a.grid_json)}` in the work directory.")
     w("")
     w("- **kvbench**: one `kvbench grid` process into a fresh results database: the model loaded once, "
@@ -144,9 +146,10 @@ def summary(w, a, runs, kvp):
     w(f"| samples answered | {n_b} | {n_p} |")
     w(f"| in the samples, s (kvbench: `answer_s` + paired `full_answer_s`; kvpress: per sample) | "
       f"{fmt_s(b_samples)} | {fmt_s(p_samples)} |")
-    w(f"| in the cells outside the samples, s (kvbench: run wall − samples: calibration, task set, "
-      f"database; kvpress: press set-up) | {fmt_s(b_runs - b_samples)} | {fmt_s(p_cells - p_samples)} |")
-    w(f"| process outside the cells, s (start-up, model load, grid planning; kvpress: imports too) | "
+    w(f"| in the cells outside the samples, s (kvbench: run wall − samples: the first run's model load, "
+      f"calibration, task sets, database; kvpress: press set-up) | {fmt_s(b_runs - b_samples)} | "
+      f"{fmt_s(p_cells - p_samples)} |")
+    w(f"| process outside the cells, s (start-up, grid planning; kvpress: imports and model load) | "
       f"{fmt_s(a.kvb_wall - b_runs)} | {fmt_s(a.kvp_wall - p_cells)} |")
     w("")
     ratio = a.kvp_wall / a.kvb_wall if a.kvb_wall > 0 else float("nan")
@@ -266,26 +269,36 @@ def agreement(w, plan, runs, kvp):
     w("")
 
 
+def kvbench_parts(a, runs):
+    """kvbench's wall time split by where it went, largest first: [(what, seconds)]."""
+    xs = [x for r in runs for x in r["rows"]]
+    on = lambda path, f: sum(f(x) for x in xs if x["path"] == path)  # noqa: E731
+    in_runs = sum(r["wall_s"] for r in runs)
+    own = sorted({r["label"] for r in runs for x in r["rows"] if x["path"] == "own"})
+    parts = [
+        ("replays of the shared prefill", on("shared", lambda x: x["replay_s"])),
+        ("compression after a replay (KVzip's reconstruction included)",
+         on("shared", lambda x: x["context_spent_s"] - x["replay_s"])),
+        ("own context prefills" + (f" ({', '.join(own)})" if own else ""),
+         on("own", lambda x: x["context_spent_s"])),
+        ("recorded full-cache prefills", on("recorded", lambda x: x["context_spent_s"])),
+        # answer_s less its context: the question, decoding and the sample's other work
+        ("questions and decoding, with the rest of each sample (store set-up, recording copies)",
+         sum(x["answer_s"] - x["context_spent_s"] for x in xs)),
+        ("paired full-cache answers", sum(x["full_answer_s"] for x in xs)),
+        ("run set-up outside the samples (the model load, calibration, task sets, database)",
+         in_runs - sum(x["answer_s"] + x["full_answer_s"] for x in xs)),
+        ("the process outside the runs (start-up, planning)", a.kvb_wall - in_runs),
+    ]
+    return sorted(parts, key=lambda p: -p[1])
+
+
 def limits(w, a, runs, kvp):
     """What bounds each side, from the sums above (no other numbers)."""
     xs = [x for r in runs for x in r["rows"]]
     total = a.kvb_wall
+    parts = kvbench_parts(a, runs)
     replay = sum(x["replay_s"] for x in xs if x["path"] == "shared")
-    shared_ctx = sum(x["context_spent_s"] - x["replay_s"] for x in xs if x["path"] == "shared")
-    own_ctx = sum(x["context_spent_s"] for x in xs if x["path"] == "own")
-    rec_ctx = sum(x["context_spent_s"] for x in xs if x["path"] == "recorded")
-    q_dec = sum(x["answer_s"] - x["context_spent_s"] for x in xs)
-    full = sum(x["full_answer_s"] for x in xs)
-    run_rest = sum(r["wall_s"] for r in runs) - sum(x["answer_s"] + x["full_answer_s"] for x in xs)
-    proc = total - sum(r["wall_s"] for r in runs)
-    own = sorted({r["label"] for r in runs for x in r["rows"] if x["path"] == "own"})
-    parts = [("replays of the shared prefill", replay),
-             ("compression after a replay (KVzip's reconstruction included)", shared_ctx),
-             ("own context prefills" + (f" ({', '.join(own)})" if own else ""), own_ctx), ("recorded full-cache prefills", rec_ctx),
-             ("questions and decoding", q_dec), ("paired full-cache answers", full),
-             ("run set-up outside the samples (calibration, task sets, database)", run_rest),
-             ("the process outside the runs (start-up, model load, planning)", proc)]
-    parts.sort(key=lambda p: -p[1])
     saved = sum(x["shared_model_s"] for x in xs) - replay
     n_prefills = sum(x["path"] in ("own", "recorded") for x in xs)
     ss = [s for c in kvp["cells"] for s in c["samples"]]

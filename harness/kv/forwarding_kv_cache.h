@@ -1,7 +1,8 @@
 #pragma once
 // A store around another that passes every verb on: the base of wrappers that change one thing and
 // leave the rest to the store they wrap (ObservedKvCache watches attend; kv_packet's wrapper adds
-// how documents are cached). A wrapper overrides what it changes.
+// how documents are cached; RecordingKvCache records a prefill). A wrapper overrides what it
+// changes. Here, below both the harness's stores and the methods', so either can build on it.
 
 #include <map>
 #include <memory>
