@@ -379,44 +379,50 @@ void EvictingKvCache::attend_seq_fast(Seq& s, int layer, const at::Tensor& q, co
       hd.last.assign(static_cast<size_t>(rows), 0.f);
       last = hd.last.data();
     }
-    if (!needs_.accumulate && !last) {
-      // Plain attention (no scores to keep): the CPU kernel, with its tiled prefill path, this
-      // head's rows as one page.
-      const int32_t page_indptr[2] = {0, 1}, page = 0;
-      const int64_t q_indptr[2] = {0, n};
-      kernels::PagedAttentionParams p;
-      p.q = qp + h * G_ * D_;
-      p.o = op + h * G_ * D_;
-      p.qo_token_stride = Hq_ * D_;
-      p.k_pages = keys;
-      p.v_pages = V;
-      p.page_indptr = page_indptr;
-      p.page_indices = &page;
-      p.q_indptr = q_indptr;
-      p.past_lens = &past;
-      p.batch_size = 1;
-      p.num_qo_heads = static_cast<int32_t>(G_);
-      p.num_kv_heads = 1;
-      p.head_dim = static_cast<int32_t>(D_);
-      p.page_size = static_cast<int32_t>(std::max<int64_t>(rows, 1));
-      p.sm_scale = sm_scale_;
-      kernels::paged_attention_cpu(p);
-    } else {
+    // The output: the CPU kernel with its tiled prefill path, this head's rows as one page. In a
+    // prefill it is bitwise what the plain paged store computes, so a recorded full-cache prefill
+    // stands in for this store's own (harness/engine/prefill_replay.h) whatever scores the policy
+    // keeps. A decode step of a scoring policy computes output and scores in one pass instead.
+    const bool scores = needs_.accumulate || last;
+    const bool fused = scores && s.decoding;
+    const int32_t page_indptr[2] = {0, 1}, page = 0;
+    const int64_t q_indptr[2] = {0, n};
+    kernels::PagedAttentionParams p;
+    p.q = qp + h * G_ * D_;
+    p.o = op + h * G_ * D_;
+    p.qo_token_stride = Hq_ * D_;
+    p.k_pages = keys;
+    p.v_pages = V;
+    p.page_indptr = page_indptr;
+    p.page_indices = &page;
+    p.q_indptr = q_indptr;
+    p.past_lens = &past;
+    p.batch_size = 1;
+    p.num_qo_heads = static_cast<int32_t>(G_);
+    p.num_kv_heads = 1;
+    p.head_dim = static_cast<int32_t>(D_);
+    p.page_size = static_cast<int32_t>(std::max<int64_t>(rows, 1));
+    p.sm_scale = sm_scale_;
+    if (!fused) kernels::paged_attention_cpu(p);
+    if (scores) {
       // The scores the policy keeps come from the probabilities: every query row of the group
-      // adds its row into acc (H2O); the step's last row is `last` (TOVA). Row i sees the kept
-      // entries and the step's rows up to its own.
-      const float* p = scratch_p_.data();
-      for (int64_t i = 0; i < n; ++i) {
+      // adds its row into acc (H2O); the step's last row is `last` (TOVA), the only row it reads.
+      // Row i sees the kept entries and the step's rows up to its own; the output these rows
+      // compute again is dropped, unless the pass is the step's output (fused).
+      std::vector<float> dropped(static_cast<size_t>(D_));
+      const float* prob = scratch_p_.data();
+      for (int64_t i = needs_.accumulate || fused ? 0 : n - 1; i < n; ++i) {
         const int64_t m = past + i + 1;
         for (int64_t g = 0; g < G_; ++g) {
           const int64_t qo = i * Hq_ * D_ + (h * G_ + g) * D_;
           const float inv = attend_entries_f32(
               qp + qo, D_, sm_scale_, m, [&](int64_t j) { return keys + j * D_; },
-              [&](int64_t j) { return V + j * D_; }, nullptr, 0, scratch_p_.data(), op + qo);
+              [&](int64_t j) { return V + j * D_; }, nullptr, 0, scratch_p_.data(),
+              fused ? op + qo : dropped.data());
           if (needs_.accumulate)
-            for (int64_t j = 0; j < m; ++j) hd.acc[j] += p[j] * inv;
+            for (int64_t j = 0; j < m; ++j) hd.acc[j] += prob[j] * inv;
           if (last && i == n - 1)
-            for (int64_t j = 0; j < m; ++j) last[j] += p[j] * inv;
+            for (int64_t j = 0; j < m; ++j) last[j] += prob[j] * inv;
         }
       }
     }
