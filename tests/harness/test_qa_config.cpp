@@ -138,16 +138,16 @@ TEST(QaConfig, MainGridCellHashesAreStable) {
   const std::vector<std::pair<std::string, std::vector<std::pair<std::string, std::string>>>>
       pinned = {
           {"main.json",
-           {{"method=full protocol=qa(depths=0,0.25,0.5,0.75,1, length=1024, num_samples=1, "
+           {{"method=full protocol=qa(depths=0,0.25,0.5,0.75,1, length=1024, num_samples=3, "
              "source=synthetic, task=passkey)",
-             "be74162059009bea97782967bf5a259f06ae1c12e7e89826beeb30f00750d1e4"},
+             "ad2d6be2cc1a735496be29605fb6e729059cbbaffcfb357a335b344d3bc35fd4"},
             {"method=full protocol=qa(corpus=eb1911-shakespeare, depths=0,0.25,0.5,0.75,1, "
-             "length=1024, num_samples=1, source=synthetic, task=niah_single_2)",
-             "3968d15793b6c118a9dc733a824b937fe11f4a4aaafb1601b064a7fe62c7e988"},
+             "length=1024, num_samples=3, source=synthetic, task=niah_single_2)",
+             "55480da545145307fbe73febe25f2363e182e67dcdd6278d529f8e3a257d6458"},
             {"method=kv_packet(adapter=models/kvb-testbed-kvpacket/h8t8.safetensors) "
              "protocol=qa(corpus=eb1911-shakespeare, depths=0,0.25,0.5,0.75,1, length=1024, "
-             "num_samples=1, source=synthetic, task=niah_single_2)",
-             "57b466a76f99d8f2313a9aa38c6de8745ca20618d198682cb71d2f9a5d32d5b8"}}},
+             "num_samples=3, source=synthetic, task=niah_single_2)",
+             "662427d78e39aec9c077d158fe4567a64e8936d3429535399be32b9c843e6ba2"}}},
           {"main_smollm2.json",
            {{"method=streaming_llm(budget=0.25) protocol=qa(corpus=eb1911-shakespeare, "
              "depths=0,0.5,1, length=2048, num_samples=1, source=synthetic, task=niah_single_2)",
