@@ -152,8 +152,9 @@ std::string delta_note(const LeaderTable& t, const LeaderboardOptions& o) {
 
 std::string baseline_note(const LeaderTable& t, const LeaderboardOptions& o) {
   const bool ties = std::any_of(t.rows.begin(), t.rows.end(), [](const LeaderRow& r) { return r.tied_above; });
-  return delta_note(t, o) + (ties ? " =N: tied with the row above (their paired 95% interval, over "
-                                    "their common samples, holds 0), so it shares that rank."
+  return delta_note(t, o) + (ties ? " =N: tied with the first row ranked N (their paired 95% "
+                                    "interval, over their common samples, holds 0), so it shares "
+                                    "that rank."
                                   : "");
 }
 
@@ -405,33 +406,37 @@ json stored_run_config(const std::string& db_path, const RunRow& r) {
 
 }  // namespace
 
-// Ties: a ranked row whose paired interval against the ranked row above it (the ranking metric over
-// their common samples) holds 0 shares that row's rank. Deterministic protocols (exact differences)
-// and metrics without a per-sample form are ranked by value alone.
+// Ties: a ranked row whose paired interval against the first row holding the rank above it (the
+// ranking metric over their common samples) holds 0 shares that rank. Comparing with the rank's
+// first row, not the row just above, keeps ties from chaining: a row clearly below the rank's
+// holder gets a rank of its own even when each neighbour is close to the next. Deterministic
+// protocols (exact differences) and metrics without a per-sample form are ranked by value alone.
 void mark_ties(LeaderTable& t, const LeaderboardOptions& o,
                const std::function<const RunSamples&(int64_t run_id)>& samples) {
   if (!ProtocolRegistry::instance().report(t.protocol).exact_delta_note.empty()) return;
   const SampleMetricDef* def = find_sample_metric(t.protocol, t.metric);
   if (!def) return;
-  const LeaderRow* above = nullptr;
+  const LeaderRow* holder = nullptr;  // the first row of the current rank
   for (LeaderRow& row : t.rows) {
     if (row.rank == 0) continue;
-    if (above) {
+    bool tied = false;
+    if (holder) {
       const RunSamples& a = samples(row.run_id);
-      const RunSamples& b = samples(above->run_id);
+      const RunSamples& b = samples(holder->run_id);
       const PairedSums ps = paired_sums(a, b, *def, common_samples(a, b));
-      bool tied = ps.a_num.empty();
+      tied = ps.a_num.empty();
       if (!tied) {
         const BootstrapCi ci =
             paired_ratio_bootstrap(ps, def->exp_transform, o.n_resamples, o.seed, o.confidence);
         tied = ci.lo <= 0.0 && ci.hi >= 0.0;
       }
-      if (tied) {
-        row.tied_above = true;
-        row.rank = above->rank;
-      }
     }
-    above = &row;
+    if (tied) {
+      row.tied_above = true;
+      row.rank = holder->rank;
+    } else {
+      holder = &row;
+    }
   }
 }
 

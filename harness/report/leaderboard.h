@@ -46,9 +46,9 @@ struct DeltaCi {
 
 struct LeaderRow {
   int rank = 0;  // 1-based; 0 for failed runs and oracle rows (never ranked)
-  // The paired interval of this row minus the ranked row above it (ranking metric, same samples)
-  // holds 0, or they share no sample: the data cannot order them, so the row shares that row's
-  // rank (shown "=N").
+  // The paired interval of this row minus the first row holding the rank above it (ranking
+  // metric, common samples) holds 0, or they share no sample: the data cannot order them, so the
+  // row shares that rank (shown "=N").
   bool tied_above = false;
   std::string method;
   nlohmann::json params;  // resolved method params

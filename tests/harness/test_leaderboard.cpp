@@ -458,8 +458,8 @@ TEST(LeaderboardHeadroom, OracleRowsAreMarkedUnrankedAndEachMethodGetsItsShareOf
 
 // Quantizers have no `budget`: their rows meet oracle_quant at the same KVTuner equivalent bits,
 // with the pertoken row there as the floor.
-// Ranks are what the data can separate: a row whose paired interval against the row above holds 0
-// shares its rank ("=N" in every format); a row clearly worse than the one above gets its own.
+// Ranks are what the data can separate: a row whose paired interval against the rank's first row
+// holds 0 shares its rank ("=N" in every format); a row clearly worse gets its own.
 TEST(Leaderboard, RowsTheIntervalsCannotSeparateShareARank) {
   const std::string dir = test::make_temp_dir("lb_ties");
   const std::string path = dir + "/db.sqlite";
@@ -472,7 +472,9 @@ TEST(Leaderboard, RowsTheIntervalsCannotSeparateShareARank) {
     };
     run("full", 0, {0, 0, 0, 0, 0, 0});
     run("snapkv", 0.25, {0.1, 0.2, 0.1, 0.2, 0.1, 0.2});
-    run("knorm", 0.25, {0.2, 0.1, 0.2, 0.1, 0.2, 0.1});  // the same mean: not separable
+    run("knorm", 0.25, {0.2, 0.11, 0.2, 0.11, 0.2, 0.11});  // not separable from snapkv
+    // Not separable from knorm, but worse than snapkv on every sample: no chained tie.
+    run("cur", 0.25, {0.18, 0.24, 0.18, 0.24, 0.18, 0.24});
     run("streaming_llm", 0.25, {0.6, 0.7, 0.6, 0.7, 0.6, 0.7});  // worse on every sample
   }
   ResultsDb db(path);
@@ -480,18 +482,23 @@ TEST(Leaderboard, RowsTheIntervalsCannotSeparateShareARank) {
   const LeaderTable& t = table_for(lb, "m", "stream");
   std::vector<std::pair<std::string, int>> ranks;
   for (const auto& r : t.rows) ranks.push_back({r.method, r.rank});
-  ASSERT_EQ(t.rows.size(), 4u);
+  ASSERT_EQ(t.rows.size(), 5u);
   EXPECT_EQ(t.rows[0].rank, 1);  // full
-  EXPECT_FALSE(t.rows[1].tied_above);  // snapkv or knorm: worse than full on every sample
+  EXPECT_EQ(t.rows[1].method, "snapkv");  // worse than full on every sample
+  EXPECT_FALSE(t.rows[1].tied_above);
   EXPECT_EQ(t.rows[1].rank, 2);
-  EXPECT_TRUE(t.rows[2].tied_above) << t.rows[2].label;
+  EXPECT_EQ(t.rows[2].method, "knorm");
+  EXPECT_TRUE(t.rows[2].tied_above);
   EXPECT_EQ(t.rows[2].rank, 2);
-  EXPECT_EQ(t.rows[3].method, "streaming_llm");
+  EXPECT_EQ(t.rows[3].method, "cur");
   EXPECT_FALSE(t.rows[3].tied_above);
   EXPECT_EQ(t.rows[3].rank, 4);
+  EXPECT_EQ(t.rows[4].method, "streaming_llm");
+  EXPECT_FALSE(t.rows[4].tied_above);
+  EXPECT_EQ(t.rows[4].rank, 5);
   const std::string md = leaderboard_markdown(lb);
   EXPECT_NE(md.find("| =2 | "), std::string::npos) << md;
-  EXPECT_NE(md.find("=N: tied with the row above"), std::string::npos) << md;
+  EXPECT_NE(md.find("=N: tied with the first row ranked N"), std::string::npos) << md;
 }
 
 TEST(LeaderboardHeadroom, QuantizersMatchTheQuantOracleAtTheSameEquivalentBits) {
