@@ -2,11 +2,36 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <limits>
 
 #include "kvb/kernels/paged_attention.h"
 
 namespace kvb {
+
+void attend_rows_f32(const float* q, float* o, int64_t qo_stride, const float* k, const float* v,
+                     int64_t past, int64_t n, int64_t num_qo_heads, int64_t num_kv_heads,
+                     int64_t head_dim, float sm_scale) {
+  const int32_t page_indptr[2] = {0, 1}, page = 0;
+  const int64_t q_indptr[2] = {0, n};
+  kernels::PagedAttentionParams p;
+  p.q = q;
+  p.o = o;
+  p.qo_token_stride = qo_stride;
+  p.k_pages = k;
+  p.v_pages = v;
+  p.page_indptr = page_indptr;
+  p.page_indices = &page;
+  p.q_indptr = q_indptr;
+  p.past_lens = &past;
+  p.batch_size = 1;
+  p.num_qo_heads = static_cast<int32_t>(num_qo_heads);
+  p.num_kv_heads = static_cast<int32_t>(num_kv_heads);
+  p.head_dim = static_cast<int32_t>(head_dim);
+  p.page_size = static_cast<int32_t>(std::max<int64_t>(past + n, 1));
+  p.sm_scale = sm_scale;
+  kernels::paged_attention_cpu(p);
+}
 
 at::Tensor attend_dense(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                         float sm_scale) {
@@ -18,24 +43,8 @@ at::Tensor attend_dense(const at::Tensor& q, const at::Tensor& k, const at::Tens
     // One sequence as one page of L tokens: the CPU kernel, no per-op dispatch.
     at::Tensor qc = q.contiguous();
     at::Tensor o = at::empty_like(qc);
-    const int32_t page_indptr[2] = {0, 1}, page = 0;
-    const int64_t q_indptr[2] = {0, n};
-    kernels::PagedAttentionParams p;
-    p.q = qc.data_ptr<float>();
-    p.o = o.data_ptr<float>();
-    p.k_pages = k.data_ptr<float>();
-    p.v_pages = v.data_ptr<float>();
-    p.page_indptr = page_indptr;
-    p.page_indices = &page;
-    p.q_indptr = q_indptr;
-    p.past_lens = &past;
-    p.batch_size = 1;
-    p.num_qo_heads = static_cast<int32_t>(H);
-    p.num_kv_heads = static_cast<int32_t>(Hk);
-    p.head_dim = static_cast<int32_t>(D);
-    p.page_size = static_cast<int32_t>(L);
-    p.sm_scale = sm_scale;
-    kernels::paged_attention_cpu(p);
+    attend_rows_f32(qc.data_ptr<float>(), o.data_ptr<float>(), H * D, k.data_ptr<float>(),
+                    v.data_ptr<float>(), past, n, H, Hk, D, sm_scale);
     return o;
   }
   at::Tensor K = k.permute({1, 0, 2});  // [Hk, L, D]

@@ -4,6 +4,8 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <cstdint>
+
 namespace kvb {
 
 // q: [n, num_qo_heads, head_dim] (the sequence's new tokens, post-RoPE); k, v: [L, num_kv_heads,
@@ -16,5 +18,12 @@ at::Tensor attend_dense(const at::Tensor& q, const at::Tensor& k, const at::Tens
 // memory (read, not copied, when q is fp32; converted to q's dtype otherwise). q on the CPU.
 at::Tensor attend_dense_rows(const at::Tensor& q, const float* k, const float* v, int64_t rows,
                              int64_t kv_heads, int64_t head_dim, float sm_scale);
+
+// The CPU kernel behind both on raw fp32 rows, with its tiled prefill path: n query rows (qo_stride
+// floats apart) of num_qo_heads heads over past + n contiguous key and value rows of num_kv_heads
+// heads ([rows, num_kv_heads, head_dim], one page); o is written in q's layout.
+void attend_rows_f32(const float* q, float* o, int64_t qo_stride, const float* k, const float* v,
+                     int64_t past, int64_t n, int64_t num_qo_heads, int64_t num_kv_heads,
+                     int64_t head_dim, float sm_scale);
 
 }  // namespace kvb

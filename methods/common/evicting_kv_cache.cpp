@@ -10,6 +10,7 @@
 #include "harness/common/enum_names.h"
 #include "harness/common/error.h"
 #include "harness/common/internal_error.h"
+#include "harness/kv/attention.h"
 #include "harness/kv/rope_shift.h"
 #include "harness/model/model.h"
 #include "kvb/kernels/attention_scores.h"
@@ -337,37 +338,6 @@ at::Tensor EvictingKvCache::attend(const LayerInput& in) {
   return out;
 }
 
-namespace {
-
-// One KV head's attention for the n new query rows of its G query heads (row stride qo_stride)
-// over its `past + n` key and value rows, contiguous [rows, D]: the CPU kernel with its tiled
-// prefill path, the rows as one page.
-void head_attention(const float* q, float* o, int64_t qo_stride, const float* keys,
-                    const float* values, int64_t past, int64_t n, int64_t G, int64_t D,
-                    float sm_scale) {
-  const int32_t page_indptr[2] = {0, 1}, page = 0;
-  const int64_t q_indptr[2] = {0, n};
-  kernels::PagedAttentionParams p;
-  p.q = q;
-  p.o = o;
-  p.qo_token_stride = qo_stride;
-  p.k_pages = keys;
-  p.v_pages = values;
-  p.page_indptr = page_indptr;
-  p.page_indices = &page;
-  p.q_indptr = q_indptr;
-  p.past_lens = &past;
-  p.batch_size = 1;
-  p.num_qo_heads = static_cast<int32_t>(G);
-  p.num_kv_heads = 1;
-  p.head_dim = static_cast<int32_t>(D);
-  p.page_size = static_cast<int32_t>(std::max<int64_t>(past + n, 1));
-  p.sm_scale = sm_scale;
-  kernels::paged_attention_cpu(p);
-}
-
-}  // namespace
-
 void EvictingKvCache::attend_seq_fast(Seq& s, int layer, const at::Tensor& q, const at::Tensor& k,
                                       const at::Tensor& v, int64_t start, int64_t n,
                                       at::Tensor& out) {
@@ -417,7 +387,8 @@ void EvictingKvCache::attend_seq_fast(Seq& s, int layer, const at::Tensor& q, co
     const bool scores = needs_.accumulate || last;
     const bool fused = scores && s.decoding;
     if (!fused)
-      head_attention(qp + h * G_ * D_, op + h * G_ * D_, Hq_ * D_, keys, V, past, n, G_, D_, sm_scale_);
+      attend_rows_f32(qp + h * G_ * D_, op + h * G_ * D_, Hq_ * D_, keys, V, past, n, G_, 1, D_,
+                      sm_scale_);
     if (scores) {
       // The scores the policy keeps come from the probabilities: every query row of the group
       // adds its row into acc (H2O); the step's last row is `last` (TOVA), the only row it reads.
