@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <iomanip>
 #include <map>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <thread>
@@ -618,16 +619,21 @@ bool shares_context_prefill(const GridCell& c) {
 int64_t shared_prefill_window(const std::vector<GridCell>& cells, const std::string& models_dir) {
   const SharedPrefills& shared = SharedPrefills::instance();
   int64_t per_sample = 0, samples = 0, sharing = 0;
+  std::map<std::string, std::optional<ModelConfig>> configs;  // by model: read once
   for (const GridCell& c : cells) {
     if (!shares_context_prefill(c)) continue;
     ++sharing;
     samples = std::max(samples, c.expected_samples);
-    ModelConfig config;
-    try {
-      config = read_model_config(c.resolved.at("model"), models_dir);
-    } catch (const std::exception&) {
-      continue;  // the cell's run says what is wrong with its model
+    const std::string model = c.resolved.at("model");
+    if (!configs.count(model)) {
+      try {
+        configs[model] = read_model_config(model, models_dir);
+      } catch (const std::exception&) {
+        configs[model] = std::nullopt;  // the cell's run says what is wrong with its model
+      }
     }
+    if (!configs[model]) continue;
+    const ModelConfig& config = *configs[model];
     const int64_t length = c.resolved.at("protocol").value("length", int64_t{0});
     const int64_t tokens = length > 0 ? length : std::min<int64_t>(config.max_seq_len, 4096);
     const int64_t elem = c.resolved.value("dtype", std::string("fp32")) == "fp32" ? 4 : 2;

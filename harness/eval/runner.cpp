@@ -164,9 +164,8 @@ void check_done_run_model(const RunRow& run, const nlohmann::json& resolved, con
 // Computes the run's samples that are not stored yet, each in its own transaction; a stored one is
 // checked against the plan's key. False when env.sample_limit stopped it first (the run stays open:
 // the lease ends with the caller's heartbeat, and the next call resumes).
-bool run_samples(ProtocolRun& plan, ResultsDb& db, int64_t run_id, const RunEnv& env,
-                 RunOutcome& out) {
-  const DbSamples stored(db, run_id);
+bool run_samples(ProtocolRun& plan, const StoredSamples& stored, ResultsDb& db, int64_t run_id,
+                 const RunEnv& env, RunOutcome& out) {
   const std::map<int64_t, std::string> done = db.done_sample_keys(run_id);
   out.samples_total = plan.samples();
   for (int64_t i = 0; i < out.samples_total; ++i) {
@@ -299,7 +298,7 @@ RunOutcome execute_run(const nlohmann::json& resolved, ResultsDb& db, const RunE
     if (info.resumed) log("resuming run " + std::to_string(run_id) + " with " + std::to_string(info.done_samples) + " samples done");
 
     const DbSamples stored(db, run_id);
-    if (!run_samples(*plan, db, run_id, env, out)) return out;  // a grid's window ends here
+    if (!run_samples(*plan, stored, db, run_id, env, out)) return out;  // a grid's window ends here
     out.metrics = plan->metrics(stored);
     for (auto& m : device_allocator_metrics(resolved["device"])) out.metrics.push_back(m);
     const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
